@@ -1,0 +1,78 @@
+"""``bigtrain train RECIPE [--set a.b=v ...] [--nproc N]`` (and ``python -m bigtrain``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from bigtrain.errors import ConfigError
+
+EXIT_BAD_INPUT = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bigtrain", description="Train HuggingFace causal LMs on 1 to N GPUs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train with a recipe (this rank under torchrun/accelerate, or --nproc N)")
+    train.add_argument("recipe", help="YAML recipe, e.g. recipes/quickstart.yaml")
+    train.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe key, e.g. --set train.steps=20 (repeatable)",
+    )
+    train.add_argument(
+        "--nproc", type=int, default=None, help="start N local worker processes with torch's elastic launcher"
+    )
+    return parser
+
+
+def _setup_logging() -> None:
+    rank = os.environ.get("RANK", "0")
+    level = logging.INFO if rank == "0" else logging.WARNING
+    logging.basicConfig(level=level, format="bigtrain: %(message)s", stream=sys.stderr)
+
+
+def _rank_tag() -> str:
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return f" (rank {os.environ['RANK']}/{os.environ['WORLD_SIZE']})"
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _setup_logging()
+    try:
+        if args.command == "train":
+            return _train(args)
+    except ConfigError as e:
+        print(f"bigtrain: error{_rank_tag()}: {e}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    return 1
+
+
+def _train(args: argparse.Namespace) -> int:
+    from bigtrain.config.load import load_recipe
+
+    cfg = load_recipe(args.recipe, args.overrides)
+    if args.nproc is not None:
+        if args.nproc < 1:
+            raise ConfigError(f"--nproc={args.nproc} must be at least 1")
+        if "RANK" in os.environ:
+            raise ConfigError(
+                "--nproc starts its own workers; drop it when running under torchrun or accelerate launch"
+            )
+        from bigtrain.launch import launch_local
+        from bigtrain.plan.plan import resolve_plan
+
+        resolve_plan(cfg.parallel, args.nproc, cfg.train.global_batch_size)  # fail here, before starting workers
+        worker_args = ["train", args.recipe] + [a for o in args.overrides for a in ("--set", o)]
+        return launch_local(args.nproc, worker_args)
+    from bigtrain.train.run import run_training
+
+    run_training(cfg)
+    return 0

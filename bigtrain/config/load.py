@@ -1,0 +1,131 @@
+"""Recipe loading: YAML file + ``--set a.b=v`` overrides -> a typed, validated :class:`RecipeConfig`.
+
+Every problem is a :class:`ConfigError` naming the dotted key, so the same bad recipe fails identically on every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from bigtrain.config.schema import RecipeConfig
+from bigtrain.errors import ConfigError
+
+
+def load_recipe(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> RecipeConfig:
+    """Read a YAML recipe (or start from defaults when ``path`` is None) and apply ``key.sub=value`` overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"recipe {str(p)!r} does not exist; pass a YAML file such as recipes/quickstart.yaml")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"recipe {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from e
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"recipe {str(p)!r} must be a mapping of sections (model, data, train, parallel)")
+        raw = loaded
+    for item in overrides:
+        apply_override(raw, item)
+    return build_dataclass(RecipeConfig, raw, prefix="")
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Set ``a.b.c=value`` in a nested dict; the value is parsed as YAML (so 2 is an int, true a bool)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r} must look like key.sub=value, e.g. train.steps=20")
+    key, _, text = item.partition("=")
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"--set {item!r} has an empty key part; write e.g. parallel.dp_shard=2")
+    value = yaml.safe_load(text) if text.strip() else None
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {key}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def build_dataclass(cls: type, raw: Any, prefix: str) -> Any:
+    """Build dataclass ``cls`` from a dict, checking keys and value types; ``prefix`` is the dotted path for errors."""
+    where = prefix.rstrip(".") or "recipe"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a mapping, got {type(raw).__name__} {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = [k for k in raw if k not in fields]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(str(key), fields, n=1)
+        hint = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(fields)}"
+        raise ConfigError(f"unknown recipe key {prefix}{key}; {hint}")
+    kwargs = {}
+    for name, value in raw.items():
+        kwargs[name] = coerce(value, hints[name], f"{prefix}{name}")
+    return cls(**kwargs)
+
+
+def coerce(value: Any, hint: Any, key: str) -> Any:
+    """Check ``value`` against a type hint, converting only where YAML is ambiguous (1 for a float, '3e-4')."""
+    if dataclasses.is_dataclass(hint):
+        return build_dataclass(hint, value, prefix=f"{key}.")
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        non_none = [a for a in args if a is not type(None)]
+        errors = []
+        for option in non_none:
+            try:
+                return coerce(value, option, key)
+            except ConfigError as e:
+                errors.append(e)
+        raise errors[-1]
+    if origin is Literal:
+        if value not in args:
+            choices = ", ".join(str(a) for a in args)
+            raise ConfigError(f"{key}={value!r} is not allowed; use one of: {choices}")
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={value!r} must be true or false")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={value!r} must be an integer")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads 3e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}={value!r} must be a number")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}={value!r} must be a string")
+    if origin is dict or hint is dict:
+        if isinstance(value, dict):
+            return value
+        raise ConfigError(f"{key} must be a mapping, got {value!r}")
+    raise TypeError(f"schema type {hint!r} of {key} is not handled")  # a bug in schema.py, not user input
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The recipe as plain data (for logging and plan.json)."""
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,116 @@
+"""The recipe schema: one dataclass per recipe section, each field documented where it is declared.
+
+A recipe is YAML whose top-level keys are ``model``, ``data``, ``train``, ``parallel`` and ``output_dir``. ``load.py``
+turns it (plus ``--set`` overrides) into a :class:`RecipeConfig`, rejecting unknown keys and wrong types by their dotted
+name. Fields whose default is ``None`` are derived later (from the model, the data or the world size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+MixedPrecision = Literal["fp32", "bf16", "fp16"]
+Backend = Literal["ddp", "fsdp2", "deepspeed"]
+Checkpointing = Literal["none", "selective", "full"]
+
+
+def doc(text: str, **kwargs: Any) -> Any:
+    """A dataclass field carrying its user-facing documentation (shown in errors and the README reference)."""
+    return field(metadata={"doc": text}, **kwargs)
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str | None = doc(
+        "Local HuggingFace causal-LM folder (config.json + safetensors weights).", default=None
+    )
+    config: dict[str, Any] | None = doc(
+        "Config dict for AutoConfig.for_model (needs model_type); the model is built from scratch with its own init.",
+        default=None,
+    )
+    attn_implementation: str = doc("HF attention implementation: sdpa, eager, flash_attention_2, ...", default="sdpa")
+
+
+@dataclass
+class DataConfig:
+    path: str = doc(
+        "Tokenised .npy [num_sequences, seq_len], .jsonl (one document per line), .txt, or 'builtin:stories' "
+        "(generated, no download).",
+        default="builtin:stories",
+    )
+    seq_len: int | None = doc(
+        "Tokens per training sequence; for .npy it defaults to (and must equal) its width.", default=None
+    )
+    shuffle: bool = doc("Shuffle the global order each epoch with a permutation seeded by train.seed.", default=True)
+    tokenizer: str | None = doc(
+        "Local HF tokenizer folder for .jsonl/.txt; unset means the built-in byte-level tokenizer.", default=None
+    )
+    text_field: str = doc("Field of each .jsonl object that holds the text.", default="text")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = doc("Optimizer steps to run.", default=100)
+    global_batch_size: int = doc(
+        "Sequences per optimizer step, over all data-parallel ranks and micro-steps.", default=8
+    )
+    lr: float = doc("Peak learning rate of AdamW.", default=3e-4)
+    lr_schedule: Literal["constant", "cosine"] = doc(
+        "Shape after warmup: constant, or cosine down to min_lr_ratio·lr.", default="cosine"
+    )
+    warmup_steps: int = doc("Steps of linear warmup from lr/warmup_steps up to lr.", default=0)
+    min_lr_ratio: float = doc("Cosine floor as a fraction of lr.", default=0.1)
+    weight_decay: float = doc("AdamW decoupled weight decay.", default=0.0)
+    adam_beta1: float = doc("AdamW beta1.", default=0.9)
+    adam_beta2: float = doc("AdamW beta2.", default=0.95)
+    adam_eps: float = doc("AdamW epsilon.", default=1e-8)
+    grad_clip: float = doc(
+        "Clip the global gradient norm to this value; 0 disables clipping (the norm is still logged).", default=1.0
+    )
+    mixed_precision: MixedPrecision = doc(
+        "Compute dtype: fp32, bf16, or fp16 with dynamic loss scaling.", default="fp32"
+    )
+    fp16_initial_scale: float = doc(
+        "Initial loss scale under fp16; halved on every overflow, doubled after 2000 clean steps.", default=65536.0
+    )
+    seed: int = doc("Seed of the data order and of from-scratch initialisation.", default=0)
+    log_every: int = doc("Print a log line every N steps (metrics.jsonl gets every step).", default=10)
+    collective_timeout_s: int = doc(
+        "Seconds a collective may wait before the job fails instead of hanging.", default=600
+    )
+
+
+@dataclass
+class ParallelConfig:
+    plan: Literal["manual", "auto"] = doc(
+        "'manual' uses the fields below; 'auto' lets the planner choose.", default="manual"
+    )
+    backend: Backend = doc("Data-parallel engine: ddp, fsdp2 (torch fully_shard) or deepspeed (ZeRO).", default="fsdp2")
+    zero_stage: int | None = doc(
+        "fsdp2: 3 reshards params after forward, 2 keeps them until backward ends. ddp: 0.", default=None
+    )
+    dp_replicate: int | None = doc(
+        "Replicated data-parallel degree (HSDP outer dim); unset: 1 for fsdp2, the world for ddp.", default=None
+    )
+    dp_shard: int | None = doc(
+        "Sharded data-parallel degree; unset: whatever the other degrees leave of the world.", default=None
+    )
+    tp: int = doc("Tensor-parallel degree.", default=1)
+    pp: int = doc("Pipeline-parallel degree.", default=1)
+    pp_schedule: str = doc("Pipeline schedule (1f1b or gpipe).", default="1f1b")
+    activation_checkpointing: Checkpointing = doc(
+        "Recompute activations of decoder blocks: none, selective or full.", default="none"
+    )
+    micro_batch_size: int = doc("Sequences per forward pass on one data-parallel rank.", default=1)
+    offload_optimizer: bool = doc("Keep optimizer states in host memory.", default=False)
+    offload_params: bool = doc("Keep sharded parameters in host memory (FSDP2 CPUOffloadPolicy).", default=False)
+
+
+@dataclass
+class RecipeConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    output_dir: str = doc("Where metrics.jsonl, plan.json and checkpoints go.", default="outputs/run")

@@ -1,0 +1,117 @@
+"""Data sources: everything becomes a 2-D array of token rows ``[num_sequences, seq_len]``.
+
+A tokenised ``.npy`` is used as it is (memory-mapped). Text (``.jsonl``, ``.txt``, built-in) is tokenised, each document
+followed by the end-of-document id, concatenated and cut into rows of ``seq_len`` (packing); the ragged tail is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bigtrain.config.schema import DataConfig
+from bigtrain.data.builtin import builtin_documents
+from bigtrain.data.tokenizer import load_tokenizer
+from bigtrain.errors import ConfigError
+
+BUILTIN_PREFIX = "builtin:"
+TEXT_SUFFIXES = (".jsonl", ".txt")
+
+
+@dataclass
+class TokenRows:
+    """Token rows plus what they were made with (for vocabulary checks and logs)."""
+
+    rows: np.ndarray  # [num_sequences, seq_len], integer ids
+    vocab_size: int | None  # tokenizer vocabulary, None for pre-tokenised .npy
+    description: str
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.rows.shape[1])
+
+
+def check_data_config(cfg: DataConfig) -> None:
+    """Fail early, on every rank, for a data path that cannot work."""
+    if cfg.path.startswith(BUILTIN_PREFIX):
+        builtin_documents(cfg.path.removeprefix(BUILTIN_PREFIX), num_documents=0)
+        if cfg.seq_len is None:
+            raise ConfigError("data.seq_len is required for text data; e.g. data.seq_len=128")
+        return
+    path = Path(cfg.path)
+    if not path.is_file():
+        raise ConfigError(
+            f"data.path={cfg.path!r} does not exist; give a .npy, .jsonl or .txt file, or builtin:stories"
+        )
+    if path.suffix not in (".npy", *TEXT_SUFFIXES):
+        raise ConfigError(f"data.path={cfg.path!r} has suffix {path.suffix!r}; use .npy, .jsonl or .txt")
+    if path.suffix in TEXT_SUFFIXES and cfg.seq_len is None:
+        raise ConfigError("data.seq_len is required for text data; e.g. data.seq_len=128")
+    if cfg.seq_len is not None and cfg.seq_len < 2:
+        raise ConfigError(f"data.seq_len={cfg.seq_len} must be at least 2 (one input and one predicted token)")
+
+
+def load_token_rows(cfg: DataConfig) -> TokenRows:
+    check_data_config(cfg)
+    if cfg.path.endswith(".npy"):
+        return _load_npy(cfg)
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    if cfg.path.startswith(BUILTIN_PREFIX):
+        docs = builtin_documents(cfg.path.removeprefix(BUILTIN_PREFIX))
+    else:
+        docs = _read_text_documents(Path(cfg.path), cfg.text_field)
+    assert cfg.seq_len is not None
+    ids: list[int] = []
+    for doc in docs:
+        ids.extend(tokenizer.encode(doc))
+        ids.append(tokenizer.eos_id)
+    num_rows = len(ids) // cfg.seq_len
+    if num_rows == 0:
+        raise ConfigError(
+            f"data.path={cfg.path!r} has {len(ids)} tokens, fewer than one sequence of data.seq_len={cfg.seq_len}; "
+            "use more text or a shorter data.seq_len"
+        )
+    rows = np.asarray(ids[: num_rows * cfg.seq_len], dtype=np.int64).reshape(num_rows, cfg.seq_len)
+    return TokenRows(rows, tokenizer.vocab_size, f"{cfg.path} ({num_rows} packed rows of {cfg.seq_len})")
+
+
+def _load_npy(cfg: DataConfig) -> TokenRows:
+    try:
+        rows = np.load(cfg.path, mmap_mode="r")
+    except ValueError as e:
+        raise ConfigError(f"data.path={cfg.path!r} is not a readable .npy array ({e})") from e
+    if rows.ndim != 2 or not np.issubdtype(rows.dtype, np.integer):
+        raise ConfigError(
+            f"data.path={cfg.path!r} holds {rows.dtype} of shape {tuple(rows.shape)}; "
+            "a tokenised .npy must be integer ids of shape [num_sequences, seq_len]"
+        )
+    if cfg.seq_len is not None and cfg.seq_len != rows.shape[1]:
+        raise ConfigError(
+            f"data.seq_len={cfg.seq_len} does not match the width {rows.shape[1]} of {cfg.path}; "
+            f"set data.seq_len={rows.shape[1]} or leave it unset"
+        )
+    return TokenRows(rows, None, f"{cfg.path} ({rows.shape[0]} rows of {rows.shape[1]})")
+
+
+def _read_text_documents(path: Path, text_field: str) -> list[str]:
+    if path.suffix == ".txt":
+        return [path.read_text(encoding="utf-8")]
+    docs = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"data.path={str(path)!r} line {lineno} is not JSON ({e.msg})") from e
+            if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
+                raise ConfigError(
+                    f"data.path={str(path)!r} line {lineno} has no string field {text_field!r}; "
+                    "set data.text_field to the field that holds the text"
+                )
+            docs.append(obj[text_field])
+    return docs

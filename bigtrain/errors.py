@@ -1,0 +1,10 @@
+"""The one exception type for bad user input.
+
+Anything the user can fix (a recipe key, a flag, a missing file) raises :class:`ConfigError` with one sentence that
+names the key and what would work. The CLI turns it into a single ``bigtrain: error: ...`` line and exit code 2, on
+every rank, before any collective is entered, so a bad recipe can never leave one rank waiting for another.
+"""
+
+
+class ConfigError(ValueError):
+    """A user-fixable problem, phrased as one line naming the key and a value that would work."""

@@ -1,0 +1,1 @@
+"""Building HF models on meta and giving them values."""

@@ -1,0 +1,72 @@
+"""Build a HuggingFace causal LM on the ``meta`` device: structure and shapes, no memory.
+
+The trainer shards this skeleton first and materialises it afterwards (``materialize.py``), so no rank ever allocates
+the full model unless the plan replicates it (DDP).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from bigtrain.config.schema import ModelConfig
+from bigtrain.errors import ConfigError
+
+
+def load_hf_config(cfg: ModelConfig) -> Any:
+    """The ``PretrainedConfig`` of the recipe's model, from a local folder or from ``model.config``."""
+    from transformers import AutoConfig
+
+    if (cfg.name_or_path is None) == (cfg.config is None):
+        raise ConfigError("set exactly one of model.name_or_path (a local HF folder) or model.config (a config dict)")
+    if cfg.name_or_path is not None:
+        path = Path(cfg.name_or_path)
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"model.name_or_path={cfg.name_or_path!r} is not a local HF model folder (no config.json); "
+                "save one with model.save_pretrained(PATH) or use model.config"
+            )
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    config = dict(cfg.config or {})
+    model_type = config.pop("model_type", None)
+    if model_type is None:
+        raise ConfigError("model.config needs model_type (e.g. llama, qwen2, mistral, gpt2)")
+    try:
+        return AutoConfig.for_model(model_type, **config)
+    except ValueError as e:
+        raise ConfigError(f"model.config.model_type={model_type!r} is not a known HF model type ({e})") from e
+
+
+def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:
+    """An fp32 causal LM whose parameters and buffers live on ``meta``."""
+    from transformers import AutoModelForCausalLM
+
+    hf_config.use_cache = False  # training: no KV cache
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                hf_config, dtype=torch.float32, attn_implementation=attn_implementation
+            )
+    except ValueError as e:
+        raise ConfigError(f"model config of type {hf_config.model_type!r} is not a causal LM ({e})") from e
+    return model
+
+
+def decoder_blocks(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """The repeated transformer blocks as (parent, attribute name, block), found through HF's ``_no_split_modules``.
+
+    HF lists, for every architecture, the block classes that must not be split across devices: exactly the units we
+    shard (FSDP) and recompute (activation checkpointing) one at a time.
+    """
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    found = []
+    for _, parent in model.named_modules():
+        for attr, child in parent.named_children():
+            if type(child).__name__ in names:
+                found.append((parent, attr, child))
+    if not found:
+        raise ConfigError(f"cannot find the decoder blocks of {type(model).__name__} (no _no_split_modules match)")
+    return found

@@ -1,0 +1,125 @@
+"""Give a sharded meta model real values: from a safetensors checkpoint, or from the model's own HF initialisation.
+
+Every value is produced as the *full* tensor of one parameter (or one module) at a time on the host, then each rank
+keeps only its own shard (``distribute_tensor(..., src_data_rank=None)`` splits locally: every rank read the same
+bytes, so no communication is needed). Peak host memory is one module, not one model.
+
+From-scratch values come from walking an unsharded meta twin of the model in a fixed order under ``train.seed`` and
+calling HF's ``_init_weights`` on one module at a time, so the initial weights are the same for every plan.
+Non-persistent buffers (rotary ``inv_freq``) are never in checkpoints; the same walk recomputes them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from bigtrain.errors import ConfigError
+
+
+class SafetensorsReader:
+    """Lazy access to the tensors of a HF model folder (single file or sharded with an index)."""
+
+    def __init__(self, folder: str | Path) -> None:
+        from safetensors import safe_open
+
+        folder = Path(folder)
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        elif (folder / "model.safetensors").is_file():
+            files = ["model.safetensors"]
+            weight_map = None
+        else:
+            raise ConfigError(
+                f"model.name_or_path={str(folder)!r} has no model.safetensors (or index); "
+                "re-save it with save_pretrained(..., safe_serialization=True)"
+            )
+        self._handles = {name: safe_open(str(folder / name), framework="pt", device="cpu") for name in files}
+        self._where: dict[str, str] = {}
+        for name, handle in self._handles.items():
+            for key in handle.keys():
+                self._where[key] = name
+        if weight_map is not None:
+            self._where.update(weight_map)
+
+    def keys(self) -> set[str]:
+        return set(self._where)
+
+    def get(self, key: str) -> torch.Tensor | None:
+        name = self._where.get(key)
+        return None if name is None else self._handles[name].get_tensor(key)
+
+
+def clean_fqn(name: str) -> str:
+    """The HF name of a parameter, without the wrapper prefix activation checkpointing inserts."""
+    return name.replace(_CHECKPOINT_PREFIX, "")
+
+
+def _targets(model: nn.Module) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        out[clean_fqn(name)] = tensor
+    return out
+
+
+@torch.no_grad()
+def copy_full_into(target: torch.Tensor, full: torch.Tensor) -> None:
+    """Write the full value ``full`` into ``target``, keeping only this rank's shard if ``target`` is a DTensor."""
+    if tuple(full.shape) != tuple(target.shape):
+        raise ConfigError(
+            f"checkpoint tensor of shape {tuple(full.shape)} does not fit parameter of shape {tuple(target.shape)}"
+        )
+    if isinstance(target, DTensor):
+        local = full.to(device=target.device, dtype=target.dtype)
+        target.copy_(distribute_tensor(local, target.device_mesh, target.placements, src_data_rank=None))
+    else:
+        target.copy_(full.to(device=target.device, dtype=target.dtype))
+
+
+@torch.no_grad()
+def materialize(model: nn.Module, meta_twin: Any, device: torch.device, checkpoint: str | None, seed: int) -> None:
+    """Allocate ``model`` (already sharded, on meta) on ``device`` and fill every parameter and buffer.
+
+    ``meta_twin`` is an unsharded meta copy of the same HF model; ``checkpoint`` is a HF folder or None (init).
+    """
+    model.to_empty(device=device)
+    targets = _targets(model)
+    reader = SafetensorsReader(checkpoint) if checkpoint else None
+    loaded, missing = 0, []
+    torch.manual_seed(seed)
+    for mod_name, mod in meta_twin.named_modules():
+        names = [n for n, _ in mod.named_parameters(recurse=False)] + [n for n, _ in mod.named_buffers(recurse=False)]
+        fqns = {n: f"{mod_name}.{n}" if mod_name else n for n in names}
+        wanted = {n: f for n, f in fqns.items() if f in targets}
+        if not wanted:
+            continue
+        from_ckpt = {n: reader.get(f) for n, f in wanted.items()} if reader else {}
+        if any(v is None for v in from_ckpt.values()) or not from_ckpt:
+            # Let HF initialise this one module on the host, exactly as it would the whole model.
+            mod.to_empty(device="cpu", recurse=False)
+            meta_twin._init_weights(mod)
+        is_param = {n for n, _ in mod.named_parameters(recurse=False)}
+        for n, fqn in wanted.items():
+            value = from_ckpt.get(n)
+            if value is None:
+                if reader is not None and n in is_param:
+                    missing.append(fqn)
+                value = getattr(mod, n)
+            else:
+                loaded += 1
+            copy_full_into(targets[fqn], value)
+        mod.to_empty(device="meta", recurse=False)
+    if reader is not None and (missing or loaded == 0):
+        example = ", ".join(missing[:3])
+        raise ConfigError(
+            f"model.name_or_path={checkpoint!r} lacks {len(missing)} of the model's parameters (e.g. {example}); "
+            "it must be a save_pretrained folder of the same architecture"
+        )

@@ -1,0 +1,82 @@
+"""The process's place in the job: launcher variables (read here and nowhere else), process group and device mesh.
+
+torchrun and ``accelerate launch`` both export RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. Without
+them we are a single process, and still build a one-rank gloo/nccl group so that the trainer has a single code path.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from bigtrain.plan.plan import Plan
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    launched: bool  # True under torchrun / accelerate launch / bigtrain --nproc
+
+
+def read_launch_env() -> LaunchEnv:
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return LaunchEnv(
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            launched=True,
+        )
+    return LaunchEnv(rank=0, world_size=1, local_rank=0, launched=False)
+
+
+def pick_device(env: LaunchEnv) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(env.local_rank)
+        return torch.device("cuda", env.local_rank)
+    return torch.device("cpu")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_process_group(env: LaunchEnv, device: torch.device, timeout_s: int) -> None:
+    """nccl on CUDA, gloo on CPU; a timeout so that a dead peer fails the job instead of hanging it."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    if env.launched:
+        dist.init_process_group(**kwargs)
+    else:
+        dist.init_process_group(**kwargs, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+
+
+@dataclass
+class Topology:
+    """Where this rank sits in the plan: its data-parallel coordinate and the mesh the sharding uses."""
+
+    dp_rank: int
+    dp_size: int
+    dp_mesh: DeviceMesh  # (dp_replicate, dp_shard) for fsdp2; flat dp for ddp
+
+
+def build_topology(plan: Plan, device: torch.device) -> Topology:
+    # Only dp dims exist today (resolve_plan rejects tp/pp > 1), so the data-parallel rank is the global rank.
+    if plan.backend == "fsdp2":
+        mesh = init_device_mesh(
+            device.type, (plan.dp_replicate, plan.dp_shard), mesh_dim_names=("dp_replicate", "dp_shard")
+        )
+    else:
+        mesh = init_device_mesh(device.type, (plan.dp,), mesh_dim_names=("dp",))
+    return Topology(dp_rank=dist.get_rank(), dp_size=plan.dp, dp_mesh=mesh)

@@ -1,0 +1,1 @@
+"""Training loop, optimizer pieces and run reporting."""

@@ -1,0 +1,78 @@
+"""What a run reports: ``metrics.jsonl`` (one object per optimizer step), ``plan.json``, progress bar and summary."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bigtrain.plan.plan import Plan
+
+
+def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
+    """Peak memory of this rank and what it measures: CUDA allocator peak on GPU, process peak RSS on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated"
+    # ru_maxrss is in KiB on Linux: the whole process (Python, libraries, tensors), an upper bound on tensor memory.
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak RSS"
+
+
+class MetricsWriter:
+    """Writes metrics.jsonl and plan.json (rank 0 only; other ranks hold a disabled writer)."""
+
+    def __init__(self, output_dir: str, enabled: bool) -> None:
+        self.enabled = enabled
+        self.dir = Path(output_dir)
+        self._file = None
+        if enabled:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._file = (self.dir / "metrics.jsonl").open("w")
+
+    def write_plan(self, plan: Plan) -> None:
+        if self.enabled:
+            (self.dir / "plan.json").write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
+
+    def log_step(self, record: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+class Progress:
+    """A tqdm bar on rank 0 with step, loss, tokens/s and ETA (tqdm computes the ETA from the step rate)."""
+
+    def __init__(self, total: int, initial: int, enabled: bool) -> None:
+        self._bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=total,
+                initial=initial,
+                desc="train",
+                unit="step",
+                file=sys.stderr,
+                mininterval=0.5,
+                dynamic_ncols=True,
+            )
+
+    def update(self, loss: float, tokens_per_s: float) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def format_bytes(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"

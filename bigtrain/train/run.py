@@ -1,0 +1,70 @@
+"""One rank's whole job: validate -> process group -> plan -> model -> train -> summary.
+
+Everything that can be wrong with the user's input is checked *before* the process group exists, identically on
+every rank, so a bad recipe fails everywhere within seconds instead of leaving a peer waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch.distributed as dist
+
+from bigtrain.config.schema import RecipeConfig
+from bigtrain.data.sources import load_token_rows
+from bigtrain.errors import ConfigError
+from bigtrain.models.build import load_hf_config
+from bigtrain.parallel.apply import build_parallel_model
+from bigtrain.parallel.runtime import build_topology, init_process_group, pick_device, read_launch_env
+from bigtrain.plan.plan import resolve_plan
+from bigtrain.train.metrics import format_bytes
+from bigtrain.train.trainer import Trainer, TrainResult
+
+log = logging.getLogger("bigtrain")
+
+
+def run_training(cfg: RecipeConfig) -> TrainResult:
+    env = read_launch_env()
+    hf_config = load_hf_config(cfg.model)
+    plan = resolve_plan(cfg.parallel, env.world_size, cfg.train.global_batch_size)
+    data = load_token_rows(cfg.data)
+    if data.vocab_size is not None and data.vocab_size > hf_config.vocab_size:
+        raise ConfigError(
+            f"the tokenizer has {data.vocab_size} ids but the model's vocab_size is {hf_config.vocab_size}; "
+            f"set model.config.vocab_size >= {data.vocab_size} or use a matching data.tokenizer"
+        )
+    device = pick_device(env)
+    init_process_group(env, device, cfg.train.collective_timeout_s)
+    try:
+        topology = build_topology(plan, device)
+        accum = plan.grad_accum_steps(cfg.train.global_batch_size)
+        if env.rank == 0:
+            log.info(
+                "plan %s | %d rank(s) on %s | global batch %d = micro %d x dp %d x accum %d | %s",
+                plan.to_dict(),
+                env.world_size,
+                device.type,
+                cfg.train.global_batch_size,
+                plan.micro_batch_size,
+                plan.dp,
+                accum,
+                data.description,
+            )
+        model = build_parallel_model(cfg, hf_config, plan, topology, device)
+        trainer = Trainer(cfg, model, data, topology, device, vocab_size=hf_config.vocab_size)
+        result = trainer.fit()
+        if env.rank == 0:
+            peaks = ", ".join(format_bytes(p) for p in result.peak_mem_bytes)
+            log.info(
+                "done: %d steps, %s tokens in %.1f s (%s tokens/s); %s per rank: %s; outputs in %s",
+                result.steps,
+                f"{result.tokens:,}",
+                result.seconds,
+                f"{result.tokens / result.seconds:,.0f}",
+                result.peak_mem_kind,
+                peaks,
+                cfg.output_dir,
+            )
+        return result
+    finally:
+        dist.destroy_process_group()
