@@ -2,7 +2,7 @@
 
 It exists so that ``bigtrain train recipes/quickstart.yaml`` works on a fresh machine with no download. The text has
 real structure (recurring names, pronouns that agree with an earlier character, fixed phrase shapes) so a tiny
-loss falls quickly and visibly, yet it is produced in about a second and takes no space in the package.
+model's loss falls quickly and visibly, yet it is produced in about a second and takes no space in the package.
 """
 
 from __future__ import annotations

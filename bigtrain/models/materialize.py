@@ -63,6 +63,23 @@ def clean_fqn(name: str) -> str:
     return name.replace(_CHECKPOINT_PREFIX, "")
 
 
+def _tied_groups(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """Places that share one Parameter object (e.g. tied embeddings and LM head)."""
+    places: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            places.setdefault(id(param), []).append((module, name))
+    return [group for group in places.values() if len(group) > 1]
+
+
+def _retie(groups: list[list[tuple[nn.Module, str]]]) -> None:
+    # Module.to_empty replaces each module's parameters one by one, which turns one shared Parameter into two.
+    for (first_module, first_name), *rest in groups:
+        shared = getattr(first_module, first_name)
+        for module, name in rest:
+            setattr(module, name, shared)
+
+
 def _targets(model: nn.Module) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
@@ -90,7 +107,9 @@ def materialize(model: nn.Module, meta_twin: Any, device: torch.device, checkpoi
 
     ``meta_twin`` is an unsharded meta copy of the same HF model; ``checkpoint`` is a HF folder or None (init).
     """
+    tied = _tied_groups(model)
     model.to_empty(device=device)
+    _retie(tied)
     targets = _targets(model)
     reader = SafetensorsReader(checkpoint) if checkpoint else None
     loaded, missing = 0, []

@@ -1,0 +1,65 @@
+"""Shared test helpers: tiny HF models saved locally, recipes on disk, running the real CLI in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY_LLAMA = dict(
+    model_type="llama",
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    tie_word_embeddings=True,
+)
+
+
+def save_tiny_model(folder: Path, seed: int = 0, **overrides: Any) -> Path:
+    """Create a tiny randomly initialised HF causal LM and save it with save_pretrained (safetensors)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = {**TINY_LLAMA, **overrides}
+    model_type = spec.pop("model_type")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **spec), dtype=torch.float32)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def write_recipe(path: Path, recipe: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def run_cli(args: list[str], timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m bigtrain ARGS`` in a fresh process (the real CLI, launcher included)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "bigtrain", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or REPO,
+        env=env,
+    )
+
+
+def read_metrics(output_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
