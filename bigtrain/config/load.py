@@ -36,7 +36,38 @@ def load_recipe(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         raw = loaded
     for item in overrides:
         apply_override(raw, item)
-    return build_dataclass(RecipeConfig, raw, prefix="")
+    cfg = build_dataclass(RecipeConfig, raw, prefix="")
+    check_ranges(cfg)
+    return cfg
+
+
+# (dotted key, smallest allowed value)
+_MINIMUMS = [
+    ("train.steps", 1),
+    ("train.global_batch_size", 1),
+    ("train.warmup_steps", 0),
+    ("train.lr", 0.0),
+    ("train.weight_decay", 0.0),
+    ("train.grad_clip", 0.0),
+    ("train.log_every", 1),
+    ("train.collective_timeout_s", 1),
+    ("train.fp16_initial_scale", 1.0),
+    ("train.min_lr_ratio", 0.0),
+    ("parallel.micro_batch_size", 1),
+    ("parallel.tp", 1),
+    ("parallel.pp", 1),
+]
+
+
+def check_ranges(cfg: RecipeConfig) -> None:
+    """Numbers that parse but cannot work (0 steps, negative warmup) fail here with the key's name."""
+    for key, minimum in _MINIMUMS:
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value < minimum:
+            raise ConfigError(f"{key}={value} must be at least {minimum}")
+    if cfg.train.min_lr_ratio > 1:
+        raise ConfigError(f"train.min_lr_ratio={cfg.train.min_lr_ratio} must be between 0 and 1")
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:

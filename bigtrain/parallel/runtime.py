@@ -6,6 +6,7 @@ them we are a single process, and still build a one-rank gloo/nccl group so that
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -27,6 +28,13 @@ class LaunchEnv:
 
 
 def read_launch_env() -> LaunchEnv:
+    if "ACCELERATE_MIXED_PRECISION" in os.environ and "WORLD_SIZE" not in os.environ:
+        # accelerate's single-process launcher: on a host with fewer than 2 GPUs, `accelerate launch
+        # --num_processes N` starts one process unless its config (or --multi_gpu) selects MULTI_GPU.
+        logging.getLogger("bigtrain").warning(
+            "accelerate launch started a single process; to run several on CPU add --multi_gpu "
+            "or set distributed_type: MULTI_GPU in the accelerate config"
+        )
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return LaunchEnv(
             rank=int(os.environ["RANK"]),

@@ -65,6 +65,7 @@ def run_training(cfg: RecipeConfig) -> TrainResult:
                 peaks,
                 cfg.output_dir,
             )
+        dist.barrier()  # let every rank finish its last collective before any rank tears the group down
         return result
     finally:
         dist.destroy_process_group()

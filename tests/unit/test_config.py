@@ -1,0 +1,59 @@
+import pytest
+
+from bigtrain.config.load import load_recipe
+from bigtrain.errors import ConfigError
+
+
+def write(tmp_path, text):
+    p = tmp_path / "r.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_and_overrides(tmp_path):
+    cfg = load_recipe(
+        write(tmp_path, "train:\n  steps: 5\n"), ["train.lr=3e-4", "parallel.backend=ddp", "data.shuffle=false"]
+    )
+    assert cfg.train.steps == 5
+    assert cfg.train.lr == pytest.approx(3e-4)  # '3e-4' is a string to PyYAML; the schema makes it a float
+    assert cfg.parallel.backend == "ddp"
+    assert cfg.data.shuffle is False
+    assert cfg.parallel.dp_shard is None
+
+
+def test_model_config_is_a_free_dict(tmp_path):
+    cfg = load_recipe(write(tmp_path, "model:\n  config: {model_type: llama, hidden_size: 32}\n"))
+    assert cfg.model.config == {"model_type": "llama", "hidden_size": 32}
+
+
+@pytest.mark.parametrize(
+    "text, overrides, expected",
+    [
+        ("train:\n  stepz: 5\n", [], "unknown recipe key train.stepz; did you mean train.steps?"),
+        ("trian: {}\n", [], "unknown recipe key trian; did you mean train?"),
+        ("", ["parallel.bogus=1"], "unknown recipe key parallel.bogus"),
+        ("train:\n  steps: ten\n", [], "train.steps='ten' must be an integer"),
+        ("train:\n  lr: fast\n", [], "train.lr='fast' must be a number"),
+        ("data:\n  shuffle: 3\n", [], "data.shuffle=3 must be true or false"),
+        (
+            "train:\n  mixed_precision: fp8\n",
+            [],
+            "train.mixed_precision='fp8' is not allowed; use one of: fp32, bf16, fp16",
+        ),
+        ("train: 3\n", [], "train must be a mapping"),
+        ("- a\n- b\n", [], "must be a mapping of sections"),
+        ("", ["train.steps"], "must look like key.sub=value"),
+        ("train:\n  steps: 0\n", [], "train.steps=0 must be at least 1"),
+        ("train:\n  warmup_steps: -1\n", [], "train.warmup_steps=-1 must be at least 0"),
+    ],
+)
+def test_bad_recipes_name_the_key(tmp_path, text, overrides, expected):
+    with pytest.raises(ConfigError) as e:
+        load_recipe(write(tmp_path, text), overrides)
+    assert expected in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_recipe_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_recipe(tmp_path / "nope.yaml")

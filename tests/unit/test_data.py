@@ -1,0 +1,91 @@
+import json
+
+import numpy as np
+import pytest
+
+from bigtrain.config.schema import DataConfig
+from bigtrain.data.order import GlobalOrder
+from bigtrain.data.sources import load_token_rows
+from bigtrain.data.tokenizer import ByteTokenizer
+from bigtrain.errors import ConfigError
+
+
+def test_unshuffled_step_k_is_rows_kB_to_k1B():
+    order = GlobalOrder(num_rows=100, global_batch_size=8, shuffle=False, seed=0)
+    assert order.global_batch(3).tolist() == list(range(24, 32))
+    # wraps into the next epoch
+    assert order.global_batch(12).tolist() == [96, 97, 98, 99, 0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_samples_of_a_step_do_not_depend_on_the_plan(shuffle):
+    order = GlobalOrder(num_rows=50, global_batch_size=16, shuffle=shuffle, seed=7)
+    for step in range(6):
+        expected = sorted(order.global_batch(step).tolist())
+        for dp, mb in [(1, 16), (1, 2), (2, 1), (2, 4), (4, 2), (8, 1)]:
+            parts = [order.micro_batches(step, r, dp, mb) for r in range(dp)]
+            assert all(p.shape == (16 // dp // mb, mb) for p in parts)
+            assert sorted(np.concatenate([p.ravel() for p in parts]).tolist()) == expected
+
+
+def test_shuffle_is_a_seeded_permutation_per_epoch():
+    a = GlobalOrder(num_rows=32, global_batch_size=32, shuffle=True, seed=1)
+    b = GlobalOrder(num_rows=32, global_batch_size=32, shuffle=True, seed=1)
+    assert a.global_batch(0).tolist() == b.global_batch(0).tolist()
+    assert sorted(a.global_batch(0).tolist()) == list(range(32))
+    assert a.global_batch(0).tolist() != a.global_batch(1).tolist()  # a new permutation each epoch
+
+
+def test_jsonl_and_txt_are_packed_with_eos(tmp_path):
+    docs = ["hello world", "second document here", "third"]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"text": d}) for d in docs) + "\n")
+    rows = load_token_rows(DataConfig(path=str(tmp_path / "d.jsonl"), seq_len=8))
+    stream = [t for d in docs for t in [*d.encode(), ByteTokenizer.eos_id]]
+    assert rows.rows.shape == (len(stream) // 8, 8)
+    assert rows.rows.ravel().tolist() == stream[: rows.rows.size]
+    (tmp_path / "d.txt").write_text("abcdefghij" * 3)
+    assert load_token_rows(DataConfig(path=str(tmp_path / "d.txt"), seq_len=10)).rows.shape == (3, 10)
+
+
+def test_hf_tokenizer_folder(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[EOS]": 0, "[UNK]": 1, "hello": 2, "world": 3}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="[EOS]", unk_token="[UNK]").save_pretrained(
+        tmp_path / "tok"
+    )
+    (tmp_path / "d.jsonl").write_text('{"text": "hello world"}\n{"text": "world hello"}\n')
+    rows = load_token_rows(DataConfig(path=str(tmp_path / "d.jsonl"), seq_len=3, tokenizer=str(tmp_path / "tok")))
+    assert rows.rows.tolist() == [[2, 3, 0], [3, 2, 0]]
+    assert rows.vocab_size == 4
+
+
+def test_builtin_corpus_is_deterministic():
+    a = load_token_rows(DataConfig(path="builtin:stories", seq_len=64))
+    b = load_token_rows(DataConfig(path="builtin:stories", seq_len=64))
+    assert np.array_equal(a.rows, b.rows) and a.rows.shape[0] > 1000
+
+
+@pytest.mark.parametrize(
+    "cfg, expected",
+    [
+        (DataConfig(path="missing.npy"), "data.path='missing.npy' does not exist"),
+        (DataConfig(path="builtin:wiki", seq_len=8), "builtin:wiki is not a built-in corpus"),
+        (DataConfig(path="builtin:stories"), "data.seq_len is required"),
+    ],
+)
+def test_bad_data(cfg, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_token_rows(cfg)
+
+
+def test_npy_width_must_match_seq_len(tmp_path):
+    np.save(tmp_path / "r.npy", np.zeros((4, 9), dtype=np.int32))
+    with pytest.raises(ConfigError, match="data.seq_len=8 does not match the width 9"):
+        load_token_rows(DataConfig(path=str(tmp_path / "r.npy"), seq_len=8))
+    np.save(tmp_path / "f.npy", np.zeros((4, 9), dtype=np.float32))
+    with pytest.raises(ConfigError, match="must be integer ids"):
+        load_token_rows(DataConfig(path=str(tmp_path / "f.npy")))

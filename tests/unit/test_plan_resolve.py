@@ -1,0 +1,54 @@
+import pytest
+
+from bigtrain.config.schema import ParallelConfig
+from bigtrain.errors import ConfigError
+from bigtrain.plan.plan import resolve_plan
+
+
+def test_fsdp2_fills_dp_shard():
+    plan = resolve_plan(ParallelConfig(), world_size=8, global_batch_size=16)
+    assert (plan.backend, plan.zero_stage, plan.dp_replicate, plan.dp_shard) == ("fsdp2", 3, 1, 8)
+    assert plan.grad_accum_steps(16) == 2
+
+
+def test_hsdp_and_ddp():
+    plan = resolve_plan(ParallelConfig(dp_replicate=2), world_size=8, global_batch_size=8)
+    assert (plan.dp_replicate, plan.dp_shard, plan.dp) == (2, 4, 8)
+    ddp = resolve_plan(ParallelConfig(backend="ddp", micro_batch_size=2), world_size=4, global_batch_size=16)
+    assert (ddp.zero_stage, ddp.dp_replicate, ddp.dp_shard, ddp.grad_accum_steps(16)) == (0, 4, 1, 2)
+
+
+def test_plan_round_trips_into_a_recipe_section():
+    plan = resolve_plan(ParallelConfig(zero_stage=2), world_size=2, global_batch_size=2)
+    assert resolve_plan(ParallelConfig(**plan.to_dict()), world_size=2, global_batch_size=2) == plan
+
+
+@pytest.mark.parametrize(
+    "cfg, world, batch, expected",
+    [
+        (
+            ParallelConfig(dp_shard=2, dp_replicate=2),
+            2,
+            8,
+            "dp_replicate=2 x dp_shard=2 x tp=1 x pp=1 = 4 do not match the world size 2",
+        ),
+        (
+            ParallelConfig(micro_batch_size=2),
+            4,
+            10,
+            "train.global_batch_size=10 is not a multiple of parallel.micro_batch_size=2 x data-parallel degree 4 = 8; "
+            "try 8 or 16",
+        ),
+        (ParallelConfig(tp=2), 2, 8, "parallel.tp=2 is not supported by the trainer yet"),
+        (ParallelConfig(backend="deepspeed"), 2, 8, "parallel.backend=deepspeed is not supported by the trainer yet"),
+        (ParallelConfig(zero_stage=1), 2, 8, "parallel.zero_stage=1 is not an fsdp2 mode; use 3"),
+        (ParallelConfig(backend="ddp", dp_shard=2), 2, 8, "parallel.dp_shard=2 shards parameters"),
+        (ParallelConfig(dp_replicate=3), 4, 8, "parallel.dp_replicate=3 does not divide the data-parallel world 4"),
+        (ParallelConfig(plan="auto"), 2, 8, "parallel.plan=auto needs the planner"),
+        (ParallelConfig(micro_batch_size=0), 2, 8, "parallel.micro_batch_size=0 must be at least 1"),
+    ],
+)
+def test_bad_plans(cfg, world, batch, expected):
+    with pytest.raises(ConfigError) as e:
+        resolve_plan(cfg, world, batch)
+    assert expected in str(e.value)
