@@ -50,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             return _train(args)
     except ConfigError as e:
-        print(f"bigtrain: error{_rank_tag()}: {e}", file=sys.stderr, flush=True)
+        # One write(2) call: ranks share the launcher's stderr, and a single short write is never interleaved.
+        sys.stderr.flush()
+        os.write(2, f"bigtrain: error{_rank_tag()}: {e}\n".encode())
         return EXIT_BAD_INPUT
     return 1
 

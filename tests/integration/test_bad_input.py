@@ -1,0 +1,159 @@
+"""Bad input fails fast, on every rank, with one line naming the key; a failure on one rank never hangs the others."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from helpers import REPO, TINY_LLAMA, run_cli, write_recipe
+
+SEQ = 17
+
+
+@pytest.fixture
+def rows_file(tmp_path):
+    path = tmp_path / "rows.npy"
+    np.save(path, np.random.default_rng(0).integers(0, 128, size=(64, SEQ)))
+    return path
+
+
+def base_recipe(tmp_path, rows_file):
+    return {
+        "model": {"config": dict(TINY_LLAMA)},
+        "data": {"path": str(rows_file), "shuffle": False},
+        "train": {"steps": 2, "global_batch_size": 8},
+        "parallel": {"backend": "fsdp2"},
+        "output_dir": str(tmp_path / "out"),
+    }
+
+
+# (what is wrong, how to break the recipe, what the error line must say)
+CASES = {
+    "unknown key": (lambda r: r["train"].update(stepz=3), "unknown recipe key train.stepz; did you mean train.steps?"),
+    "wrong type": (lambda r: r["train"].update(steps="many"), "train.steps='many' must be an integer"),
+    "missing data": (
+        lambda r: r["data"].update(path="/nonexistent/rows.npy"),
+        "data.path='/nonexistent/rows.npy' does not exist",
+    ),
+    "batch not divisible": (
+        lambda r: r["train"].update(global_batch_size=7),
+        "train.global_batch_size=7 is not a multiple of parallel.micro_batch_size=1 x data-parallel degree 2 = 2; try 6 or 8",
+    ),
+    "degrees mismatch": (
+        lambda r: r["parallel"].update(dp_replicate=2, dp_shard=2),
+        "dp_replicate=2 x dp_shard=2 x tp=1 x pp=1 = 4 do not match the world size 2",
+    ),
+}
+
+
+def torchrun(args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "127.0.0.1:0",
+        "-m",
+        "bigtrain",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def lone_ranks(args: list[str], world_size: int = 2) -> list[subprocess.Popen]:
+    """Each rank as an independent process, as a launcher would start them, but with no peer ever joining.
+
+    A rank that validated only after meeting its peers would wait at rendezvous; each must instead fail by itself.
+    """
+    procs = []
+    for rank in range(world_size):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "1",
+        }  # nothing listens there: joining would fail or hang
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "bigtrain", *args],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    return procs
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_rank_exits_with_one_clear_line(case, tmp_path, rows_file):
+    breaker, expected = CASES[case]
+    recipe = base_recipe(tmp_path, rows_file)
+    breaker(recipe)
+    path = write_recipe(tmp_path / "bad.yaml", recipe)
+    start = time.monotonic()
+    procs = lone_ranks(["train", str(path)])
+    for rank, proc in enumerate(procs):
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2, err[-2000:]
+        assert err.strip().splitlines()[-1].startswith(f"bigtrain: error (rank {rank}/2): ")
+        assert expected in err
+    elapsed = time.monotonic() - start
+    assert elapsed < 60, f"took {elapsed:.0f}s"
+
+
+def test_torchrun_job_fails_fast_with_the_line(tmp_path, rows_file):
+    recipe = base_recipe(tmp_path, rows_file)
+    recipe["train"]["global_batch_size"] = 7
+    start = time.monotonic()
+    proc = torchrun(["train", str(write_recipe(tmp_path / "bad.yaml", recipe))], timeout=120)
+    assert proc.returncode != 0
+    # Whichever rank fails first, torchrun's agent stops the other: every error line printed is the right one.
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("bigtrain: error (rank ")]
+    assert lines and all("train.global_batch_size=7 is not a multiple" in line for line in lines)
+    assert time.monotonic() - start < 60
+
+
+def test_nproc_rejects_bad_plan_before_starting_workers(tmp_path, rows_file):
+    recipe = base_recipe(tmp_path, rows_file)
+    recipe["train"]["global_batch_size"] = 7
+    proc = run_cli(["train", str(write_recipe(tmp_path / "bad.yaml", recipe)), "--nproc", "2"], timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("bigtrain: error: train.global_batch_size=7")
+
+
+def test_bad_override_single_process(tmp_path, rows_file):
+    path = write_recipe(tmp_path / "ok.yaml", base_recipe(tmp_path, rows_file))
+    proc = run_cli(["train", str(path), "--set", "parallel.backend=megatron"], timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "bigtrain: error: parallel.backend='megatron' is not allowed; use one of: ddp, fsdp2, deepspeed"
+    )
+
+
+def test_failure_on_one_rank_does_not_hang_the_other(tmp_path):
+    # Rank 1's half of step 2 holds a token id outside the vocabulary: only rank 1 fails, mid-training, while
+    # rank 0 is inside a collective. The launcher must end the whole job promptly.
+    rows = np.random.default_rng(0).integers(0, 128, size=(32, SEQ))
+    rows[12, 3] = 500  # step 2 (0-based 1) = rows 8..15; with dp=2 rank 1 reads rows 12..15
+    np.save(tmp_path / "rows.npy", rows)
+    recipe = base_recipe(tmp_path, tmp_path / "rows.npy")
+    recipe["train"]["steps"] = 4
+    recipe["train"]["collective_timeout_s"] = 300  # the launcher, not this timeout, must end the job
+    start = time.monotonic()
+    proc = run_cli(["train", str(write_recipe(tmp_path / "r.yaml", recipe)), "--nproc", "2"], timeout=200)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert "bigtrain: error (rank 1/2): data.path=" in proc.stderr and "token id 500" in proc.stderr
+    assert elapsed < 90, f"took {elapsed:.0f}s"
