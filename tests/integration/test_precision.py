@@ -27,8 +27,9 @@ def quickstart(tmp_path, name, *overrides):
 @pytest.mark.parametrize("backend", ["fsdp2", "ddp"])
 def test_bf16_stays_within_2_percent_of_fp32(tmp_path, backend):
     fp32 = quickstart(tmp_path, "fp32", f"parallel.backend={backend}", "parallel.zero_stage=null")
-    bf16 = quickstart(tmp_path, "bf16", f"parallel.backend={backend}", "parallel.zero_stage=null",
-                      "train.mixed_precision=bf16")
+    bf16 = quickstart(
+        tmp_path, "bf16", f"parallel.backend={backend}", "parallel.zero_stage=null", "train.mixed_precision=bf16"
+    )
     assert fp32[-1]["loss"] < 0.7 * fp32[0]["loss"]  # it trains
     for a, b in zip(fp32, bf16, strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=0.02), f"step {a['step']}"

@@ -1,0 +1,102 @@
+"""The real launchers: bigtrain --nproc (torch elastic), torchrun, accelerate launch; and the quickstart itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from helpers import REPO, TINY_LLAMA, read_metrics, run_cli, write_recipe
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def tiny_recipe(tmp_path):
+    np.save(tmp_path / "rows.npy", np.random.default_rng(0).integers(0, 128, size=(32, 17)))
+    return write_recipe(
+        tmp_path / "r.yaml",
+        {
+            "model": {"config": dict(TINY_LLAMA)},
+            "data": {"path": str(tmp_path / "rows.npy")},
+            "train": {"steps": 3, "global_batch_size": 4},
+            "output_dir": str(tmp_path / "out"),
+        },
+    )
+
+
+def check_two_rank_run(out_dir):
+    plan = json.loads((out_dir / "plan.json").read_text())
+    assert (plan["backend"], plan["dp_shard"], plan["dp_replicate"]) == ("fsdp2", 2, 1)
+    assert [r["step"] for r in read_metrics(out_dir)] == [1, 2, 3]
+
+
+def test_torchrun(tiny_recipe, tmp_path):
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "-m",
+        "bigtrain",
+        "train",
+        str(tiny_recipe),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_two_rank_run(tmp_path / "out")
+
+
+def test_accelerate_launch(tiny_recipe, tmp_path):
+    # On a host with >= 2 GPUs accelerate picks its multi-process launcher by itself; on a CPU host it needs its
+    # config to say MULTI_GPU (here: the default config file under HF_HOME), else it starts a single process.
+    cache = tmp_path / "hf_home" / "accelerate"
+    cache.mkdir(parents=True)
+    (cache / "default_config.yaml").write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\nnum_processes: 2\n"
+        f"machine_rank: 0\nmixed_precision: 'no'\nuse_cpu: false\nmain_process_port: {free_port()}\n"
+    )
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home")}
+    accelerate = shutil.which("accelerate")
+    assert accelerate, "accelerate's console script is installed with bigtrain"
+    cmd = [accelerate, "launch", "--num_processes", "2", "-m", "bigtrain", "train", str(tiny_recipe)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_two_rank_run(tmp_path / "out")
+
+
+def test_quickstart_loss_falls_fast_on_two_workers(tmp_path):
+    """The README's quick start: FSDP2 on 2 CPU workers, loss down well over 20% in under 3 minutes."""
+    assert shutil.which("bigtrain"), "the bigtrain console script is installed"
+    start = time.monotonic()
+    proc = run_cli(
+        ["train", "recipes/quickstart.yaml", "--nproc", "2", "--set", f"output_dir={tmp_path / 'qs'}"], timeout=400
+    )
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = read_metrics(tmp_path / "qs")
+    first, last = metrics[0]["loss"], metrics[-1]["loss"]
+    assert last < 0.5 * first, (first, last)
+    assert elapsed < 180, f"quickstart took {elapsed:.0f}s"
+    for key in ("step", "loss", "grad_norm", "lr", "tokens_per_s", "peak_mem_bytes"):
+        assert key in metrics[-1]
+    # progress bar with step, loss, tokens/s and ETA; then the one-line summary
+    assert "/150" in proc.stderr and "loss=" in proc.stderr and "tok_s=" in proc.stderr and "<" in proc.stderr
+    summary = [line for line in proc.stderr.splitlines() if line.startswith("bigtrain: done: 150 steps")]
+    assert summary and "peak RSS per rank" in summary[0]
+    print(f"quickstart: {elapsed:.0f}s wall, loss {first:.3f} -> {last:.3f}")
