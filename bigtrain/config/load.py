@@ -49,7 +49,6 @@ _MINIMUMS = [
     ("train.lr", 0.0),
     ("train.weight_decay", 0.0),
     ("train.grad_clip", 0.0),
-    ("train.log_every", 1),
     ("train.collective_timeout_s", 1),
     ("train.fp16_initial_scale", 1.0),
     ("train.min_lr_ratio", 0.0),

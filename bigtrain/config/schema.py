@@ -75,7 +75,6 @@ class TrainConfig:
         "Initial loss scale under fp16; halved on every overflow, doubled after 2000 clean steps.", default=65536.0
     )
     seed: int = doc("Seed of the data order and of from-scratch initialisation.", default=0)
-    log_every: int = doc("Print a log line every N steps (metrics.jsonl gets every step).", default=10)
     collective_timeout_s: int = doc(
         "Seconds a collective may wait before the job fails instead of hanging.", default=600
     )
@@ -113,4 +112,4 @@ class RecipeConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    output_dir: str = doc("Where metrics.jsonl, plan.json and checkpoints go.", default="outputs/run")
+    output_dir: str = doc("Where metrics.jsonl and plan.json are written.", default="outputs/run")
