@@ -26,12 +26,15 @@ TINY_LLAMA = dict(
 )
 
 
-def save_tiny_model(folder: Path, seed: int = 0, **overrides: Any) -> Path:
-    """Create a tiny randomly initialised HF causal LM and save it with save_pretrained (safetensors)."""
+def save_tiny_model(folder: Path, seed: int = 0, spec: dict[str, Any] | None = None, **overrides: Any) -> Path:
+    """Create a tiny randomly initialised HF causal LM and save it with save_pretrained (safetensors).
+
+    ``spec`` is a whole config (with model_type) for another family; ``overrides`` change fields of TINY_LLAMA.
+    """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    spec = {**TINY_LLAMA, **overrides}
+    spec = dict(spec) if spec is not None else {**TINY_LLAMA, **overrides}
     model_type = spec.pop("model_type")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **spec), dtype=torch.float32)

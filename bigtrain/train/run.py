@@ -6,17 +6,20 @@ every rank, so a bad recipe fails everywhere within seconds instead of leaving a
 
 from __future__ import annotations
 
+import gc
 import logging
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from bigtrain.config.schema import RecipeConfig
-from bigtrain.data.sources import load_token_rows
+from bigtrain.data.sources import TokenRows, load_token_rows
 from bigtrain.errors import ConfigError
 from bigtrain.models.build import load_hf_config
 from bigtrain.parallel.apply import build_parallel_model
 from bigtrain.parallel.runtime import build_topology, init_process_group, pick_device, read_launch_env
-from bigtrain.plan.plan import resolve_plan
+from bigtrain.plan.plan import Plan, resolve_plan
 from bigtrain.train.metrics import format_bytes
 from bigtrain.train.trainer import Trainer, TrainResult
 
@@ -36,36 +39,45 @@ def run_training(cfg: RecipeConfig) -> TrainResult:
     device = pick_device(env)
     init_process_group(env, device, cfg.train.collective_timeout_s)
     try:
-        topology = build_topology(plan, device)
-        accum = plan.grad_accum_steps(cfg.train.global_batch_size)
-        if env.rank == 0:
-            log.info(
-                "plan %s | %d rank(s) on %s | global batch %d = micro %d x dp %d x accum %d | %s",
-                plan.to_dict(),
-                env.world_size,
-                device.type,
-                cfg.train.global_batch_size,
-                plan.micro_batch_size,
-                plan.dp,
-                accum,
-                data.description,
-            )
-        model = build_parallel_model(cfg, hf_config, plan, topology, device)
-        trainer = Trainer(cfg, model, data, topology, device, vocab_size=hf_config.vocab_size)
-        result = trainer.fit()
-        if env.rank == 0:
-            peaks = ", ".join(format_bytes(p) for p in result.peak_mem_bytes)
-            log.info(
-                "done: %d steps, %s tokens in %.1f s (%s tokens/s); %s per rank: %s; outputs in %s",
-                result.steps,
-                f"{result.tokens:,}",
-                result.seconds,
-                f"{result.tokens / result.seconds:,.0f}",
-                result.peak_mem_kind,
-                peaks,
-                cfg.output_dir,
-            )
+        result = _train(cfg, hf_config, plan, data, device)
+        # The model and optimizer are gone (they lived in _train), but FSDP modules sit in reference cycles that hold
+        # the process group's pending async work. Collect them now: left to interpreter shutdown, gloo's threads can
+        # free those tensors after Python is gone and the process aborts.
+        gc.collect()
         dist.barrier()  # let every rank finish its last collective before any rank tears the group down
         return result
     finally:
         dist.destroy_process_group()
+
+
+def _train(cfg: RecipeConfig, hf_config: Any, plan: Plan, data: TokenRows, device: torch.device) -> TrainResult:
+    topology = build_topology(plan, device)
+    rank = dist.get_rank()
+    if rank == 0:
+        log.info(
+            "plan %s | %d rank(s) on %s | global batch %d = micro %d x dp %d x accum %d | %s",
+            plan.to_dict(),
+            dist.get_world_size(),
+            device.type,
+            cfg.train.global_batch_size,
+            plan.micro_batch_size,
+            plan.dp,
+            plan.grad_accum_steps(cfg.train.global_batch_size),
+            data.description,
+        )
+    model = build_parallel_model(cfg, hf_config, plan, topology, device)
+    trainer = Trainer(cfg, model, data, topology, device, vocab_size=hf_config.vocab_size)
+    result = trainer.fit()
+    if rank == 0:
+        peaks = ", ".join(format_bytes(p) for p in result.peak_mem_bytes)
+        log.info(
+            "done: %d steps, %s tokens in %.1f s (%s tokens/s); %s per rank: %s; outputs in %s",
+            result.steps,
+            f"{result.tokens:,}",
+            result.seconds,
+            f"{result.tokens / result.seconds:,.0f}",
+            result.peak_mem_kind,
+            peaks,
+            cfg.output_dir,
+        )
+    return result

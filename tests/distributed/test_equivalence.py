@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import read_metrics, run_cli, save_tiny_model, write_recipe
+from helpers import TINY_LLAMA, read_metrics, run_cli, save_tiny_model, write_recipe
 
 STEPS = 4
 GLOBAL_BATCH = 8
@@ -20,13 +20,47 @@ BETAS, EPS = (0.9, 0.95), 1e-8
 RTOL = 1e-5
 
 
+# Architectures beyond the tied-embedding Llama: GPT-2 (Conv1D projections, learned positions, LayerNorm with bias)
+# and Qwen2 (q/k/v biases, GQA, untied LM head).
+ARCHS = {
+    "llama-tied": TINY_LLAMA,
+    # GPT-2 defaults to dropout 0.1: random masks would make any two runs differ, so the comparison turns it off.
+    "gpt2": dict(
+        model_type="gpt2",
+        vocab_size=128,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    ),
+    "qwen2-untied": {**TINY_LLAMA, "model_type": "qwen2", "tie_word_embeddings": False},
+}
+
+
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("equiv")
-    model_dir = save_tiny_model(root / "model")
     rows = np.random.default_rng(0).integers(0, 128, size=(GLOBAL_BATCH * STEPS, SEQ_LEN), dtype=np.int64)
     np.save(root / "rows.npy", rows)
-    return root, model_dir, rows
+    return root, rows
+
+
+@pytest.fixture(scope="module")
+def models(data):
+    """A saved model folder and its reference metrics per architecture, made on first use."""
+    root, rows = data
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            model_dir = save_tiny_model(root / arch, spec=ARCHS[arch])
+            cache[arch] = (model_dir, reference_run(model_dir, rows))
+        return cache[arch]
+
+    return get
 
 
 def reference_run(model_dir, rows) -> list[dict]:
@@ -47,12 +81,6 @@ def reference_run(model_dir, rows) -> list[dict]:
     return out
 
 
-@pytest.fixture(scope="module")
-def reference(setup):
-    _, model_dir, rows = setup
-    return reference_run(model_dir, rows)
-
-
 PLANS = {
     "1rank-no-accum": (1, dict(backend="fsdp2", micro_batch_size=8)),
     "1rank-accum4": (1, dict(backend="fsdp2", micro_batch_size=2)),
@@ -66,11 +94,18 @@ PLANS = {
     ),
     "hsdp-2x1": (2, dict(backend="fsdp2", dp_replicate=2, dp_shard=1, micro_batch_size=2)),
 }
+CASES = [("llama-tied", plan) for plan in PLANS] + [
+    ("gpt2", "fsdp2-2ranks-mb2"),
+    ("gpt2", "ddp-2ranks-accum2"),
+    ("qwen2-untied", "fsdp2-2ranks-mb2"),
+    ("qwen2-untied", "fsdp2-zero2-ac-full"),
+]
 
 
-@pytest.mark.parametrize("name", list(PLANS))
-def test_plan_matches_single_process_loop(name, setup, reference, tmp_path):
-    root, model_dir, _ = setup
+@pytest.mark.parametrize("arch, name", CASES, ids=[f"{a}-{n}" for a, n in CASES])
+def test_plan_matches_single_process_loop(arch, name, data, models, tmp_path):
+    root, _ = data
+    model_dir, reference = models(arch)
     nproc, parallel = PLANS[name]
     recipe = write_recipe(
         tmp_path / "recipe.yaml",
