@@ -8,6 +8,7 @@ import os
 import sys
 
 from bigtrain.errors import ConfigError
+from bigtrain.parallel.runtime import LaunchEnv, read_launch_env
 
 EXIT_BAD_INPUT = 2
 
@@ -31,40 +32,38 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging() -> None:
-    rank = os.environ.get("RANK", "0")
-    level = logging.INFO if rank == "0" else logging.WARNING
+def _setup_logging(env: LaunchEnv) -> None:
+    level = logging.INFO if env.rank == 0 else logging.WARNING
     logging.basicConfig(level=level, format="bigtrain: %(message)s", stream=sys.stderr)
 
 
-def _rank_tag() -> str:
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return f" (rank {os.environ['RANK']}/{os.environ['WORLD_SIZE']})"
-    return ""
+def _rank_tag(env: LaunchEnv) -> str:
+    return f" (rank {env.rank}/{env.world_size})" if env.launched else ""
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _setup_logging()
+    env = read_launch_env()
+    _setup_logging(env)
     try:
         if args.command == "train":
-            return _train(args)
+            return _train(args, env)
     except ConfigError as e:
         # One write(2) call: ranks share the launcher's stderr, and a single short write is never interleaved.
         sys.stderr.flush()
-        os.write(2, f"bigtrain: error{_rank_tag()}: {e}\n".encode())
+        os.write(2, f"bigtrain: error{_rank_tag(env)}: {e}\n".encode())
         return EXIT_BAD_INPUT
     return 1
 
 
-def _train(args: argparse.Namespace) -> int:
+def _train(args: argparse.Namespace, env: LaunchEnv) -> int:
     from bigtrain.config.load import load_recipe
 
     cfg = load_recipe(args.recipe, args.overrides)
     if args.nproc is not None:
         if args.nproc < 1:
             raise ConfigError(f"--nproc={args.nproc} must be at least 1")
-        if "RANK" in os.environ:
+        if env.launched:
             raise ConfigError(
                 "--nproc starts its own workers; drop it when running under torchrun or accelerate launch"
             )

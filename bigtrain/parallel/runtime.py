@@ -28,13 +28,6 @@ class LaunchEnv:
 
 
 def read_launch_env() -> LaunchEnv:
-    if "ACCELERATE_MIXED_PRECISION" in os.environ and "WORLD_SIZE" not in os.environ:
-        # accelerate's single-process launcher: on a host with fewer than 2 GPUs, `accelerate launch
-        # --num_processes N` starts one process unless its config (or --multi_gpu) selects MULTI_GPU.
-        logging.getLogger("bigtrain").warning(
-            "accelerate launch started a single process; to run several on CPU add --multi_gpu "
-            "or set distributed_type: MULTI_GPU in the accelerate config"
-        )
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return LaunchEnv(
             rank=int(os.environ["RANK"]),
@@ -43,6 +36,16 @@ def read_launch_env() -> LaunchEnv:
             launched=True,
         )
     return LaunchEnv(rank=0, world_size=1, local_rank=0, launched=False)
+
+
+def warn_if_accelerate_started_one_process(env: LaunchEnv) -> None:
+    # accelerate's single-process launcher exports its own variables but no WORLD_SIZE: on a host with fewer than
+    # 2 GPUs, `accelerate launch --num_processes N` starts one process unless its config selects MULTI_GPU.
+    if "ACCELERATE_MIXED_PRECISION" in os.environ and not env.launched:
+        logging.getLogger("bigtrain").warning(
+            "accelerate launch started a single process; to run several on CPU add --multi_gpu "
+            "or set distributed_type: MULTI_GPU in the accelerate config"
+        )
 
 
 def pick_device(env: LaunchEnv) -> torch.device:

@@ -18,7 +18,13 @@ from bigtrain.data.sources import TokenRows, load_token_rows
 from bigtrain.errors import ConfigError
 from bigtrain.models.build import load_hf_config
 from bigtrain.parallel.apply import build_parallel_model
-from bigtrain.parallel.runtime import build_topology, init_process_group, pick_device, read_launch_env
+from bigtrain.parallel.runtime import (
+    build_topology,
+    init_process_group,
+    pick_device,
+    read_launch_env,
+    warn_if_accelerate_started_one_process,
+)
 from bigtrain.plan.plan import Plan, resolve_plan
 from bigtrain.train.metrics import format_bytes
 from bigtrain.train.trainer import Trainer, TrainResult
@@ -28,6 +34,7 @@ log = logging.getLogger("bigtrain")
 
 def run_training(cfg: RecipeConfig) -> TrainResult:
     env = read_launch_env()
+    warn_if_accelerate_started_one_process(env)
     hf_config = load_hf_config(cfg.model)
     plan = resolve_plan(cfg.parallel, env.world_size, cfg.train.global_batch_size)
     data = load_token_rows(cfg.data)

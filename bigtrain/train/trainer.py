@@ -41,13 +41,16 @@ log = logging.getLogger("bigtrain")
 IGNORE_INDEX = -100
 
 
-def token_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum (not mean) of next-token cross-entropy in fp32, and how many tokens were predicted."""
-    labels = input_ids[:, 1:]
-    loss = F.cross_entropy(
-        logits[:, :-1].flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX
+def token_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Sum (not mean) of next-token cross-entropy over the batch, in fp32."""
+    return F.cross_entropy(
+        logits[:, :-1].flatten(0, 1).float(), input_ids[:, 1:].flatten(), reduction="sum", ignore_index=IGNORE_INDEX
     )
-    return loss, (labels != IGNORE_INDEX).sum()
+
+
+def predicted_tokens(input_ids: torch.Tensor) -> int:
+    """How many next-token targets a batch has (every position but the first of each row, unless ignored)."""
+    return int((input_ids[:, 1:] != IGNORE_INDEX).sum())
 
 
 @dataclass
@@ -81,7 +84,6 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.train)
         self.order = GlobalOrder(len(data.rows), cfg.train.global_batch_size, cfg.data.shuffle, cfg.train.seed)
         self.scaler = DynamicLossScaler(cfg.train.fp16_initial_scale) if cfg.train.mixed_precision == "fp16" else None
-        self.accum = self.plan.grad_accum_steps(cfg.train.global_batch_size)
         self.vocab_size = vocab_size
 
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -96,9 +98,10 @@ class Trainer:
         out = []
         for rows in idx:
             batch = np.asarray(self.data.rows[rows], dtype=np.int64)
-            if batch.max() >= self.vocab_size or batch.min() < 0:
+            bad = batch[(batch < 0) | (batch >= self.vocab_size)]
+            if bad.size:
                 raise ConfigError(
-                    f"data.path={self.cfg.data.path!r} has token id {int(batch.max())} outside the model's vocabulary "
+                    f"data.path={self.cfg.data.path!r} has token id {int(bad[0])} outside the model's vocabulary "
                     f"of {self.vocab_size}; use a tokenizer that matches the model or a larger vocab_size"
                 )
             out.append(torch.from_numpy(batch).to(self.device))
@@ -106,8 +109,8 @@ class Trainer:
 
     def train_step(self, step: int) -> dict:
         batches = self._micro_batches(step)
-        local_tokens = sum(int((b[:, 1:] != IGNORE_INDEX).sum()) for b in batches)
-        counts = torch.tensor([float(local_tokens)], device=self.device)
+        # The token count of the whole global batch must be known before the first backward: it scales every loss.
+        counts = torch.tensor([float(sum(predicted_tokens(b) for b in batches))], device=self.device)
         dist.all_reduce(counts)
         global_tokens = float(counts.item())
         # Backends average gradients over the dp ranks; multiplying by dp turns that average back into the sum.
@@ -118,7 +121,7 @@ class Trainer:
             with self.model.grad_sync(i == len(batches) - 1):
                 with self._autocast():
                     logits = self.model.module(input_ids=batch).logits
-                loss, _ = token_loss_sum(logits, batch)
+                loss = token_loss_sum(logits, batch)
                 (loss * (scale * loss_scale)).backward()
             loss_sum += loss.detach()
         dist.all_reduce(loss_sum)

@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import TINY_LLAMA, read_metrics, run_cli, save_tiny_model, write_recipe
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers import TINY_LLAMA, free_port, read_metrics, run_cli, save_tiny_model, write_recipe
 
 
 def _shard_worker(rank: int, world: int, port: int, model_dir: str, results) -> None:
@@ -59,7 +52,7 @@ def test_fsdp2_ranks_hold_only_their_shard_of_the_checkpoint(tmp_path):
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     mp.start_processes(
-        _shard_worker, args=(world, _free_port(), str(model_dir), results), nprocs=world, start_method="spawn"
+        _shard_worker, args=(world, free_port(), str(model_dir), results), nprocs=world, start_method="spawn"
     )
     got = sorted(results.get() for _ in range(world))
     total = got[0][2]

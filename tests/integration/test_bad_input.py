@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import REPO, TINY_LLAMA, run_cli, write_recipe
+from helpers import REPO, TINY_LLAMA, run_cli, run_torchrun, write_recipe
 
 SEQ = 17
 
@@ -48,24 +48,6 @@ CASES = {
         "dp_replicate=2 x dp_shard=2 x tp=1 x pp=1 = 4 do not match the world size 2",
     ),
 }
-
-
-def torchrun(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        "127.0.0.1:0",
-        "-m",
-        "bigtrain",
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 def lone_ranks(args: list[str], world_size: int = 2) -> list[subprocess.Popen]:
@@ -117,7 +99,7 @@ def test_torchrun_job_fails_fast_with_the_line(tmp_path, rows_file):
     recipe = base_recipe(tmp_path, rows_file)
     recipe["train"]["global_batch_size"] = 7
     start = time.monotonic()
-    proc = torchrun(["train", str(write_recipe(tmp_path / "bad.yaml", recipe))], timeout=120)
+    proc = run_torchrun(["train", str(write_recipe(tmp_path / "bad.yaml", recipe))], timeout=120)
     assert proc.returncode != 0
     # Whichever rank fails first, torchrun's agent stops the other: every error line printed is the right one.
     lines = [line for line in proc.stderr.splitlines() if line.startswith("bigtrain: error (rank ")]

@@ -5,20 +5,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
-from helpers import REPO, TINY_LLAMA, read_metrics, run_cli, write_recipe
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers import REPO, TINY_LLAMA, free_port, read_metrics, run_cli, run_torchrun, write_recipe
 
 
 @pytest.fixture
@@ -42,22 +34,7 @@ def check_two_rank_run(out_dir):
 
 
 def test_torchrun(tiny_recipe, tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{free_port()}",
-        "-m",
-        "bigtrain",
-        "train",
-        str(tiny_recipe),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO)
+    proc = run_torchrun(["train", str(tiny_recipe)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_two_rank_run(tmp_path / "out")
 
