@@ -9,6 +9,7 @@ import sys
 
 from bigtrain.errors import ConfigError
 from bigtrain.parallel.runtime import LaunchEnv, read_launch_env
+from bigtrain.plan.command import add_plan_arguments
 
 EXIT_BAD_INPUT = 2
 
@@ -29,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--nproc", type=int, default=None, help="start N local worker processes with torch's elastic launcher"
     )
+    plan = sub.add_parser("plan", help="choose a plan from model size and GPU memory, and explain it")
+    add_plan_arguments(plan)
     return parser
 
 
@@ -48,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             return _train(args, env)
+        if args.command == "plan":
+            from bigtrain.plan.command import run_plan_command
+
+            return run_plan_command(args)
     except ConfigError as e:
         # One write(2) call: ranks share the launcher's stderr, and a single short write is never interleaved.
         sys.stderr.flush()
@@ -70,7 +77,8 @@ def _train(args: argparse.Namespace, env: LaunchEnv) -> int:
         from bigtrain.launch import launch_local
         from bigtrain.plan.plan import resolve_plan
 
-        resolve_plan(cfg.parallel, args.nproc, cfg.train.global_batch_size)  # fail here, before starting workers
+        if cfg.parallel.plan != "auto":  # fail here, before starting workers
+            resolve_plan(cfg.parallel, args.nproc, cfg.train.global_batch_size)
         worker_args = ["train", args.recipe] + [a for o in args.overrides for a in ("--set", o)]
         return launch_local(args.nproc, worker_args)
     from bigtrain.train.run import run_training

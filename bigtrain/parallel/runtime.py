@@ -24,6 +24,7 @@ class LaunchEnv:
     rank: int
     world_size: int
     local_rank: int
+    local_world_size: int  # ranks on this node
     launched: bool  # True under torchrun / accelerate launch / bigtrain --nproc
 
 
@@ -33,9 +34,10 @@ def read_launch_env() -> LaunchEnv:
             rank=int(os.environ["RANK"]),
             world_size=int(os.environ["WORLD_SIZE"]),
             local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])),
             launched=True,
         )
-    return LaunchEnv(rank=0, world_size=1, local_rank=0, launched=False)
+    return LaunchEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, launched=False)
 
 
 def warn_if_accelerate_started_one_process(env: LaunchEnv) -> None:
@@ -91,3 +93,16 @@ def build_topology(plan: Plan, device: torch.device) -> Topology:
     else:
         mesh = init_device_mesh(device.type, (plan.dp,), mesh_dim_names=("dp",))
     return Topology(dp_rank=dist.get_rank(), dp_size=plan.dp, dp_mesh=mesh)
+
+
+def smallest_free_memory(env: LaunchEnv, device: torch.device) -> int:
+    """Free device memory of the most constrained rank (host memory per local rank on CPU); needs the group."""
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available // env.local_world_size
+    value = torch.tensor([free], dtype=torch.int64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return int(value.item())

@@ -63,10 +63,7 @@ def _multiples_hint(unit: int, near: int) -> str:
 def resolve_plan(cfg: ParallelConfig, world_size: int, global_batch_size: int) -> Plan:
     """Turn the recipe's ``parallel`` section into a complete Plan for ``world_size`` ranks, or raise ConfigError."""
     if cfg.plan == "auto":
-        raise ConfigError(
-            "parallel.plan=auto needs the planner, which this version does not have yet; "
-            "set parallel.plan=manual with parallel.backend (ddp or fsdp2)"
-        )
+        raise ConfigError("parallel.plan=auto is chosen at start-up by the trainer (bigtrain/plan/auto.py)")
     if cfg.backend not in TRAINER_BACKENDS:
         raise ConfigError(f"parallel.backend={cfg.backend} is not supported by the trainer yet; use ddp or fsdp2")
     for key in ("tp", "pp"):

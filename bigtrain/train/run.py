@@ -13,18 +13,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bigtrain.config.schema import RecipeConfig
+from bigtrain.config.schema import ParallelConfig, RecipeConfig
 from bigtrain.data.sources import TokenRows, load_token_rows
 from bigtrain.errors import ConfigError
 from bigtrain.models.build import load_hf_config
 from bigtrain.parallel.apply import build_parallel_model
 from bigtrain.parallel.runtime import (
+    LaunchEnv,
     build_topology,
     init_process_group,
     pick_device,
     read_launch_env,
+    smallest_free_memory,
     warn_if_accelerate_started_one_process,
 )
+from bigtrain.plan.auto import choose_plan
 from bigtrain.plan.plan import Plan, resolve_plan
 from bigtrain.train.metrics import format_bytes
 from bigtrain.train.trainer import Trainer, TrainResult
@@ -36,7 +39,8 @@ def run_training(cfg: RecipeConfig) -> TrainResult:
     env = read_launch_env()
     warn_if_accelerate_started_one_process(env)
     hf_config = load_hf_config(cfg.model)
-    plan = resolve_plan(cfg.parallel, env.world_size, cfg.train.global_batch_size)
+    auto = cfg.parallel.plan == "auto"
+    plan = None if auto else resolve_plan(cfg.parallel, env.world_size, cfg.train.global_batch_size)
     data = load_token_rows(cfg.data)
     if data.vocab_size is not None and data.vocab_size > hf_config.vocab_size:
         raise ConfigError(
@@ -46,6 +50,8 @@ def run_training(cfg: RecipeConfig) -> TrainResult:
     device = pick_device(env)
     init_process_group(env, device, cfg.train.collective_timeout_s)
     try:
+        if plan is None:
+            plan = _auto_plan(cfg, hf_config, env, device, data.seq_len)
         result = _train(cfg, hf_config, plan, data, device)
         # The model and optimizer are gone (they lived in _train), but FSDP modules sit in reference cycles that hold
         # the process group's pending async work. Collect them now: left to interpreter shutdown, gloo's threads can
@@ -55,6 +61,26 @@ def run_training(cfg: RecipeConfig) -> TrainResult:
         return result
     finally:
         dist.destroy_process_group()
+
+
+def _auto_plan(cfg: RecipeConfig, hf_config: Any, env: LaunchEnv, device: torch.device, seq_len: int) -> Plan:
+    """Plan from the hardware this job really has; every rank gets the same numbers, hence the same plan."""
+    free = smallest_free_memory(env, device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    chosen, table = choose_plan(
+        {**hf_config.to_dict(), "model_type": hf_config.model_type},
+        env.world_size,
+        env.local_world_size,
+        name,
+        free,
+        seq_len,
+        cfg.train.global_batch_size,
+        cfg.train.mixed_precision,
+    )
+    if env.rank == 0:
+        log.info("parallel.plan=auto chose:\n%s", table)
+    # validate it as if the user had written it
+    return resolve_plan(ParallelConfig(**chosen.to_dict()), env.world_size, cfg.train.global_batch_size)
 
 
 def _train(cfg: RecipeConfig, hf_config: Any, plan: Plan, data: TokenRows, device: torch.device) -> TrainResult:

@@ -107,23 +107,31 @@ class Trainer:
             out.append(torch.from_numpy(batch).to(self.device))
         return out
 
-    def train_step(self, step: int) -> dict:
-        batches = self._micro_batches(step)
-        # The token count of the whole global batch must be known before the first backward: it scales every loss.
-        counts = torch.tensor([float(sum(predicted_tokens(b) for b in batches))], device=self.device)
-        dist.all_reduce(counts)
-        global_tokens = float(counts.item())
-        # Backends average gradients over the dp ranks; multiplying by dp turns that average back into the sum.
+    def forward_backward(self, batches: list[torch.Tensor], global_tokens: float, loss_scale: float) -> torch.Tensor:
+        """Accumulate gradients of this rank's micro-batches; returns this rank's summed token loss (detached).
+
+        Backends average gradients over the dp ranks; multiplying by dp turns that average back into the sum.
+        """
         scale = self.topology.dp_size / global_tokens
-        loss_scale = self.scaler.scale if self.scaler else 1.0
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
             with self.model.grad_sync(i == len(batches) - 1):
                 with self._autocast():
                     logits = self.model.module(input_ids=batch).logits
                 loss = token_loss_sum(logits, batch)
+                del logits  # the loss keeps what backward needs; the compute-dtype logits can go now
                 (loss * (scale * loss_scale)).backward()
             loss_sum += loss.detach()
+        return loss_sum
+
+    def train_step(self, step: int) -> dict:
+        batches = self._micro_batches(step)
+        # The token count of the whole global batch must be known before the first backward: it scales every loss.
+        counts = torch.tensor([float(sum(predicted_tokens(b) for b in batches))], device=self.device)
+        dist.all_reduce(counts)
+        global_tokens = float(counts.item())
+        loss_scale = self.scaler.scale if self.scaler else 1.0
+        loss_sum = self.forward_backward(batches, global_tokens, loss_scale)
         dist.all_reduce(loss_sum)
         if self.scaler:
             unscale_grads(self.params, loss_scale)

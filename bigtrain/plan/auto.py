@@ -1,0 +1,51 @@
+"""``parallel.plan: auto``: the planner's choice among the plans the trainer can run, for the hardware it runs on.
+
+Pure Python; the trainer supplies the facts (world size, ranks per node, device name, the smallest free memory of
+any rank), so every rank computes the same plan from the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from bigtrain.errors import ConfigError
+from bigtrain.plan.explain import render_table
+from bigtrain.plan.hardware import GPU, Cluster, lookup_gpu
+from bigtrain.plan.model_stats import ModelStats
+from bigtrain.plan.plan import Plan
+from bigtrain.plan.search import search
+
+# A CPU "device" for runs without GPUs: host memory is the budget; the speed numbers only order the candidates.
+CPU = GPU("CPU", 0, peak_tflops=0.5, intra_node_gbps=10.0, inter_node_gbps=1.25, pcie_gbps=10.0)
+
+
+def choose_plan(
+    model_config: dict[str, Any],
+    world_size: int,
+    ranks_per_node: int,
+    device_name: str | None,
+    free_bytes: int,
+    seq_len: int,
+    global_batch_size: int,
+    mixed_precision: str,
+) -> tuple[Plan, str]:
+    """The best plan and the table explaining it; ConfigError with the reason when none fits."""
+    stats = ModelStats.from_config(model_config)
+    if device_name is None:
+        gpu = CPU
+    else:
+        try:
+            gpu = lookup_gpu(device_name)
+        except ConfigError:  # an unknown GPU: plan with H100 speeds; the memory below is measured anyway
+            gpu = replace(lookup_gpu("H100"), name=device_name)
+    cluster = Cluster(replace(gpu, memory_bytes=free_bytes), world_size, max(1, min(ranks_per_node, world_size)))
+    candidates = search(stats, cluster, seq_len, global_batch_size, mixed_precision, trainer_only=True)
+    table = render_table(candidates, stats, cluster, seq_len, global_batch_size)
+    best = candidates[0]
+    if not best.fits:
+        raise ConfigError(
+            f"parallel.plan=auto found no plan the trainer can run on {world_size} x {gpu.name}: best was "
+            f"'{best.rejected_because}'; use more devices, a smaller train.global_batch_size or data.seq_len"
+        )
+    return best.plan, table

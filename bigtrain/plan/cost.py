@@ -1,0 +1,125 @@
+"""Predicted time of one optimizer step for one plan, and the throughput and MFU that follow.
+
+Compute: training FLOPs = 6·N·tokens (Kaplan et al. 2020: 2 for forward, 4 for backward per parameter and token,
+N = matmul parameters, i.e. blocks + LM head, not the embedding lookup) plus attention scores 12·layers·L·d per
+token (PaLM, Chowdhery et al. 2022, appendix B, d = query width). Recompute adds a forward: 2·N + 4·layers·L·d per
+token under full checkpointing, the attention part only under selective. Time = FLOPs / (peak · ACHIEVABLE), with
+ACHIEVABLE = 0.45 of the datasheet peak for large bf16 matmuls (typical MFU of well-tuned FSDP runs reported by
+torchtitan, 2024), and fp32 runs at 1/8 of it (no tensor-core bf16 path; TF32 assumed off for exactness).
+Small micro-batches use the GPU less well (kernel launch and tile quantisation overheads are paid per micro-step):
+efficiency is scaled by t / (t + HALF_EFFICIENCY_TOKENS) for t tokens per micro-batch (0.89 at 2048 tokens,
+0.33 at 128): an assumption to be calibrated on real GPUs, which mainly makes larger micro-batches win ties.
+Communication (ring collectives move (n-1)/n of the buffer per rank; an all-reduce is twice that):
+- ddp: all-reduce of fp32 gradients once per step (2Ψ·4 bytes).
+- fsdp2 ZeRO-3: all-gather of compute-dtype parameters in forward and again in backward per micro-step, one fp32
+  reduce-scatter of gradients per step (sync only on the last micro-step); ZeRO-2 mode gathers once per micro-step.
+  HSDP adds an all-reduce of the sharded gradients across replicas.
+- deepspeed: ZeRO-1/2 reduce-scatter gradients and all-gather updated parameters (2Ψ·a); ZeRO-3 also gathers in
+  forward and backward (3Ψ·a, the ZeRO paper's 1.5x of data parallelism).
+- tp: 4 all-reduces of b·L·h activations per layer per micro-step (2 forward, 2 backward; Megatron-LM), not
+  overlapped. pp: one activation send per micro-batch and direction; bubble (p-1)/(m+p-1) of the pipeline time.
+- offload: host<->device copies over PCIe, and the optimizer step on the CPU at CPU_ADAM_PARAMS_PER_S per GPU.
+A group of ranks that spans nodes runs at the per-GPU inter-node bandwidth, otherwise at NVLink/PCIe bandwidth.
+Overlap: data-parallel traffic is overlapped with compute except EXPOSED_FRACTION of it (prefetch and bucketing leave
+the first gather and last reduction exposed); tp, pp and offload traffic is not overlapped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bigtrain.plan.hardware import Cluster
+from bigtrain.plan.memory import DTYPE_BYTES, stage_params
+from bigtrain.plan.model_stats import ModelStats
+from bigtrain.plan.plan import Plan
+
+ACHIEVABLE = 0.45
+FP32_SLOWDOWN = 8.0
+EXPOSED_FRACTION = 0.10
+CPU_ADAM_PARAMS_PER_S = 1.0e9
+HALF_EFFICIENCY_TOKENS = 256  # DeepSpeed CPU-Adam order of magnitude per GPU's share of host cores
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    step_s: float
+    tokens_per_s_per_device: float
+    mfu: float
+    compute_s: float
+    comm_s: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"step_s": self.step_s, "tokens_per_s_per_device": self.tokens_per_s_per_device, "mfu": self.mfu}
+
+
+def model_flops_per_token(stats: ModelStats, seq_len: int) -> float:
+    matmul_params = stats.layers * stats.block_params + stats.vocab * stats.hidden
+    return 6.0 * matmul_params + 12.0 * stats.layers * seq_len * stats.q_width
+
+
+def _ring(n: int) -> float:
+    return (n - 1) / n if n > 1 else 0.0
+
+
+def _bandwidth(cluster: Cluster, group: int, stride: int) -> float:
+    """GB/s each way for a group of ``group`` ranks spaced ``stride`` apart in rank order."""
+    spans_nodes = group * stride > cluster.gpus_per_node or stride >= cluster.gpus_per_node
+    return (cluster.gpu.inter_node_gbps if spans_nodes and group > 1 else cluster.gpu.intra_node_gbps) * 1e9
+
+
+def estimate_time(
+    stats: ModelStats, plan: Plan, cluster: Cluster, seq_len: int, global_batch_size: int, mixed_precision: str
+) -> TimeEstimate:
+    a = DTYPE_BYTES[mixed_precision]
+    world = plan.world_size
+    micro_batches = max(1, global_batch_size // (plan.micro_batch_size * plan.dp))
+    tokens = global_batch_size * seq_len
+    per_token = model_flops_per_token(stats, seq_len)
+    extra = 0.0
+    attention_fwd = 4.0 * stats.layers * seq_len * stats.q_width
+    if plan.activation_checkpointing == "full":
+        extra = per_token / 3.0  # one more forward: a third of forward + backward
+    elif plan.activation_checkpointing == "selective":
+        extra = attention_fwd
+    micro_tokens = plan.micro_batch_size * seq_len
+    saturation = micro_tokens / (micro_tokens + HALF_EFFICIENCY_TOKENS)
+    peak = cluster.gpu.peak_tflops * 1e12 * ACHIEVABLE * saturation / (FP32_SLOWDOWN if a == 4 else 1.0)
+    compute = (per_token + extra) * tokens / world / peak
+    if plan.pp > 1:
+        compute *= (micro_batches + plan.pp - 1) / micro_batches  # pipeline bubble
+
+    blocks, root = stage_params(stats, plan)
+    psi = blocks + root
+    # rank order is (pp, dp_replicate, dp_shard, tp) with tp innermost, as torchtitan lays out its mesh
+    tp_bw = _bandwidth(cluster, plan.tp, 1)
+    shard_bw = _bandwidth(cluster, plan.dp_shard, plan.tp)
+    rep_bw = _bandwidth(cluster, plan.dp_replicate, plan.tp * plan.dp_shard)
+    dp_overlapped = 0.0
+    if plan.backend == "ddp":
+        dp_overlapped = 2 * _ring(plan.dp) * 4 * psi / _bandwidth(cluster, plan.dp, plan.tp)
+    elif plan.backend == "fsdp2":
+        gathers = 2 if plan.zero_stage == 3 else 1
+        shard_bytes = gathers * micro_batches * a * psi + 4 * psi
+        dp_overlapped = _ring(plan.dp_shard) * shard_bytes / shard_bw
+        dp_overlapped += 2 * _ring(plan.dp_replicate) * 4 * psi / plan.dp_shard / rep_bw
+    else:
+        volume = (3 if plan.zero_stage >= 3 else 2) * a * psi
+        dp_overlapped = _ring(plan.dp) * volume / _bandwidth(cluster, plan.dp, plan.tp)
+    exposed = max(0.0, dp_overlapped - compute) + EXPOSED_FRACTION * min(dp_overlapped, compute)
+
+    layers = -(-stats.layers // plan.pp)
+    act = plan.micro_batch_size * seq_len * stats.hidden * a
+    tp_comm = 4 * layers * micro_batches * 2 * _ring(plan.tp) * act / tp_bw if plan.tp > 1 else 0.0
+    pp_comm = 2 * micro_batches * act / plan.tp / _bandwidth(cluster, 2, plan.tp * plan.dp) if plan.pp > 1 else 0.0
+    offload = 0.0
+    pcie = cluster.gpu.pcie_gbps * 1e9
+    shard = plan.dp_shard if plan.backend == "fsdp2" else plan.dp
+    if plan.offload_params:
+        offload += (2 * micro_batches * 4 * psi / shard + 4 * psi / shard) / pcie + psi / shard / CPU_ADAM_PARAMS_PER_S
+    if plan.offload_optimizer:
+        offload += 2 * 2 * psi / shard / pcie + psi / shard / CPU_ADAM_PARAMS_PER_S
+    comm = exposed + tp_comm + pp_comm + offload
+    step = compute + comm
+    model_flops = per_token * tokens
+    mfu = model_flops / (step * world * cluster.gpu.peak_tflops * 1e12)
+    return TimeEstimate(step, tokens / step / world, mfu, compute, comm)

@@ -1,0 +1,84 @@
+"""Render a search result: the table a person reads, the JSON a program reads, and why nothing fits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bigtrain.plan.hardware import Cluster, GiB
+from bigtrain.plan.model_stats import ModelStats
+from bigtrain.plan.search import Candidate
+
+SHOWN_FITTING = 8
+SHOWN_REJECTED = 6
+
+
+def describe(plan) -> str:
+    """A compact one-line name for a plan, e.g. 'fsdp2 zero3 dp=2x4 tp=2 pp=1 ac=full mb=2'."""
+    dp = f"{plan.dp_replicate}x{plan.dp_shard}" if plan.backend == "fsdp2" and plan.dp_replicate > 1 else f"{plan.dp}"
+    parts = [plan.backend if plan.backend == "ddp" else f"{plan.backend} zero{plan.zero_stage}", f"dp={dp}"]
+    parts += [f"tp={plan.tp}", f"pp={plan.pp}" + (f"/{plan.pp_schedule}" if plan.pp > 1 else "")]
+    parts += [f"ac={plan.activation_checkpointing}", f"mb={plan.micro_batch_size}"]
+    if plan.offload_params:
+        parts.append("offload=params")
+    if plan.offload_optimizer:
+        parts.append("offload=optimizer")
+    return " ".join(parts)
+
+
+def _row(c: Candidate) -> str:
+    return (
+        f"{describe(c.plan):66s} {c.memory.total_bytes / GiB:8.1f} {c.memory.budget_bytes / GiB:8.1f} "
+        f"{c.time.step_s:9.3f} {c.time.tokens_per_s_per_device:11,.0f} {c.time.mfu:6.1%}"
+    )
+
+
+def render_table(candidates: list[Candidate], stats: ModelStats, cluster: Cluster, seq_len: int, batch: int) -> str:
+    head = f"{'plan':66s} {'peak GiB':>8s} {'+margin':>8s} {'step s':>9s} {'tok/s/dev':>11s} {'MFU':>6s}"
+    lines = [
+        f"model {stats.model_type}: {stats.params / 1e9:.2f}B params, {stats.layers} layers, hidden {stats.hidden}, "
+        f"vocab {stats.vocab} | {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpu.memory_bytes / GiB:.1f} GiB, "
+        f"{cluster.gpus_per_node} per node) | global batch {batch} x seq {seq_len}",
+        "",
+        head,
+    ]
+    fitting = [c for c in candidates if c.fits][:SHOWN_FITTING]
+    for i, c in enumerate(fitting):
+        lines.append(("* " if i == 0 else "  ") + _row(c))
+    if not fitting:
+        lines.append("  (no plan fits)")
+    rejected = [c for c in candidates if not c.fits]
+    if rejected:
+        lines += ["", "best rejected:"]
+        seen = set()
+        for c in rejected:
+            key = (c.rejected_because or "").split(" > ")[0] if "budget" not in (c.rejected_because or "") else id(c)
+            if key in seen:
+                continue
+            seen.add(key)
+            lines.append(f"  {describe(c.plan):66s} {c.rejected_because}")
+            if len(seen) >= SHOWN_REJECTED:
+                break
+    return "\n".join(lines)
+
+
+def to_json(candidates: list[Candidate], stats: ModelStats, limit: int = 20) -> dict[str, Any]:
+    best = candidates[0]
+    shown = [c for c in candidates if c.fits][:limit] + [c for c in candidates if not c.fits][:limit]
+    return {
+        "plan": best.plan.to_dict(),
+        "fits": best.fits,
+        "memory": best.memory.to_dict(),
+        "time": best.time.to_dict(),
+        "model": stats.summary(),
+        "candidates": [c.to_dict() for c in shown],
+    }
+
+
+def what_would_fit(fits_with: dict[str, str]) -> str:
+    """One sentence from the alternatives that were found to fit, e.g. more GPUs, offload, a shorter sequence."""
+    if not fits_with:
+        return (
+            "Nothing tried fits: this model needs more GPU memory than offloading, 8x the GPUs or a 16x shorter "
+            "sequence provide."
+        )
+    return "Would fit with " + "; or ".join(fits_with.values()) + "."

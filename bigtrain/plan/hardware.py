@@ -1,0 +1,124 @@
+"""Hardware the planner plans for: a table of known GPUs, memory-size parsing, and detection.
+
+Pure Python: detection imports torch lazily and never ``torch.distributed``.
+
+Sources of the table (vendor datasheets; dense, i.e. without 2:4 sparsity):
+- H100 SXM5 / H200 SXM: 989 TFLOP/s bf16, NVLink 4 at 900 GB/s per GPU (both directions, 450 each way), paired with
+  one 400 Gb/s NDR InfiniBand NIC per GPU (50 GB/s) in DGX/HGX systems; PCIe Gen5 x16 64 GB/s.
+- A100 SXM4 40/80 GB: 312 TFLOP/s bf16, NVLink 3 at 600 GB/s (300 each way), 200 Gb/s HDR per GPU (25 GB/s) in
+  DGX A100; PCIe Gen4 x16 32 GB/s.
+- B200: 2250 TFLOP/s bf16 dense, NVLink 5 at 1.8 TB/s (900 each way), 800 Gb/s per GPU (100 GB/s).
+- L40S: 362 TFLOP/s bf16 dense, L4: 121, A10G: 125 (dense halves of the sparse figures), RTX 4090: 165 (fp32 accum);
+  no NVLink: peers talk over PCIe Gen4 (32 GB/s); 100 Gb/s Ethernet between nodes (12.5 GB/s) is assumed.
+- V100 SXM2 32 GB: 125 TFLOP/s fp16 tensor cores (no bf16), NVLink 2 at 300 GB/s (150 each way).
+Memory is the usable capacity torch reports (``torch.cuda.mem_get_info`` total), in GiB.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from bigtrain.errors import ConfigError
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_bytes: int  # usable device memory
+    peak_tflops: float  # dense bf16/fp16 tensor-core peak
+    intra_node_gbps: float  # GB/s each way between two GPUs of one node (NVLink or PCIe)
+    inter_node_gbps: float  # GB/s each way per GPU between nodes (the NIC per GPU)
+    pcie_gbps: float  # GB/s host <-> device, for offload
+
+
+KNOWN_GPUS: dict[str, GPU] = {
+    g.name: g
+    for g in [
+        GPU("H100", int(79.1 * GiB), 989.0, 450.0, 50.0, 64.0),
+        GPU("H200", int(139.8 * GiB), 989.0, 450.0, 50.0, 64.0),
+        GPU("B200", int(178.0 * GiB), 2250.0, 900.0, 100.0, 64.0),
+        GPU("A100-80GB", int(79.2 * GiB), 312.0, 300.0, 25.0, 32.0),
+        GPU("A100-40GB", int(39.4 * GiB), 312.0, 300.0, 25.0, 32.0),
+        GPU("L40S", int(44.4 * GiB), 362.0, 32.0, 12.5, 32.0),
+        GPU("L4", int(22.0 * GiB), 121.0, 32.0, 12.5, 32.0),
+        GPU("A10G", int(22.0 * GiB), 125.0, 32.0, 12.5, 32.0),
+        GPU("RTX4090", int(23.6 * GiB), 165.0, 32.0, 12.5, 32.0),
+        GPU("V100-32GB", int(31.7 * GiB), 125.0, 150.0, 12.5, 16.0),
+    ]
+}
+ALIASES = {"H100-80GB": "H100", "H100-SXM": "H100", "A100": "A100-80GB", "V100": "V100-32GB", "4090": "RTX4090"}
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[\s_]+", "-", name.strip()).upper()
+
+
+def lookup_gpu(name: str) -> GPU:
+    """A GPU of the table by name (case-insensitive; 'NVIDIA H100 80GB HBM3' style device names work too)."""
+    key = _normalise(name).removeprefix("NVIDIA-")
+    table = {_normalise(k): v for k, v in KNOWN_GPUS.items()}
+    table.update({_normalise(k): KNOWN_GPUS[v] for k, v in ALIASES.items()})
+    if key in table:
+        return table[key]
+    # device names as torch reports them: pick the longest table name contained in it ('A100-SXM4-80GB' -> A100-80GB)
+    for known in sorted(table, key=len, reverse=True):
+        family, _, size = known.partition("-")
+        if family in key and (not size or size in key):
+            return table[known]
+    raise ConfigError(f"--gpu {name!r} is not a known GPU; use one of {', '.join(KNOWN_GPUS)} or give --gpu-memory")
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+
+
+def parse_memory(text: str) -> int:
+    """'80GB', '80GiB', '80G' or plain bytes -> bytes. Units are binary (80GB = 80 GiB), as GPU vendors' 'GB' are:
+    an "80 GB" H100 has 80 GiB of HBM, of which torch sees about 79.1 GiB."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ConfigError(f"--gpu-memory {text!r} is not a size; write e.g. 80GB, 79.6GiB or 24G")
+    value, unit = float(m.group(1)), (m.group(2) or "B").upper()
+    powers = {"K": 1, "M": 2, "G": 3, "T": 4}
+    if unit == "B":
+        return int(value)
+    return int(value * 1024 ** powers[unit[0]])
+
+
+@dataclass(frozen=True)
+class Cluster:
+    gpu: GPU
+    num_gpus: int
+    gpus_per_node: int
+
+    @property
+    def num_nodes(self) -> int:
+        return -(-self.num_gpus // self.gpus_per_node)
+
+
+def make_cluster(
+    num_gpus: int, gpus_per_node: int | None = None, gpu_name: str | None = None, gpu_memory: str | int | None = None
+) -> Cluster:
+    """A cluster from flags; the GPU defaults to H100, and ``gpu_memory`` overrides the table's capacity."""
+    if num_gpus < 1:
+        raise ConfigError(f"--gpus {num_gpus} must be at least 1")
+    gpu = lookup_gpu(gpu_name or "H100")
+    if gpu_memory is not None:
+        gpu = replace(gpu, memory_bytes=gpu_memory if isinstance(gpu_memory, int) else parse_memory(gpu_memory))
+    per_node = gpus_per_node or min(num_gpus, 8)
+    if per_node < 1:
+        raise ConfigError(f"--gpus-per-node {per_node} must be at least 1")
+    return Cluster(gpu=gpu, num_gpus=num_gpus, gpus_per_node=per_node)
+
+
+def detect_local() -> tuple[str | None, int, int | None]:
+    """(device name, GPU count, smallest free memory in bytes) of this host; (None, 0, None) without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, 0, None
+    count = torch.cuda.device_count()
+    free = min(torch.cuda.mem_get_info(i)[0] for i in range(count))
+    return torch.cuda.get_device_name(0), count, free

@@ -1,0 +1,199 @@
+"""What the planner needs to know about a model: its shapes and parameter counts, from config fields alone.
+
+Pure Python. ``ModelStats.from_config`` reads a HF config dict (defaults already filled in, see ``load_model_config``)
+of the families bigtrain models: decoder-only transformers with RoPE, RMSNorm and a gated (SwiGLU) MLP (llama,
+mistral, qwen2, qwen3) and GPT-2 (learned positions, LayerNorm with bias, GELU MLP, biases everywhere).
+Counts are exact; ``tests/unit/test_model_stats.py`` checks them against the numel of meta-built HF models.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from bigtrain.errors import ConfigError
+
+ROPE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+MODELLED = (*ROPE_FAMILIES, "gpt2")
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    model_type: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int  # MLP inner width
+    vocab: int
+    tied: bool  # LM head shares the embedding matrix
+    gated_mlp: bool  # SwiGLU: gate, up and down projections
+    qkv_bias: bool
+    linear_bias: bool  # o_proj and MLP projections carry biases (GPT-2)
+    norm_bias: bool  # LayerNorm (weight + bias) rather than RMSNorm (weight)
+    positions: int  # rows of a learned position embedding (GPT-2), 0 with RoPE
+    qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3)
+
+    # ---- parameter counts -------------------------------------------------------------------------------------
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def attn_params(self) -> int:
+        h = self.hidden
+        n = h * self.q_width + 2 * h * self.kv_width + self.q_width * h
+        if self.qkv_bias:
+            n += self.q_width + 2 * self.kv_width
+        if self.linear_bias:
+            n += h
+        if self.qk_norm:
+            n += 2 * self.head_dim
+        return n
+
+    @property
+    def mlp_params(self) -> int:
+        h, f = self.hidden, self.ffn
+        n = (3 if self.gated_mlp else 2) * h * f
+        if self.linear_bias:
+            n += (2 if self.gated_mlp else 1) * f + h
+        return n
+
+    @property
+    def norm_params(self) -> int:
+        return self.hidden * (2 if self.norm_bias else 1)
+
+    @property
+    def block_params(self) -> int:
+        """One decoder block: attention, MLP and its two norms."""
+        return self.attn_params + self.mlp_params + 2 * self.norm_params
+
+    @property
+    def embed_params(self) -> int:
+        return (self.vocab + self.positions) * self.hidden
+
+    @property
+    def head_params(self) -> int:
+        return 0 if self.tied else self.vocab * self.hidden
+
+    @property
+    def root_params(self) -> int:
+        """Everything outside the blocks: embeddings, final norm, LM head (FSDP's root unit)."""
+        return self.embed_params + self.norm_params + self.head_params
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.block_params + self.root_params
+
+    # ---- construction -----------------------------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any]) -> ModelStats:
+        model_type = cfg.get("model_type")
+        if model_type == "gpt2":
+            hidden, heads = cfg["n_embd"], cfg["n_head"]
+            return cls(
+                model_type="gpt2",
+                hidden=hidden,
+                layers=cfg["n_layer"],
+                heads=heads,
+                kv_heads=heads,
+                head_dim=hidden // heads,
+                ffn=cfg.get("n_inner") or 4 * hidden,
+                vocab=cfg["vocab_size"],
+                tied=True,
+                gated_mlp=False,
+                qkv_bias=True,
+                linear_bias=True,
+                norm_bias=True,
+                positions=cfg["n_positions"],
+            )
+        if model_type in ROPE_FAMILIES:
+            hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+            return cls(
+                model_type=model_type,
+                hidden=hidden,
+                layers=cfg["num_hidden_layers"],
+                heads=heads,
+                kv_heads=cfg.get("num_key_value_heads") or heads,
+                head_dim=cfg.get("head_dim") or hidden // heads,
+                ffn=cfg["intermediate_size"],
+                vocab=cfg["vocab_size"],
+                tied=bool(cfg.get("tie_word_embeddings")),
+                gated_mlp=True,
+                qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias")),
+                linear_bias=False,
+                norm_bias=False,
+                positions=0,
+                qk_norm=model_type == "qwen3",
+            )
+        raise ConfigError(f"model_type {model_type!r} is not modelled by the planner; supported: {', '.join(MODELLED)}")
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "params": self.params,
+            "model_type": self.model_type,
+            "layers": self.layers,
+            "hidden": self.hidden,
+            "heads": self.heads,
+            "kv_heads": self.kv_heads,
+            "ffn": self.ffn,
+            "vocab": self.vocab,
+            "tied": self.tied,
+        }
+
+
+def preset_names() -> list[str]:
+    return [k for k in _presets() if not k.startswith("_")]
+
+
+def _presets() -> dict[str, Any]:
+    return json.loads(resources.files("bigtrain.models").joinpath("presets.json").read_text())
+
+
+def load_model_config(spec: str | dict[str, Any]) -> dict[str, Any]:
+    """A full HF config dict from a preset name, a model folder, a config.json path, or a recipe's config dict.
+
+    transformers fills in the defaults a partial dict leaves out and tells us whether it is a causal LM.
+    """
+    if isinstance(spec, dict):
+        raw = dict(spec)
+    else:
+        presets = _presets()
+        path = Path(spec)
+        if spec in presets and not spec.startswith("_"):
+            raw = dict(presets[spec])
+        elif path.is_dir() and (path / "config.json").is_file():
+            raw = json.loads((path / "config.json").read_text())
+        elif path.is_file():
+            try:
+                raw = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"--model {spec!r} is not a JSON config ({e.msg})") from e
+        else:
+            raise ConfigError(
+                f"--model {spec!r} is neither a preset nor a local model folder or config.json; "
+                f"presets: {', '.join(preset_names())}"
+            )
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = raw.pop("model_type", None)
+    if model_type is None:
+        raise ConfigError("the model config has no model_type; it must be a HF causal-LM config")
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ConfigError(f"model_type {model_type!r} is not a causal language model; bigtrain trains causal LMs")
+    raw.pop("architectures", None)
+    try:
+        full = AutoConfig.for_model(model_type, **raw).to_dict()
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"the {model_type} config does not load: {e}") from e
+    full["model_type"] = model_type
+    return full

@@ -1,0 +1,125 @@
+"""``bigtrain plan`` end to end (exit codes, table, JSON contract) and ``parallel.plan: auto`` in the trainer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import REPO, read_metrics, run_cli
+
+
+def test_table_names_the_choice_and_why_others_lost():
+    proc = run_cli(["plan", "--model", "llama-3-70b", "--gpus", "8", "--gpu", "H100"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("model llama: 70.55B params")
+    assert any(line.startswith("* ") for line in lines)
+    assert "best rejected:" in proc.stdout and "GiB budget" in proc.stdout
+
+
+def test_json_contract():
+    proc = run_cli(
+        [
+            "plan",
+            "--model",
+            "llama-3-8b",
+            "--gpus",
+            "8",
+            "--gpu-memory",
+            "80GB",
+            "--json",
+            "--seq-len",
+            "4096",
+            "--global-batch-size",
+            "64",
+            "--fix",
+            "backend=fsdp2",
+        ],
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out["plan"]) == {
+        "backend",
+        "zero_stage",
+        "dp_replicate",
+        "dp_shard",
+        "tp",
+        "pp",
+        "pp_schedule",
+        "activation_checkpointing",
+        "micro_batch_size",
+        "offload_optimizer",
+        "offload_params",
+    }
+    assert out["plan"]["backend"] == "fsdp2"
+    assert set(out["memory"]) == {
+        "total_bytes",
+        "params_bytes",
+        "grads_bytes",
+        "optimizer_bytes",
+        "activations_bytes",
+        "other_bytes",
+        "margin_bytes",
+    }
+    mem = out["memory"]
+    assert mem["total_bytes"] == sum(
+        mem[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
+    )
+    assert set(out["time"]) == {"step_s", "tokens_per_s_per_device", "mfu"}
+    assert out["model"]["params"] == 8030261248
+    assert all(set(c) == {"plan", "memory", "time", "fits", "rejected_because"} for c in out["candidates"])
+    assert out["candidates"][0]["fits"] and out["candidates"][0]["plan"] == out["plan"]
+
+
+def test_nothing_fits_exits_3_with_a_way_out():
+    proc = run_cli(["plan", "--model", "llama-3-405b", "--gpus", "8", "--gpu", "L4", "--json"], timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    assert json.loads(proc.stdout)["fits"] is False
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("bigtrain: no plan fits in 22.0 GiB per GPU.") and "Would fit with" in last
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--model", "llama-9", "--gpus", "8"], "neither a preset nor a local model folder"),
+        (["--model", "llama-3-8b", "--gpus", "8", "--fix", "colour=red"], "unknown plan field"),
+        (["--model", "llama-3-8b", "--gpus", "8", "--gpu-memory", "lots"], "--gpu-memory 'lots' is not a size"),
+        (["--model", "llama-3-8b", "--gpus", "8", "--gpu", "Z80"], "--gpu 'Z80' is not a known GPU"),
+        (["--model", "llama-3-8b"], "no GPU detected on this machine; give --gpus N"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args, expected, tmp_path):
+    proc = run_cli(["plan", *args], timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("bigtrain: error: ")
+    assert expected in proc.stderr
+
+
+def test_non_causal_config_exits_2(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "t5", "d_model": 32}')
+    proc = run_cli(["plan", "--model", str(tmp_path / "config.json"), "--gpus", "2"], timeout=60)
+    assert proc.returncode == 2 and "'t5' is not a causal language model" in proc.stderr
+
+
+def test_recipe_with_plan_auto_trains(tmp_path):
+    out = tmp_path / "auto"
+    proc = run_cli(
+        [
+            "train",
+            str(REPO / "recipes" / "auto_quickstart.yaml"),
+            "--nproc",
+            "2",
+            "--set",
+            "train.steps=4",
+            "--set",
+            f"output_dir={out}",
+        ],
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "parallel.plan=auto chose:" in proc.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["backend"] in ("ddp", "fsdp2") and plan["dp_replicate"] * plan["dp_shard"] == 2
+    assert len(read_metrics(out)) == 4
