@@ -44,7 +44,7 @@ def test_plan_round_trips_into_a_recipe_section():
         (ParallelConfig(zero_stage=1), 2, 8, "parallel.zero_stage=1 is not an fsdp2 mode; use 3"),
         (ParallelConfig(backend="ddp", dp_shard=2), 2, 8, "parallel.dp_shard=2 shards parameters"),
         (ParallelConfig(dp_replicate=3), 4, 8, "parallel.dp_replicate=3 does not divide the data-parallel world 4"),
-        (ParallelConfig(plan="auto"), 2, 8, "parallel.plan=auto needs the planner"),
+        (ParallelConfig(plan="auto"), 2, 8, "parallel.plan=auto is chosen at start-up by the trainer"),
         (ParallelConfig(micro_batch_size=0), 2, 8, "parallel.micro_batch_size=0 must be at least 1"),
     ],
 )
