@@ -42,27 +42,35 @@ class ParallelModel:
             with contextlib.nullcontext() if enabled else self.module.no_sync():
                 yield
         else:
-            self.module.set_requires_gradient_sync(enabled)
+            if hasattr(self.module, "set_requires_gradient_sync"):  # FSDP2; a plain module has nothing to sync
+                self.module.set_requires_gradient_sync(enabled)
             yield
 
     def parameters(self) -> list[nn.Parameter]:
         return list(self.module.parameters())
 
 
+def shard_model(model: nn.Module, plan: Plan, topology: Topology, mixed_precision: str) -> nn.Module:
+    """Activation checkpointing, then FSDP2 (for fsdp2 plans), applied in place to an unmaterialised model."""
+    blocks = apply_activation_checkpoint(decoder_blocks(model), plan.activation_checkpointing)
+    if plan.backend == "fsdp2":
+        apply_fsdp(model, blocks, plan, topology.dp_mesh, mixed_precision)
+    return model
+
+
 def build_parallel_model(
     cfg: RecipeConfig, hf_config: Any, plan: Plan, topology: Topology, device: torch.device
 ) -> ParallelModel:
     model = build_meta_model(hf_config, cfg.model.attn_implementation)
-    blocks = apply_activation_checkpoint(decoder_blocks(model), plan.activation_checkpointing)
-    if plan.backend == "fsdp2":
-        apply_fsdp(model, blocks, plan, topology.dp_mesh, cfg.train.mixed_precision)
+    shard_model(model, plan, topology, cfg.train.mixed_precision)
     meta_twin = build_meta_model(hf_config, cfg.model.attn_implementation)
     materialize(model, meta_twin, device, cfg.model.name_or_path, cfg.train.seed)
     model.train()
     if plan.backend == "ddp":
         device_ids = [device.index] if device.type == "cuda" else None
+        # gradient_as_bucket_view: gradients live inside DDP's communication buckets instead of beside them (saves 4Ψ)
         module: nn.Module = DistributedDataParallel(
-            model, device_ids=device_ids, process_group=topology.dp_mesh.get_group()
+            model, device_ids=device_ids, process_group=topology.dp_mesh.get_group(), gradient_as_bucket_view=True
         )
     else:
         module = model

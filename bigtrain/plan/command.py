@@ -33,6 +33,11 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--global-batch-size", type=int, help="sequences per optimizer step")
     parser.add_argument("--mixed-precision", choices=("fp32", "bf16", "fp16"), help="compute dtype")
     parser.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE", help="pin a plan field")
+    parser.add_argument(
+        "--simulate",
+        action="store_true",
+        help="verify the chosen plan's peak memory by running the training step on fake tensors",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
 
 
@@ -121,11 +126,26 @@ def run_plan_command(args: argparse.Namespace) -> int:
     candidates = _search(req)
     best = candidates[0]
     result = to_json(candidates, req.stats)
+    if args.simulate:
+        from bigtrain.plan.simulate import simulate_peak
+
+        result["simulated"] = {
+            "peak_bytes": simulate_peak(
+                req.model_config, best.plan, req.seq_len, req.mixed_precision, req.global_batch_size
+            ),
+            "world_size": best.plan.world_size,
+        }
     sentence = None if best.fits else what_would_fit(alternatives_that_fit(req))
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(render_table(candidates, req.stats, req.cluster, req.seq_len, req.global_batch_size))
+        if "simulated" in result:
+            simulated = result["simulated"]["peak_bytes"]
+            print(
+                f"\nsimulated peak of the chosen plan on rank 0 of {best.plan.world_size}: {simulated / 2**30:.2f} GiB "
+                f"(predicted {best.memory.total_bytes / 2**30:.2f} GiB)"
+            )
     if sentence:
         print(
             f"bigtrain: no plan fits in {req.cluster.gpu.memory_bytes / 2**30:.1f} GiB per GPU. {sentence}",

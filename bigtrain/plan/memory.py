@@ -10,15 +10,19 @@ Model states (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1: "(2 + 2 + K)Ψ" wit
 - ddp: 4Ψ + 4Ψ + 8Ψ, nothing sharded.
 - deepspeed ZeRO-1/2/3 (the paper's accounting): 2Ψ compute params + 2Ψ grads + 12Ψ fp32 master, m, v; stage 1
   shards the 12Ψ, stage 2 also the grads, stage 3 also the params; ``offload_optimizer`` moves the 12Ψ to the host.
-Transient buffers ("other"): FSDP2 all-gathers one block at a time and prefetches the next, so two unsharded blocks
-(a bytes per parameter) are in flight, plus their unsharded gradients in backward before the reduce-scatter (a bytes,
-cast to fp32 for the reduction: 4 bytes); the root unit (embeddings, head) stays gathered from forward to backward.
-ZeRO-2 mode (reshard_after_forward=False) keeps every block gathered until its backward. Gradient accumulation with
-sync only on the last micro-step keeps *unsharded* fp32 gradients of every block between micro-steps.
-Activations: per decoder block and token, the tensors autograd saves in HF's implementation (counted in
-``_block_activation_bytes_per_token``), times b·L, times the blocks whose activations are alive at the peak.
-Logits: the last stage materialises b·L·V logits in the compute dtype and the loss upcasts them (4 bytes) and saves
-log-softmax (4 bytes); its backward holds gradients of the same size.
+The peak is the larger of two moments (tracked with torch's memory tracker, see simulate.py):
+- the start of the loss backward: model states without this step's sharded gradients (they do not exist yet), the
+  unsharded fp32 gradients FSDP2 accumulates between micro-steps when the global batch takes several (sync only on
+  the last), gathered parameters in the compute dtype (the root unit, i.e. embeddings and head, stays gathered from
+  forward to backward; ZeRO-3 mode has the next block prefetched, ZeRO-2 mode keeps every block gathered), DDP's
+  compute-dtype weight copies that autocast made and autograd saved (aΨ under bf16/fp16 without checkpointing, the
+  LM head's with full checkpointing), all blocks' activations and the loss;
+- the optimizer step: parameters, gradients and AdamW states, plus one state-sized temporary of torch's foreach
+  AdamW (sqrt of v).
+Activations: per decoder block and token, the tensors autograd saves in HF's implementation (listed in
+``block_activation_bytes_per_token``), times b·L, times the blocks whose activations are alive at the peak.
+Loss: the logits' backward holds the log-softmax output, its gradient and the input gradient, all fp32 (the
+compute-dtype logits are not saved by the upcast): 12 bytes per logit, b·L·V/tp logits.
 Margin (reported apart, added only against the budget): allocator fragmentation and CUDA context/NCCL buffers,
 stated as 10% of the peak plus 1.5 GiB (CUDA context ~0.5 GiB and NCCL channels/workspace ~1 GiB on H100-class
 systems, torchtitan and DeepSpeed issue reports).
@@ -76,40 +80,46 @@ def stage_params(stats: ModelStats, plan: Plan) -> tuple[int, int]:
     return blocks // plan.tp, root // plan.tp
 
 
-def _block_activation_bytes_per_token(stats: ModelStats, a: int) -> int:
+def block_activation_bytes_per_token(stats: ModelStats, a: int) -> int:
     """Bytes autograd keeps for one decoder block per token, no checkpointing.
 
-    Llama-family (HF modeling_llama, sdpa): each RMSNorm saves its fp32 input (4h), the normalised input in the
-    compute dtype (ah) and its output (ah); q and k are saved three times around RoPE (input, rotate_half, rotated:
-    3a each), v once; SDPA's output and the contiguous copy o_proj saves (2a·q_width); SwiGLU saves gate, silu(gate),
-    up and their product (4a·ffn); SDPA's log-sum-exp (4 bytes per head).
-    GPT-2: two LayerNorms save input and output (2ah each), c_attn's q, k, v (3ah), SDPA output and merge copy (2ah),
-    the MLP saves c_fc's output and its tanh-GELU intermediates (counted as 4 tensors of a·ffn) and the GELU output.
+    Llama family (HF modeling_llama with SDPA; listed with saved-tensor hooks): each RMSNorm saves its input upcast
+    to fp32 (4h), its rsqrt (4), the normalised input in the compute dtype (ah) and its output, which the next
+    projection saves (ah); RoPE saves nothing of size q (cos and sin need no gradient); SDPA saves q and k after RoPE,
+    v (a·q_width + 2a·kv_width), its output, which o_proj saves as a view (a·q_width), and the log-sum-exp (4 bytes
+    per head); SwiGLU saves gate, silu(gate), up and their product (4a·ffn).
+    GPT-2: two LayerNorms save input and normalised output (2ah each), SDPA q, k, v as views of c_attn's output
+    (3ah) and its output (ah), the MLP saves c_fc's output and the tanh-GELU intermediates (counted as 5a·ffn).
     """
     h, f = stats.hidden, stats.ffn
     if stats.gated_mlp:
-        norms = 2 * (4 * h + 2 * a * h)
-        attn = 3 * a * stats.q_width + 3 * a * stats.kv_width + a * stats.kv_width + 2 * a * stats.q_width
-        return norms + attn + 4 * a * f + 4 * stats.heads
-    norms = 2 * (2 * a * h)
-    attn = 3 * a * h + 2 * a * h
-    return norms + attn + 5 * a * f + 4 * stats.heads
+        norms = 2 * (4 * h + 2 * a * h + 4)
+        attn = 2 * a * stats.q_width + 2 * a * stats.kv_width + 4 * stats.heads
+        return norms + attn + 4 * a * f
+    return 2 * (2 * a * h) + 4 * a * h + 4 * stats.heads + 5 * a * f
+
+
+def root_activation_bytes_per_token(stats: ModelStats, a: int) -> int:
+    """Outside the blocks: the final norm (as a block norm) and the embedding output."""
+    return (4 * stats.hidden + 2 * a * stats.hidden + 4) + a * stats.hidden
 
 
 def activation_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int, micro_batches: int) -> int:
     """Activations alive at the peak on the busiest stage (excluding the logits, counted apart)."""
     tokens = plan.micro_batch_size * seq_len
-    per_block = _block_activation_bytes_per_token(stats, a) * tokens // plan.tp
+    per_block = block_activation_bytes_per_token(stats, a) * tokens // plan.tp
     layers = stage_layers(stats, plan.pp)
     if plan.activation_checkpointing == "full":
-        # only each block's input survives; one block is recomputed at a time during backward
-        kept = layers * a * stats.hidden * tokens + per_block
+        # only each block's input survives; one block is recomputed at a time during backward, after the loss's
+        # buffers are gone: the larger of the two counts
+        kept = layers * a * stats.hidden * tokens + max(per_block - logits_bytes(stats, plan, seq_len, a), 0)
     elif plan.activation_checkpointing == "selective":
         # attention internals (q/k/v after RoPE, SDPA output) are recomputed, MLP and norms kept
         attn = (3 * stats.q_width + 4 * stats.kv_width + 2 * stats.q_width) * a * tokens // plan.tp
         kept = layers * (per_block - attn) + attn
     else:
         kept = layers * per_block
+    kept += root_activation_bytes_per_token(stats, a) * tokens // plan.tp
     if plan.pp > 1:
         # 1F1B keeps at most pp micro-batches in flight on the first stage; GPipe keeps all of them
         in_flight = min(plan.pp, micro_batches) if plan.pp_schedule == "1f1b" else micro_batches
@@ -118,41 +128,52 @@ def activation_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int, micro_
 
 
 def logits_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:
-    """Peak of the loss: logits (a) + fp32 upcast (4) + saved log-softmax (4), vocabulary split over tp."""
-    return plan.micro_batch_size * seq_len * stats.vocab // plan.tp * (a + 4 + 4)
+    """Peak of the loss backward: 12 bytes per logit (see the module docstring), vocabulary split over tp."""
+    return plan.micro_batch_size * seq_len * stats.vocab // plan.tp * 12
 
 
 def estimate_memory(
     stats: ModelStats, plan: Plan, seq_len: int, mixed_precision: str, global_batch_size: int
 ) -> MemoryEstimate:
+    """The predicted peak and its parts at the moment it happens (loss backward or optimizer step)."""
     a = DTYPE_BYTES[mixed_precision]
     blocks, root = stage_params(stats, plan)
     psi = blocks + root
     accum = max(1, global_batch_size // (plan.micro_batch_size * plan.dp))
     one_block = stats.block_params // plan.tp
-    other = 0
+    gathered = 0  # compute-dtype copies of parameters alive at the loss
+    accumulated = 0  # gradients alive at the loss
     if plan.backend == "fsdp2":
         shard = plan.dp_shard
         params, grads, optim = 4 * psi // shard, 4 * psi // shard, 8 * psi // shard
         if plan.offload_params:  # CPUOffloadPolicy: sharded params, grads and the optimizer step live on the host
             params = grads = optim = 0
-        if shard > 1 or a != 4:
-            gathered_blocks = blocks if plan.zero_stage == 2 else 2 * one_block
-            other += a * (gathered_blocks + root)  # unsharded compute copies in flight
-            other += (a + 4) * one_block  # one block's unsharded gradients before its reduce-scatter
+        gathered = a * (root + (blocks if plan.zero_stage == 2 else one_block))
         if accum > 1:
-            other += 4 * psi  # unsharded gradients accumulated between micro-steps (sync only on the last)
+            accumulated = 4 * psi  # unsharded fp32 gradients kept between micro-steps (sync only on the last)
+        optimizer_temp = 4 * psi // shard if not plan.offload_params else 0
     elif plan.backend == "ddp":
         params, grads, optim = 4 * psi, 4 * psi, 8 * psi
-    else:  # deepspeed, ZeRO paper accounting
+        accumulated = grads  # with gradient_as_bucket_view the gradients are DDP's buckets, allocated up front
+        if a != 4:
+            # autocast's compute-dtype weight copies outlive forward only where autograd saved them for backward:
+            # every projection without checkpointing; with full checkpointing only the LM head (even when tied)
+            kept = blocks if plan.activation_checkpointing == "none" else 0
+            gathered = a * (kept + stats.vocab * stats.hidden // plan.tp)
+        optimizer_temp = 4 * psi
+    else:  # deepspeed, ZeRO paper accounting: model states are held throughout
         dp = plan.dp
         params = 2 * psi // (dp if plan.zero_stage >= 3 else 1)
         grads = 2 * psi // (dp if plan.zero_stage >= 2 else 1)
         optim = 0 if plan.offload_optimizer else 12 * psi // (dp if plan.zero_stage >= 1 else 1)
-        if plan.zero_stage >= 3:
-            other += a * 2 * one_block  # gathered current + prefetched block
-    micro_batches = accum
-    activations = activation_bytes(stats, plan, seq_len, a, micro_batches) + logits_bytes(stats, plan, seq_len, a)
-    peak = params + grads + optim + activations + other
-    margin = int(MARGIN_FRACTION * peak) + MARGIN_FIXED
-    return MemoryEstimate(params, grads, optim, activations, other, margin)
+        accumulated = grads
+        gathered = a * 2 * one_block if plan.zero_stage >= 3 else 0
+        optimizer_temp = 0
+    activations = activation_bytes(stats, plan, seq_len, a, accum) + logits_bytes(stats, plan, seq_len, a)
+    at_loss = MemoryEstimate(params, accumulated, optim, activations, gathered, 0)
+    at_step = MemoryEstimate(params, grads, optim, 0, optimizer_temp, 0)
+    peak = max(at_loss, at_step, key=lambda m: m.total_bytes)
+    margin = int(MARGIN_FRACTION * peak.total_bytes) + MARGIN_FIXED
+    return MemoryEstimate(
+        peak.params_bytes, peak.grads_bytes, peak.optimizer_bytes, peak.activations_bytes, peak.other_bytes, margin
+    )

@@ -36,20 +36,17 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig) -> torch
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
 
 
-def global_grad_norm_and_clip(params: list[nn.Parameter], max_norm: float) -> float:
+def clip_global_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
     """The L2 norm of all gradients of the whole model (what one process would compute), clipped to ``max_norm``.
 
     With FSDP2 each gradient is a DTensor shard; torch's norm then reduces over the mesh, so every rank gets the same
-    true global number. ``max_norm <= 0`` only measures.
+    true global number. ``max_norm <= 0`` only measures. Returns a tensor (no host sync), for the simulator too.
     """
-    grads = [p.grad for p in params if p.grad is not None]
     if max_norm > 0:
         total = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
     else:
-        total = torch.nn.utils.get_total_norm(grads, foreach=True)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
-    return float(total)
+        total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
+    return total.full_tensor() if isinstance(total, DTensor) else total
 
 
 class DynamicLossScaler:

@@ -33,7 +33,7 @@ from bigtrain.train.optim import (
     DynamicLossScaler,
     build_optimizer,
     build_scheduler,
-    global_grad_norm_and_clip,
+    clip_global_grad_norm,
     unscale_grads,
 )
 
@@ -42,10 +42,13 @@ IGNORE_INDEX = -100
 
 
 def token_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Sum (not mean) of next-token cross-entropy over the batch, in fp32."""
-    return F.cross_entropy(
-        logits[:, :-1].flatten(0, 1).float(), input_ids[:, 1:].flatten(), reduction="sum", ignore_index=IGNORE_INDEX
-    )
+    """Sum (not mean) of next-token cross-entropy over the batch, in fp32.
+
+    The labels are shifted (the last position of each row predicts nothing and is ignored) rather than the logits
+    sliced: slicing would copy the largest tensor of the step whenever the micro-batch holds more than one row.
+    """
+    labels = F.pad(input_ids[:, 1:], (0, 1), value=IGNORE_INDEX)
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
 
 
 def predicted_tokens(input_ids: torch.Tensor) -> int:
@@ -107,21 +110,30 @@ class Trainer:
             out.append(torch.from_numpy(batch).to(self.device))
         return out
 
-    def forward_backward(self, batches: list[torch.Tensor], global_tokens: float, loss_scale: float) -> torch.Tensor:
-        """Accumulate gradients of this rank's micro-batches; returns this rank's summed token loss (detached).
+    def micro_step(self, batch: torch.Tensor, last: bool, loss_factor: float) -> torch.Tensor:
+        """Forward and backward of one micro-batch; gradients are reduced across ranks only when ``last``."""
+        with self.model.grad_sync(last):
+            with self._autocast():
+                logits = self.model.module(input_ids=batch).logits
+            loss = token_loss_sum(logits, batch)
+            del logits  # the loss keeps what backward needs; the compute-dtype logits can go now
+            (loss * loss_factor).backward()
+        return loss.detach()
 
-        Backends average gradients over the dp ranks; multiplying by dp turns that average back into the sum.
+    def loss_factor(self, global_tokens: float, loss_scale: float) -> float:
+        """What each micro-batch's summed loss is multiplied by before backward.
+
+        1/global_tokens normalises by the whole global batch; backends average gradients over the dp ranks, and
+        multiplying by dp turns that average back into the sum; loss_scale is fp16's dynamic scale.
         """
-        scale = self.topology.dp_size / global_tokens
+        return self.topology.dp_size / global_tokens * loss_scale
+
+    def forward_backward(self, batches: list[torch.Tensor], global_tokens: float, loss_scale: float) -> torch.Tensor:
+        """Accumulate gradients of this rank's micro-batches; returns this rank's summed token loss (detached)."""
+        factor = self.loss_factor(global_tokens, loss_scale)
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
-            with self.model.grad_sync(i == len(batches) - 1):
-                with self._autocast():
-                    logits = self.model.module(input_ids=batch).logits
-                loss = token_loss_sum(logits, batch)
-                del logits  # the loss keeps what backward needs; the compute-dtype logits can go now
-                (loss * (scale * loss_scale)).backward()
-            loss_sum += loss.detach()
+            loss_sum += self.micro_step(batch, i == len(batches) - 1, factor)
         return loss_sum
 
     def train_step(self, step: int) -> dict:
@@ -135,7 +147,7 @@ class Trainer:
         dist.all_reduce(loss_sum)
         if self.scaler:
             unscale_grads(self.params, loss_scale)
-        grad_norm = global_grad_norm_and_clip(self.params, self.cfg.train.grad_clip)
+        grad_norm = float(clip_global_grad_norm(self.params, self.cfg.train.grad_clip))
         lr = self.scheduler.get_last_lr()[0]
         finite = bool(np.isfinite(grad_norm))
         skipped = self.scaler is not None and not finite

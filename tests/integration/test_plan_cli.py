@@ -123,3 +123,17 @@ def test_recipe_with_plan_auto_trains(tmp_path):
     plan = json.loads((out / "plan.json").read_text())
     assert plan["backend"] in ("ddp", "fsdp2") and plan["dp_replicate"] * plan["dp_shard"] == 2
     assert len(read_metrics(out)) == 4
+
+
+def test_simulate_adds_the_simulated_peak(tmp_path):
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2, '
+        '"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4000}'
+    )
+    proc = run_cli(["plan", "--model", str(tmp_path / "config.json"), "--gpus", "8", "--gpu-memory", "4GB",
+                    "--seq-len", "512", "--global-batch-size", "16", "--fix", "backend=fsdp2", "--simulate", "--json"],
+                   timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["simulated"]["world_size"] == 8
+    assert abs(out["memory"]["total_bytes"] / out["simulated"]["peak_bytes"] - 1) < 0.10
