@@ -66,11 +66,18 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         raise ConfigError("bigtrain plan needs a model: --model PRESET|PATH, or a recipe")
     stats = ModelStats.from_config(model_config)
 
-    name, count, free = (None, 0, None) if args.gpus and (args.gpu or args.gpu_memory) else detect_local()
+    per_node = args.gpus_per_node
+    if args.gpus and (args.gpu or args.gpu_memory):
+        name, count, free = None, 0, None
+    else:
+        name, count, free = detect_local()
+        job = _job_hardware() if name is not None else None
+        if job is not None:  # inside torchrun/accelerate: the whole job, limited by its most constrained rank
+            count, per_node, free = job
     gpus = args.gpus or count
     if not gpus:
         raise ConfigError("no GPU detected on this machine; give --gpus N (and --gpu NAME or --gpu-memory SIZE)")
-    cluster = make_cluster(gpus, args.gpus_per_node, args.gpu or name, args.gpu_memory or free)
+    cluster = make_cluster(gpus, per_node, args.gpu or name, args.gpu_memory or free)
 
     max_len = model_config.get("max_position_embeddings") or model_config.get("n_positions") or 2048
     seq_len = args.seq_len or (recipe.data.seq_len if recipe and recipe.data.seq_len else min(2048, max_len))
@@ -84,6 +91,28 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         batch = max(1, DEFAULT_TOKENS_PER_STEP // seq_len // gpus) * gpus
     precision = args.mixed_precision or (recipe.train.mixed_precision if recipe else "bf16")
     return PlanRequest(stats, model_config, cluster, seq_len, batch, precision, parse_fix(args.fix))
+
+
+def _job_hardware() -> tuple[int, int, int] | None:
+    """(world size, ranks per node, smallest free memory of any rank) when run under a launcher, else None."""
+    from bigtrain.parallel.runtime import (
+        init_process_group,
+        pick_device,
+        read_launch_env,
+        smallest_free_memory,
+    )
+
+    env = read_launch_env()
+    if not env.launched:
+        return None
+    import torch.distributed as dist
+
+    device = pick_device(env)
+    init_process_group(env, device, timeout_s=120)
+    try:
+        return env.world_size, env.local_world_size, smallest_free_memory(env, device)
+    finally:
+        dist.destroy_process_group()
 
 
 def _search(req: PlanRequest, **changes: Any) -> list[Candidate]:

@@ -51,8 +51,13 @@ def test_ddp_and_fsdp2_states():
     s = stats("gpt2")
     ddp = estimate_memory(s, plan(backend="ddp", zero_stage=0, dp_replicate=8), 1024, "bf16", 8)
     assert ddp.params_bytes + ddp.grads_bytes + ddp.optimizer_bytes == 16 * s.params
-    fsdp = estimate_memory(s, plan(dp_shard=8), 1024, "bf16", 8)
+    # at the optimizer step (the peak when activations are tiny) all sharded states coexist: 16Ψ/S
+    fsdp = estimate_memory(s, plan(dp_shard=8), 2, "bf16", 8)
     assert fsdp.params_bytes + fsdp.grads_bytes + fsdp.optimizer_bytes == pytest.approx(16 * s.params / 8, rel=1e-6)
+    assert fsdp.activations_bytes == 0
+    # at the start of the loss backward this step's sharded gradients do not exist yet
+    at_loss = estimate_memory(s, plan(dp_shard=8), 1024, "bf16", 8)
+    assert at_loss.grads_bytes == 0 and at_loss.activations_bytes > 0
 
 
 PUBLISHED = {  # parameters reported by the model cards
