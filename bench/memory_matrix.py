@@ -14,21 +14,52 @@ from dataclasses import dataclass
 from bigtrain.plan.memory import estimate_memory
 from bigtrain.plan.model_stats import ModelStats, load_model_config
 from bigtrain.plan.plan import Plan
-from bigtrain.plan.simulate import simulate_peak
+from bigtrain.plan.simulate import simulate
 
 ARCHS = {
     # dense multi-head attention (kv heads = heads), untied
-    "llama-dense": dict(model_type="llama", hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
-                        num_attention_heads=8, num_key_value_heads=8, vocab_size=8000, tie_word_embeddings=False),
+    "llama-dense": dict(
+        model_type="llama",
+        hidden_size=512,
+        intermediate_size=1376,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        vocab_size=8000,
+        tie_word_embeddings=False,
+    ),
     # grouped-query attention (4 query heads per KV head)
-    "mistral-gqa": dict(model_type="mistral", hidden_size=512, intermediate_size=1792, num_hidden_layers=4,
-                        num_attention_heads=8, num_key_value_heads=2, vocab_size=8000),
+    "mistral-gqa": dict(
+        model_type="mistral",
+        hidden_size=512,
+        intermediate_size=1792,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=8000,
+    ),
     # tied embeddings, q/k/v biases
-    "qwen2-tied": dict(model_type="qwen2", hidden_size=384, intermediate_size=1024, num_hidden_layers=4,
-                       num_attention_heads=6, num_key_value_heads=2, vocab_size=16000, tie_word_embeddings=True),
+    "qwen2-tied": dict(
+        model_type="qwen2",
+        hidden_size=384,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        vocab_size=16000,
+        tie_word_embeddings=True,
+    ),
     # Qwen2.5's 152k vocabulary on a small body: the logits dominate
-    "qwen2-bigvocab": dict(model_type="qwen2", hidden_size=256, intermediate_size=704, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, vocab_size=152064, tie_word_embeddings=False),
+    "qwen2-bigvocab": dict(
+        model_type="qwen2",
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -46,8 +77,9 @@ class Case:
 
     def plan(self) -> Plan:
         replicate, shard = (self.world, 1) if self.backend == "ddp" else (1, self.world)
-        return Plan(self.backend, self.zero_stage, replicate, shard, 1, 1, "1f1b", self.ac, self.micro_batch,
-                    False, False)
+        return Plan(
+            self.backend, self.zero_stage, replicate, shard, 1, 1, "1f1b", self.ac, self.micro_batch, False, False
+        )
 
 
 CASES = [
@@ -72,7 +104,7 @@ def run_case(case: Case) -> tuple[int, int]:
     config = load_model_config(ARCHS[case.arch])
     stats = ModelStats.from_config(config)
     predicted = estimate_memory(stats, case.plan(), case.seq_len, case.precision, case.global_batch).total_bytes
-    simulated = simulate_peak(config, case.plan(), case.seq_len, case.precision, case.global_batch)
+    simulated = simulate(config, case.plan(), case.seq_len, case.precision, case.global_batch)["Total"]
     return predicted, simulated
 
 
@@ -86,8 +118,11 @@ def main() -> int:
         err = predicted / simulated - 1
         worst = max(worst, abs(err))
         plan = "ddp" if c.backend == "ddp" else f"fsdp2 zero{c.zero_stage}"
-        print(f"| {c.arch} | {plan} | {c.world} | {c.ac} | {c.micro_batch} | {c.seq_len} | {c.global_batch} | "
-              f"{c.precision} | {predicted / 2**20:,.1f} | {simulated / 2**20:,.1f} | {err:+.1%} |", flush=True)
+        print(
+            f"| {c.arch} | {plan} | {c.world} | {c.ac} | {c.micro_batch} | {c.seq_len} | {c.global_batch} | "
+            f"{c.precision} | {predicted / 2**20:,.1f} | {simulated / 2**20:,.1f} | {err:+.1%} |",
+            flush=True,
+        )
     print(f"\nworst |error| {worst:.1%} over {len(CASES)} cases in {time.perf_counter() - start:.0f} s")
     return 0
 

@@ -156,12 +156,12 @@ def run_plan_command(args: argparse.Namespace) -> int:
     best = candidates[0]
     result = to_json(candidates, req.stats)
     if args.simulate:
-        from bigtrain.plan.simulate import simulate_peak
+        from bigtrain.plan.simulate import simulate
 
         result["simulated"] = {
-            "peak_bytes": simulate_peak(
+            "peak_bytes": simulate(
                 req.model_config, best.plan, req.seq_len, req.mixed_precision, req.global_batch_size
-            ),
+            )["Total"],
             "world_size": best.plan.world_size,
         }
     sentence = None if best.fits else what_would_fit(alternatives_that_fit(req))

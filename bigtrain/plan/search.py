@@ -9,6 +9,8 @@ trainer can run today, for ``parallel.plan: auto``.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -105,50 +107,45 @@ def _structural_problem(stats: ModelStats, plan: Plan, cluster: Cluster) -> str 
     return None
 
 
+def _layouts(stats: ModelStats, cluster: Cluster, backend: str, trainer_only: bool):
+    """(dp_replicate, dp_shard, tp, pp) splits of the world for one backend."""
+    world = cluster.num_gpus
+    for tp in [d for d in _divisors(world) if d <= 2 * cluster.gpus_per_node]:
+        for pp in _divisors(world // tp):
+            if pp > stats.layers or (trainer_only and (tp > 1 or pp > 1)):
+                continue
+            dp = world // (tp * pp)
+            if backend == "fsdp2":  # HSDP: any split of dp into replicas of shards
+                yield from ((r, dp // r, tp, pp) for r in _divisors(dp))
+            elif backend == "ddp":
+                yield dp, 1, tp, pp
+            else:
+                yield 1, dp, tp, pp
+
+
+def _offloads(backend: str, trainer_only: bool) -> list[tuple[bool, bool]]:
+    """(offload_optimizer, offload_params) choices: FSDP2 offloads parameters, DeepSpeed the optimizer."""
+    if trainer_only or backend == "ddp":
+        return [(False, False)]
+    return [(False, False), (True, False) if backend == "deepspeed" else (False, True)]
+
+
 def enumerate_plans(
     stats: ModelStats, cluster: Cluster, global_batch_size: int, fixed: dict[str, Any], trainer_only: bool
-):
-    world = cluster.num_gpus
-    backends = ("ddp", "fsdp2") if trainer_only else CHOICES["backend"]
-    for backend in backends:
-        stages = {"ddp": (0,), "fsdp2": (3, 2), "deepspeed": (1, 2, 3)}[backend]
-        for tp in [d for d in _divisors(world) if d <= 2 * cluster.gpus_per_node]:
-            for pp in _divisors(world // tp):
-                if pp > stats.layers or (trainer_only and (tp > 1 or pp > 1)):
-                    continue
-                dp = world // (tp * pp)
-                replicas = _divisors(dp) if backend == "fsdp2" else (dp,)
-                for dp_replicate in replicas:
-                    dp_shard = dp // dp_replicate if backend == "fsdp2" else 1
-                    if backend == "deepspeed":
-                        dp_replicate, dp_shard = 1, dp
-                    for mb in MICRO_BATCHES:
-                        if global_batch_size % (mb * dp):
-                            continue
-                        for ac in ("none", "full") if trainer_only else CHOICES["activation_checkpointing"]:
-                            for stage in stages:
-                                for schedule in ("1f1b", "gpipe") if pp > 1 else ("1f1b",):
-                                    offloads = [(False, False)]
-                                    if backend == "fsdp2" and not trainer_only:
-                                        offloads.append((False, True))
-                                    if backend == "deepspeed":
-                                        offloads.append((True, False))
-                                    for off_opt, off_par in offloads:
-                                        plan = Plan(
-                                            backend,
-                                            stage,
-                                            dp_replicate,
-                                            dp_shard,
-                                            tp,
-                                            pp,
-                                            schedule,
-                                            ac,
-                                            mb,
-                                            off_opt,
-                                            off_par,
-                                        )
-                                        if all(getattr(plan, k) == v for k, v in fixed.items()):
-                                            yield plan
+) -> Iterator[Plan]:
+    """Every plan that meets the global batch and the pins in ``fixed``."""
+    stages = {"ddp": (0,), "fsdp2": (3, 2), "deepspeed": (1, 2, 3)}
+    checkpointing = ("none", "full") if trainer_only else CHOICES["activation_checkpointing"]
+    for backend in ("ddp", "fsdp2") if trainer_only else CHOICES["backend"]:
+        for replicate, shard, tp, pp in _layouts(stats, cluster, backend, trainer_only):
+            micro = [mb for mb in MICRO_BATCHES if global_batch_size % (mb * replicate * shard) == 0]
+            schedules = ("1f1b", "gpipe") if pp > 1 else ("1f1b",)
+            for mb, ac, stage, schedule, (off_opt, off_par) in itertools.product(
+                micro, checkpointing, stages[backend], schedules, _offloads(backend, trainer_only)
+            ):
+                plan = Plan(backend, stage, replicate, shard, tp, pp, schedule, ac, mb, off_opt, off_par)
+                if all(getattr(plan, k) == v for k, v in fixed.items()):
+                    yield plan
 
 
 def search(

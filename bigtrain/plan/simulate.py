@@ -39,18 +39,6 @@ from bigtrain.errors import ConfigError
 from bigtrain.plan.plan import Plan
 
 
-def simulate_peak(
-    model_config: dict[str, Any],
-    plan: Plan,
-    seq_len: int,
-    mixed_precision: str,
-    global_batch_size: int,
-    attn_implementation: str = "sdpa",
-) -> int:
-    """Peak tensor bytes of rank 0 over one optimizer step of ``plan`` (world size ``plan.world_size``)."""
-    return simulate(model_config, plan, seq_len, mixed_precision, global_batch_size, attn_implementation)["Total"]
-
-
 def simulate(
     model_config: dict[str, Any],
     plan: Plan,
