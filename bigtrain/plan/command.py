@@ -130,17 +130,16 @@ def alternatives_that_fit(req: PlanRequest) -> dict[str, str]:
         if _search(req, cluster=more, global_batch_size=batch)[0].fits:
             found["gpus"] = f"{gpus} GPUs (--gpus {gpus})"
             break
-    if not req.fixed.get("offload_params") and not req.fixed.get("offload_optimizer"):
+    # offloading needs a sharded backend, and is only a way out if the user has not pinned it already
+    if req.fixed.get("backend") != "ddp":
         for key in ("offload_params", "offload_optimizer"):
             if key in req.fixed:
                 continue
-            pinned = {**req.fixed, key: True}
-            pinned.pop("backend", None) if pinned.get("backend") == "ddp" else None
             try:
-                if _search(req, fixed=pinned)[0].fits:
+                if _search(req, fixed={**req.fixed, key: True})[0].fits:
                     found["offload"] = f"offload (--fix {key}=true)"
                     break
-            except ConfigError:
+            except ConfigError:  # no plan of that kind meets the pins
                 continue
     for div in (2, 4, 8, 16):
         seq = req.seq_len // div
