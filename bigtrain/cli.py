@@ -9,7 +9,7 @@ import sys
 
 from bigtrain.errors import ConfigError
 from bigtrain.parallel.runtime import LaunchEnv, read_launch_env
-from bigtrain.plan.command import add_plan_arguments
+from bigtrain.plan.command import add_plan_arguments, run_plan_command
 
 EXIT_BAD_INPUT = 2
 
@@ -52,8 +52,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             return _train(args, env)
         if args.command == "plan":
-            from bigtrain.plan.command import run_plan_command
-
             return run_plan_command(args)
     except ConfigError as e:
         # One write(2) call: ranks share the launcher's stderr, and a single short write is never interleaved.

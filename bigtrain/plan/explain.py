@@ -51,7 +51,8 @@ def render_table(candidates: list[Candidate], stats: ModelStats, cluster: Cluste
         lines += ["", "best rejected:"]
         seen = set()
         for c in rejected:
-            key = (c.rejected_because or "").split(" > ")[0] if "budget" not in (c.rejected_because or "") else id(c)
+            # every memory rejection is its own line; a structural reason ("tp=16 crosses ...") is shown once
+            key = id(c) if "budget" in c.rejected_because else c.rejected_because
             if key in seen:
                 continue
             seen.add(key)

@@ -23,7 +23,7 @@ from bigtrain.plan.plan import Plan
 
 NEAR_TIE = 0.02
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
-PLAN_FIELDS = {f.name: f.type for f in fields(Plan)}
+PLAN_FIELDS = tuple(f.name for f in fields(Plan))
 CHOICES: dict[str, tuple[Any, ...]] = {
     "backend": ("ddp", "fsdp2", "deepspeed"),
     "activation_checkpointing": ("none", "selective", "full"),

@@ -41,19 +41,24 @@ log = logging.getLogger("bigtrain")
 IGNORE_INDEX = -100
 
 
-def token_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Sum (not mean) of next-token cross-entropy over the batch, in fp32.
+def next_token_labels(input_ids: torch.Tensor) -> torch.Tensor:
+    """The target of each position: the next token; the last position of each row predicts nothing (ignored).
 
-    The labels are shifted (the last position of each row predicts nothing and is ignored) rather than the logits
-    sliced: slicing would copy the largest tensor of the step whenever the micro-batch holds more than one row.
+    The labels are shifted rather than the logits sliced: slicing would copy the largest tensor of the step
+    whenever the micro-batch holds more than one row.
     """
-    labels = F.pad(input_ids[:, 1:], (0, 1), value=IGNORE_INDEX)
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
+    return F.pad(input_ids[:, 1:], (0, 1), value=IGNORE_INDEX)
+
+
+def token_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Sum (not mean) of next-token cross-entropy over the batch, in fp32."""
+    labels = next_token_labels(input_ids).flatten()
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels, reduction="sum", ignore_index=IGNORE_INDEX)
 
 
 def predicted_tokens(input_ids: torch.Tensor) -> int:
-    """How many next-token targets a batch has (every position but the first of each row, unless ignored)."""
-    return int((input_ids[:, 1:] != IGNORE_INDEX).sum())
+    """How many next-token targets a batch has."""
+    return int((next_token_labels(input_ids) != IGNORE_INDEX).sum())
 
 
 @dataclass
