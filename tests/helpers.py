@@ -11,20 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cases import TINY_LLAMA
 
 REPO = Path(__file__).resolve().parents[1]
-
-TINY_LLAMA = dict(
-    model_type="llama",
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    tie_word_embeddings=True,
-)
 
 
 def save_tiny_model(folder: Path, seed: int = 0, spec: dict[str, Any] | None = None, **overrides: Any) -> Path:
@@ -33,12 +22,13 @@ def save_tiny_model(folder: Path, seed: int = 0, spec: dict[str, Any] | None = N
     ``spec`` is a whole config (with model_type) for another family; ``overrides`` change fields of TINY_LLAMA.
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    spec = dict(spec) if spec is not None else {**TINY_LLAMA, **overrides}
-    model_type = spec.pop("model_type")
+    from bigtrain.config.hf import hf_config_from_dict
+
+    spec = spec if spec is not None else {**TINY_LLAMA, **overrides}
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **spec), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(hf_config_from_dict(spec), dtype=torch.float32)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
 
@@ -75,8 +65,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_torchrun(args: list[str], nproc: int = 2, timeout: float = 180) -> subprocess.CompletedProcess:
-    """``torchrun --nproc-per-node N -m bigtrain ARGS`` (torch's launcher module, c10d rendezvous on loopback)."""
+def run_torchrun(
+    args: list[str], nproc: int = 2, timeout: float = 180, module: bool = True
+) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node N -m bigtrain ARGS`` (torch's launcher module, c10d rendezvous on loopback);
+    with ``module=False``, ARGS start with a script to run instead of ``-m bigtrain``."""
     cmd = [
         sys.executable,
         "-m",
@@ -87,8 +80,7 @@ def run_torchrun(args: list[str], nproc: int = 2, timeout: float = 180) -> subpr
         "c10d",
         "--rdzv-endpoint",
         f"127.0.0.1:{free_port()}",
-        "-m",
-        "bigtrain",
+        *(["-m", "bigtrain"] if module else []),
         *args,
     ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)

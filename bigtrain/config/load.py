@@ -41,32 +41,38 @@ def load_recipe(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     return cfg
 
 
-# (dotted key, smallest allowed value)
-_MINIMUMS = [
-    ("train.steps", 1),
-    ("train.global_batch_size", 1),
-    ("train.warmup_steps", 0),
-    ("train.lr", 0.0),
-    ("train.weight_decay", 0.0),
-    ("train.grad_clip", 0.0),
-    ("train.collective_timeout_s", 1),
-    ("train.fp16_initial_scale", 1.0),
-    ("train.min_lr_ratio", 0.0),
-    ("parallel.micro_batch_size", 1),
-    ("parallel.tp", 1),
-    ("parallel.pp", 1),
-]
+# dotted key -> smallest allowed value
+MINIMUMS: dict[str, float] = {
+    "train.steps": 1,
+    "train.global_batch_size": 1,
+    "train.warmup_steps": 0,
+    "train.lr": 0.0,
+    "train.weight_decay": 0.0,
+    "train.grad_clip": 0.0,
+    "train.collective_timeout_s": 1,
+    "train.fp16_initial_scale": 1.0,
+    "train.min_lr_ratio": 0.0,
+    "parallel.micro_batch_size": 1,
+    "parallel.tp": 1,
+    "parallel.pp": 1,
+}
 
 
 def check_ranges(cfg: RecipeConfig) -> None:
     """Numbers that parse but cannot work (0 steps, negative warmup) fail here with the key's name."""
-    for key, minimum in _MINIMUMS:
+    for key in MINIMUMS:
         section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if value < minimum:
-            raise ConfigError(f"{key}={value} must be at least {minimum}")
+        check_minimum(key, getattr(getattr(cfg, section), name))
     if cfg.train.min_lr_ratio > 1:
         raise ConfigError(f"train.min_lr_ratio={cfg.train.min_lr_ratio} must be between 0 and 1")
+
+
+def check_minimum(key: str, value: Any, shown: str | None = None) -> None:
+    """Raise if the dotted recipe ``key`` has a known minimum and ``value`` is below it; ``shown`` names the key
+    as the user wrote it (e.g. ``--fix tp``)."""
+    minimum = MINIMUMS.get(key)
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{shown or key}={value} must be at least {minimum}")
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:

@@ -8,11 +8,20 @@ name. Fields whose default is ``None`` are derived later (from the model, the da
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 MixedPrecision = Literal["fp32", "bf16", "fp16"]
 Backend = Literal["ddp", "fsdp2", "deepspeed"]
 Checkpointing = Literal["none", "selective", "full"]
+GradReduce = Literal["every_micro_step", "once_per_step"]
+PipelineSchedule = Literal["1f1b", "gpipe"]
+
+# The spelled-out choices, for code that enumerates or prints them (argparse choices, the planner's search).
+PRECISIONS: tuple[str, ...] = get_args(MixedPrecision)
+BACKENDS: tuple[str, ...] = get_args(Backend)
+CHECKPOINTING: tuple[str, ...] = get_args(Checkpointing)
+GRAD_REDUCE: tuple[str, ...] = get_args(GradReduce)
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 
 
 def doc(text: str, **kwargs: Any) -> Any:
@@ -89,6 +98,12 @@ class ParallelConfig:
     zero_stage: int | None = doc(
         "fsdp2: 3 reshards params after forward, 2 keeps them until backward ends. ddp: 0.", default=None
     )
+    grad_reduce: GradReduce | None = doc(
+        "When gradients are reduced across data-parallel ranks during accumulation: every_micro_step "
+        "(reduce-scatter after each micro-batch, gradients stay sharded; the fsdp2 default) or once_per_step "
+        "(only after the last micro-batch: less traffic, but unsharded gradients in between; ddp always).",
+        default=None,
+    )
     dp_replicate: int | None = doc(
         "Replicated data-parallel degree (HSDP outer dim); unset: 1 for fsdp2, the world for ddp.", default=None
     )
@@ -97,7 +112,7 @@ class ParallelConfig:
     )
     tp: int = doc("Tensor-parallel degree.", default=1)
     pp: int = doc("Pipeline-parallel degree.", default=1)
-    pp_schedule: str = doc("Pipeline schedule (1f1b or gpipe).", default="1f1b")
+    pp_schedule: PipelineSchedule = doc("Pipeline schedule (1f1b or gpipe).", default="1f1b")
     activation_checkpointing: Checkpointing = doc(
         "Recompute activations of decoder blocks: none, selective or full.", default="none"
     )

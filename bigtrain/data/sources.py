@@ -115,3 +115,32 @@ def _read_text_documents(path: Path, text_field: str) -> list[str]:
                 )
             docs.append(obj[text_field])
     return docs
+
+
+CHECK_CHUNK_ROWS = 1 << 16  # rows scanned at a time: bounded memory for any file size
+
+
+def check_vocabulary(data: TokenRows, vocab_size: int, data_path: str) -> None:
+    """Every token id must index the model's embedding: checked once, before training, on every rank.
+
+    Text was tokenised by a tokenizer of known size; a tokenised .npy is scanned whole (memory-mapped, a chunk of
+    rows at a time), so a bad id fails now rather than when its batch comes up, hours into a run.
+    """
+    if data.vocab_size is not None:
+        if data.vocab_size > vocab_size:
+            raise ConfigError(
+                f"the tokenizer has {data.vocab_size} ids but the model's vocab_size is {vocab_size}; "
+                f"set model.config.vocab_size >= {data.vocab_size} or use a matching data.tokenizer"
+            )
+        return
+    rows = data.rows
+    for start in range(0, rows.shape[0], CHECK_CHUNK_ROWS):
+        block = np.asarray(rows[start : start + CHECK_CHUNK_ROWS])
+        bad = (block < 0) | (block >= vocab_size)
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            raise ConfigError(
+                f"data.path={data_path!r} has token id {int(block[row, col])} (row {start + int(row)}, position "
+                f"{int(col)}) outside the model's vocabulary of {vocab_size}; use a tokenizer that matches the "
+                "model or a larger vocab_size"
+            )

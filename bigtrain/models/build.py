@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bigtrain.config.hf import hf_config_from_dict, require_causal_lm
 from bigtrain.config.schema import ModelConfig
 from bigtrain.errors import ConfigError
 
@@ -29,15 +30,10 @@ def load_hf_config(cfg: ModelConfig) -> Any:
                 f"model.name_or_path={cfg.name_or_path!r} is not a local HF model folder (no config.json); "
                 "save one with model.save_pretrained(PATH) or use model.config"
             )
-        return AutoConfig.from_pretrained(path, local_files_only=True)
-    config = dict(cfg.config or {})
-    model_type = config.pop("model_type", None)
-    if model_type is None:
-        raise ConfigError("model.config needs model_type (e.g. llama, qwen2, mistral, gpt2)")
-    try:
-        return AutoConfig.for_model(model_type, **config)
-    except ValueError as e:
-        raise ConfigError(f"model.config.model_type={model_type!r} is not a known HF model type ({e})") from e
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        require_causal_lm(config.model_type, f"model.name_or_path={cfg.name_or_path!r}")
+        return config
+    return hf_config_from_dict(cfg.config or {}, key="model.config")
 
 
 def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:

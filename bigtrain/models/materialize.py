@@ -80,6 +80,13 @@ def _retie(groups: list[list[tuple[nn.Module, str]]]) -> None:
             setattr(module, name, shared)
 
 
+def to_empty_keeping_ties(model: nn.Module, device: torch.device) -> None:
+    """Allocate every parameter and buffer on ``device`` (values undefined); shared parameters stay shared."""
+    tied = _tied_groups(model)
+    model.to_empty(device=device)
+    _retie(tied)
+
+
 def _targets(model: nn.Module) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
@@ -107,9 +114,7 @@ def materialize(model: nn.Module, meta_twin: Any, device: torch.device, checkpoi
 
     ``meta_twin`` is an unsharded meta copy of the same HF model; ``checkpoint`` is a HF folder or None (init).
     """
-    tied = _tied_groups(model)
-    model.to_empty(device=device)
-    _retie(tied)
+    to_empty_keeping_ties(model, device)
     targets = _targets(model)
     reader = SafetensorsReader(checkpoint) if checkpoint else None
     loaded, missing = 0, []

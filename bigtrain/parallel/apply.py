@@ -1,77 +1,81 @@
-"""Apply a plan to a meta model, in one fixed order, then materialise it.
+"""Apply a plan to a meta model, in the one fixed order, then materialise it.
 
-Order: decoder blocks found -> activation checkpointing -> FSDP2 sharding (or nothing for DDP) -> materialise on the
-device -> DDP wrapper. Sharding happens on ``meta`` so that no rank ever allocates the unsharded model (DDP excepted).
-The returned :class:`ParallelModel` hides the backend from the training loop: it only needs ``forward`` and
-``grad_sync(enabled)``.
+Order (the only place it is written): decoder blocks found -> [pipeline split, tensor parallel: not yet] ->
+activation checkpointing -> FSDP2 sharding -> materialise on the device -> DDP wrapper. Checkpointing wraps blocks
+before FSDP so that FSDP's all-gather hooks sit outside the recomputed region (torchtitan's order); sharding happens
+on ``meta`` so that no rank ever allocates the unsharded model (DDP excepted); DDP comes last because it broadcasts
+real values.
+
+The result, :class:`ParallelModel`, is what an engine drives: a module to call, the dtype to autocast to (if the
+backend does not cast parameters itself), and the per-micro-step gradient-sync context of the backend.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from bigtrain.config.schema import RecipeConfig
+from bigtrain.config.plan import Plan
 from bigtrain.models.build import build_meta_model, decoder_blocks
 from bigtrain.models.materialize import materialize
 from bigtrain.parallel.activation_checkpoint import apply_activation_checkpoint
-from bigtrain.parallel.fsdp import apply_fsdp
-from bigtrain.parallel.runtime import Topology
-from bigtrain.plan.plan import Plan
+from bigtrain.parallel.ddp import apply_ddp, ddp_grad_sync
+from bigtrain.parallel.fsdp import apply_fsdp, fsdp_grad_sync
+from bigtrain.parallel.mesh import WorldMesh
+from bigtrain.parallel.precision import COMPUTE_DTYPES
 
 
-@dataclass
+def _no_sync_needed(last: bool) -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+@dataclass(frozen=True)
 class ParallelModel:
-    module: nn.Module  # what forward is called on (the FSDP2 root, or the DDP wrapper)
+    module: nn.Module  # what forward is called on (the FSDP2 root, the DDP wrapper, or the plain model)
+    model: nn.Module  # the HF model itself with the plan applied in place: its state has the HF parameter names
     plan: Plan
-
-    @contextlib.contextmanager
-    def grad_sync(self, enabled: bool) -> Iterator[None]:
-        """Reduce gradients across data-parallel ranks only on the last micro-step of an accumulation.
-
-        Inner micro-steps just accumulate into local gradients; reducing each of them would move the same bytes
-        ``accum_steps`` times for the same final sum.
-        """
-        if isinstance(self.module, DistributedDataParallel):
-            with contextlib.nullcontext() if enabled else self.module.no_sync():
-                yield
-        else:
-            if hasattr(self.module, "set_requires_gradient_sync"):  # FSDP2; a plain module has nothing to sync
-                self.module.set_requires_gradient_sync(enabled)
-            yield
-
-    def parameters(self) -> list[nn.Parameter]:
-        return list(self.module.parameters())
+    mesh: WorldMesh
+    # DDP keeps fp32 weights and computes under autocast; FSDP2 casts parameters itself (MixedPrecisionPolicy)
+    autocast_dtype: torch.dtype | None
+    # grad_sync(last) wraps one micro-step's forward and backward: whether gradients are reduced on this micro-step
+    grad_sync: Callable[[bool], contextlib.AbstractContextManager]
 
 
-def shard_model(model: nn.Module, plan: Plan, topology: Topology, mixed_precision: str) -> nn.Module:
-    """Activation checkpointing, then FSDP2 (for fsdp2 plans), applied in place to an unmaterialised model."""
+def parallelize(model: nn.Module, plan: Plan, mesh: WorldMesh, mixed_precision: str) -> ParallelModel:
+    """Every step of the plan that happens before materialisation, applied in place to an unmaterialised model."""
     blocks = apply_activation_checkpoint(decoder_blocks(model), plan.activation_checkpointing)
     if plan.backend == "fsdp2":
-        apply_fsdp(model, blocks, plan, topology.dp_mesh, mixed_precision)
-    return model
+        apply_fsdp(model, blocks, plan, mesh, mixed_precision)
+        return ParallelModel(model, model, plan, mesh, None, fsdp_grad_sync(model, plan, mesh))
+    return ParallelModel(model, model, plan, mesh, COMPUTE_DTYPES[mixed_precision], _no_sync_needed)
+
+
+def replicate(parallel: ParallelModel, device: torch.device) -> ParallelModel:
+    """The steps after materialisation: the DDP wrapper for ddp plans, nothing otherwise."""
+    if parallel.plan.backend != "ddp":
+        return parallel
+    ddp = apply_ddp(parallel.model, parallel.mesh, device)
+    return dataclasses.replace(parallel, module=ddp, grad_sync=ddp_grad_sync(ddp))
 
 
 def build_parallel_model(
-    cfg: RecipeConfig, hf_config: Any, plan: Plan, topology: Topology, device: torch.device
+    hf_config: Any,
+    attn_implementation: str,
+    plan: Plan,
+    mesh: WorldMesh,
+    device: torch.device,
+    mixed_precision: str,
+    checkpoint: str | None,
+    seed: int,
 ) -> ParallelModel:
-    model = build_meta_model(hf_config, cfg.model.attn_implementation)
-    shard_model(model, plan, topology, cfg.train.mixed_precision)
-    meta_twin = build_meta_model(hf_config, cfg.model.attn_implementation)
-    materialize(model, meta_twin, device, cfg.model.name_or_path, cfg.train.seed)
-    model.train()
-    if plan.backend == "ddp":
-        device_ids = [device.index] if device.type == "cuda" else None
-        # gradient_as_bucket_view: gradients live inside DDP's communication buckets instead of beside them (saves 4Ψ)
-        module: nn.Module = DistributedDataParallel(
-            model, device_ids=device_ids, process_group=topology.dp_mesh.get_group(), gradient_as_bucket_view=True
-        )
-    else:
-        module = model
-    return ParallelModel(module=module, plan=plan)
+    """Meta model -> plan applied -> values from ``checkpoint`` (a HF folder) or HF's init under ``seed``."""
+    parallel = parallelize(build_meta_model(hf_config, attn_implementation), plan, mesh, mixed_precision)
+    materialize(parallel.model, build_meta_model(hf_config, attn_implementation), device, checkpoint, seed)
+    parallel.model.train()
+    return replicate(parallel, device)

@@ -3,36 +3,61 @@
 ``zero_stage`` 3 frees each block's gathered parameters after its forward (ZeRO-3: least memory, one more all-gather
 in backward); 2 keeps them until backward is done (ZeRO-2-like: gradients and optimizer states sharded, no
 re-gather). Mixed precision keeps fp32 sharded master weights, computes in bf16/fp16 and reduces gradients in fp32.
+
+Gradient accumulation (``grad_reduce``):
+- ``every_micro_step``: each micro-step's backward reduce-scatters every block's gradient and adds it to the sharded
+  gradient, so between micro-steps a rank holds 4 bytes per parameter / dp_shard (torchtitan's behaviour; the right
+  default when memory is what limits). Under HSDP the cross-replica all-reduce is still deferred to the last
+  micro-step (``set_requires_all_reduce``): FSDP2 sums the reduce-scattered parts until then.
+- ``once_per_step``: no reduction before the last micro-step (``set_requires_gradient_sync(False)``); each block
+  keeps its *unsharded* gradient in the reduce dtype, 4 bytes per parameter of the whole model, in exchange for
+  1/accum of the reduce-scatter traffic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from bigtrain.plan.plan import Plan
+from bigtrain.config.plan import Plan
+from bigtrain.parallel.mesh import WorldMesh
+from bigtrain.parallel.precision import COMPUTE_DTYPES
 
 log = logging.getLogger("bigtrain")
 
-COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-
-def apply_fsdp(model: nn.Module, blocks: list[nn.Module], plan: Plan, mesh: DeviceMesh, mixed_precision: str) -> None:
+def apply_fsdp(model: nn.Module, blocks: list[nn.Module], plan: Plan, mesh: WorldMesh, mixed_precision: str) -> None:
     mp = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPES[mixed_precision], reduce_dtype=torch.float32)
     offload: OffloadPolicy = OffloadPolicy()
     if plan.offload_params:
-        if mesh.device_type == "cuda":
+        if mesh.mesh.device_type == "cuda":
             offload = CPUOffloadPolicy()
         else:
             log.warning("parallel.offload_params has no effect on CPU: parameters already live in host memory")
-    # 2-D mesh (dp_replicate, dp_shard) gives HSDP: shard within a group, all-reduce across replicas.
-    shard_mesh = mesh if plan.dp_replicate > 1 else mesh["dp_shard"]
     reshard = plan.zero_stage == 3
     for block in blocks:
-        fully_shard(block, mesh=shard_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
+        fully_shard(block, mesh=mesh.fsdp_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
     # The root's parameters (embeddings, head) are needed again at once by backward: never reshard them after forward.
-    fully_shard(model, mesh=shard_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh.fsdp_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False)
+
+
+def fsdp_grad_sync(
+    model: FSDPModule, plan: Plan, mesh: WorldMesh
+) -> Callable[[bool], contextlib.AbstractContextManager]:
+    """The micro-step context: ``sync(last)`` reduces as ``plan.grad_reduce`` says (see the module docstring)."""
+    hsdp = mesh.degree("dp_replicate") > 1
+
+    @contextlib.contextmanager
+    def sync(last: bool) -> Iterator[None]:
+        if plan.grad_reduce == "once_per_step":
+            model.set_requires_gradient_sync(last)
+        elif hsdp:
+            model.set_requires_all_reduce(last)
+        yield
+
+    return sync

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from bigtrain.plan.plan import Plan
+from bigtrain.config.plan import Plan
 
 
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:

@@ -1,141 +1,201 @@
 """The defining test: every plan trains the same model as a plain single-process PyTorch loop, step for step.
 
-Each plan runs through the real CLI (``python -m bigtrain train ... --nproc N``: torch's elastic launcher, gloo,
-real collectives). The reference is what a user would write by hand: the whole global batch in one forward with
-HF's own mean loss, AdamW, ``clip_grad_norm_``.
+Each plan runs as a real job (torchrun, gloo, real collectives) of ``bigtrain.train.run.TrainingJob``, the code
+``bigtrain train`` runs, and ends by saving its trained parameters. The reference is what a user would write by
+hand: the whole global batch in one forward with HF's own mean loss, AdamW, ``clip_grad_norm_``, a warmup + cosine
+``LambdaLR`` written out below, and the documented data order (a permutation seeded by seed + epoch). Compared:
+the loss and gradient norm of every step, and every parameter after the last step.
+
+Sensitive on purpose: 10 steps over two epochs of a learnable corpus at a learning rate that moves the loss,
+clipping active. ``test_the_comparison_catches_a_wrong_beta2_or_a_missing_clip`` shows that the reference
+run with Adam's beta2 changed, or without clipping, lands far outside the tolerances used here.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
-from helpers import TINY_LLAMA, read_metrics, run_cli, save_tiny_model, write_recipe
+from cases import TINY_MODELS
+from helpers import REPO, read_metrics, run_torchrun, save_tiny_model, write_recipe
 
-STEPS = 4
+STEPS = 10
 GLOBAL_BATCH = 8
+NUM_ROWS = 40  # 5 steps per epoch: the run crosses an epoch boundary and reshuffles
 SEQ_LEN = 33
-LR, WD, CLIP = 1e-3, 0.1, 0.5
-BETAS, EPS = (0.9, 0.95), 1e-8
-RTOL = 1e-5
+SEED = 5
+LR, WD, CLIP, WARMUP, MIN_LR_RATIO = 1e-2, 0.1, 0.5, 3, 0.1
+# Adam divides each gradient element by its own magnitude (+ eps): for elements near zero, the 1e-8 absolute noise of
+# summing a batch in another order (micro-batches, ranks) becomes a visible difference in the update. eps = 1e-6
+# damps that float noise (measured with lr 2e-2: grad-norm drift 3e-6 instead of 1e-5 over the 10 steps) and leaves
+# the comparison's power to see real mistakes intact (see the last test).
+BETAS, EPS = (0.9, 0.95), 1e-6
+RTOL = 1e-5  # loss and grad norm of each step
+PARAM_ATOL = 2e-5  # every parameter after the last step: float noise measured <= 4.3e-6, a wrong beta2 moves 5.8e-3
+
+WORKER = REPO / "tests" / "distributed" / "train_and_save.py"
 
 
-# Architectures beyond the tied-embedding Llama: GPT-2 (Conv1D projections, learned positions, LayerNorm with bias)
-# and Qwen2 (q/k/v biases, GQA, untied LM head).
-ARCHS = {
-    "llama-tied": TINY_LLAMA,
-    # GPT-2 defaults to dropout 0.1: random masks would make any two runs differ, so the comparison turns it off.
-    "gpt2": dict(
-        model_type="gpt2",
-        vocab_size=128,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        n_positions=64,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-    ),
-    "qwen2-untied": {**TINY_LLAMA, "model_type": "qwen2", "tie_word_embeddings": False},
-}
+def lr_lambda(step: int) -> float:
+    """Linear warmup to LR over WARMUP steps, then a half cosine down to MIN_LR_RATIO x LR at the last step."""
+    if step < WARMUP:
+        return (step + 1) / WARMUP
+    progress = (step - WARMUP) / (STEPS - WARMUP - 1)
+    return MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def global_batch_rows(step: int) -> np.ndarray:
+    """Rows of optimizer step ``step``: positions [step*B, (step+1)*B) of epochs shuffled with seed + epoch."""
+    out = []
+    for position in range(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH):
+        epoch, within = divmod(position, NUM_ROWS)
+        out.append(np.random.default_rng(SEED + epoch).permutation(NUM_ROWS)[within])
+    return np.array(out)
+
+
+def learnable_rows() -> np.ndarray:
+    """Token rows from a sparse random bigram chain (each token has 3 possible successors): a corpus a tiny model
+    learns, so the loss keeps falling through the 10 steps and the late updates matter too."""
+    rng = np.random.default_rng(0)
+    successors = rng.integers(0, 128, size=(128, 3))
+    rows = np.empty((NUM_ROWS, SEQ_LEN), dtype=np.int64)
+    rows[:, 0] = rng.integers(0, 128, size=NUM_ROWS)
+    for t in range(1, SEQ_LEN):
+        rows[:, t] = successors[rows[:, t - 1], rng.integers(0, 3, size=NUM_ROWS)]
+    return rows
+
+
+def reference_run(model_dir, rows, betas=BETAS, clip=CLIP) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=betas, eps=EPS, weight_decay=WD)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
+    out = []
+    for step in range(STEPS):
+        batch = torch.from_numpy(rows[global_batch_rows(step)])
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip else math.inf)
+        opt.step()
+        schedule.step()
+        opt.zero_grad()
+        out.append({"loss": loss.item(), "grad_norm": norm.item()})
+    return out, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("equiv")
-    rows = np.random.default_rng(0).integers(0, 128, size=(GLOBAL_BATCH * STEPS, SEQ_LEN), dtype=np.int64)
+    rows = learnable_rows()
     np.save(root / "rows.npy", rows)
     return root, rows
 
 
 @pytest.fixture(scope="module")
 def models(data):
-    """A saved model folder and its reference metrics per architecture, made on first use."""
+    """A saved model folder and its reference run per architecture, made on first use."""
     root, rows = data
     cache = {}
 
     def get(arch):
         if arch not in cache:
-            model_dir = save_tiny_model(root / arch, spec=ARCHS[arch])
-            cache[arch] = (model_dir, reference_run(model_dir, rows))
+            model_dir = save_tiny_model(root / arch, spec=TINY_MODELS[arch])
+            cache[arch] = (model_dir, *reference_run(model_dir, rows))
         return cache[arch]
 
     return get
 
 
-def reference_run(model_dir, rows) -> list[dict]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
-    out = []
-    for step in range(STEPS):
-        batch = torch.from_numpy(rows[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH])
-        loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        opt.step()
-        opt.zero_grad()
-        out.append({"loss": loss.item(), "grad_norm": norm.item()})
-    return out
-
-
+EVERY, ONCE = "every_micro_step", "once_per_step"
 PLANS = {
     "1rank-no-accum": (1, dict(backend="fsdp2", micro_batch_size=8)),
     "1rank-accum4": (1, dict(backend="fsdp2", micro_batch_size=2)),
     "ddp-2ranks-accum2": (2, dict(backend="ddp", micro_batch_size=2)),
-    "fsdp2-2ranks-mb1": (2, dict(backend="fsdp2", micro_batch_size=1)),
-    "fsdp2-2ranks-mb2": (2, dict(backend="fsdp2", micro_batch_size=2)),
-    "fsdp2-2ranks-mb4": (2, dict(backend="fsdp2", micro_batch_size=4)),
+    "fsdp2-2ranks-mb1-reduce-every": (2, dict(backend="fsdp2", micro_batch_size=1, grad_reduce=EVERY)),
+    "fsdp2-2ranks-mb1-reduce-once": (2, dict(backend="fsdp2", micro_batch_size=1, grad_reduce=ONCE)),
+    "fsdp2-2ranks-mb4-no-accum": (2, dict(backend="fsdp2", micro_batch_size=4)),
     "fsdp2-zero2-ac-full": (
         2,
         dict(backend="fsdp2", zero_stage=2, activation_checkpointing="full", micro_batch_size=2),
     ),
-    "hsdp-2x1": (2, dict(backend="fsdp2", dp_replicate=2, dp_shard=1, micro_batch_size=2)),
+    "hsdp-2x1-reduce-every": (2, dict(backend="fsdp2", dp_replicate=2, dp_shard=1, micro_batch_size=2)),
+    "hsdp-2x2-reduce-every": (4, dict(backend="fsdp2", dp_replicate=2, dp_shard=2, micro_batch_size=1)),
+    "hsdp-2x2-reduce-once": (
+        4,
+        dict(backend="fsdp2", dp_replicate=2, dp_shard=2, micro_batch_size=1, grad_reduce=ONCE),
+    ),
 }
 CASES = [("llama-tied", plan) for plan in PLANS] + [
-    ("gpt2", "fsdp2-2ranks-mb2"),
+    ("gpt2", "fsdp2-2ranks-mb1-reduce-every"),
     ("gpt2", "ddp-2ranks-accum2"),
-    ("qwen2-untied", "fsdp2-2ranks-mb2"),
+    ("qwen2-untied", "fsdp2-2ranks-mb1-reduce-once"),
     ("qwen2-untied", "fsdp2-zero2-ac-full"),
 ]
+
+
+def recipe_for(model_dir, rows_path, parallel, output_dir) -> dict:
+    return {
+        "model": {"name_or_path": str(model_dir)},
+        "data": {"path": str(rows_path), "shuffle": True},
+        "train": {
+            "steps": STEPS,
+            "global_batch_size": GLOBAL_BATCH,
+            "lr": LR,
+            "lr_schedule": "cosine",
+            "warmup_steps": WARMUP,
+            "min_lr_ratio": MIN_LR_RATIO,
+            "weight_decay": WD,
+            "adam_beta1": BETAS[0],
+            "adam_beta2": BETAS[1],
+            "adam_eps": EPS,
+            "grad_clip": CLIP,
+            "mixed_precision": "fp32",
+            "seed": SEED,
+        },
+        "parallel": parallel,
+        "output_dir": str(output_dir),
+    }
 
 
 @pytest.mark.parametrize("arch, name", CASES, ids=[f"{a}-{n}" for a, n in CASES])
 def test_plan_matches_single_process_loop(arch, name, data, models, tmp_path):
     root, _ = data
-    model_dir, reference = models(arch)
+    model_dir, reference, reference_params = models(arch)
     nproc, parallel = PLANS[name]
     recipe = write_recipe(
-        tmp_path / "recipe.yaml",
-        {
-            "model": {"name_or_path": str(model_dir)},
-            "data": {"path": str(root / "rows.npy"), "shuffle": False},
-            "train": {
-                "steps": STEPS,
-                "global_batch_size": GLOBAL_BATCH,
-                "lr": LR,
-                "lr_schedule": "constant",
-                "weight_decay": WD,
-                "adam_beta1": BETAS[0],
-                "adam_beta2": BETAS[1],
-                "adam_eps": EPS,
-                "grad_clip": CLIP,
-                "mixed_precision": "fp32",
-            },
-            "parallel": parallel,
-            "output_dir": str(tmp_path / "out"),
-        },
+        tmp_path / "recipe.yaml", recipe_for(model_dir, root / "rows.npy", parallel, tmp_path / "out")
     )
-    args = ["train", str(recipe)] + (["--nproc", str(nproc)] if nproc > 1 else [])
-    proc = run_cli(args)
+    proc = run_torchrun([str(WORKER), str(recipe), str(tmp_path / "params.pt")], nproc=nproc, module=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = read_metrics(tmp_path / "out")
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     for step, (mine, ref) in enumerate(zip(got, reference, strict=True), 1):
         assert mine["loss"] == pytest.approx(ref["loss"], rel=RTOL), f"step {step} loss"
         assert mine["grad_norm"] == pytest.approx(ref["grad_norm"], rel=RTOL), f"step {step} grad_norm"
-    # The reference clips (its grad norm exceeds CLIP) and the loss moves: the comparison is not vacuous.
-    assert reference[0]["grad_norm"] > CLIP
-    assert reference[-1]["loss"] < reference[0]["loss"]
+        assert mine["lr"] == pytest.approx(LR * lr_lambda(step - 1), rel=1e-12), f"step {step} lr"
+    params = torch.load(tmp_path / "params.pt")
+    assert set(params) == set(reference_params)  # the names a checkpoint of this plan would carry: HF's own
+    for key, ref in reference_params.items():
+        torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")
+
+
+def test_the_reference_is_not_vacuous(data, models):
+    _, reference, _ = models("llama-tied")
+    assert reference[-1]["loss"] < 0.85 * reference[0]["loss"]  # the loss moves
+    assert sum(r["grad_norm"] > CLIP for r in reference) >= 3  # clipping is active on several steps
+
+
+def test_the_comparison_catches_a_wrong_beta2_or_a_missing_clip(data, models):
+    _, rows = data
+    model_dir, reference, params = models("llama-tied")
+    for variant in (dict(betas=(BETAS[0], 0.999)), dict(clip=0.0)):
+        metrics, changed = reference_run(model_dir, rows, **variant)
+        loss_gap = max(abs(a["loss"] / b["loss"] - 1) for a, b in zip(metrics, reference, strict=True))
+        param_gap = max(float((changed[k] - params[k]).abs().max()) for k in params)
+        assert loss_gap > 20 * RTOL, (variant, loss_gap)  # measured: 6e-4 (beta2), 7e-3 (no clip)
+        assert param_gap > 100 * PARAM_ATOL, (variant, param_gap)  # measured: 5.8e-3, 1.2e-2

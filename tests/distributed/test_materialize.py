@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from helpers import TINY_LLAMA, free_port, read_metrics, run_cli, save_tiny_model, write_recipe
+from cases import TINY_LLAMA
+from helpers import free_port, read_metrics, run_cli, save_tiny_model, write_recipe
 
 
 def _shard_worker(rank: int, world: int, port: int, model_dir: str, results) -> None:
@@ -20,18 +21,22 @@ def _shard_worker(rank: int, world: int, port: int, model_dir: str, results) -> 
     from torch.distributed.tensor import DTensor
 
     from bigtrain.config.load import load_recipe
+    from bigtrain.config.plan import resolve_plan
     from bigtrain.models.build import load_hf_config
     from bigtrain.models.materialize import clean_fqn
     from bigtrain.parallel.apply import build_parallel_model
-    from bigtrain.parallel.runtime import build_topology, init_process_group, read_launch_env
-    from bigtrain.plan.plan import resolve_plan
+    from bigtrain.parallel.mesh import build_world_mesh
+    from bigtrain.runtime import init_process_group, read_launch_env
 
     cfg = load_recipe(None, [f"model.name_or_path={model_dir}", "parallel.activation_checkpointing=full"])
     device = torch.device("cpu")
     init_process_group(read_launch_env(), device, timeout_s=60)
     try:
         plan = resolve_plan(cfg.parallel, world, global_batch_size=world)
-        model = build_parallel_model(cfg, load_hf_config(cfg.model), plan, build_topology(plan, device), device)
+        mesh = build_world_mesh(plan, device.type)
+        model = build_parallel_model(
+            load_hf_config(cfg.model), "sdpa", plan, mesh, device, "fp32", model_dir, cfg.train.seed
+        )
         saved = load_file(os.path.join(model_dir, "model.safetensors"))
         local = total = 0
         mismatched = []

@@ -9,7 +9,8 @@ import time
 
 import numpy as np
 import pytest
-from helpers import REPO, TINY_LLAMA, run_cli, run_torchrun, write_recipe
+from cases import TINY_LLAMA
+from helpers import REPO, run_cli, run_torchrun, write_recipe
 
 SEQ = 17
 
@@ -124,18 +125,33 @@ def test_bad_override_single_process(tmp_path, rows_file):
     )
 
 
-def test_failure_on_one_rank_does_not_hang_the_other(tmp_path):
-    # Rank 1's half of step 2 holds a token id outside the vocabulary: only rank 1 fails, mid-training, while
-    # rank 0 is inside a collective. The launcher must end the whole job promptly.
-    rows = np.random.default_rng(0).integers(0, 128, size=(32, SEQ))
-    rows[12, 3] = 500  # step 2 (0-based 1) = rows 8..15; with dp=2 rank 1 reads rows 12..15
-    np.save(tmp_path / "rows.npy", rows)
-    recipe = base_recipe(tmp_path, tmp_path / "rows.npy")
+def test_failure_on_one_rank_does_not_hang_the_other(tmp_path, rows_file):
+    # Rank 1 raises inside step 2 while rank 0 waits in that step's collectives: the launcher must end the whole
+    # job promptly (the collective timeout is set far beyond the test's limit, so it is not what ends it).
+    recipe = base_recipe(tmp_path, rows_file)
     recipe["train"]["steps"] = 4
-    recipe["train"]["collective_timeout_s"] = 300  # the launcher, not this timeout, must end the job
+    recipe["train"]["collective_timeout_s"] = 300
+    path = write_recipe(tmp_path / "r.yaml", recipe)
     start = time.monotonic()
-    proc = run_cli(["train", str(write_recipe(tmp_path / "r.yaml", recipe)), "--nproc", "2"], timeout=200)
+    proc = run_torchrun(
+        [str(REPO / "tests" / "integration" / "fail_on_rank.py"), "1", "2", "train", str(path)],
+        module=False,
+        timeout=200,
+    )
     elapsed = time.monotonic() - start
     assert proc.returncode != 0
-    assert "bigtrain: error (rank 1/2): data.path=" in proc.stderr and "token id 500" in proc.stderr
+    assert "injected failure on rank 1 in step 2" in proc.stderr
     assert elapsed < 90, f"took {elapsed:.0f}s"
+
+
+def test_token_ids_outside_the_vocabulary_fail_at_load_on_every_rank(tmp_path):
+    # found when the data is loaded, on every rank, before any process group: not when its batch comes up
+    rows = np.random.default_rng(0).integers(0, 128, size=(64, SEQ))
+    rows[50, 3] = 500
+    np.save(tmp_path / "rows.npy", rows)
+    path = write_recipe(tmp_path / "r.yaml", base_recipe(tmp_path, tmp_path / "rows.npy"))
+    for rank, proc in enumerate(lone_ranks(["train", str(path)])):
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2, err[-2000:]
+        assert err.strip().splitlines()[-1].startswith(f"bigtrain: error (rank {rank}/2): data.path=")
+        assert "token id 500 (row 50, position 3) outside the model's vocabulary of 128" in err

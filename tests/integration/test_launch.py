@@ -10,36 +10,54 @@ import time
 
 import numpy as np
 import pytest
-from helpers import REPO, TINY_LLAMA, free_port, read_metrics, run_cli, run_torchrun, write_recipe
+from cases import TINY_LLAMA
+from helpers import REPO, free_port, read_metrics, run_cli, run_torchrun, write_recipe
 
 
-@pytest.fixture
-def tiny_recipe(tmp_path):
-    np.save(tmp_path / "rows.npy", np.random.default_rng(0).integers(0, 128, size=(32, 17)))
+def write_tiny_recipe(folder, output_dir):
+    rows = folder / "rows.npy"
+    if not rows.exists():
+        np.save(rows, np.random.default_rng(0).integers(0, 128, size=(32, 17)))
     return write_recipe(
-        tmp_path / "r.yaml",
+        folder / f"{output_dir.name}.yaml",
         {
             "model": {"config": dict(TINY_LLAMA)},
-            "data": {"path": str(tmp_path / "rows.npy")},
-            "train": {"steps": 3, "global_batch_size": 4},
-            "output_dir": str(tmp_path / "out"),
+            "data": {"path": str(rows)},
+            "train": {"steps": 3, "global_batch_size": 4, "lr": 1e-2},
+            "output_dir": str(output_dir),
         },
     )
 
 
-def check_two_rank_run(out_dir):
+@pytest.fixture(scope="module")
+def nproc_run(tmp_path_factory):
+    """The same recipe run with bigtrain's own --nproc 2 (torch's elastic launcher): what the others must match."""
+    folder = tmp_path_factory.mktemp("launch")
+    out = folder / "nproc"
+    proc = run_cli(["train", str(write_tiny_recipe(folder, out)), "--nproc", "2"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return read_metrics(out)
+
+
+def check_same_two_rank_run(out_dir, reference):
     plan = json.loads((out_dir / "plan.json").read_text())
     assert (plan["backend"], plan["dp_shard"], plan["dp_replicate"]) == ("fsdp2", 2, 1)
-    assert [r["step"] for r in read_metrics(out_dir)] == [1, 2, 3]
+    got = read_metrics(out_dir)
+    assert [r["step"] for r in got] == [1, 2, 3]
+    for mine, ref in zip(got, reference, strict=True):
+        # the same plan, data and seed on the same two ranks: only the launcher differs
+        assert mine["loss"] == pytest.approx(ref["loss"], rel=1e-6), mine["step"]
+        assert mine["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-6), mine["step"]
+    assert got[-1]["loss"] < got[0]["loss"]
 
 
-def test_torchrun(tiny_recipe, tmp_path):
-    proc = run_torchrun(["train", str(tiny_recipe)])
+def test_torchrun(nproc_run, tmp_path):
+    proc = run_torchrun(["train", str(write_tiny_recipe(tmp_path, tmp_path / "out"))])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    check_two_rank_run(tmp_path / "out")
+    check_same_two_rank_run(tmp_path / "out", nproc_run)
 
 
-def test_accelerate_launch(tiny_recipe, tmp_path):
+def test_accelerate_launch(nproc_run, tmp_path):
     # On a host with >= 2 GPUs accelerate picks its multi-process launcher by itself; on a CPU host it needs its
     # config to say MULTI_GPU (here: the default config file under HF_HOME), else it starts a single process.
     cache = tmp_path / "hf_home" / "accelerate"
@@ -51,10 +69,11 @@ def test_accelerate_launch(tiny_recipe, tmp_path):
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home")}
     accelerate = shutil.which("accelerate")
     assert accelerate, "accelerate's console script is installed with bigtrain"
-    cmd = [accelerate, "launch", "--num_processes", "2", "-m", "bigtrain", "train", str(tiny_recipe)]
+    recipe = write_tiny_recipe(tmp_path, tmp_path / "out")
+    cmd = [accelerate, "launch", "--num_processes", "2", "-m", "bigtrain", "train", str(recipe)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    check_two_rank_run(tmp_path / "out")
+    check_same_two_rank_run(tmp_path / "out", nproc_run)
 
 
 def test_quickstart_loss_falls_fast_on_two_workers(tmp_path):

@@ -42,6 +42,7 @@ def test_json_contract():
     assert set(out["plan"]) == {
         "backend",
         "zero_stage",
+        "grad_reduce",
         "dp_replicate",
         "dp_shard",
         "tp",
@@ -70,6 +71,48 @@ def test_json_contract():
     assert out["model"]["params"] == 8030261248
     assert all(set(c) == {"plan", "memory", "time", "fits", "rejected_because"} for c in out["candidates"])
     assert out["candidates"][0]["fits"] and out["candidates"][0]["plan"] == out["plan"]
+
+
+def test_8b_on_8_h100_offers_plain_fsdp2_with_sharded_gradients():
+    # the default batch (~1M tokens) takes many micro-steps; FSDP2 alone must fit when gradients stay sharded
+    proc = run_cli(["plan", "--model", "llama-3-8b", "--gpus", "8", "--gpu", "H100", "--json"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    fitting = [c["plan"] for c in out["candidates"] if c["fits"]]
+    assert out["plan"]["backend"] == "fsdp2" and out["plan"]["tp"] == out["plan"]["pp"] == 1
+    assert any(
+        p["backend"] == "fsdp2"
+        and p["tp"] == p["pp"] == 1
+        and p["grad_reduce"] == "every_micro_step"
+        and not p["offload_params"]
+        for p in fitting
+    )
+    assert all(p["backend"] != "deepspeed" and p["tp"] == 1 and p["pp"] == 1 for p in fitting)
+
+
+def test_all_shows_what_the_trainer_cannot_run_yet_and_why():
+    args = ["plan", "--model", "llama-3-70b", "--gpus", "64", "--gpu", "H100"]
+    plain = run_cli(args, timeout=120)
+    every = run_cli([*args, "--all"], timeout=120)
+    assert plain.returncode == every.returncode == 0, every.stderr
+    assert "not runnable yet" not in plain.stdout and "deepspeed" not in plain.stdout
+    chosen = [line for line in plain.stdout.splitlines() if line.startswith("* ")]
+    assert chosen and chosen == [line for line in every.stdout.splitlines() if line.startswith("* ")]
+    section = every.stdout.split("not runnable yet")[1]
+    assert "parallel.backend=deepspeed is not supported by the trainer yet" in section
+    assert "parallel.tp=" in section
+
+
+def test_pins_that_only_unrunnable_plans_meet_are_refused_unless_all(tmp_path):
+    args = ["plan", "--model", "llama-3-8b", "--gpus", "8", "--fix", "backend=deepspeed"]
+    proc = run_cli(args, timeout=60)
+    assert proc.returncode == 2
+    assert "no plan the trainer can run meets the pins: parallel.backend=deepspeed" in proc.stderr
+    assert "--all" in proc.stderr
+    proc = run_cli([*args, "--all", "--json"], timeout=60)
+    out = json.loads(proc.stdout)
+    assert out["fits"] is False and out["plan"]["backend"] == "deepspeed"
+    assert out["candidates"][0]["rejected_because"].startswith("not runnable yet: parallel.backend=deepspeed")
 
 
 def test_nothing_fits_exits_3_with_a_way_out():
@@ -130,9 +173,26 @@ def test_simulate_adds_the_simulated_peak(tmp_path):
         '{"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2, '
         '"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4000}'
     )
-    proc = run_cli(["plan", "--model", str(tmp_path / "config.json"), "--gpus", "8", "--gpu-memory", "4GB",
-                    "--seq-len", "512", "--global-batch-size", "16", "--fix", "backend=fsdp2", "--simulate", "--json"],
-                   timeout=180)
+    proc = run_cli(
+        [
+            "plan",
+            "--model",
+            str(tmp_path / "config.json"),
+            "--gpus",
+            "8",
+            "--gpu-memory",
+            "4GB",
+            "--seq-len",
+            "512",
+            "--global-batch-size",
+            "16",
+            "--fix",
+            "backend=fsdp2",
+            "--simulate",
+            "--json",
+        ],
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["simulated"]["world_size"] == 8

@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import REPO, read_metrics
 
-import bigtrain.train.trainer as trainer_module
+import bigtrain.engine.torch_native as engine_module
 from bigtrain.config.load import load_recipe
 from bigtrain.train.run import run_training
 
@@ -38,7 +38,7 @@ def test_bf16_stays_within_2_percent_of_fp32(tmp_path, backend):
 
 def test_fp16_overflow_skips_exactly_that_step_and_recovers(tmp_path, monkeypatch):
     overflow_step = 3
-    real_loss = trainer_module.token_loss_sum
+    real_loss = engine_module.token_loss_sum
     calls = {"n": 0}
     accum = 4  # quickstart on one rank: global batch 16 = micro 4 x accum 4
 
@@ -49,7 +49,7 @@ def test_fp16_overflow_skips_exactly_that_step_and_recovers(tmp_path, monkeypatc
             loss = loss * torch.tensor(float("inf"))
         return loss
 
-    monkeypatch.setattr(trainer_module, "token_loss_sum", loss_with_forced_overflow)
+    monkeypatch.setattr(engine_module, "token_loss_sum", loss_with_forced_overflow)
     m = quickstart(tmp_path, "fp16", "train.mixed_precision=fp16", "train.steps=8")
     skipped = [r["step"] for r in m if r["skipped"]]
     assert skipped == [overflow_step]

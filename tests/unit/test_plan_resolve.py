@@ -1,8 +1,10 @@
+import dataclasses
+
 import pytest
 
+from bigtrain.config.plan import Plan, resolve_plan, unsupported
 from bigtrain.config.schema import ParallelConfig
 from bigtrain.errors import ConfigError
-from bigtrain.plan.plan import resolve_plan
 
 
 def test_fsdp2_fills_dp_shard():
@@ -16,6 +18,28 @@ def test_hsdp_and_ddp():
     assert (plan.dp_replicate, plan.dp_shard, plan.dp) == (2, 4, 8)
     ddp = resolve_plan(ParallelConfig(backend="ddp", micro_batch_size=2), world_size=4, global_batch_size=16)
     assert (ddp.zero_stage, ddp.dp_replicate, ddp.dp_shard, ddp.grad_accum_steps(16)) == (0, 4, 1, 2)
+
+
+def test_grad_reduce_defaults_per_backend():
+    fsdp = resolve_plan(ParallelConfig(), world_size=2, global_batch_size=8)
+    assert fsdp.grad_reduce == "every_micro_step"  # sharded gradients between micro-steps
+    once = resolve_plan(ParallelConfig(grad_reduce="once_per_step"), world_size=2, global_batch_size=8)
+    assert once.grad_reduce == "once_per_step"
+    assert resolve_plan(ParallelConfig(backend="ddp"), world_size=2, global_batch_size=8).grad_reduce == "once_per_step"
+
+
+def test_plan_is_keyword_only():
+    with pytest.raises(TypeError):
+        Plan("fsdp2", 3, "every_micro_step", 1, 2, 1, 1, "1f1b", "none", 1, False, False)
+
+
+def test_unsupported_is_the_one_list_resolve_plan_enforces():
+    ok = resolve_plan(ParallelConfig(), world_size=4, global_batch_size=8)
+    assert unsupported(ok) is None
+    for change in ({"backend": "deepspeed", "zero_stage": 2}, {"tp": 2}, {"pp": 2}, {"offload_optimizer": True}):
+        plan = dataclasses.replace(ok, **change)
+        reason = unsupported(plan)
+        assert reason is not None and "not supported" in reason or "needs the deepspeed backend" in reason
 
 
 def test_plan_round_trips_into_a_recipe_section():
@@ -41,7 +65,20 @@ def test_plan_round_trips_into_a_recipe_section():
         ),
         (ParallelConfig(tp=2), 2, 8, "parallel.tp=2 is not supported by the trainer yet"),
         (ParallelConfig(backend="deepspeed"), 2, 8, "parallel.backend=deepspeed is not supported by the trainer yet"),
-        (ParallelConfig(zero_stage=1), 2, 8, "parallel.zero_stage=1 is not an fsdp2 mode; use 3"),
+        (ParallelConfig(zero_stage=1), 2, 8, "parallel.zero_stage=1 is not a mode of backend fsdp2; use 3"),
+        (
+            ParallelConfig(backend="ddp", grad_reduce="every_micro_step"),
+            2,
+            8,
+            "parallel.grad_reduce=every_micro_step is not a mode of backend ddp, which reduces once_per_step",
+        ),
+        (ParallelConfig(pp=2), 2, 8, "parallel.pp=2 is not supported by the trainer yet"),
+        (
+            ParallelConfig(activation_checkpointing="selective"),
+            2,
+            8,
+            "parallel.activation_checkpointing=selective is not supported by the trainer yet",
+        ),
         (ParallelConfig(backend="ddp", dp_shard=2), 2, 8, "parallel.dp_shard=2 shards parameters"),
         (ParallelConfig(dp_replicate=3), 4, 8, "parallel.dp_replicate=3 does not divide the data-parallel world 4"),
         (ParallelConfig(plan="auto"), 2, 8, "parallel.plan=auto is chosen at start-up by the trainer"),

@@ -1,7 +1,8 @@
 import pytest
 
 from bigtrain.config.schema import TrainConfig
-from bigtrain.train.optim import DynamicLossScaler, lr_factor
+from bigtrain.engine.loss_scale import DynamicLossScaler
+from bigtrain.train.optim import lr_factor
 
 
 def test_constant_with_warmup():

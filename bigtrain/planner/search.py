@@ -1,10 +1,13 @@
 """Enumerate every plan that meets the global batch, predict memory and time for each, keep what fits, rank.
 
-Search space: backend (ddp, fsdp2 ZeRO-2/3, deepspeed ZeRO-1/2/3) x dp_replicate/dp_shard (HSDP) x tp (dividing the
-attention and KV heads, within a node) x pp (dividing the layers; 1F1B or GPipe) x activation checkpointing x
-micro-batch (powers of two) x offload. Ranked by predicted step time; among plans within NEAR_TIE of the fastest the
-simplest wins (fewer dimensions and engines to go wrong). ``trainer_only`` limits the space to what bigtrain's
-trainer can run today, for ``parallel.plan: auto``.
+Search space: backend (ddp, fsdp2 ZeRO-2/3, deepspeed ZeRO-1/2/3) x gradient reduction during accumulation (fsdp2:
+every micro-step or once per step) x dp_replicate/dp_shard (HSDP) x tp (dividing the attention and KV heads, within
+a node) x pp (dividing the layers; 1F1B or GPipe) x activation checkpointing x micro-batch (powers of two) x offload.
+
+Every candidate is predicted, including plans the trainer cannot run yet (``unsupported``): they are ranked apart,
+so that the best plan offered is always one ``bigtrain train`` accepts, and ``bigtrain plan --all`` can still show
+what the rest would cost. Ranked by predicted step time; among plans within NEAR_TIE of the fastest the simplest wins
+(fewer dimensions and engines to go wrong).
 """
 
 from __future__ import annotations
@@ -14,23 +17,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
+from bigtrain.config.plan import ZERO_STAGES, Plan, unsupported
+from bigtrain.config.schema import BACKENDS, CHECKPOINTING, GRAD_REDUCE, PIPELINE_SCHEDULES
 from bigtrain.errors import ConfigError
-from bigtrain.plan.cost import TimeEstimate, estimate_time
-from bigtrain.plan.hardware import Cluster, GiB
-from bigtrain.plan.memory import MemoryEstimate, estimate_memory
-from bigtrain.plan.model_stats import ModelStats
-from bigtrain.plan.plan import Plan
+from bigtrain.planner.cost import TimeEstimate, estimate_time
+from bigtrain.planner.hardware import Cluster, GiB
+from bigtrain.planner.memory import MemoryEstimate, estimate_memory
+from bigtrain.planner.model_stats import ModelStats
 
 NEAR_TIE = 0.02
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))
-CHOICES: dict[str, tuple[Any, ...]] = {
-    "backend": ("ddp", "fsdp2", "deepspeed"),
-    "activation_checkpointing": ("none", "selective", "full"),
-    "pp_schedule": ("1f1b", "gpipe"),
-    "offload_optimizer": (False, True),
-    "offload_params": (False, True),
-}
 
 
 @dataclass(frozen=True)
@@ -38,16 +35,25 @@ class Candidate:
     plan: Plan
     memory: MemoryEstimate
     time: TimeEstimate
-    fits: bool
-    rejected_because: str | None
+    fits: bool  # structurally valid and within the memory budget
+    rejected_because: str | None  # why it does not fit
+    unsupported: str | None = None  # why the trainer cannot run it yet (config.plan.unsupported)
+
+    @property
+    def runnable(self) -> bool:
+        return self.unsupported is None
 
     def to_dict(self) -> dict[str, Any]:
+        if self.unsupported is not None:  # never offered as a choice: it does not "fit" what the user can run
+            fits, reason = False, f"not runnable yet: {self.unsupported}"
+        else:
+            fits, reason = self.fits, self.rejected_because
         return {
             "plan": self.plan.to_dict(),
             "memory": self.memory.to_dict(),
             "time": self.time.to_dict(),
-            "fits": self.fits,
-            "rejected_because": self.rejected_because,
+            "fits": fits,
+            "rejected_because": reason,
         }
 
 
@@ -57,38 +63,6 @@ def complexity(plan: Plan) -> int:
     score += 2 * (plan.tp > 1) + 2 * (plan.pp > 1) + (plan.dp_replicate > 1 and plan.backend == "fsdp2")
     score += {"none": 0, "selective": 1, "full": 2}[plan.activation_checkpointing]
     return score + 3 * (plan.offload_params or plan.offload_optimizer)
-
-
-def parse_fix(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """``--fix key=value`` pins -> typed values, with a clear error for unknown fields and impossible values."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or key not in PLAN_FIELDS:
-            raise ConfigError(f"--fix {item!r}: unknown plan field; use one of {', '.join(PLAN_FIELDS)}")
-        text = text.strip()
-        if key in CHOICES:
-            lookup = {str(c).lower(): c for c in CHOICES[key]}
-            if text.lower() not in lookup:
-                raise ConfigError(f"--fix {key}={text}: use one of {', '.join(str(c).lower() for c in CHOICES[key])}")
-            out[key] = lookup[text.lower()]
-            continue
-        try:
-            value = int(text)
-        except ValueError:
-            raise ConfigError(f"--fix {key}={text}: {key} takes a whole number") from None
-        if value < (0 if key == "zero_stage" else 1) or (key == "zero_stage" and value > 3):
-            raise ConfigError(
-                f"--fix {key}={value} is impossible; "
-                + (
-                    "zero_stage is 0 (ddp), 1-3 (deepspeed) or 2-3 (fsdp2)"
-                    if key == "zero_stage"
-                    else "it must be >= 1"
-                )
-            )
-        out[key] = value
-    return out
 
 
 def _divisors(n: int) -> list[int]:
@@ -107,12 +81,12 @@ def _structural_problem(stats: ModelStats, plan: Plan, cluster: Cluster) -> str 
     return None
 
 
-def _layouts(stats: ModelStats, cluster: Cluster, backend: str, trainer_only: bool):
+def _layouts(stats: ModelStats, cluster: Cluster, backend: str) -> Iterator[tuple[int, int, int, int]]:
     """(dp_replicate, dp_shard, tp, pp) splits of the world for one backend."""
     world = cluster.num_gpus
     for tp in [d for d in _divisors(world) if d <= 2 * cluster.gpus_per_node]:
         for pp in _divisors(world // tp):
-            if pp > stats.layers or (trainer_only and (tp > 1 or pp > 1)):
+            if pp > stats.layers:
                 continue
             dp = world // (tp * pp)
             if backend == "fsdp2":  # HSDP: any split of dp into replicas of shards
@@ -123,29 +97,49 @@ def _layouts(stats: ModelStats, cluster: Cluster, backend: str, trainer_only: bo
                 yield 1, dp, tp, pp
 
 
-def _offloads(backend: str, trainer_only: bool) -> list[tuple[bool, bool]]:
+def _offloads(backend: str) -> list[tuple[bool, bool]]:
     """(offload_optimizer, offload_params) choices: FSDP2 offloads parameters, DeepSpeed the optimizer."""
-    if trainer_only or backend == "ddp":
+    if backend == "ddp":
         return [(False, False)]
     return [(False, False), (True, False) if backend == "deepspeed" else (False, True)]
 
 
 def enumerate_plans(
-    stats: ModelStats, cluster: Cluster, global_batch_size: int, fixed: dict[str, Any], trainer_only: bool
+    stats: ModelStats, cluster: Cluster, global_batch_size: int, fixed: dict[str, Any]
 ) -> Iterator[Plan]:
-    """Every plan that meets the global batch and the pins in ``fixed``."""
-    stages = {"ddp": (0,), "fsdp2": (3, 2), "deepspeed": (1, 2, 3)}
-    checkpointing = ("none", "full") if trainer_only else CHOICES["activation_checkpointing"]
-    for backend in ("ddp", "fsdp2") if trainer_only else CHOICES["backend"]:
-        for replicate, shard, tp, pp in _layouts(stats, cluster, backend, trainer_only):
+    """Every plan that meets the global batch and the pins in ``fixed``.
+
+    Gradient reduction: FSDP2 chooses when it accumulates (without accumulation both modes are the same plan);
+    DDP and DeepSpeed have one mode each (see config.plan).
+    """
+    for backend in BACKENDS:
+        default_reduce = "once_per_step" if backend == "ddp" else "every_micro_step"
+        for replicate, shard, tp, pp in _layouts(stats, cluster, backend):
             micro = [mb for mb in MICRO_BATCHES if global_batch_size % (mb * replicate * shard) == 0]
-            schedules = ("1f1b", "gpipe") if pp > 1 else ("1f1b",)
+            schedules = PIPELINE_SCHEDULES if pp > 1 else PIPELINE_SCHEDULES[:1]
             for mb, ac, stage, schedule, (off_opt, off_par) in itertools.product(
-                micro, checkpointing, stages[backend], schedules, _offloads(backend, trainer_only)
+                micro, CHECKPOINTING, ZERO_STAGES[backend], schedules, _offloads(backend)
             ):
-                plan = Plan(backend, stage, replicate, shard, tp, pp, schedule, ac, mb, off_opt, off_par)
-                if all(getattr(plan, k) == v for k, v in fixed.items()):
-                    yield plan
+                common = dict(
+                    backend=backend,
+                    zero_stage=stage,
+                    dp_replicate=replicate,
+                    dp_shard=shard,
+                    tp=tp,
+                    pp=pp,
+                    pp_schedule=schedule,
+                    activation_checkpointing=ac,
+                    micro_batch_size=mb,
+                    offload_optimizer=off_opt,
+                    offload_params=off_par,
+                )
+                plan = Plan(grad_reduce=default_reduce, **common)
+                variants = [plan]
+                if backend == "fsdp2" and plan.grad_accum_steps(global_batch_size) > 1:
+                    variants += [Plan(grad_reduce=mode, **common) for mode in GRAD_REDUCE if mode != default_reduce]
+                for variant in variants:
+                    if all(getattr(variant, k) == v for k, v in fixed.items()):
+                        yield variant
 
 
 def search(
@@ -155,26 +149,30 @@ def search(
     global_batch_size: int,
     mixed_precision: str,
     fixed: dict[str, Any] | None = None,
-    trainer_only: bool = False,
 ) -> list[Candidate]:
-    """All candidates, best first: fitting ones by predicted step time (simplest on near ties), then the rest."""
+    """All candidates, best first: runnable plans that fit, by predicted step time (simplest on near ties); then
+    runnable plans that do not fit; then the plans the trainer cannot run yet, ranked the same way among themselves."""
     fixed = fixed or {}
     budget = cluster.gpu.memory_bytes
     out = []
-    for plan in enumerate_plans(stats, cluster, global_batch_size, fixed, trainer_only):
+    for plan in enumerate_plans(stats, cluster, global_batch_size, fixed):
         mem = estimate_memory(stats, plan, seq_len, mixed_precision, global_batch_size)
         time = estimate_time(stats, plan, cluster, seq_len, global_batch_size, mixed_precision)
         reason = _structural_problem(stats, plan, cluster)
         if reason is None and mem.budget_bytes > budget:
             reason = f"needs {mem.budget_bytes / GiB:.1f} GiB > {budget / GiB:.1f} GiB budget"
-        out.append(Candidate(plan, mem, time, reason is None, reason))
+        out.append(Candidate(plan, mem, time, reason is None, reason, unsupported(plan)))
     if not out:
         pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "none"
         raise ConfigError(
             f"no plan meets global batch {global_batch_size} on {cluster.num_gpus} GPUs with pins ({pins}); "
             "use a global batch that is a multiple of the GPU count, or fewer pins"
         )
-    fitting = sorted((c for c in out if c.fits), key=lambda c: c.time.step_s)
+    return _rank([c for c in out if c.runnable]) + _rank([c for c in out if not c.runnable])
+
+
+def _rank(candidates: list[Candidate]) -> list[Candidate]:
+    fitting = sorted((c for c in candidates if c.fits), key=lambda c: c.time.step_s)
     if fitting:
         limit = fitting[0].time.step_s * (1 + NEAR_TIE)
         best = min((c for c in fitting if c.time.step_s <= limit), key=lambda c: (complexity(c.plan), c.time.step_s))
@@ -182,7 +180,7 @@ def search(
         fitting.insert(0, best)
     # rejected: structurally valid ones that only lack memory first, smallest need first
     rejected = sorted(
-        (c for c in out if not c.fits),
+        (c for c in candidates if not c.fits),
         key=lambda c: ("budget" not in (c.rejected_because or ""), c.memory.budget_bytes),
     )
     return fitting + rejected

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from bigtrain.config.plan import Plan
 from bigtrain.errors import ConfigError
-from bigtrain.plan.explain import render_table
-from bigtrain.plan.hardware import GPU, Cluster, lookup_gpu
-from bigtrain.plan.model_stats import ModelStats
-from bigtrain.plan.plan import Plan
-from bigtrain.plan.search import search
+from bigtrain.planner.explain import render_table
+from bigtrain.planner.hardware import GPU, Cluster, lookup_gpu
+from bigtrain.planner.model_stats import ModelStats
+from bigtrain.planner.search import search
 
 # A CPU "device" for runs without GPUs: host memory is the budget; the speed numbers only order the candidates.
 CPU = GPU("CPU", 0, peak_tflops=0.5, intra_node_gbps=10.0, inter_node_gbps=1.25, pcie_gbps=10.0)
@@ -40,10 +40,10 @@ def choose_plan(
         except ConfigError:  # an unknown GPU: plan with H100 speeds; the memory below is measured anyway
             gpu = replace(lookup_gpu("H100"), name=device_name)
     cluster = Cluster(replace(gpu, memory_bytes=free_bytes), world_size, max(1, min(ranks_per_node, world_size)))
-    candidates = search(stats, cluster, seq_len, global_batch_size, mixed_precision, trainer_only=True)
+    candidates = search(stats, cluster, seq_len, global_batch_size, mixed_precision)
     table = render_table(candidates, stats, cluster, seq_len, global_batch_size)
-    best = candidates[0]
-    if not best.fits:
+    best = candidates[0]  # the search ranks the plans the trainer can run first
+    if not (best.fits and best.runnable):
         raise ConfigError(
             f"parallel.plan=auto found no plan the trainer can run on {world_size} x {gpu.name}: best was "
             f"'{best.rejected_because}'; use more devices, a smaller train.global_batch_size or data.seq_len"

@@ -1,4 +1,4 @@
-"""The process's place in the job: launcher variables (read here and nowhere else), process group and device mesh.
+"""The process's place in the job: launcher variables (read here and nowhere else), device and process group.
 
 torchrun and ``accelerate launch`` both export RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. Without
 them we are a single process, and still build a one-rank gloo/nccl group so that the trainer has a single code path.
@@ -14,9 +14,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-from bigtrain.plan.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -73,26 +70,6 @@ def init_process_group(env: LaunchEnv, device: torch.device, timeout_s: int) -> 
         dist.init_process_group(**kwargs)
     else:
         dist.init_process_group(**kwargs, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-
-
-@dataclass
-class Topology:
-    """Where this rank sits in the plan: its data-parallel coordinate and the mesh the sharding uses."""
-
-    dp_rank: int
-    dp_size: int
-    dp_mesh: DeviceMesh  # (dp_replicate, dp_shard) for fsdp2; flat dp for ddp
-
-
-def build_topology(plan: Plan, device: torch.device) -> Topology:
-    # Only dp dims exist today (resolve_plan rejects tp/pp > 1), so the data-parallel rank is the global rank.
-    if plan.backend == "fsdp2":
-        mesh = init_device_mesh(
-            device.type, (plan.dp_replicate, plan.dp_shard), mesh_dim_names=("dp_replicate", "dp_shard")
-        )
-    else:
-        mesh = init_device_mesh(device.type, (plan.dp,), mesh_dim_names=("dp",))
-    return Topology(dp_rank=dist.get_rank(), dp_size=plan.dp, dp_mesh=mesh)
 
 
 def smallest_free_memory(env: LaunchEnv, device: torch.device) -> int:

@@ -11,12 +11,15 @@ Model states (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1: "(2 + 2 + K)Ψ" wit
 - deepspeed ZeRO-1/2/3 (the paper's accounting): 2Ψ compute params + 2Ψ grads + 12Ψ fp32 master, m, v; stage 1
   shards the 12Ψ, stage 2 also the grads, stage 3 also the params; ``offload_optimizer`` moves the 12Ψ to the host.
 The peak is the larger of two moments (tracked with torch's memory tracker, see simulate.py):
-- the start of the loss backward: model states without this step's sharded gradients (they do not exist yet), the
-  unsharded fp32 gradients FSDP2 accumulates between micro-steps when the global batch takes several (sync only on
-  the last), gathered parameters in the compute dtype (the root unit, i.e. embeddings and head, stays gathered from
-  forward to backward; ZeRO-3 mode has the next block prefetched, ZeRO-2 mode keeps every block gathered), DDP's
-  compute-dtype weight copies that autocast made and autograd saved (aΨ under bf16/fp16 without checkpointing, the
-  LM head's with full checkpointing), all blocks' activations and the loss;
+- the start of the loss backward of the last micro-step: model states; the gradients accumulated so far, which
+  depend on ``grad_reduce`` when the global batch takes several micro-steps: sharded fp32 gradients 4Ψ/S with
+  ``every_micro_step`` (each micro-step reduce-scatters into them; HSDP keeps its not yet all-reduced partial sum
+  of the same size), the *unsharded* fp32 gradients 4Ψ with ``once_per_step`` (no reduction before the last
+  micro-step, so every rank holds the whole stage's gradient); none with a single micro-step; gathered parameters
+  in the compute dtype (the root unit, i.e. embeddings and head, stays gathered from forward to backward; ZeRO-3
+  mode has the next block prefetched, ZeRO-2 mode keeps every block gathered), DDP's compute-dtype weight copies
+  that autocast made and autograd saved (aΨ under bf16/fp16 without checkpointing, the LM head's with full
+  checkpointing), all blocks' activations and the loss;
 - the optimizer step: parameters, gradients and AdamW states, plus one state-sized temporary of torch's foreach
   AdamW (sqrt of v).
 Activations: per decoder block and token, the tensors autograd saves in HF's implementation (listed in
@@ -32,13 +35,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from bigtrain.plan.model_stats import ModelStats
-from bigtrain.plan.plan import Plan
+from bigtrain.config.plan import Plan
+from bigtrain.config.schema import PRECISIONS
+from bigtrain.planner.model_stats import ModelStats
 
 GiB = 1024**3
 MARGIN_FRACTION = 0.10
 MARGIN_FIXED = int(1.5 * GiB)
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+DTYPE_BYTES = {p: 4 if p == "fp32" else 2 for p in PRECISIONS}
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,7 @@ def estimate_memory(
     a = DTYPE_BYTES[mixed_precision]
     blocks, root = stage_params(stats, plan)
     psi = blocks + root
-    accum = max(1, global_batch_size // (plan.micro_batch_size * plan.dp))
+    accum = plan.grad_accum_steps(global_batch_size)
     one_block = stats.block_params // plan.tp
     gathered = 0  # compute-dtype copies of parameters alive at the loss
     accumulated = 0  # gradients alive at the loss
@@ -149,8 +153,10 @@ def estimate_memory(
         if plan.offload_params:  # CPUOffloadPolicy: sharded params, grads and the optimizer step live on the host
             params = grads = optim = 0
         gathered = a * (root + (blocks if plan.zero_stage == 2 else one_block))
-        if accum > 1:
+        if accum > 1 and plan.grad_reduce == "once_per_step":
             accumulated = 4 * psi  # unsharded fp32 gradients kept between micro-steps (sync only on the last)
+        elif accum > 1:
+            accumulated = grads  # sharded gradients (or HSDP's partial sum) from the earlier micro-steps
         optimizer_temp = 4 * psi // shard if not plan.offload_params else 0
     elif plan.backend == "ddp":
         params, grads, optim = 4 * psi, 4 * psi, 8 * psi
@@ -170,10 +176,9 @@ def estimate_memory(
         gathered = a * 2 * one_block if plan.zero_stage >= 3 else 0
         optimizer_temp = 0
     activations = activation_bytes(stats, plan, seq_len, a, accum) + logits_bytes(stats, plan, seq_len, a)
-    at_loss = MemoryEstimate(params, accumulated, optim, activations, gathered, 0)
-    at_step = MemoryEstimate(params, grads, optim, 0, optimizer_temp, 0)
-    peak = max(at_loss, at_step, key=lambda m: m.total_bytes)
-    margin = int(MARGIN_FRACTION * peak.total_bytes) + MARGIN_FIXED
-    return MemoryEstimate(
-        peak.params_bytes, peak.grads_bytes, peak.optimizer_bytes, peak.activations_bytes, peak.other_bytes, margin
-    )
+    # the parts at each moment: (grads, activations, other); params and optimizer states are the same in both
+    at_loss = (accumulated, activations, gathered)
+    at_step = (grads, 0, optimizer_temp)
+    peak = at_loss if sum(at_loss) >= sum(at_step) else at_step
+    margin = int(MARGIN_FRACTION * (params + optim + sum(peak))) + MARGIN_FIXED
+    return MemoryEstimate(params, peak[0], optim, peak[1], peak[2], margin)

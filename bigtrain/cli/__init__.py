@@ -1,4 +1,5 @@
-"""``bigtrain train RECIPE [--set a.b=v ...] [--nproc N]`` (and ``python -m bigtrain``)."""
+"""The command line: ``bigtrain train RECIPE [--set a.b=v ...] [--nproc N]`` and ``bigtrain plan ...`` (also as
+``python -m bigtrain``). Turns every ConfigError into one ``bigtrain: error: ...`` line and exit code 2."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import logging
 import os
 import sys
 
+from bigtrain.cli.plan import add_plan_arguments, run_plan_command
 from bigtrain.errors import ConfigError
-from bigtrain.parallel.runtime import LaunchEnv, read_launch_env
-from bigtrain.plan.command import add_plan_arguments, run_plan_command
+from bigtrain.runtime import LaunchEnv, read_launch_env
 
 EXIT_BAD_INPUT = 2
 
@@ -72,8 +73,8 @@ def _train(args: argparse.Namespace, env: LaunchEnv) -> int:
             raise ConfigError(
                 "--nproc starts its own workers; drop it when running under torchrun or accelerate launch"
             )
+        from bigtrain.config.plan import resolve_plan
         from bigtrain.launch import launch_local
-        from bigtrain.plan.plan import resolve_plan
 
         if cfg.parallel.plan != "auto":  # fail here, before starting workers
             resolve_plan(cfg.parallel, args.nproc, cfg.train.global_batch_size)

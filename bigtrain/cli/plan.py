@@ -9,14 +9,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import typing
 from dataclasses import dataclass, replace
 from typing import Any
 
+import yaml
+
+from bigtrain.config.load import check_minimum, coerce
+from bigtrain.config.plan import ZERO_STAGES
+from bigtrain.config.schema import PRECISIONS, ParallelConfig
 from bigtrain.errors import ConfigError
-from bigtrain.plan.explain import render_table, to_json, what_would_fit
-from bigtrain.plan.hardware import Cluster, detect_local, make_cluster
-from bigtrain.plan.model_stats import ModelStats, load_model_config
-from bigtrain.plan.search import Candidate, parse_fix, search
+from bigtrain.planner.explain import render_table, to_json, what_would_fit
+from bigtrain.planner.hardware import Cluster, detect_local, make_cluster
+from bigtrain.planner.model_stats import ModelStats, load_model_config
+from bigtrain.planner.search import PLAN_FIELDS, Candidate, search
 
 EXIT_NO_FIT = 3
 DEFAULT_TOKENS_PER_STEP = 2**20  # ~1M tokens per optimizer step when no batch is given
@@ -31,7 +37,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", help="GPU type, e.g. H100, A100-40GB, L4 (default: detected, else H100)")
     parser.add_argument("--seq-len", type=int, help="sequence length")
     parser.add_argument("--global-batch-size", type=int, help="sequences per optimizer step")
-    parser.add_argument("--mixed-precision", choices=("fp32", "bf16", "fp16"), help="compute dtype")
+    parser.add_argument("--mixed-precision", choices=PRECISIONS, help="compute dtype")
     parser.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE", help="pin a plan field")
     parser.add_argument(
         "--simulate",
@@ -39,6 +45,34 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         help="verify the chosen plan's peak memory by running the training step on fake tensors",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="also show the plans the trainer cannot run yet (DeepSpeed, tp, pp, ...), with the reason",
+    )
+
+
+def parse_fix(items: list[str]) -> dict[str, Any]:
+    """``--fix key=value`` pins: a Plan field, its value read and checked exactly as the recipe's ``parallel.key``."""
+    hints = typing.get_type_hints(ParallelConfig)
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or key not in PLAN_FIELDS:
+            raise ConfigError(f"--fix {item!r}: unknown plan field; use one of {', '.join(PLAN_FIELDS)}")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        if value is None:
+            raise ConfigError(f"--fix {key}= needs a value")
+        out[key] = coerce(value, hints[key], f"--fix {key}")
+        check_minimum(f"parallel.{key}", out[key], shown=f"--fix {key}")
+        if key == "zero_stage" and not any(out[key] in stages for stages in ZERO_STAGES.values()):
+            modes = ", ".join(f"{', '.join(map(str, v))} ({k})" for k, v in ZERO_STAGES.items())
+            raise ConfigError(f"--fix zero_stage={out[key]} is not a stage of any backend; use {modes}")
+    return out
 
 
 @dataclass
@@ -95,7 +129,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
 
 def _job_hardware() -> tuple[int, int, int] | None:
     """(world size, ranks per node, smallest free memory of any rank) when run under a launcher, else None."""
-    from bigtrain.parallel.runtime import (
+    from bigtrain.runtime import (
         init_process_group,
         pick_device,
         read_launch_env,
@@ -120,6 +154,11 @@ def _search(req: PlanRequest, **changes: Any) -> list[Candidate]:
     return search(r.stats, r.cluster, r.seq_len, r.global_batch_size, r.mixed_precision, r.fixed)
 
 
+def _fits(candidates: list[Candidate]) -> bool:
+    """Whether the best candidate is a plan the trainer can run and that fits (the search ranks those first)."""
+    return candidates[0].fits and candidates[0].runnable
+
+
 def alternatives_that_fit(req: PlanRequest) -> dict[str, str]:
     """Try the obvious ways out (more GPUs, offload, shorter sequences) and say which would fit."""
     found: dict[str, str] = {}
@@ -127,7 +166,7 @@ def alternatives_that_fit(req: PlanRequest) -> dict[str, str]:
         gpus = req.cluster.num_gpus * factor
         batch = max(req.global_batch_size, gpus) // gpus * gpus
         more = replace(req.cluster, num_gpus=gpus)
-        if _search(req, cluster=more, global_batch_size=batch)[0].fits:
+        if _fits(_search(req, cluster=more, global_batch_size=batch)):
             found["gpus"] = f"{gpus} GPUs (--gpus {gpus})"
             break
     # offloading needs a sharded backend, and is only a way out if the user has not pinned it already
@@ -136,14 +175,14 @@ def alternatives_that_fit(req: PlanRequest) -> dict[str, str]:
             if key in req.fixed:
                 continue
             try:
-                if _search(req, fixed={**req.fixed, key: True})[0].fits:
+                if _fits(_search(req, fixed={**req.fixed, key: True})):
                     found["offload"] = f"offload (--fix {key}=true)"
                     break
             except ConfigError:  # no plan of that kind meets the pins
                 continue
     for div in (2, 4, 8, 16):
         seq = req.seq_len // div
-        if seq >= 2 and _search(req, seq_len=seq)[0].fits:
+        if seq >= 2 and _fits(_search(req, seq_len=seq)):
             found["seq"] = f"a shorter sequence (--seq-len {seq})"
             break
     return found
@@ -153,9 +192,14 @@ def run_plan_command(args: argparse.Namespace) -> int:
     req = build_request(args)
     candidates = _search(req)
     best = candidates[0]
-    result = to_json(candidates, req.stats)
-    if args.simulate:
-        from bigtrain.plan.simulate import simulate
+    if not best.runnable and not args.all:
+        raise ConfigError(
+            f"no plan the trainer can run meets the pins: {best.unsupported}; "
+            "add --all to see such plans predicted anyway"
+        )
+    result = to_json(candidates, req.stats, include_unrunnable=args.all)
+    if args.simulate and best.runnable:
+        from bigtrain.simulate import simulate
 
         result["simulated"] = {
             "peak_bytes": simulate(
@@ -163,11 +207,15 @@ def run_plan_command(args: argparse.Namespace) -> int:
             )["Total"],
             "world_size": best.plan.world_size,
         }
-    sentence = None if best.fits else what_would_fit(alternatives_that_fit(req))
+    sentence = None if best.fits and best.runnable else what_would_fit(alternatives_that_fit(req))
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(render_table(candidates, req.stats, req.cluster, req.seq_len, req.global_batch_size))
+        print(
+            render_table(
+                candidates, req.stats, req.cluster, req.seq_len, req.global_batch_size, show_unrunnable=args.all
+            )
+        )
         if "simulated" in result:
             simulated = result["simulated"]["peak_bytes"]
             print(

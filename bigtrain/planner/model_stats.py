@@ -3,17 +3,19 @@
 Pure Python. ``ModelStats.from_config`` reads a HF config dict (defaults already filled in, see ``load_model_config``)
 of the families bigtrain models: decoder-only transformers with RoPE, RMSNorm and a gated (SwiGLU) MLP (llama,
 mistral, qwen2, qwen3) and GPT-2 (learned positions, LayerNorm with bias, GELU MLP, biases everywhere).
-Counts are exact; ``tests/unit/test_model_stats.py`` checks them against the numel of meta-built HF models.
+Counts are exact; ``tests/unit/test_planner.py`` checks them against the numel of meta-built HF models.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.errors import ConfigError
 
 ROPE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -38,16 +40,16 @@ class ModelStats:
     positions: int  # rows of a learned position embedding (GPT-2), 0 with RoPE
     qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3)
 
-    # ---- parameter counts -------------------------------------------------------------------------------------
-    @property
+    # ---- parameter counts (cached: the search asks for them once per candidate, tens of thousands of times) -----
+    @cached_property
     def q_width(self) -> int:
         return self.heads * self.head_dim
 
-    @property
+    @cached_property
     def kv_width(self) -> int:
         return self.kv_heads * self.head_dim
 
-    @property
+    @cached_property
     def attn_params(self) -> int:
         h = self.hidden
         n = h * self.q_width + 2 * h * self.kv_width + self.q_width * h
@@ -59,7 +61,7 @@ class ModelStats:
             n += 2 * self.head_dim
         return n
 
-    @property
+    @cached_property
     def mlp_params(self) -> int:
         h, f = self.hidden, self.ffn
         n = (3 if self.gated_mlp else 2) * h * f
@@ -67,29 +69,29 @@ class ModelStats:
             n += (2 if self.gated_mlp else 1) * f + h
         return n
 
-    @property
+    @cached_property
     def norm_params(self) -> int:
         return self.hidden * (2 if self.norm_bias else 1)
 
-    @property
+    @cached_property
     def block_params(self) -> int:
         """One decoder block: attention, MLP and its two norms."""
         return self.attn_params + self.mlp_params + 2 * self.norm_params
 
-    @property
+    @cached_property
     def embed_params(self) -> int:
         return (self.vocab + self.positions) * self.hidden
 
-    @property
+    @cached_property
     def head_params(self) -> int:
         return 0 if self.tied else self.vocab * self.hidden
 
-    @property
+    @cached_property
     def root_params(self) -> int:
         """Everything outside the blocks: embeddings, final norm, LM head (FSDP's root unit)."""
         return self.embed_params + self.norm_params + self.head_params
 
-    @property
+    @cached_property
     def params(self) -> int:
         return self.layers * self.block_params + self.root_params
 
@@ -155,13 +157,13 @@ def preset_names() -> list[str]:
 
 
 def _presets() -> dict[str, Any]:
-    return json.loads(resources.files("bigtrain.models").joinpath("presets.json").read_text())
+    return json.loads(resources.files("bigtrain.planner").joinpath("presets.json").read_text())
 
 
 def load_model_config(spec: str | dict[str, Any]) -> dict[str, Any]:
     """A full HF config dict from a preset name, a model folder, a config.json path, or a recipe's config dict.
 
-    transformers fills in the defaults a partial dict leaves out and tells us whether it is a causal LM.
+    transformers fills in the defaults a partial dict leaves out; anything but a causal LM is refused.
     """
     if isinstance(spec, dict):
         raw = dict(spec)
@@ -182,18 +184,6 @@ def load_model_config(spec: str | dict[str, Any]) -> dict[str, Any]:
                 f"--model {spec!r} is neither a preset nor a local model folder or config.json; "
                 f"presets: {', '.join(preset_names())}"
             )
-    from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    model_type = raw.pop("model_type", None)
-    if model_type is None:
-        raise ConfigError("the model config has no model_type; it must be a HF causal-LM config")
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise ConfigError(f"model_type {model_type!r} is not a causal language model; bigtrain trains causal LMs")
-    raw.pop("architectures", None)
-    try:
-        full = AutoConfig.for_model(model_type, **raw).to_dict()
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"the {model_type} config does not load: {e}") from e
-    full["model_type"] = model_type
+    full = hf_config_from_dict(raw, key="the model config").to_dict()
+    full["model_type"] = raw["model_type"]
     return full

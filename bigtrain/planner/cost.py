@@ -11,9 +11,10 @@ efficiency is scaled by t / (t + HALF_EFFICIENCY_TOKENS) for t tokens per micro-
 0.33 at 128): an assumption to be calibrated on real GPUs, which mainly makes larger micro-batches win ties.
 Communication (ring collectives move (n-1)/n of the buffer per rank; an all-reduce is twice that):
 - ddp: all-reduce of fp32 gradients once per step (2Ψ·4 bytes).
-- fsdp2 ZeRO-3: all-gather of compute-dtype parameters in forward and again in backward per micro-step, one fp32
-  reduce-scatter of gradients per step (sync only on the last micro-step); ZeRO-2 mode gathers once per micro-step.
-  HSDP adds an all-reduce of the sharded gradients across replicas.
+- fsdp2 ZeRO-3: all-gather of compute-dtype parameters in forward and again in backward per micro-step; ZeRO-2
+  mode gathers once per micro-step. Gradients: one fp32 reduce-scatter per micro-step with ``grad_reduce:
+  every_micro_step``, one per step with ``once_per_step``. HSDP adds one all-reduce of the sharded gradients across
+  replicas per step in both modes (FSDP2 defers it to the last micro-step).
 - deepspeed: ZeRO-1/2 reduce-scatter gradients and all-gather updated parameters (2Ψ·a); ZeRO-3 also gathers in
   forward and backward (3Ψ·a, the ZeRO paper's 1.5x of data parallelism).
 - tp: 4 all-reduces of b·L·h activations per layer per micro-step (2 forward, 2 backward; Megatron-LM), not
@@ -28,16 +29,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bigtrain.plan.hardware import Cluster
-from bigtrain.plan.memory import DTYPE_BYTES, stage_params
-from bigtrain.plan.model_stats import ModelStats
-from bigtrain.plan.plan import Plan
+from bigtrain.config.plan import Plan
+from bigtrain.planner.hardware import Cluster
+from bigtrain.planner.memory import DTYPE_BYTES, stage_params
+from bigtrain.planner.model_stats import ModelStats
 
 ACHIEVABLE = 0.45
 FP32_SLOWDOWN = 8.0
 EXPOSED_FRACTION = 0.10
-CPU_ADAM_PARAMS_PER_S = 1.0e9
-HALF_EFFICIENCY_TOKENS = 256  # DeepSpeed CPU-Adam order of magnitude per GPU's share of host cores
+CPU_ADAM_PARAMS_PER_S = 1.0e9  # DeepSpeed CPU-Adam order of magnitude per GPU's share of host cores
+HALF_EFFICIENCY_TOKENS = 256  # tokens per micro-batch at which the GPU reaches half its large-matmul efficiency
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def estimate_time(
 ) -> TimeEstimate:
     a = DTYPE_BYTES[mixed_precision]
     world = plan.world_size
-    micro_batches = max(1, global_batch_size // (plan.micro_batch_size * plan.dp))
+    micro_batches = plan.grad_accum_steps(global_batch_size)
     tokens = global_batch_size * seq_len
     per_token = model_flops_per_token(stats, seq_len)
     extra = 0.0
@@ -99,7 +100,8 @@ def estimate_time(
         dp_overlapped = 2 * _ring(plan.dp) * 4 * psi / _bandwidth(cluster, plan.dp, plan.tp)
     elif plan.backend == "fsdp2":
         gathers = 2 if plan.zero_stage == 3 else 1
-        shard_bytes = gathers * micro_batches * a * psi + 4 * psi
+        reduces = micro_batches if plan.grad_reduce == "every_micro_step" else 1
+        shard_bytes = gathers * micro_batches * a * psi + reduces * 4 * psi
         dp_overlapped = _ring(plan.dp_shard) * shard_bytes / shard_bw
         dp_overlapped += 2 * _ring(plan.dp_replicate) * 4 * psi / plan.dp_shard / rep_bw
     else:

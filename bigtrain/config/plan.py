@@ -1,0 +1,191 @@
+"""The ``Plan``: a frozen description of how one job is parallelised, its resolution from a recipe, and what the
+trainer can run of it.
+
+Pure Python on purpose (no ``torch``): the planner, the trainer and the tests reason about plans without processes.
+``resolve_plan`` fills derived degrees, checks that they multiply to the world size and that the global batch splits
+into whole micro-batches; ``unsupported`` is the one place that says what the trainer cannot run yet, asked by
+``resolve_plan``, by the planner's search and by the simulator alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from bigtrain.config.schema import ParallelConfig
+from bigtrain.errors import ConfigError
+
+ZERO_STAGES = {"ddp": (0,), "fsdp2": (2, 3), "deepspeed": (1, 2, 3)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """One parallel layout. Field names are the recipe's ``parallel.`` keys, so plan.json round-trips into a recipe."""
+
+    backend: str
+    zero_stage: int
+    grad_reduce: str  # every_micro_step | once_per_step (see ParallelConfig.grad_reduce)
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    pp: int
+    pp_schedule: str
+    activation_checkpointing: str
+    micro_batch_size: int
+    offload_optimizer: bool
+    offload_params: bool
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: how many ranks see different samples."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def grad_accum_steps(self, global_batch_size: int) -> int:
+        """Micro-steps per optimizer step: B / (micro_batch_size x dp), at least 1 (resolve_plan checks it is whole)."""
+        return max(1, global_batch_size // (self.micro_batch_size * self.dp))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def unsupported(plan: Plan) -> str | None:
+    """Why bigtrain's trainer cannot run ``plan`` yet, naming the recipe key; None when it can.
+
+    The planner models more than the trainer runs (it ranks DeepSpeed, tp and pp plans for ``--all`` and for the
+    other issues' engines); this is the single list of what is missing.
+    """
+    if plan.backend == "deepspeed":
+        return "parallel.backend=deepspeed is not supported by the trainer yet; use ddp or fsdp2"
+    if plan.tp > 1:
+        return f"parallel.tp={plan.tp} is not supported by the trainer yet; use parallel.tp=1"
+    if plan.pp > 1:
+        return f"parallel.pp={plan.pp} is not supported by the trainer yet; use parallel.pp=1"
+    if plan.activation_checkpointing == "selective":
+        return "parallel.activation_checkpointing=selective is not supported by the trainer yet; use none or full"
+    if plan.offload_optimizer:
+        return "parallel.offload_optimizer=true needs the deepspeed backend, not supported yet; set it to false"
+    return None
+
+
+def divisor_hint(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def _multiples_hint(unit: int, near: int) -> str:
+    lower = max(unit, (near // unit) * unit)
+    return f"{lower} or {lower + unit}"
+
+
+def _resolve_data_parallel(cfg: ParallelConfig, dp_total: int) -> tuple[int, int]:
+    """(dp_replicate, dp_shard) for the backend: ddp replicates over all of dp, the sharded backends fill dp_shard."""
+    replicate = None if cfg.dp_replicate in (None, -1) else cfg.dp_replicate
+    shard = None if cfg.dp_shard in (None, -1) else cfg.dp_shard
+    if cfg.backend == "ddp":
+        if shard not in (None, 1):
+            raise ConfigError(
+                f"parallel.dp_shard={shard} shards parameters, which backend ddp does not do; "
+                "unset it (ddp replicates over parallel.dp_replicate) or use backend fsdp2"
+            )
+        return (dp_total if replicate is None else replicate), 1
+    if cfg.backend == "deepspeed" and replicate not in (None, 1):
+        raise ConfigError(
+            f"parallel.dp_replicate={replicate} (hybrid sharding) is an fsdp2 layout; deepspeed shards over the "
+            "whole data-parallel world: unset it"
+        )
+    replicate = 1 if replicate is None else replicate
+    if shard is None:
+        if dp_total % replicate:
+            raise ConfigError(
+                f"parallel.dp_replicate={replicate} does not divide the data-parallel world {dp_total}; "
+                f"use one of {divisor_hint(dp_total)}"
+            )
+        shard = dp_total // replicate
+    return replicate, shard
+
+
+def _resolve_zero_stage(cfg: ParallelConfig) -> int:
+    stages = ZERO_STAGES[cfg.backend]
+    if cfg.zero_stage is None:
+        return stages[-1]
+    if cfg.zero_stage not in stages:
+        meaning = {
+            "ddp": "ddp replicates everything: unset it or use 0",
+            "fsdp2": "use 3 (reshard after forward) or 2 (keep parameters unsharded until backward ends)",
+            "deepspeed": "use 1, 2 or 3",
+        }[cfg.backend]
+        raise ConfigError(f"parallel.zero_stage={cfg.zero_stage} is not a mode of backend {cfg.backend}; {meaning}")
+    return cfg.zero_stage
+
+
+def _resolve_grad_reduce(cfg: ParallelConfig) -> str:
+    # DDP reduces in its backward hooks; reducing inner micro-steps would cost accum x the traffic for nothing
+    # (its gradients are unsharded either way). DeepSpeed ZeRO-2/3 reduces every micro-step and refuses no_sync.
+    fixed = {"ddp": "once_per_step", "deepspeed": "every_micro_step"}.get(cfg.backend)
+    if fixed is None:
+        return cfg.grad_reduce or "every_micro_step"
+    if cfg.grad_reduce not in (None, fixed):
+        raise ConfigError(
+            f"parallel.grad_reduce={cfg.grad_reduce} is not a mode of backend {cfg.backend}, which reduces "
+            f"{fixed}: unset it"
+        )
+    return fixed
+
+
+def resolve_plan(cfg: ParallelConfig, world_size: int, global_batch_size: int) -> Plan:
+    """Turn the recipe's ``parallel`` section into a complete Plan for ``world_size`` ranks, or raise ConfigError."""
+    if cfg.plan == "auto":
+        raise ConfigError("parallel.plan=auto is chosen at start-up by the trainer (bigtrain/planner/auto.py)")
+    for key in ("micro_batch_size", "tp", "pp"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"parallel.{key}={getattr(cfg, key)} must be at least 1")
+    for key in ("dp_replicate", "dp_shard"):
+        value = getattr(cfg, key)
+        if value is not None and value < 1 and value != -1:
+            raise ConfigError(f"parallel.{key}={value} must be at least 1, or unset to fill the world")
+    if cfg.offload_params and cfg.backend == "ddp":
+        raise ConfigError("parallel.offload_params=true needs a sharded backend; use backend fsdp2")
+
+    model_parallel = cfg.tp * cfg.pp
+    if world_size % model_parallel:
+        raise ConfigError(
+            f"parallel.tp={cfg.tp} x parallel.pp={cfg.pp} = {model_parallel} does not divide the world size "
+            f"{world_size}; use degrees whose product divides it ({divisor_hint(world_size)})"
+        )
+    replicate, shard = _resolve_data_parallel(cfg, world_size // model_parallel)
+    product = replicate * shard * cfg.tp * cfg.pp
+    if product != world_size:
+        raise ConfigError(
+            f"parallel degrees dp_replicate={replicate} x dp_shard={shard} x tp={cfg.tp} x pp={cfg.pp} = {product} "
+            f"do not match the world size {world_size}; make them multiply to {world_size} "
+            "(or leave parallel.dp_shard unset to fill it)"
+        )
+    plan = Plan(
+        backend=cfg.backend,
+        zero_stage=_resolve_zero_stage(cfg),
+        grad_reduce=_resolve_grad_reduce(cfg),
+        dp_replicate=replicate,
+        dp_shard=shard,
+        tp=cfg.tp,
+        pp=cfg.pp,
+        pp_schedule=cfg.pp_schedule,
+        activation_checkpointing=cfg.activation_checkpointing,
+        micro_batch_size=cfg.micro_batch_size,
+        offload_optimizer=cfg.offload_optimizer,
+        offload_params=cfg.offload_params,
+    )
+    reason = unsupported(plan)
+    if reason is not None:
+        raise ConfigError(reason)
+    unit = plan.micro_batch_size * plan.dp
+    if global_batch_size < 1 or global_batch_size % unit:
+        raise ConfigError(
+            f"train.global_batch_size={global_batch_size} is not a multiple of parallel.micro_batch_size="
+            f"{plan.micro_batch_size} x data-parallel degree {plan.dp} = {unit}; "
+            f"try {_multiples_hint(unit, global_batch_size)}"
+        )
+    return plan

@@ -1,0 +1,55 @@
+"""Engines: what the training loop drives (``base.Engine``), one file per implementation.
+
+``build_engine`` is the only place that maps a plan to an engine. Today every plan the trainer runs (DDP, FSDP2,
+HSDP) goes to the torch-native engine; the pipelined and DeepSpeed engines plug in here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from bigtrain.config.plan import Plan
+from bigtrain.config.schema import RecipeConfig
+from bigtrain.engine.base import Engine, StepResult, train_step
+from bigtrain.engine.loss_scale import DynamicLossScaler
+from bigtrain.engine.torch_native import TorchNativeEngine
+from bigtrain.parallel.apply import build_parallel_model
+from bigtrain.parallel.mesh import build_world_mesh
+
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
+
+__all__ = ["Engine", "StepResult", "build_engine", "train_step"]
+
+
+def build_engine(
+    cfg: RecipeConfig,
+    hf_config: Any,
+    plan: Plan,
+    device: torch.device,
+    make_optimizer: OptimizerFactory,
+    make_scheduler: SchedulerFactory,
+) -> Engine:
+    """The job's mesh, the model built and parallelised by the plan, and the engine that trains it.
+
+    The optimizer and schedule come from the caller (the recipe's AdamW and warmup/cosine), so that every engine
+    trains with the same ones.
+    """
+    mesh = build_world_mesh(plan, device.type)
+    model = build_parallel_model(
+        hf_config,
+        cfg.model.attn_implementation,
+        plan,
+        mesh,
+        device,
+        cfg.train.mixed_precision,
+        cfg.model.name_or_path,
+        cfg.train.seed,
+    )
+    optimizer = make_optimizer([p for p in model.model.parameters() if p.requires_grad])
+    scaler = DynamicLossScaler(cfg.train.fp16_initial_scale) if cfg.train.mixed_precision == "fp16" else None
+    return TorchNativeEngine(model, optimizer, make_scheduler(optimizer), scaler, device)

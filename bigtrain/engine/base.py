@@ -1,0 +1,77 @@
+"""The engine protocol: everything the training loop may ask of a parallel backend, and nothing more.
+
+One optimizer step is ``train_step``: forward and backward over this rank's micro-batches with every token loss
+multiplied by ``1 / global_tokens`` (the predicted tokens of the whole global batch), one clip by the true global
+gradient norm, the optimizer and schedule step, zero-grad. How that happens is the engine's business: the
+torch-native engine (DDP, FSDP2, HSDP) runs the micro-batch loop itself and syncs gradients per the plan; a
+pipelined engine hands the micro-batches to a schedule; a DeepSpeed engine owns backward, accumulation, clipping and
+loss scaling. The loop and the simulator call ``train_step``; neither names a backend.
+
+Values come back as tensors where computing them needs no host sync (the loss sum, the gradient norm): the simulator
+runs this same step on fake tensors, which have no values to read.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepResult:
+    grad_norm: torch.Tensor  # global L2 norm of the gradients before clipping (0-dim)
+    lr: float  # the learning rate this step applied
+    skipped: bool  # fp16 overflow: the update was skipped (always False without loss scaling)
+    loss_scale: float | None  # the fp16 loss scale this step used; None without loss scaling
+
+
+class Engine(ABC):
+    """A model, its optimizer and schedule, and the parallel machinery that trains them."""
+
+    @property
+    @abstractmethod
+    def dp_rank(self) -> int:
+        """This rank's index among the data-parallel ranks (which slice of each global batch it reads)."""
+
+    @property
+    @abstractmethod
+    def dp_size(self) -> int:
+        """How many ranks read different samples."""
+
+    @abstractmethod
+    def data_parallel_sum(self, value: int) -> int:
+        """Sum of an integer over the data-parallel ranks (e.g. their predicted-token counts), on every rank."""
+
+    @abstractmethod
+    def forward_backward(self, micro_batches: list[torch.Tensor], loss_factor: float) -> torch.Tensor:
+        """Accumulate the gradient of ``loss_factor`` x the summed token loss over this rank's micro-batches; return
+        the summed token loss of the whole global batch (all data-parallel ranks), the same on every rank."""
+
+    @abstractmethod
+    def step(self, max_norm: float) -> StepResult:
+        """Clip the gradients by their global norm (0: measure only), apply the optimizer and the schedule."""
+
+    @abstractmethod
+    def zero_grad(self) -> None:
+        """Drop the gradients before the next step's micro-batches."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimizer (keyed by parameter name), schedule and loss-scaler state, sharded as trained."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned (possibly saved under another plan)."""
+
+
+def train_step(
+    engine: Engine, micro_batches: list[torch.Tensor], global_tokens: float, max_norm: float
+) -> tuple[torch.Tensor, StepResult]:
+    """One optimizer step; returns the global batch's summed token loss and what the step did."""
+    loss_sum = engine.forward_backward(micro_batches, 1.0 / global_tokens)
+    result = engine.step(max_norm)
+    engine.zero_grad()
+    return loss_sum, result

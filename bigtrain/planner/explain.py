@@ -1,0 +1,129 @@
+"""Render a search result: the table a person reads, the JSON a program reads, and why nothing fits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bigtrain.config.plan import Plan
+from bigtrain.planner.hardware import Cluster, GiB
+from bigtrain.planner.model_stats import ModelStats
+from bigtrain.planner.search import Candidate
+
+SHOWN_FITTING = 8
+SHOWN_REJECTED = 6
+SHOWN_UNRUNNABLE = 8
+PLAN_WIDTH = 74
+
+
+def describe(plan: Plan) -> str:
+    """A compact one-line name for a plan, e.g. 'fsdp2 zero3 dp=2x4 tp=2 pp=1 ac=full mb=2 rs=micro'.
+
+    ``rs=micro``: fsdp2 reduce-scatters gradients after every micro-step (sharded between them); ``rs=step``: once
+    per optimizer step (unsharded in between). Shown for fsdp2 only: ddp and deepspeed have one mode each.
+    """
+    dp = f"{plan.dp_replicate}x{plan.dp_shard}" if plan.backend == "fsdp2" and plan.dp_replicate > 1 else f"{plan.dp}"
+    parts = [plan.backend if plan.backend == "ddp" else f"{plan.backend} zero{plan.zero_stage}", f"dp={dp}"]
+    parts += [f"tp={plan.tp}", f"pp={plan.pp}" + (f"/{plan.pp_schedule}" if plan.pp > 1 else "")]
+    parts += [f"ac={plan.activation_checkpointing}", f"mb={plan.micro_batch_size}"]
+    if plan.backend == "fsdp2":
+        parts.append("rs=micro" if plan.grad_reduce == "every_micro_step" else "rs=step")
+    if plan.offload_params:
+        parts.append("offload=params")
+    if plan.offload_optimizer:
+        parts.append("offload=optimizer")
+    return " ".join(parts)
+
+
+def _row(c: Candidate) -> str:
+    return (
+        f"{describe(c.plan):{PLAN_WIDTH}s} {c.memory.total_bytes / GiB:8.1f} {c.memory.budget_bytes / GiB:8.1f} "
+        f"{c.time.step_s:9.3f} {c.time.tokens_per_s_per_device:11,.0f} {c.time.mfu:6.1%}"
+    )
+
+
+def render_table(
+    candidates: list[Candidate],
+    stats: ModelStats,
+    cluster: Cluster,
+    seq_len: int,
+    batch: int,
+    show_unrunnable: bool = False,
+) -> str:
+    """The best runnable plans ("*" marks the choice), the best rejected ones with why, and with
+    ``show_unrunnable`` the plans the trainer cannot run yet with the reason."""
+    head = f"{'plan':{PLAN_WIDTH}s} {'peak GiB':>8s} {'+margin':>8s} {'step s':>9s} {'tok/s/dev':>11s} {'MFU':>6s}"
+    lines = [
+        f"model {stats.model_type}: {stats.params / 1e9:.2f}B params, {stats.layers} layers, hidden {stats.hidden}, "
+        f"vocab {stats.vocab} | {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpu.memory_bytes / GiB:.1f} GiB, "
+        f"{cluster.gpus_per_node} per node) | global batch {batch} x seq {seq_len}",
+        "",
+        head,
+    ]
+    runnable = [c for c in candidates if c.runnable]
+    fitting = [c for c in runnable if c.fits][:SHOWN_FITTING]
+    for i, c in enumerate(fitting):
+        lines.append(("* " if i == 0 else "  ") + _row(c))
+    if not fitting:
+        lines.append("  (no plan the trainer can run fits)")
+    rejected = [c for c in runnable if not c.fits]
+    if rejected:
+        lines += ["", "best rejected:"]
+        seen = set()
+        for c in rejected:
+            # every memory rejection is its own line; a structural reason ("tp=16 crosses ...") is shown once
+            key = id(c) if "budget" in c.rejected_because else c.rejected_because
+            if key in seen:
+                continue
+            seen.add(key)
+            lines.append(f"  {describe(c.plan):{PLAN_WIDTH}s} {c.rejected_because}")
+            if len(seen) >= SHOWN_REJECTED:
+                break
+    unrunnable = [c for c in candidates if not c.runnable]
+    if show_unrunnable and unrunnable:
+        lines += ["", "not runnable yet (bigtrain train refuses these; predicted as if it ran them):"]
+        for c in _best_per_reason(unrunnable, SHOWN_UNRUNNABLE):
+            verdict = "fits" if c.fits else c.rejected_because
+            missing = c.unsupported.split(";")[0]  # the reason, without the advice meant for a recipe
+            lines.append(f"  {_row(c)}  {verdict}; {missing}")
+    return "\n".join(lines)
+
+
+def _best_per_reason(ranked: list[Candidate], limit: int) -> list[Candidate]:
+    """The best candidate of each distinct reason first (so every missing feature shows its best plan), then the
+    next best ones, in rank order, up to ``limit``."""
+    firsts: dict[str | None, Candidate] = {}
+    for c in ranked:
+        firsts.setdefault(c.unsupported, c)
+    chosen = list(firsts.values())[:limit]
+    rest = [c for c in ranked if all(c is not f for f in chosen)]
+    picked = {id(c) for c in chosen + rest[: limit - len(chosen)]}
+    return [c for c in ranked if id(c) in picked]
+
+
+def to_json(
+    candidates: list[Candidate], stats: ModelStats, limit: int = 20, include_unrunnable: bool = False
+) -> dict[str, Any]:
+    """The ``bigtrain plan --json`` contract; ``plan`` is the best plan the trainer can run (candidates[0])."""
+    runnable = [c for c in candidates if c.runnable]
+    best = runnable[0] if runnable else candidates[0]
+    shown = [c for c in runnable if c.fits][:limit] + [c for c in runnable if not c.fits][:limit]
+    if include_unrunnable:
+        shown += [c for c in candidates if not c.runnable][:limit]
+    return {
+        "plan": best.plan.to_dict(),
+        "fits": best.fits and best.runnable,
+        "memory": best.memory.to_dict(),
+        "time": best.time.to_dict(),
+        "model": stats.summary(),
+        "candidates": [c.to_dict() for c in shown],
+    }
+
+
+def what_would_fit(fits_with: dict[str, str]) -> str:
+    """One sentence from the alternatives that were found to fit, e.g. more GPUs, offload, a shorter sequence."""
+    if not fits_with:
+        return (
+            "Nothing tried fits: this model needs more GPU memory than offloading, 8x the GPUs or a 16x shorter "
+            "sequence provide."
+        )
+    return "Would fit with " + "; or ".join(fits_with.values()) + "."

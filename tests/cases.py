@@ -1,0 +1,203 @@
+"""Every model configuration and plan case the tests and benchmarks share, written once.
+
+- Tiny models (hidden 64, 2 layers) for multi-process training runs: ``TINY_LLAMA`` and the other families in
+  ``TINY_MODELS``; ``COUNT_CHECK_MODELS`` for exact parameter counts.
+- ``MEMORY_ARCHS`` and ``MEMORY_CASES``: the predicted-vs-simulated peak memory matrix (``bench/memory_matrix.py``
+  prints it, ``tests/distributed/test_memory_matrix.py`` asserts it). Wider models: they run on fake tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bigtrain.config.plan import Plan
+
+TINY_LLAMA: dict[str, Any] = dict(
+    model_type="llama",
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    tie_word_embeddings=True,
+)
+
+# Architectures beyond the tied-embedding Llama: GPT-2 (Conv1D projections, learned positions, LayerNorm with bias)
+# and Qwen2 (q/k/v biases, GQA, untied LM head).
+TINY_MODELS: dict[str, dict[str, Any]] = {
+    "llama-tied": TINY_LLAMA,
+    # GPT-2 defaults to dropout 0.1: random masks would make any two runs differ, so comparisons turn it off.
+    "gpt2": dict(
+        model_type="gpt2",
+        vocab_size=128,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    ),
+    "qwen2-untied": {**TINY_LLAMA, "model_type": "qwen2", "tie_word_embeddings": False},
+}
+
+# Odd shapes for the exact parameter-count check: untied, tied, GQA 8:2, learned positions, qk-norm with head_dim.
+COUNT_CHECK_MODELS: list[dict[str, Any]] = [
+    dict(
+        model_type="llama",
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        tie_word_embeddings=False,
+    ),
+    dict(
+        model_type="qwen2",
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        vocab_size=300,
+        tie_word_embeddings=True,
+    ),
+    dict(
+        model_type="mistral",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=128,
+    ),
+    dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, n_positions=32, vocab_size=100),
+    dict(
+        model_type="qwen3",
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        vocab_size=100,
+    ),
+]
+
+MEMORY_ARCHS: dict[str, dict[str, Any]] = {
+    # dense multi-head attention (kv heads = heads), untied
+    "llama-dense": dict(
+        model_type="llama",
+        hidden_size=512,
+        intermediate_size=1376,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        vocab_size=8000,
+        tie_word_embeddings=False,
+    ),
+    # grouped-query attention (4 query heads per KV head)
+    "mistral-gqa": dict(
+        model_type="mistral",
+        hidden_size=512,
+        intermediate_size=1792,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=8000,
+    ),
+    # tied embeddings, q/k/v biases
+    "qwen2-tied": dict(
+        model_type="qwen2",
+        hidden_size=384,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        vocab_size=16000,
+        tie_word_embeddings=True,
+    ),
+    # Qwen2.5's 152k vocabulary on a small body: the logits dominate
+    "qwen2-bigvocab": dict(
+        model_type="qwen2",
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class MemoryCase:
+    arch: str
+    backend: str
+    zero_stage: int
+    world: int
+    ac: str
+    micro_batch: int
+    seq_len: int
+    global_batch: int
+    precision: str
+    grad_reduce: str = "every_micro_step"  # ddp cases: once_per_step
+    replicate: int = 1  # fsdp2: HSDP replicas (the rest of the world shards)
+
+    @property
+    def accum(self) -> int:
+        return self.plan().grad_accum_steps(self.global_batch)
+
+    @property
+    def name(self) -> str:
+        dp = f"{self.replicate}x{self.world // self.replicate}" if self.replicate > 1 else f"{self.world}"
+        reduce = "" if self.backend == "ddp" else f"-{self.grad_reduce}"
+        return (
+            f"{self.arch}-{self.backend}{self.zero_stage}-N{dp}-{self.ac}-mb{self.micro_batch}-L{self.seq_len}-"
+            f"B{self.global_batch}-{self.precision}{reduce}"
+        )
+
+    def plan(self) -> Plan:
+        replicate, shard = (self.world, 1) if self.backend == "ddp" else (self.replicate, self.world // self.replicate)
+        return Plan(
+            backend=self.backend,
+            zero_stage=self.zero_stage,
+            grad_reduce="once_per_step" if self.backend == "ddp" else self.grad_reduce,
+            dp_replicate=replicate,
+            dp_shard=shard,
+            tp=1,
+            pp=1,
+            pp_schedule="1f1b",
+            activation_checkpointing=self.ac,
+            micro_batch_size=self.micro_batch,
+            offload_optimizer=False,
+            offload_params=False,
+        )
+
+
+ONCE = "once_per_step"
+MEMORY_CASES = [
+    MemoryCase("llama-dense", "fsdp2", 3, 8, "none", 2, 512, 16, "bf16"),
+    MemoryCase("llama-dense", "fsdp2", 2, 8, "none", 1, 1024, 16, "bf16"),
+    MemoryCase("llama-dense", "fsdp2", 2, 8, "none", 1, 1024, 16, "bf16", ONCE),
+    MemoryCase("llama-dense", "ddp", 0, 8, "none", 1, 512, 16, "fp32"),
+    MemoryCase("llama-dense", "fsdp2", 3, 64, "full", 4, 512, 512, "bf16"),
+    MemoryCase("llama-dense", "fsdp2", 3, 64, "full", 4, 512, 512, "bf16", ONCE),
+    MemoryCase("llama-dense", "fsdp2", 3, 8, "none", 1, 512, 32, "bf16", replicate=2),
+    MemoryCase("mistral-gqa", "fsdp2", 3, 8, "full", 2, 1024, 32, "bf16"),
+    MemoryCase("mistral-gqa", "fsdp2", 3, 8, "full", 2, 1024, 32, "bf16", ONCE),
+    MemoryCase("mistral-gqa", "fsdp2", 3, 16, "full", 2, 1024, 64, "bf16", ONCE, replicate=4),
+    MemoryCase("mistral-gqa", "ddp", 0, 8, "none", 2, 256, 32, "bf16"),
+    MemoryCase("mistral-gqa", "fsdp2", 2, 64, "none", 1, 2048, 64, "fp32"),
+    MemoryCase("qwen2-tied", "fsdp2", 3, 8, "none", 4, 256, 32, "fp32"),
+    MemoryCase("qwen2-tied", "ddp", 0, 8, "full", 2, 512, 16, "bf16"),
+    MemoryCase("qwen2-tied", "fsdp2", 2, 8, "full", 8, 256, 64, "bf16"),
+    MemoryCase("qwen2-bigvocab", "fsdp2", 3, 8, "none", 1, 512, 8, "bf16"),
+    MemoryCase("qwen2-bigvocab", "ddp", 0, 8, "none", 2, 256, 32, "fp32"),
+    MemoryCase("qwen2-bigvocab", "fsdp2", 2, 64, "full", 2, 1024, 128, "bf16"),
+]

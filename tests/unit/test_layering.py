@@ -1,0 +1,94 @@
+"""The package layers, read from the imports of every source file (including imports inside functions).
+
+config < planner | data | models | runtime < parallel < engine < train < simulate < cli: a module may import
+only from lower layers and its own package. The planner must stay pure: no ``torch.distributed`` and nothing of
+the trainer, so every rank (and a laptop) computes the same plan from the same numbers. The training loop must not
+learn which backend it drives.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "bigtrain"
+
+LAYERS = {
+    "errors": 0,
+    "config": 1,
+    "planner": 2,
+    "data": 2,
+    "models": 2,
+    "runtime": 2,
+    "parallel": 3,
+    "engine": 4,
+    "train": 5,
+    "launch": 5,
+    "simulate": 6,
+    "cli": 7,
+    "__main__": 8,
+}
+
+
+def component(path: Path) -> str:
+    """The first name under bigtrain/ ('planner' for bigtrain/planner/search.py, 'simulate' for simulate.py)."""
+    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+
+def imported_modules(source: str) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the source, wherever it appears."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+    return out
+
+
+SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE)
+
+
+def test_every_component_has_a_layer():
+    assert {component(p) for p in SOURCES} <= set(LAYERS)
+
+
+def upward_imports(mine: str, source: str) -> list[str]:
+    wrong = []
+    for line, module in imported_modules(source):
+        parts = module.split(".")
+        if parts[0] != "bigtrain" or len(parts) < 2:
+            continue
+        theirs = parts[1]
+        if theirs != mine and LAYERS[theirs] >= LAYERS[mine]:
+            wrong.append(f"line {line}: {mine} (layer {LAYERS[mine]}) imports {module} (layer {LAYERS[theirs]})")
+    return wrong
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_only_go_down(path):
+    wrong = upward_imports(component(path), path.read_text())
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "planner").glob("*.py")), ids=lambda p: p.name)
+def test_planner_is_pure(path):
+    for line, module in imported_modules(path.read_text()):
+        assert not module.startswith("torch.distributed"), f"line {line} imports {module}"
+        assert not module.startswith(("bigtrain.train", "bigtrain.engine", "bigtrain.parallel")), f"line {line}"
+
+
+def test_training_loop_never_names_a_backend():
+    for path in (PACKAGE / "train").glob("*.py"):
+        text = path.read_text()
+        for name in ("backend", "fsdp", "ddp", "deepspeed", "DistributedDataParallel"):
+            assert name not in text.lower(), f"{path.name} mentions {name!r}"
+
+
+def test_the_checker_catches_upward_and_sideways_imports():
+    lazy_upward = "def f():\n    from bigtrain.train.loop import TrainLoop\n"
+    assert upward_imports("engine", lazy_upward) == ["line 2: engine (layer 4) imports bigtrain.train.loop (layer 5)"]
+    assert upward_imports("data", "import bigtrain.models.build\n")  # same layer, other package
+    assert not upward_imports("engine", "from bigtrain.parallel.apply import ParallelModel\n")
