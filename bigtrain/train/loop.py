@@ -44,7 +44,7 @@ class TrainLoop:
         self.device = device
         self.is_main = dist.get_rank() == 0
 
-    def train_step(self, step: int) -> dict:
+    def run_step(self, step: int) -> dict:
         """One optimizer step (0-based ``step``); returns its metrics record."""
         batch = self.loader(step)
         global_tokens = self.engine.data_parallel_sum(batch.tokens)
@@ -74,7 +74,7 @@ class TrainLoop:
         try:
             for step in range(cfg.train.steps):
                 t0 = time.perf_counter()
-                record = self.train_step(step)
+                record = self.run_step(step)
                 dt = time.perf_counter() - t0
                 tokens += tokens_per_step
                 peak, _ = peak_memory_bytes(self.device)
