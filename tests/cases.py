@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bigtrain.config.plan import Plan
+from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, Plan
 
 TINY_LLAMA: dict[str, Any] = dict(
     model_type="llama",
@@ -167,7 +167,7 @@ class MemoryCase:
         return Plan(
             backend=self.backend,
             zero_stage=self.zero_stage,
-            grad_reduce="once_per_step" if self.backend == "ddp" else self.grad_reduce,
+            grad_reduce=DEFAULT_GRAD_REDUCE["ddp"] if self.backend == "ddp" else self.grad_reduce,
             dp_replicate=replicate,
             dp_shard=shard,
             tp=1,

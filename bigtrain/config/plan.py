@@ -17,6 +17,12 @@ from bigtrain.config.schema import ParallelConfig
 from bigtrain.errors import ConfigError
 
 ZERO_STAGES = {"ddp": (0,), "fsdp2": (2, 3), "deepspeed": (1, 2, 3)}
+# How each backend reduces gradients during accumulation when the recipe leaves grad_reduce unset; only fsdp2 may
+# choose the other mode. DDP reduces in its backward hooks, and reducing inner micro-steps would cost accum x the
+# traffic for nothing (its gradients are unsharded either way); DeepSpeed ZeRO-2/3 reduces every micro-step and
+# refuses no_sync.
+DEFAULT_GRAD_REDUCE = {"ddp": "once_per_step", "fsdp2": "every_micro_step", "deepspeed": "every_micro_step"}
+CHOOSES_GRAD_REDUCE = ("fsdp2",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,17 +129,15 @@ def _resolve_zero_stage(cfg: ParallelConfig) -> int:
 
 
 def _resolve_grad_reduce(cfg: ParallelConfig) -> str:
-    # DDP reduces in its backward hooks; reducing inner micro-steps would cost accum x the traffic for nothing
-    # (its gradients are unsharded either way). DeepSpeed ZeRO-2/3 reduces every micro-step and refuses no_sync.
-    fixed = {"ddp": "once_per_step", "deepspeed": "every_micro_step"}.get(cfg.backend)
-    if fixed is None:
-        return cfg.grad_reduce or "every_micro_step"
-    if cfg.grad_reduce not in (None, fixed):
+    default = DEFAULT_GRAD_REDUCE[cfg.backend]
+    if cfg.grad_reduce is None:
+        return default
+    if cfg.backend not in CHOOSES_GRAD_REDUCE and cfg.grad_reduce != default:
         raise ConfigError(
             f"parallel.grad_reduce={cfg.grad_reduce} is not a mode of backend {cfg.backend}, which reduces "
-            f"{fixed}: unset it"
+            f"{default}: unset it"
         )
-    return fixed
+    return cfg.grad_reduce
 
 
 def resolve_plan(cfg: ParallelConfig, world_size: int, global_batch_size: int) -> Plan:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
-from bigtrain.config.plan import ZERO_STAGES, Plan, unsupported
+from bigtrain.config.plan import CHOOSES_GRAD_REDUCE, DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan, unsupported
 from bigtrain.config.schema import BACKENDS, CHECKPOINTING, GRAD_REDUCE, PIPELINE_SCHEDULES
 from bigtrain.errors import ConfigError
 from bigtrain.planner.cost import TimeEstimate, estimate_time
@@ -113,7 +113,7 @@ def enumerate_plans(
     DDP and DeepSpeed have one mode each (see config.plan).
     """
     for backend in BACKENDS:
-        default_reduce = "once_per_step" if backend == "ddp" else "every_micro_step"
+        default_reduce = DEFAULT_GRAD_REDUCE[backend]
         for replicate, shard, tp, pp in _layouts(stats, cluster, backend):
             micro = [mb for mb in MICRO_BATCHES if global_batch_size % (mb * replicate * shard) == 0]
             schedules = PIPELINE_SCHEDULES if pp > 1 else PIPELINE_SCHEDULES[:1]
@@ -135,7 +135,7 @@ def enumerate_plans(
                 )
                 plan = Plan(grad_reduce=default_reduce, **common)
                 variants = [plan]
-                if backend == "fsdp2" and plan.grad_accum_steps(global_batch_size) > 1:
+                if backend in CHOOSES_GRAD_REDUCE and plan.grad_accum_steps(global_batch_size) > 1:
                     variants += [Plan(grad_reduce=mode, **common) for mode in GRAD_REDUCE if mode != default_reduce]
                 for variant in variants:
                     if all(getattr(variant, k) == v for k, v in fixed.items()):
