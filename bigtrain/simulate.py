@@ -83,11 +83,15 @@ def simulate(
             fake_mode.allow_non_fake_inputs = False
             model.train()
             buckets = _emulate_ddp_buckets(model) if plan.backend == "ddp" else None
-            params = [p for p in model.parameters() if p.requires_grad]
-            optimizer = build_optimizer(params, train)
             calls = _ResetModuleStatsPerCall(model)
-            parallel = dataclasses.replace(parallel, module=calls)
-            engine = TorchNativeEngine(parallel, optimizer, build_scheduler(optimizer, train), None, device)
+            engine = TorchNativeEngine.create(
+                dataclasses.replace(parallel, module=calls),
+                train,
+                lambda params: build_optimizer(params, train),
+                lambda optimizer: build_scheduler(optimizer, train),
+                device,
+            )
+            optimizer = engine.optimizer
             batches = [
                 torch.randint(0, hf_config.vocab_size, (plan.micro_batch_size, seq_len), device=device)
                 for _ in range(min(plan.grad_accum_steps(global_batch_size), 2))

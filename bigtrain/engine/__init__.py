@@ -6,22 +6,16 @@ HSDP) goes to the torch-native engine; the pipelined and DeepSpeed engines plug 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.engine.base import Engine, StepResult, train_step
-from bigtrain.engine.loss_scale import DynamicLossScaler
-from bigtrain.engine.torch_native import TorchNativeEngine
+from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory, TorchNativeEngine
 from bigtrain.parallel.apply import build_parallel_model
 from bigtrain.parallel.mesh import build_world_mesh
-
-OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
-SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 
 __all__ = ["Engine", "StepResult", "build_engine", "train_step"]
 
@@ -50,6 +44,4 @@ def build_engine(
         cfg.model.name_or_path,
         cfg.train.seed,
     )
-    optimizer = make_optimizer([p for p in model.model.parameters() if p.requires_grad])
-    scaler = DynamicLossScaler(cfg.train.fp16_initial_scale) if cfg.train.mixed_precision == "fp16" else None
-    return TorchNativeEngine(model, optimizer, make_scheduler(optimizer), scaler, device)
+    return TorchNativeEngine.create(model, cfg.train, make_optimizer, make_scheduler, device)

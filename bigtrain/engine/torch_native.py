@@ -9,12 +9,14 @@ global fp16 overflow), schedule.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from bigtrain.config.schema import TrainConfig
 from bigtrain.engine.base import Engine, StepResult
 from bigtrain.engine.grad_norm import clip_global_grad_norm
 from bigtrain.engine.loss import token_loss_sum
@@ -23,6 +25,9 @@ from bigtrain.parallel.apply import ParallelModel
 
 # Optimizer state keyed by parameter name (not by position), so it follows the parameters to another plan.
 STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 
 
 class TorchNativeEngine(Engine):
@@ -40,6 +45,21 @@ class TorchNativeEngine(Engine):
         self.loss_scaler = loss_scaler
         self.device = device
         self.params = [p for group in optimizer.param_groups for p in group["params"]]  # what is clipped and stepped
+
+    @classmethod
+    def create(
+        cls,
+        model: ParallelModel,
+        train: TrainConfig,
+        make_optimizer: OptimizerFactory,
+        make_scheduler: SchedulerFactory,
+        device: torch.device,
+    ) -> TorchNativeEngine:
+        """The engine for a parallelised model: optimizer over its trainable parameters, schedule, and fp16 loss
+        scaling when ``train.mixed_precision`` asks for it (the trainer and the simulator both build it here)."""
+        optimizer = make_optimizer([p for p in model.model.parameters() if p.requires_grad])
+        scaler = DynamicLossScaler(train.fp16_initial_scale) if train.mixed_precision == "fp16" else None
+        return cls(model, optimizer, make_scheduler(optimizer), scaler, device)
 
     @property
     def dp_rank(self) -> int:
