@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from cases import TINY_LLAMA
 
@@ -30,6 +31,30 @@ def save_tiny_model(folder: Path, seed: int = 0, spec: dict[str, Any] | None = N
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config_from_dict(spec), dtype=torch.float32)
     model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def learnable_rows(num_rows: int, seq_len: int, vocab: int = 128) -> np.ndarray:
+    """Token rows from a sparse random bigram chain (each token has 3 possible successors): a corpus a tiny model
+    learns, so the loss keeps falling over a few steps and the late updates matter too."""
+    rng = np.random.default_rng(0)
+    successors = rng.integers(0, vocab, size=(vocab, 3))
+    rows = np.empty((num_rows, seq_len), dtype=np.int64)
+    rows[:, 0] = rng.integers(0, vocab, size=num_rows)
+    for t in range(1, seq_len):
+        rows[:, t] = successors[rows[:, t - 1], rng.integers(0, 3, size=num_rows)]
+    return rows
+
+
+def save_word_tokenizer(folder: Path) -> Path:
+    """A tiny word-level HF tokenizer folder (4 ids, eos 0), made offline with the ``tokenizers`` library."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[EOS]": 0, "[UNK]": 1, "hello": 2, "world": 3}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="[EOS]", unk_token="[UNK]").save_pretrained(folder)
     return folder
 
 
@@ -65,12 +90,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_torchrun(
-    args: list[str], nproc: int = 2, timeout: float = 180, module: bool = True
-) -> subprocess.CompletedProcess:
-    """``torchrun --nproc-per-node N -m bigtrain ARGS`` (torch's launcher module, c10d rendezvous on loopback);
-    with ``module=False``, ARGS start with a script to run instead of ``-m bigtrain``."""
-    cmd = [
+def torchrun_command(args: list[str], nproc: int = 2, module: bool = True, launcher_args: tuple[str, ...] = ()):
+    """``torchrun --nproc-per-node N [LAUNCHER_ARGS] -m bigtrain ARGS`` (torch's launcher module, c10d rendezvous on
+    loopback); with ``module=False``, ARGS start with a script to run instead of ``-m bigtrain``."""
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -80,7 +103,21 @@ def run_torchrun(
         "c10d",
         "--rdzv-endpoint",
         f"127.0.0.1:{free_port()}",
+        *launcher_args,
         *(["-m", "bigtrain"] if module else []),
         *args,
     ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def run_torchrun(
+    args: list[str],
+    nproc: int = 2,
+    timeout: float = 180,
+    module: bool = True,
+    launcher_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """Run ``torchrun_command(...)`` to the end, capturing its output; ``env`` adds variables for the launcher."""
+    cmd = torchrun_command(args, nproc, module, launcher_args)
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=full_env)

@@ -1,5 +1,6 @@
-"""The command line: ``bigtrain train RECIPE [--set a.b=v ...] [--nproc N]`` and ``bigtrain plan ...`` (also as
-``python -m bigtrain``). Turns every ConfigError into one ``bigtrain: error: ...`` line and exit code 2."""
+"""The command line: ``bigtrain train RECIPE [--set a.b=v ...] [--nproc N]``, ``bigtrain plan ...`` and
+``bigtrain export-model CHECKPOINT -o HF_DIR`` (also as ``python -m bigtrain``). Turns every ConfigError into one
+``bigtrain: error: ...`` line and exit code 2."""
 
 from __future__ import annotations
 
@@ -33,6 +34,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan = sub.add_parser("plan", help="choose a plan from model size and GPU memory, and explain it")
     add_plan_arguments(plan)
+    export = sub.add_parser(
+        "export-model", help="write a checkpoint as a HuggingFace model folder (one CPU process, no GPU needed)"
+    )
+    export.add_argument("checkpoint", help="a checkpoint folder (output_dir/checkpoints/step_N) or a run's output_dir")
+    export.add_argument("-o", "--output", required=True, help="the HF folder to write (replaced if it exists)")
     return parser
 
 
@@ -54,12 +60,22 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args, env)
         if args.command == "plan":
             return run_plan_command(args)
+        if args.command == "export-model":
+            return _export_model(args)
     except ConfigError as e:
         # One write(2) call: ranks share the launcher's stderr, and a single short write is never interleaved.
         sys.stderr.flush()
         os.write(2, f"bigtrain: error{_rank_tag(env)}: {e}\n".encode())
         return EXIT_BAD_INPUT
     return 1
+
+
+def _export_model(args: argparse.Namespace) -> int:
+    from bigtrain.checkpoint.export import export_model
+
+    folder = export_model(args.checkpoint, args.output)
+    logging.getLogger("bigtrain").info("wrote %s as a HuggingFace model folder to %s", folder, args.output)
+    return 0
 
 
 def _train(args: argparse.Namespace, env: LaunchEnv) -> int:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import yaml
 
-from bigtrain.config.schema import RecipeConfig
+from bigtrain.config.schema import RecipeConfig, recipe_key
 from bigtrain.errors import ConfigError
 
 
@@ -55,6 +55,8 @@ MINIMUMS: dict[str, float] = {
     "parallel.micro_batch_size": 1,
     "parallel.tp": 1,
     "parallel.pp": 1,
+    "checkpoint.every": 0,
+    "checkpoint.keep": 1,
 }
 
 
@@ -65,6 +67,10 @@ def check_ranges(cfg: RecipeConfig) -> None:
         check_minimum(key, getattr(getattr(cfg, section), name))
     if cfg.train.min_lr_ratio > 1:
         raise ConfigError(f"train.min_lr_ratio={cfg.train.min_lr_ratio} must be between 0 and 1")
+    if cfg.checkpoint.resume is True:  # `resume: true` reads naturally as "resume if you can"
+        cfg.checkpoint.resume = "auto"
+    if cfg.checkpoint.resume == "":
+        raise ConfigError("checkpoint.resume is empty; use auto, false, or the path of a checkpoint folder")
 
 
 def check_minimum(key: str, value: Any, shown: str | None = None) -> None:
@@ -99,7 +105,7 @@ def build_dataclass(cls: type, raw: Any, prefix: str) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a mapping, got {type(raw).__name__} {raw!r}")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {recipe_key(f): f for f in dataclasses.fields(cls)}
     unknown = [k for k in raw if k not in fields]
     if unknown:
         key = unknown[0]
@@ -107,8 +113,9 @@ def build_dataclass(cls: type, raw: Any, prefix: str) -> Any:
         hint = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(fields)}"
         raise ConfigError(f"unknown recipe key {prefix}{key}; {hint}")
     kwargs = {}
-    for name, value in raw.items():
-        kwargs[name] = coerce(value, hints[name], f"{prefix}{name}")
+    for key, value in raw.items():
+        name = fields[key].name
+        kwargs[name] = coerce(value, hints[name], f"{prefix}{key}")
     return cls(**kwargs)
 
 
@@ -162,6 +169,8 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
     raise TypeError(f"schema type {hint!r} of {key} is not handled")  # a bug in schema.py, not user input
 
 
-def to_dict(cfg: Any) -> dict[str, Any]:
-    """The recipe as plain data (for logging and plan.json)."""
-    return dataclasses.asdict(cfg)
+def recipe_to_dict(cfg: Any) -> dict[str, Any]:
+    """The recipe as plain data under its YAML key names: what ``build_dataclass`` reads back."""
+    if not dataclasses.is_dataclass(cfg):
+        return cfg
+    return {recipe_key(f): recipe_to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}

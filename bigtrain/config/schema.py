@@ -1,6 +1,7 @@
 """The recipe schema: one dataclass per recipe section, each field documented where it is declared.
 
-A recipe is YAML whose top-level keys are ``model``, ``data``, ``train``, ``parallel`` and ``output_dir``. ``load.py``
+A recipe is YAML whose top-level keys are ``model``, ``data``, ``train``, ``parallel``, ``checkpoint`` and
+``output_dir``. ``load.py``
 turns it (plus ``--set`` overrides) into a :class:`RecipeConfig`, rejecting unknown keys and wrong types by their dotted
 name. Fields whose default is ``None`` are derived later (from the model, the data or the world size).
 """
@@ -24,9 +25,16 @@ GRAD_REDUCE: tuple[str, ...] = get_args(GradReduce)
 PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 
 
-def doc(text: str, **kwargs: Any) -> Any:
-    """A dataclass field carrying its user-facing documentation (shown in errors and the README reference)."""
-    return field(metadata={"doc": text}, **kwargs)
+def doc(text: str, key: str | None = None, **kwargs: Any) -> Any:
+    """A dataclass field carrying its user-facing documentation (shown in errors and the README reference);
+    ``key`` is the recipe's spelling where it cannot be the field's name (``async`` is a Python keyword)."""
+    metadata = {"doc": text} if key is None else {"doc": text, "key": key}
+    return field(metadata=metadata, **kwargs)
+
+
+def recipe_key(f: Any) -> str:
+    """The recipe (YAML) name of a dataclass field."""
+    return f.metadata.get("key", f.name)
 
 
 @dataclass
@@ -122,9 +130,36 @@ class ParallelConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every: int = doc(
+        "Save a checkpoint every this many optimizer steps; 0 saves only at the end (and on SIGTERM).", default=500
+    )
+    keep: int = doc("Keep the newest this many complete checkpoints; older ones are deleted.", default=3)
+    resume: bool | str = doc(
+        "auto: continue from the newest complete checkpoint in output_dir/checkpoints (or start fresh if there is "
+        "none); a path: continue from that checkpoint; false: start from step 0 (an earlier run's outputs in "
+        "output_dir are moved aside, not deleted).",
+        default="auto",
+    )
+    async_save: bool = doc(
+        "Write checkpoints in a background thread after copying the state to host memory, instead of stalling "
+        "training for the write (costs one extra host copy of this rank's state).",
+        key="async",
+        default=False,
+    )
+    save_final_model: bool = doc(
+        "At the end of the run, also write the model as a HuggingFace folder in output_dir/model.", default=True
+    )
+
+
+@dataclass
 class RecipeConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    output_dir: str = doc("Where metrics.jsonl and plan.json are written.", default="outputs/run")
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    output_dir: str = doc(
+        "Where the run writes: metrics.jsonl, plan.json, recipe.yaml, checkpoints/step_N/, and model/ (HF folder).",
+        default="outputs/run",
+    )

@@ -2,7 +2,7 @@
 
 Each optimizer step: this rank's micro-batches from the loader -> the predicted-token count of the whole global
 batch (summed over data-parallel ranks before any backward, because it scales every token's loss) -> the engine's
-``train_step`` -> log.
+``train_step`` -> log -> checkpoint when due, at the end, or when SIGTERM asks the run to stop.
 """
 
 from __future__ import annotations
@@ -10,31 +10,53 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from bigtrain.checkpoint.saver import Checkpointer
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.data.loader import StepLoader
 from bigtrain.engine.base import Engine, train_step
 from bigtrain.train.metrics import MetricsWriter, Progress, peak_memory_bytes
+from bigtrain.train.preemption import StopOnSigterm
 
 log = logging.getLogger("bigtrain")
 
 
 @dataclass
 class TrainResult:
-    steps: int
-    tokens: int
+    steps: int  # optimizer steps run by this start (a resumed run counts from its checkpoint)
+    last_step: int  # the step the model has reached
+    tokens: int  # tokens trained on by this start
     seconds: float
     peak_mem_bytes: list[int]  # one per rank
     peak_mem_kind: str
+    stopped: bool  # SIGTERM ended the run early (after saving a checkpoint)
+    checkpoint: Path | None  # the last checkpoint published (rank 0; None on other ranks)
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """Where the loop begins: step 0, or what a checkpoint restored."""
+
+    step: int = 0
+    tokens: int = 0  # tokens trained on before ``step``
 
 
 class TrainLoop:
     def __init__(
-        self, cfg: RecipeConfig, plan: Plan, engine: Engine, loader: StepLoader, seq_len: int, device: torch.device
+        self,
+        cfg: RecipeConfig,
+        plan: Plan,
+        engine: Engine,
+        loader: StepLoader,
+        seq_len: int,
+        device: torch.device,
+        checkpointer: Checkpointer,
+        start: StartPoint,
     ) -> None:
         self.cfg = cfg
         self.plan = plan
@@ -42,6 +64,8 @@ class TrainLoop:
         self.loader = loader
         self.seq_len = seq_len
         self.device = device
+        self.checkpointer = checkpointer
+        self.start = start
         self.is_main = dist.get_rank() == 0
 
     def run_step(self, step: int) -> dict:
@@ -64,33 +88,47 @@ class TrainLoop:
         return record
 
     def run(self) -> TrainResult:
-        cfg = self.cfg
-        writer = MetricsWriter(cfg.output_dir, enabled=self.is_main)
+        cfg, checkpointer = self.cfg, self.checkpointer
+        total = cfg.train.steps
+        writer = MetricsWriter(cfg.output_dir, enabled=self.is_main, keep_through_step=self.start.step)
         writer.write_plan(self.plan)
-        progress = Progress(cfg.train.steps, 0, enabled=self.is_main)
+        progress = Progress(total, self.start.step, enabled=self.is_main)
         tokens_per_step = cfg.train.global_batch_size * self.seq_len
-        tokens = 0
+        step, tokens = self.start.step, self.start.tokens
+        stopped = False
         start = time.perf_counter()
         try:
-            for step in range(cfg.train.steps):
-                t0 = time.perf_counter()
-                record = self.run_step(step)
-                dt = time.perf_counter() - t0
-                tokens += tokens_per_step
-                peak, _ = peak_memory_bytes(self.device)
-                record.update(
-                    tokens_per_s=tokens_per_step / dt,
-                    peak_mem_bytes=peak,
-                    tokens=tokens,
-                    elapsed_s=time.perf_counter() - start,
-                )
-                writer.log_step(record)
-                progress.update(record["loss"], record["tokens_per_s"])
+            with StopOnSigterm(self.device) as stop:
+                while step < total and not stopped:
+                    t0 = time.perf_counter()
+                    record = self.run_step(step)
+                    dt = time.perf_counter() - t0
+                    step += 1
+                    tokens += tokens_per_step
+                    peak, _ = peak_memory_bytes(self.device)
+                    record.update(
+                        tokens_per_s=tokens_per_step / dt,
+                        peak_mem_bytes=peak,
+                        tokens=tokens,
+                        elapsed_s=time.perf_counter() - start,
+                    )
+                    writer.log_step(record)
+                    progress.update(record["loss"], record["tokens_per_s"])
+                    checkpointer.poll()
+                    stopped = stop.requested()
+                    if stopped or step == total or checkpointer.due(step):
+                        checkpointer.save(step, tokens)
+            checkpointer.wait()
         finally:
             progress.close()
             writer.close()
+        if stopped and self.is_main:
+            log.warning("SIGTERM: stopped after step %d of %d with a checkpoint; start again to resume", step, total)
         seconds = time.perf_counter() - start
         peak, kind = peak_memory_bytes(self.device)
         peaks = [0] * dist.get_world_size()
         dist.all_gather_object(peaks, peak)
-        return TrainResult(cfg.train.steps, tokens, seconds, peaks, kind)
+        done = step - self.start.step
+        return TrainResult(
+            done, step, tokens - self.start.tokens, seconds, peaks, kind, stopped, checkpointer.last_published
+        )

@@ -22,15 +22,24 @@ def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
 
 
 class MetricsWriter:
-    """Writes metrics.jsonl and plan.json (rank 0 only; other ranks hold a disabled writer)."""
+    """Writes metrics.jsonl and plan.json (rank 0 only; other ranks hold a disabled writer).
 
-    def __init__(self, output_dir: str, enabled: bool) -> None:
+    A resumed run keeps the records up to the step it resumed from and appends; records of steps after that
+    checkpoint (trained, then lost with the crash) are dropped, so every step appears once.
+    """
+
+    def __init__(self, output_dir: str, enabled: bool, keep_through_step: int = 0) -> None:
         self.enabled = enabled
         self.dir = Path(output_dir)
         self._file = None
         if enabled:
             self.dir.mkdir(parents=True, exist_ok=True)
-            self._file = (self.dir / "metrics.jsonl").open("w")
+            path = self.dir / "metrics.jsonl"
+            kept = _records_through(path, keep_through_step) if keep_through_step > 0 else []
+            partial = path.with_name(path.name + ".partial")
+            partial.write_text("".join(line + "\n" for line in kept))
+            partial.replace(path)  # atomic: a crash here leaves the old file or the new one
+            self._file = path.open("a")
 
     def write_plan(self, plan: Plan) -> None:
         if self.enabled:
@@ -44,6 +53,20 @@ class MetricsWriter:
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+
+
+def _records_through(path: Path, step: int) -> list[str]:
+    if not path.is_file():
+        return []
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # empty, or cut short by a crash
+        if record.get("step", 0) <= step:
+            kept.append(line)
+    return kept
 
 
 class Progress:

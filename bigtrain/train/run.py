@@ -1,21 +1,28 @@
-"""One rank's whole job: validate -> process group -> plan -> engine -> train -> summary.
+"""One rank's whole job: validate -> process group -> plan -> engine -> resume -> train -> summary -> final model.
 
 Everything that can be wrong with the user's input is checked *before* the process group exists, identically on
 every rank, so a bad recipe fails everywhere within seconds instead of leaving a peer waiting in a collective.
 
 ``run_training(cfg)`` is what ``bigtrain train`` runs; ``TrainingJob`` is the same as a context manager for code
-that wants the engine after training (its state, its parameters) before the process group is torn down.
+that wants the engine after training (its state, its parameters) before the process group is torn down. The final
+HF model is written by rank 0 from the last checkpoint after the group is gone: the other ranks are free to exit,
+and a long export cannot hit a collective timeout.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from bigtrain.checkpoint.export import export_model
+from bigtrain.checkpoint.loader import load_checkpoint
+from bigtrain.checkpoint.run_dir import FINAL_MODEL, plan_start, prepare_output_dir
+from bigtrain.checkpoint.saver import Checkpointer
 from bigtrain.config.plan import Plan, resolve_plan
 from bigtrain.config.schema import ParallelConfig, RecipeConfig
 from bigtrain.data.loader import StepLoader
@@ -31,7 +38,7 @@ from bigtrain.runtime import (
     smallest_free_memory,
     warn_if_accelerate_started_one_process,
 )
-from bigtrain.train.loop import TrainLoop, TrainResult
+from bigtrain.train.loop import StartPoint, TrainLoop, TrainResult
 from bigtrain.train.metrics import format_bytes
 from bigtrain.train.optim import build_optimizer, build_scheduler
 
@@ -40,7 +47,19 @@ log = logging.getLogger("bigtrain")
 
 def run_training(cfg: RecipeConfig) -> TrainResult:
     with TrainingJob(cfg) as job:
-        return job.fit()
+        result = job.fit()
+    if job.env.rank == 0:
+        write_final_model(cfg, result)
+    return result
+
+
+def write_final_model(cfg: RecipeConfig, result: TrainResult) -> None:
+    """Rank 0: the finished run's last checkpoint as an HF folder in output_dir/model (unless opted out)."""
+    if not cfg.checkpoint.save_final_model or result.stopped or result.checkpoint is None:
+        return
+    out = Path(cfg.output_dir) / FINAL_MODEL
+    export_model(result.checkpoint, out)
+    log.info("final model (step %d) written to %s", result.last_step, out)
 
 
 class TrainingJob:
@@ -56,8 +75,11 @@ class TrainingJob:
         self.plan: Plan | None = None if auto else resolve_plan(cfg.parallel, self.env.world_size, self._batch)
         self.data: TokenRows = load_token_rows(cfg.data)
         check_vocabulary(self.data, self.hf_config.vocab_size, cfg.data.path)
+        self.start = plan_start(cfg)
         self.device = pick_device(self.env)
         self.engine: Engine | None = None
+        self.checkpointer: Checkpointer | None = None
+        self.start_point = StartPoint()
 
     @property
     def _batch(self) -> int:
@@ -66,6 +88,10 @@ class TrainingJob:
     def __enter__(self) -> TrainingJob:
         init_process_group(self.env, self.device, self.cfg.train.collective_timeout_s)
         try:
+            if self.env.rank == 0:
+                prepare_output_dir(self.start, self.cfg)
+                if self.start.note:
+                    log.info("%s", self.start.note)
             if self.plan is None:
                 self.plan = self._auto_plan()
             self._log_plan()
@@ -78,13 +104,23 @@ class TrainingJob:
                 make_optimizer=lambda params: build_optimizer(params, train),
                 make_scheduler=lambda optimizer: build_scheduler(optimizer, train),
             )
+            data_info = {
+                "path": self.cfg.data.path,
+                "rows": len(self.data.rows),
+                "seq_len": self.data.seq_len,
+                "shuffle": self.cfg.data.shuffle,
+                "seed": train.seed,
+            }
+            self.checkpointer = Checkpointer(self.cfg, self.plan, self.hf_config, self.engine, data_info, self.device)
+            if self.start.resume_from is not None:
+                self._resume(self.start.resume_from, data_info)
         except BaseException:
             dist.destroy_process_group()
             raise
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.engine = None
+        self.engine = self.checkpointer = None
         try:
             if exc_type is None:
                 # Sharded modules sit in reference cycles that hold the process group's pending async work. Collect
@@ -102,11 +138,15 @@ class TrainingJob:
         loader = StepLoader(
             self.data, order, self.engine.dp_rank, self.engine.dp_size, self.plan.micro_batch_size, self.device
         )
-        result = TrainLoop(cfg, self.plan, self.engine, loader, self.data.seq_len, self.device).run()
+        loop = TrainLoop(
+            cfg, self.plan, self.engine, loader, self.data.seq_len, self.device, self.checkpointer, self.start_point
+        )
+        result = loop.run()
         if self.env.rank == 0:
             log.info(
-                "done: %d steps, %s tokens in %.1f s (%s tokens/s); %s per rank: %s; outputs in %s",
+                "done: %d steps (now at step %d), %s tokens in %.1f s (%s tokens/s); %s per rank: %s; outputs in %s",
                 result.steps,
+                result.last_step,
                 f"{result.tokens:,}",
                 result.seconds,
                 f"{result.tokens / result.seconds:,.0f}",
@@ -115,6 +155,28 @@ class TrainingJob:
                 cfg.output_dir,
             )
         return result
+
+    def _resume(self, folder: Path, data_info: dict[str, Any]) -> None:
+        resumed = load_checkpoint(self.engine, folder, self.device)
+        saved = resumed.manifest
+        self.start_point = StartPoint(saved.step, saved.tokens)
+        if self.env.rank != 0:
+            return
+        rng = "restored" if resumed.rng_restored else f"not restored (saved by {saved.world_size} ranks)"
+        log.info(
+            "resumed from %s: step %d, saved by %d rank(s) with plan %s; RNG %s",
+            folder,
+            saved.step,
+            saved.world_size,
+            saved.plan,
+            rng,
+        )
+        changed = [k for k in ("rows", "seq_len") if saved.data.get(k) != data_info[k]]
+        if changed:
+            log.warning(
+                "the data changed since the checkpoint (%s): the steps after it read another order than the saved run",
+                ", ".join(f"{k} {saved.data.get(k)} -> {data_info[k]}" for k in changed),
+            )
 
     def _auto_plan(self) -> Plan:
         """Plan from the hardware this job really has; every rank gets the same numbers, hence the same plan."""

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from cases import TINY_MODELS
-from helpers import REPO, read_metrics, run_torchrun, save_tiny_model, write_recipe
+from helpers import REPO, learnable_rows, read_metrics, run_torchrun, save_tiny_model, write_recipe
 
 STEPS = 10
 GLOBAL_BATCH = 8
@@ -55,18 +55,6 @@ def global_batch_rows(step: int) -> np.ndarray:
     return np.array(out)
 
 
-def learnable_rows() -> np.ndarray:
-    """Token rows from a sparse random bigram chain (each token has 3 possible successors): a corpus a tiny model
-    learns, so the loss keeps falling through the 10 steps and the late updates matter too."""
-    rng = np.random.default_rng(0)
-    successors = rng.integers(0, 128, size=(128, 3))
-    rows = np.empty((NUM_ROWS, SEQ_LEN), dtype=np.int64)
-    rows[:, 0] = rng.integers(0, 128, size=NUM_ROWS)
-    for t in range(1, SEQ_LEN):
-        rows[:, t] = successors[rows[:, t - 1], rng.integers(0, 3, size=NUM_ROWS)]
-    return rows
-
-
 def reference_run(model_dir, rows, betas=BETAS, clip=CLIP) -> tuple[list[dict], dict[str, torch.Tensor]]:
     from transformers import AutoModelForCausalLM
 
@@ -91,7 +79,7 @@ def reference_run(model_dir, rows, betas=BETAS, clip=CLIP) -> tuple[list[dict], 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("equiv")
-    rows = learnable_rows()
+    rows = learnable_rows(NUM_ROWS, SEQ_LEN)
     np.save(root / "rows.npy", rows)
     return root, rows
 

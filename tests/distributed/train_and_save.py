@@ -1,5 +1,6 @@
 """``python train_and_save.py RECIPE OUT.pt``: train this rank exactly as ``bigtrain train RECIPE`` does (under
-torchrun), then write the trained parameters, each gathered whole, to OUT.pt from rank 0.
+torchrun), then write the trained parameters, each gathered whole, to OUT.pt from rank 0; rank 0 then writes the
+final HF model from the last checkpoint as ``bigtrain train`` does.
 
 The parameters come from the engine's own ``state_dict`` (the names a checkpoint would use), so the equivalence
 tests compare the weights every plan ends with against a plain PyTorch loop, not only the logged losses.
@@ -14,17 +15,21 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from bigtrain.config.load import load_recipe
-from bigtrain.train.run import TrainingJob
+from bigtrain.train.run import TrainingJob, write_final_model
 
 
 def main(recipe: str, out: str) -> None:
-    with TrainingJob(load_recipe(recipe)) as job:
-        job.fit()
+    cfg = load_recipe(recipe)
+    with TrainingJob(cfg) as job:
+        result = job.fit()
         state = job.engine.state_dict()["model"]
         # every rank takes part in full_tensor's all-gather; only rank 0 writes
         full = {name: (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu() for name, t in state.items()}
-        if dist.get_rank() == 0:
+        rank = dist.get_rank()
+        if rank == 0:
             torch.save(full, out)
+    if rank == 0:
+        write_final_model(cfg, result)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import save_word_tokenizer
 
 from bigtrain.config.schema import DataConfig
 from bigtrain.data.order import GlobalOrder
@@ -48,15 +49,7 @@ def test_jsonl_and_txt_are_packed_with_eos(tmp_path):
 
 
 def test_hf_tokenizer_folder(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"[EOS]": 0, "[UNK]": 1, "hello": 2, "world": 3}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="[EOS]", unk_token="[UNK]").save_pretrained(
-        tmp_path / "tok"
-    )
+    save_word_tokenizer(tmp_path / "tok")
     (tmp_path / "d.jsonl").write_text('{"text": "hello world"}\n{"text": "world hello"}\n')
     rows = load_token_rows(DataConfig(path=str(tmp_path / "d.jsonl"), seq_len=3, tokenizer=str(tmp_path / "tok")))
     assert rows.rows.tolist() == [[2, 3, 0], [3, 2, 0]]

@@ -1,6 +1,6 @@
 """The package layers, read from the imports of every source file (including imports inside functions).
 
-config < planner | data | models | runtime < parallel < engine < train < simulate < cli: a module may import
+config < planner | data | models | runtime < parallel < engine < checkpoint < train < simulate < cli: a module may import
 only from lower layers and its own package. The planner must stay pure: no ``torch.distributed`` and nothing of
 the trainer, so every rank (and a laptop) computes the same plan from the same numbers. The training loop must not
 learn which backend it drives.
@@ -24,11 +24,12 @@ LAYERS = {
     "runtime": 2,
     "parallel": 3,
     "engine": 4,
-    "train": 5,
-    "launch": 5,
-    "simulate": 6,
-    "cli": 7,
-    "__main__": 8,
+    "checkpoint": 5,
+    "train": 6,
+    "launch": 6,
+    "simulate": 7,
+    "cli": 8,
+    "__main__": 9,
 }
 
 
@@ -89,6 +90,6 @@ def test_training_loop_never_names_a_backend():
 
 def test_the_checker_catches_upward_and_sideways_imports():
     lazy_upward = "def f():\n    from bigtrain.train.loop import TrainLoop\n"
-    assert upward_imports("engine", lazy_upward) == ["line 2: engine (layer 4) imports bigtrain.train.loop (layer 5)"]
+    assert upward_imports("engine", lazy_upward) == ["line 2: engine (layer 4) imports bigtrain.train.loop (layer 6)"]
     assert upward_imports("data", "import bigtrain.models.build\n")  # same layer, other package
     assert not upward_imports("engine", "from bigtrain.parallel.apply import ParallelModel\n")

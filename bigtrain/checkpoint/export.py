@@ -1,0 +1,122 @@
+"""A checkpoint as a HuggingFace model folder, written by one CPU process holding one safetensors shard at a time.
+
+The weights are read from the checkpoint's DCP files a shard's worth of parameters at a time (DCP assembles each
+full tensor from the pieces every rank wrote), so neither the trainer's ranks nor this process ever gather the
+whole model in memory. Parameters that the architecture ties to another one (the LM head of a tied-embedding
+model) are stored once, as ``save_pretrained`` does. The weights are exported as trained, in fp32, and the config
+says so, so ``from_pretrained`` reproduces the trained model's logits exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from bigtrain.checkpoint.layout import HF_FILES, Manifest, check_files, publish, resolve_checkpoint
+from bigtrain.errors import ConfigError
+
+MAX_SHARD_BYTES = 2 * 2**30  # per safetensors file, like HF's sharded checkpoints
+MODEL_PREFIX = "model."  # the engine state's model section, flattened by DCP
+
+
+def write_hf_files(folder: Path, hf_config: Any, model_folder: str | None, tokenizer_folder: str | None) -> None:
+    """Everything of an HF model folder except the weights: config (fp32, KV cache on again), the source model's
+    generation config when it had one, and the recipe's tokenizer when it has one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = copy.deepcopy(hf_config)
+    config.use_cache = True  # the trainer turned the KV cache off; generation wants it
+    config.dtype = torch.float32
+    config.save_pretrained(folder)
+    if model_folder is not None and (Path(model_folder) / "generation_config.json").is_file():
+        shutil.copy2(Path(model_folder) / "generation_config.json", folder / "generation_config.json")
+    if tokenizer_folder is not None:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(tokenizer_folder, local_files_only=True).save_pretrained(folder)
+
+
+def tied_aliases(hf_config: Any) -> set[str]:
+    """Parameter names that are another parameter under a second name in this architecture (e.g. ``lm_head.weight``
+    with tied embeddings): found on a meta model, so the rule is the model's own, not a list of ours."""
+    from bigtrain.models.build import build_meta_model
+
+    model = build_meta_model(copy.deepcopy(hf_config), "sdpa")
+    every = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    return every - {name for name, _ in model.named_parameters()}
+
+
+def export_model(checkpoint: str | Path, out: str | Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
+    """Write checkpoint ``checkpoint`` (a step_N folder, or a run's output_dir: its newest) as an HF folder ``out``
+    (replaced atomically if it exists); returns the checkpoint folder used."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    folder = resolve_checkpoint(checkpoint)
+    check_files(folder, Manifest.read(folder))
+    hf_config = AutoConfig.from_pretrained(folder / HF_FILES, local_files_only=True)
+    tensors = _model_tensors(folder)
+    aliases = tied_aliases(hf_config)
+    names = [name for name in tensors if name not in aliases]
+    shards = _shards(names, tensors, max_shard_bytes)
+
+    out = Path(out)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(folder / HF_FILES, partial)
+    weight_map: dict[str, str] = {}
+    for i, shard in enumerate(shards):
+        file = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        state = {MODEL_PREFIX + n: torch.empty(tensors[n].size, dtype=tensors[n].properties.dtype) for n in shard}
+        with warnings.catch_warnings():  # DCP warns that it reads in one process: that is the point here
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=FileSystemReader(str(folder)), no_dist=True)
+        save_file({n: state[MODEL_PREFIX + n] for n in shard}, str(partial / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+        del state
+    if len(shards) > 1:
+        total = sum(_nbytes(tensors[n]) for n in names)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (partial / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    publish(partial, out)
+    return folder
+
+
+def _model_tensors(folder: Path) -> dict[str, TensorStorageMetadata]:
+    """The model's tensors in a checkpoint, by HF name, with their global shape and dtype."""
+    metadata = FileSystemReader(str(folder)).read_metadata()
+    tensors = {
+        key.removeprefix(MODEL_PREFIX): md
+        for key, md in metadata.state_dict_metadata.items()
+        if key.startswith(MODEL_PREFIX) and isinstance(md, TensorStorageMetadata)
+    }
+    if not tensors:
+        raise ConfigError(f"checkpoint {folder} holds no model weights")
+    return tensors
+
+
+def _nbytes(md: TensorStorageMetadata) -> int:
+    return md.size.numel() * md.properties.dtype.itemsize
+
+
+def _shards(names: list[str], tensors: dict[str, TensorStorageMetadata], max_bytes: int) -> list[list[str]]:
+    """Consecutive names grouped into files of at most ``max_bytes`` (a larger single tensor gets its own)."""
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name in names:
+        n = _nbytes(tensors[name])
+        if shards[-1] and size + n > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += n
+    return shards

@@ -1,0 +1,160 @@
+"""Where checkpoints live and which of them are complete.
+
+``output_dir/checkpoints/step_N/`` holds one checkpoint: the DCP files (``.metadata`` and one ``__R_0.distcp`` per
+writing rank), ``recipe.yaml``, ``hf/`` (config, generation config, tokenizer: what an HF export needs besides the
+weights) and ``bigtrain.json``, the manifest. Ranks write into ``.step_N.partial/``; rank 0 writes the manifest and
+renames the folder to ``step_N`` only after every rank's files are on disk, so a folder named ``step_N`` with a
+manifest is complete by construction, and a crash at any moment leaves either the old set or the old set plus the
+new one. The manifest also records each file's size, so a shard that was deleted or truncated later is named when
+loading instead of failing deep inside DCP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bigtrain.errors import ConfigError
+
+CHECKPOINTS = "checkpoints"
+MANIFEST = "bigtrain.json"
+RECIPE = "recipe.yaml"
+HF_FILES = "hf"
+DCP_METADATA = ".metadata"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_PARTIAL_SUFFIX = ".partial"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What rank 0 records when it publishes a checkpoint."""
+
+    step: int  # optimizer steps done
+    tokens: int  # tokens trained on so far
+    samples: int  # sequences consumed: the data position (the loader is a pure function of the step)
+    world_size: int
+    plan: dict[str, Any]
+    data: dict[str, Any]  # the dataset it was trained on: path, rows, seq_len, shuffle, seed
+    files: dict[str, int]  # every file of the checkpoint (relative path) -> size in bytes
+    torch_version: str
+
+    def write(self, folder: Path) -> None:
+        (folder / MANIFEST).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def read(cls, folder: Path) -> Manifest:
+        path = folder / MANIFEST
+        try:
+            return cls(**json.loads(path.read_text()))
+        except FileNotFoundError:
+            raise ConfigError(f"{folder} is not a complete bigtrain checkpoint (no {MANIFEST})") from None
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{path} is damaged ({e})") from e
+
+
+def checkpoints_dir(output_dir: str | Path) -> Path:
+    return Path(output_dir) / CHECKPOINTS
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step}"
+
+
+def partial_dir(root: Path, step: int) -> Path:
+    return root / f".step_{step}{_PARTIAL_SUFFIX}"
+
+
+def is_complete(folder: Path) -> bool:
+    return (folder / MANIFEST).is_file() and (folder / DCP_METADATA).is_file()
+
+
+def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """The published checkpoints under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and is_complete(child):
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def newest_checkpoint(root: Path) -> Path | None:
+    found = complete_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder given as itself, as its ``checkpoints/`` folder or as the run's output_dir (the newest
+    complete one inside); a clear error when there is none."""
+    folder = Path(path)
+    if not folder.exists():
+        raise ConfigError(f"checkpoint {str(folder)!r} does not exist")
+    if is_complete(folder):
+        return folder
+    for root in (folder, checkpoints_dir(folder)):
+        newest = newest_checkpoint(root)
+        if newest is not None:
+            return newest
+    raise ConfigError(
+        f"{str(folder)!r} is neither a complete checkpoint (a step_N folder with {MANIFEST}) nor a folder holding one"
+    )
+
+
+def list_files(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def check_files(folder: Path, manifest: Manifest) -> None:
+    """Every file the manifest lists is present with its recorded size; raise naming the first one that is not."""
+    for name, size in manifest.files.items():
+        path = folder / name
+        if not path.is_file():
+            raise ConfigError(f"checkpoint {folder} is damaged: {path} is missing")
+        actual = path.stat().st_size
+        if actual != size:
+            raise ConfigError(f"checkpoint {folder} is damaged: {path} has {actual} bytes, {size} were written")
+
+
+def publish(partial: Path, final: Path) -> None:
+    """Make ``partial`` visible as ``final`` in one rename (an older ``final`` is replaced, never half-deleted)."""
+    replaced = final.with_name(final.name + ".replaced")
+    if final.exists():
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.rename(final, replaced)
+    os.rename(partial, final)
+    _fsync_dir(final.parent)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Persist the rename itself (the directory entry), not only the files' data."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_stale(root: Path) -> None:
+    """Delete what an interrupted save or publish left behind (never a complete checkpoint)."""
+    if not root.is_dir():
+        return
+    for child in root.iterdir():
+        if child.name.endswith((_PARTIAL_SUFFIX, ".replaced")):
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def prune(root: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` complete checkpoints."""
+    for _, folder in complete_checkpoints(root)[:-keep]:
+        # rename first: a crash while deleting leaves a stale name that remove_stale clears, not a damaged step_N
+        doomed = folder.with_name(folder.name + ".replaced")
+        os.rename(folder, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)

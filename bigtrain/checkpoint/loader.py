@@ -1,0 +1,79 @@
+"""Resuming: a checkpoint read into a freshly built engine, whatever plan and world size saved it.
+
+Everything that can be wrong with the checkpoint is checked from its files before any collective, identically on
+every rank (all ranks read the same manifest and DCP metadata), so a bad checkpoint fails everywhere with the same
+line: a missing or truncated shard by the sizes the manifest recorded, another model by parameter names and
+shapes. What can only show while reading (a shard damaged in place) comes back from DCP on every rank, because DCP
+gathers the read results of all ranks before returning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
+
+from bigtrain.checkpoint.export import MODEL_PREFIX
+from bigtrain.checkpoint.layout import Manifest, check_files
+from bigtrain.checkpoint.state import TRAINER, rng_key, rng_state, set_rng_state
+from bigtrain.engine.base import Engine
+from bigtrain.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Resumed:
+    folder: Path
+    manifest: Manifest
+    rng_restored: bool
+
+
+def load_checkpoint(engine: Engine, folder: Path, device: torch.device) -> Resumed:
+    """Restore model, optimizer, schedule, loss scaler and (same world size only) RNG from ``folder``."""
+    manifest = Manifest.read(folder)
+    check_files(folder, manifest)
+    try:
+        metadata = FileSystemReader(str(folder)).read_metadata()
+    except Exception as e:  # noqa: BLE001 - any unreadable .metadata is the same user-facing problem
+        raise ConfigError(f"checkpoint {folder} is damaged: {folder / '.metadata'} cannot be read ({e})") from e
+    state = engine.state_dict()
+    check_same_model(state["model"], metadata.state_dict_metadata, folder)
+    rank = dist.get_rank()
+    key = rng_key(rank)
+    same_world = manifest.world_size == dist.get_world_size()
+    restore_rng = same_world and f"{TRAINER}.{key}.cpu" in metadata.state_dict_metadata
+    state[TRAINER] = {"step": -1, "tokens": -1, **({key: rng_state(device)} if restore_rng else {})}
+    try:
+        dcp.load(state, checkpoint_id=folder)
+    except CheckpointException as e:
+        raise ConfigError(f"checkpoint {folder} could not be read: {_first_failure(e)}") from None
+    if state[TRAINER]["step"] != manifest.step:
+        held = state[TRAINER]["step"]
+        raise ConfigError(f"checkpoint {folder} is damaged: it holds step {held}, its manifest says {manifest.step}")
+    engine.load_state_dict(state)
+    if restore_rng:
+        set_rng_state(state[TRAINER][key], device)
+    return Resumed(folder, manifest, restore_rng)
+
+
+def check_same_model(model_state: dict[str, Any], saved: dict[str, Any], folder: Path) -> None:
+    """The checkpoint holds exactly this model's parameters, by name and global shape."""
+    theirs = {k.removeprefix(MODEL_PREFIX): tuple(md.size) for k, md in saved.items() if k.startswith(MODEL_PREFIX)}
+    ours = {k: tuple(v.shape) for k, v in model_state.items()}
+    problems = [f"{k} is missing" for k in sorted(set(ours) - set(theirs))]
+    problems += [f"{k} is not in this model" for k in sorted(set(theirs) - set(ours))]
+    problems += [f"{k} has shape {list(theirs[k])}, not {list(s)}" for k, s in ours.items() if theirs.get(k, s) != s]
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise ConfigError(f"checkpoint {folder} holds another model than the recipe's: {'; '.join(problems[:3])}{more}")
+
+
+def _first_failure(e: CheckpointException) -> str:
+    rank = min(e.failures)
+    error, _ = e.failures[rank]
+    return f"{type(error).__name__}: {error} (rank {rank})"

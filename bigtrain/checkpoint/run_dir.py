@@ -1,0 +1,128 @@
+"""What a start does with its ``output_dir``: begin at step 0, resume, or refuse, so runs are never mixed.
+
+Decided from the files alone, before the process group exists, identically on every rank. The run's recipe is
+kept in ``output_dir/recipe.yaml`` and in every checkpoint; a start that differs from it in anything but the keys
+a resume may change (the step count, the plan, checkpointing, timeouts) is a different run and is refused, unless
+``checkpoint.resume=false`` asks for a new run, in which case the earlier outputs are moved aside, not deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bigtrain.checkpoint.layout import (
+    CHECKPOINTS,
+    RECIPE,
+    Manifest,
+    checkpoints_dir,
+    newest_checkpoint,
+    remove_stale,
+    resolve_checkpoint,
+)
+from bigtrain.config.load import recipe_to_dict
+from bigtrain.config.schema import RecipeConfig
+from bigtrain.errors import ConfigError
+
+# Recipe keys a resumed run may change: they do not change what the model has learnt so far.
+MAY_CHANGE_ON_RESUME = ("train.steps", "train.collective_timeout_s", "parallel.", "checkpoint.", "output_dir")
+RUN_OUTPUTS = ("metrics.jsonl", "plan.json", RECIPE, CHECKPOINTS, "model")
+FINAL_MODEL = "model"
+
+
+@dataclass(frozen=True)
+class Start:
+    resume_from: Path | None  # the checkpoint to load, or None for step 0
+    metrics_through: int  # metrics.jsonl keeps its records up to this step (0: a new file)
+    set_aside: bool  # move an earlier run's outputs to output_dir/replaced-<time>/ first
+    note: str  # what the log says about it ("" when there is nothing to say)
+
+
+def plan_start(cfg: RecipeConfig) -> Start:
+    out = Path(cfg.output_dir)
+    earlier = [name for name in RUN_OUTPUTS if (out / name).exists()]
+    resume = cfg.checkpoint.resume
+    if resume is False:
+        note = f"checkpoint.resume=false: a new run; the earlier outputs move to {out}/replaced-<time>/"
+        return Start(None, 0, bool(earlier), note if earlier else "")
+    if (out / RECIPE).is_file():
+        _require_same_run(_read_recipe(out / RECIPE), cfg, f"output_dir {out}")
+    elif earlier:
+        raise ConfigError(
+            f"output_dir {out} holds outputs ({', '.join(earlier)}) of a run without its recipe.yaml; "
+            "use another output_dir, or --set checkpoint.resume=false to move them aside and start over"
+        )
+    folder = newest_checkpoint(checkpoints_dir(out)) if resume == "auto" else resolve_checkpoint(resume)
+    if folder is None:
+        note = f"{out} holds an earlier start of this run but no complete checkpoint: starting again at step 0"
+        return Start(None, 0, False, note if earlier else "")
+    _require_same_run(_read_recipe(folder / RECIPE), cfg, f"checkpoint {folder}")
+    step = Manifest.read(folder).step
+    if step >= cfg.train.steps:
+        model = out / FINAL_MODEL
+        where = f"its model is in {model}" if model.is_dir() else f"export it with: bigtrain export-model {folder}"
+        raise ConfigError(
+            f"the run is finished: {folder} is at step {step} and train.steps={cfg.train.steps}; {where}. Raise "
+            "train.steps to train on, or --set checkpoint.resume=false to start over"
+        )
+    return Start(folder, step, False, f"resuming from {folder} (step {step} of {cfg.train.steps})")
+
+
+def prepare_output_dir(start: Start, cfg: RecipeConfig) -> None:
+    """Rank 0, once: move an earlier run aside if asked, clear interrupted saves, record this run's recipe."""
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if start.set_aside:
+        aside = out / time.strftime("replaced-%Y%m%d-%H%M%S")
+        aside.mkdir()
+        for name in RUN_OUTPUTS:
+            if (out / name).exists():
+                os.rename(out / name, aside / name)
+    remove_stale(checkpoints_dir(out))
+    (out / RECIPE).write_text(yaml.safe_dump(recipe_to_dict(cfg), sort_keys=False))
+
+
+def _read_recipe(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path} cannot be read ({e})") from e
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path} is not a recipe")
+    return loaded
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and key != "config":  # model.config is one value: the model's own config
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def recipe_differences(saved: dict[str, Any], cfg: RecipeConfig) -> list[str]:
+    """``key: saved -> now`` for every recipe key that differs and that a resume may not change."""
+    old, new = _flatten(saved), _flatten(recipe_to_dict(cfg))
+    out = []
+    for key in sorted(set(old) | set(new)):
+        if key.startswith(MAY_CHANGE_ON_RESUME) or old.get(key) == new.get(key):
+            continue
+        out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
+    return out
+
+
+def _require_same_run(saved: dict[str, Any], cfg: RecipeConfig, where: str) -> None:
+    differences = recipe_differences(saved, cfg)
+    if differences:
+        shown = "; ".join(differences[:3]) + (f" (and {len(differences) - 3} more)" if len(differences) > 3 else "")
+        raise ConfigError(
+            f"{where} holds a run with another recipe ({shown}); use another output_dir, or "
+            "--set checkpoint.resume=false to start a new run there (the earlier outputs are moved aside)"
+        )

@@ -1,0 +1,124 @@
+"""Saving checkpoints during a run: every rank writes its own part with DCP, rank 0 publishes and prunes.
+
+A save is collective: every rank calls ``save`` at the same step boundary. With ``checkpoint.async``, DCP copies
+this rank's state to host memory before ``async_save`` returns (so the next optimizer step may change the
+parameters) and writes it in a background thread that talks over its own gloo group, never the training group. At
+most one save is in flight; the next save, and the end of the run, wait for it. Publishing (manifest, rename,
+pruning) happens on rank 0 once its DCP call has finished, which is after every rank's files are written: DCP's
+coordinator writes ``.metadata`` only after gathering every rank's write results.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import yaml
+
+from bigtrain.checkpoint.export import write_hf_files
+from bigtrain.checkpoint.layout import (
+    HF_FILES,
+    RECIPE,
+    Manifest,
+    checkpoints_dir,
+    list_files,
+    partial_dir,
+    prune,
+    publish,
+    step_dir,
+)
+from bigtrain.checkpoint.state import capture
+from bigtrain.config.load import recipe_to_dict
+from bigtrain.config.plan import Plan
+from bigtrain.config.schema import RecipeConfig
+from bigtrain.engine.base import Engine
+
+log = logging.getLogger("bigtrain")
+
+
+@dataclass(frozen=True)
+class _Pending:
+    future: Future
+    step: int
+    tokens: int
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        cfg: RecipeConfig,
+        plan: Plan,
+        hf_config: Any,
+        engine: Engine,
+        data_info: dict[str, Any],
+        device: torch.device,
+    ) -> None:
+        self.cfg = cfg
+        self.plan = plan
+        self.hf_config = hf_config
+        self.engine = engine
+        self.data_info = data_info
+        self.device = device
+        self.rank = dist.get_rank()
+        self.root = checkpoints_dir(cfg.output_dir)
+        # Created on every rank now (creating a group is collective); used only by the background writer.
+        self._group = dist.new_group(backend="gloo") if cfg.checkpoint.async_save else None
+        self._pending: _Pending | None = None
+        self.saved_step = -1  # the last step a save was started for (the same on every rank)
+        self.last_published: Path | None = None  # rank 0 only
+
+    def due(self, step: int) -> bool:
+        every = self.cfg.checkpoint.every
+        return every > 0 and step % every == 0
+
+    def save(self, step: int, tokens: int) -> None:
+        """Save the state after ``step`` optimizer steps (collective: every rank, same step)."""
+        self.wait()
+        state = capture(self.engine, step, tokens, self.rank, self.device)
+        partial = partial_dir(self.root, step)
+        self.saved_step = step
+        if self._group is None:
+            dcp.save(state, checkpoint_id=partial)
+            self._finished(step, tokens)
+        else:
+            future = dcp.async_save(state, checkpoint_id=partial, process_group=self._group)
+            self._pending = _Pending(future, step, tokens)
+
+    def poll(self) -> None:
+        """Publish a background save that has finished (cheap; called at every step boundary)."""
+        if self._pending is not None and self._pending.future.done():
+            self.wait()
+
+    def wait(self) -> None:
+        """Block until the save in flight, if any, is written and published; re-raises its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.future.result()
+            self._finished(pending.step, pending.tokens)
+
+    def _finished(self, step: int, tokens: int) -> None:
+        if self.rank != 0:
+            return
+        partial, final = partial_dir(self.root, step), step_dir(self.root, step)
+        (partial / RECIPE).write_text(yaml.safe_dump(recipe_to_dict(self.cfg), sort_keys=False))
+        write_hf_files(partial / HF_FILES, self.hf_config, self.cfg.model.name_or_path, self.cfg.data.tokenizer)
+        Manifest(
+            step=step,
+            tokens=tokens,
+            samples=step * self.cfg.train.global_batch_size,
+            world_size=dist.get_world_size(),
+            plan=self.plan.to_dict(),
+            data=self.data_info,
+            files=list_files(partial),
+            torch_version=torch.__version__,
+        ).write(partial)
+        publish(partial, final)
+        prune(self.root, self.cfg.checkpoint.keep)
+        self.last_published = final
+        log.info("checkpoint: step %d saved to %s", step, final)
