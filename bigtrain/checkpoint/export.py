@@ -17,15 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from bigtrain.checkpoint.layout import HF_FILES, Manifest, check_files, publish, resolve_checkpoint
+from bigtrain.checkpoint.reader import MODEL_PREFIX, load_into, read_metadata
 from bigtrain.errors import ConfigError
 
 MAX_SHARD_BYTES = 2 * 2**30  # per safetensors file, like HF's sharded checkpoints
-MODEL_PREFIX = "model."  # the engine state's model section, flattened by DCP
 
 
 def write_hf_files(folder: Path, hf_config: Any, model_folder: str | None, tokenizer_folder: str | None) -> None:
@@ -78,7 +76,7 @@ def export_model(checkpoint: str | Path, out: str | Path, max_shard_bytes: int =
         state = {MODEL_PREFIX + n: torch.empty(tensors[n].size, dtype=tensors[n].properties.dtype) for n in shard}
         with warnings.catch_warnings():  # DCP warns that it reads in one process: that is the point here
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, storage_reader=FileSystemReader(str(folder)), no_dist=True)
+            load_into(state, folder, no_dist=True)
         save_file({n: state[MODEL_PREFIX + n] for n in shard}, str(partial / file), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(shard, file))
         del state
@@ -93,7 +91,7 @@ def export_model(checkpoint: str | Path, out: str | Path, max_shard_bytes: int =
 
 def _model_tensors(folder: Path) -> dict[str, TensorStorageMetadata]:
     """The model's tensors in a checkpoint, by HF name, with their global shape and dtype."""
-    metadata = FileSystemReader(str(folder)).read_metadata()
+    metadata = read_metadata(folder)
     tensors = {
         key.removeprefix(MODEL_PREFIX): md
         for key, md in metadata.state_dict_metadata.items()

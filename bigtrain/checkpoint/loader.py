@@ -15,12 +15,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.api import CheckpointException
 
-from bigtrain.checkpoint.export import MODEL_PREFIX
 from bigtrain.checkpoint.layout import Manifest, check_files
+from bigtrain.checkpoint.reader import MODEL_PREFIX, load_into, read_metadata
 from bigtrain.checkpoint.state import TRAINER, rng_key, rng_state, set_rng_state
 from bigtrain.engine.base import Engine
 from bigtrain.errors import ConfigError
@@ -37,10 +34,7 @@ def load_checkpoint(engine: Engine, folder: Path, device: torch.device) -> Resum
     """Restore model, optimizer, schedule, loss scaler and (same world size only) RNG from ``folder``."""
     manifest = Manifest.read(folder)
     check_files(folder, manifest)
-    try:
-        metadata = FileSystemReader(str(folder)).read_metadata()
-    except Exception as e:  # noqa: BLE001 - any unreadable .metadata is the same user-facing problem
-        raise ConfigError(f"checkpoint {folder} is damaged: {folder / '.metadata'} cannot be read ({e})") from e
+    metadata = read_metadata(folder)
     state = engine.state_dict()
     check_same_model(state["model"], metadata.state_dict_metadata, folder)
     rank = dist.get_rank()
@@ -48,10 +42,7 @@ def load_checkpoint(engine: Engine, folder: Path, device: torch.device) -> Resum
     same_world = manifest.world_size == dist.get_world_size()
     restore_rng = same_world and f"{TRAINER}.{key}.cpu" in metadata.state_dict_metadata
     state[TRAINER] = {"step": -1, "tokens": -1, **({key: rng_state(device)} if restore_rng else {})}
-    try:
-        dcp.load(state, checkpoint_id=folder)
-    except CheckpointException as e:
-        raise ConfigError(f"checkpoint {folder} could not be read: {_first_failure(e)}") from None
+    load_into(state, folder)
     if state[TRAINER]["step"] != manifest.step:
         held = state[TRAINER]["step"]
         raise ConfigError(f"checkpoint {folder} is damaged: it holds step {held}, its manifest says {manifest.step}")
@@ -71,9 +62,3 @@ def check_same_model(model_state: dict[str, Any], saved: dict[str, Any], folder:
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise ConfigError(f"checkpoint {folder} holds another model than the recipe's: {'; '.join(problems[:3])}{more}")
-
-
-def _first_failure(e: CheckpointException) -> str:
-    rank = min(e.failures)
-    error, _ = e.failures[rank]
-    return f"{type(error).__name__}: {error} (rank {rank})"

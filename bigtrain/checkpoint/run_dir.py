@@ -29,8 +29,18 @@ from bigtrain.config.load import recipe_to_dict
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.errors import ConfigError
 
-# Recipe keys a resumed run may change: they do not change what the model has learnt so far.
-MAY_CHANGE_ON_RESUME = ("train.steps", "train.collective_timeout_s", "parallel.", "checkpoint.", "output_dir")
+# Recipe keys a resumed run may change: they do not change what the model has learnt so far. The model and data
+# paths may move (another machine); the loader checks the model's names and shapes against the checkpoint, and
+# the run warns when the data's rows differ.
+MAY_CHANGE_ON_RESUME = (
+    "train.steps",
+    "train.collective_timeout_s",
+    "parallel.",
+    "checkpoint.",
+    "output_dir",
+    "model.name_or_path",
+    "data.path",
+)
 RUN_OUTPUTS = ("metrics.jsonl", "plan.json", RECIPE, CHECKPOINTS, "model")
 FINAL_MODEL = "model"
 

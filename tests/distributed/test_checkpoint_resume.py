@@ -113,3 +113,16 @@ def test_a_2rank_fsdp2_checkpoint_resumes_on_another_world_or_plan(name, straigh
     proc = resume(recipe_path, out / "checkpoints" / "step_2", tmp_path / "resumed", nproc, *overrides)
     assert "saved by 2 rank(s) with plan" in proc.stderr
     compare(tmp_path / "resumed", out, RESHARD_RTOL)
+
+
+def test_async_saves_hold_the_same_state(straight, tmp_path):
+    """checkpoint.async writes in the background from a host copy taken at the step boundary: the later steps must
+    not leak into it, so resuming from it continues exactly like resuming from a synchronous save."""
+    recipe_path, out = straight("fsdp2")
+    proc = run_torchrun(
+        ["train", str(recipe_path), "--set", "checkpoint.async=true", "--set", f"output_dir={tmp_path / 'async'}"]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "async" / "checkpoints").iterdir()) == ["step_2", "step_4"]
+    resume(recipe_path, tmp_path / "async" / "checkpoints" / "step_2", tmp_path / "resumed", 2)
+    compare(tmp_path / "resumed", out, SAME_PLAN_RTOL)
