@@ -47,7 +47,7 @@ def tied_aliases(hf_config: Any) -> set[str]:
     with tied embeddings): found on a meta model, so the rule is the model's own, not a list of ours."""
     from bigtrain.models.build import build_meta_model
 
-    model = build_meta_model(copy.deepcopy(hf_config), "sdpa")
+    model = build_meta_model(copy.deepcopy(hf_config), "eager")
     every = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     return every - {name for name, _ in model.named_parameters()}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import numpy as np
@@ -47,6 +48,11 @@ def _shard_worker(rank: int, world: int, port: int, model_dir: str, results) -> 
             if not torch.equal(param.full_tensor(), saved[clean_fqn(name)]):
                 mismatched.append(name)
         results.put((rank, local, total, mismatched))
+        # as TrainingJob does: free the sharded model (its gloo work) and let every rank finish before teardown;
+        # left to interpreter exit, gloo's threads can outlive Python and abort the process (seen once in CI)
+        del model, param
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
