@@ -76,7 +76,7 @@ def simulate(
     try:
         mesh = build_world_mesh(plan, device.type)
         with FakeTensorMode() as fake_mode, _unpacked_batches():
-            parallel = parallelize(build_meta_model(hf_config, attn_implementation), plan, mesh, precision)
+            parallel = parallelize(build_meta_model(hf_config, attn_implementation), hf_config, plan, mesh, precision)
             model = parallel.model
             fake_mode.allow_non_fake_inputs = True  # the meta tensors are to_empty's inputs
             to_empty_keeping_ties(model, device)

@@ -42,6 +42,9 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
         attn_pdrop=0.0,
     ),
     "qwen2-untied": {**TINY_LLAMA, "model_type": "qwen2", "tie_word_embeddings": False},
+    # for tensor parallelism: 4 layers, GQA 4:2 (tp=2 splits both head counts), and Qwen2 tied
+    "llama-4layers": {**TINY_LLAMA, "num_hidden_layers": 4, "tie_word_embeddings": False},
+    "qwen2-tied": {**TINY_LLAMA, "model_type": "qwen2"},
 }
 
 # Odd shapes for the exact parameter-count check: untied, tied, GQA 8:2, learned positions, qk-norm with head_dim.

@@ -34,3 +34,35 @@ def hf_config_from_dict(spec: dict[str, Any], key: str = "model.config") -> Any:
         return AutoConfig.for_model(model_type, **fields)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{key}: the {model_type} config does not load ({e})") from e
+
+
+# The tensor-parallel styles bigtrain maps to torch's (parallel/tensor_parallel.py). Layouts using others (Qwen3's
+# per-head norms need "replicated_with_grad_allreduce") are refused rather than run wrong.
+TP_STYLES = ("colwise", "rowwise")
+
+
+def tp_layout(hf_config: Any) -> dict[str, str]:
+    """The model's own tensor-parallel layout (``base_model_tp_plan``: module pattern -> style), or a ConfigError
+    naming why it cannot be split."""
+    layout = getattr(hf_config, "base_model_tp_plan", None) or {}
+    others = sorted({style for style in layout.values() if style not in TP_STYLES})
+    if not layout or others:
+        why = f"uses the style(s) {', '.join(others)}" if others else "ships no tensor-parallel layout"
+        raise ConfigError(
+            f"parallel.tp > 1: model_type {hf_config.model_type!r} {why} in transformers' base_model_tp_plan; "
+            "tensor parallelism supports llama, mistral, qwen2 and their relatives: use parallel.tp=1"
+        )
+    return dict(layout)
+
+
+def check_tensor_parallel(hf_config: Any, tp: int) -> None:
+    """tp must split the model's layout and both head counts evenly (checked on every rank before any group)."""
+    if tp == 1:
+        return
+    tp_layout(hf_config)
+    heads = hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    for key, n in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
+        if n % tp:
+            common = [d for d in range(1, min(heads, kv_heads) + 1) if heads % d == 0 and kv_heads % d == 0]
+            raise ConfigError(f"parallel.tp={tp} does not divide {key}={n}; try {', '.join(str(d) for d in common)}")

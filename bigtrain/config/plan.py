@@ -67,8 +67,8 @@ def unsupported(plan: Plan) -> str | None:
     """
     if plan.backend == "deepspeed":
         return "parallel.backend=deepspeed is not supported by the trainer yet; use ddp or fsdp2"
-    if plan.tp > 1:
-        return f"parallel.tp={plan.tp} is not supported by the trainer yet; use parallel.tp=1"
+    if plan.tp > 1 and plan.backend != "fsdp2":
+        return f"parallel.tp={plan.tp} runs with backend fsdp2 (tensor parallel inside, FSDP2 over the data axes)"
     if plan.pp > 1:
         return f"parallel.pp={plan.pp} is not supported by the trainer yet; use parallel.pp=1"
     if plan.activation_checkpointing == "selective":

@@ -10,11 +10,21 @@ from torch.distributed.tensor import DTensor
 def clip_global_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
     """The L2 norm of all gradients of the whole model before clipping, with gradients clipped to ``max_norm``.
 
-    With FSDP2 each gradient is a DTensor shard; torch's norm then reduces over the mesh, so every rank gets the same
-    true global number. ``max_norm <= 0`` only measures. Returns a tensor (no host sync), for the simulator too.
+    Gradients are DTensors sharded over the data-parallel mesh (FSDP2) or over data-parallel x tensor-parallel (TP
+    weights); torch's norm reduces over one mesh at a time (``clip_grad_norm_`` refuses mixed meshes), so each
+    mesh's gradients get their own total norm, reduced to a plain number on every rank, and those combine into one.
+    ``max_norm <= 0`` only measures. Returns a tensor (no host sync), for the simulator too.
     """
+    groups: dict[object, list[nn.Parameter]] = {}
+    for p in params:
+        if p.grad is not None:
+            groups.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
+    norms = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group], foreach=True)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = torch.linalg.vector_norm(torch.stack(norms)) if len(norms) > 1 else norms[0]
     if max_norm > 0:
-        total = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-    else:
-        total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None], foreach=True)
-    return total.full_tensor() if isinstance(total, DTensor) else total
+        for group in groups.values():  # torch's foreach kernels take one mesh at a time
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
+    return total

@@ -1,10 +1,11 @@
 """Apply a plan to a meta model, in the one fixed order, then materialise it.
 
-Order (the only place it is written): decoder blocks found -> [pipeline split, tensor parallel: not yet] ->
-activation checkpointing -> FSDP2 sharding -> materialise on the device -> DDP wrapper. Checkpointing wraps blocks
-before FSDP so that FSDP's all-gather hooks sit outside the recomputed region (torchtitan's order); sharding happens
-on ``meta`` so that no rank ever allocates the unsharded model (DDP excepted); DDP comes last because it broadcasts
-real values.
+Order (the only place it is written): decoder blocks found -> [pipeline split: not yet] -> tensor parallel over
+the mesh's tp dimension -> activation checkpointing -> FSDP2 sharding -> materialise on the device -> DDP wrapper.
+Tensor parallelism slices the projections first, so FSDP2 shards slices (2-D DTensors over dp x tp). Checkpointing
+wraps blocks before FSDP so that FSDP's all-gather hooks sit outside the recomputed region (torchtitan's order);
+sharding happens on ``meta`` so that no rank ever allocates the unsharded model (DDP excepted); DDP comes last
+because it broadcasts real values.
 
 The result, :class:`ParallelModel`, is what an engine drives: a module to call, the dtype to autocast to (if the
 backend does not cast parameters itself), and the per-micro-step gradient-sync context of the backend.
@@ -29,6 +30,7 @@ from bigtrain.parallel.ddp import apply_ddp, ddp_grad_sync
 from bigtrain.parallel.fsdp import apply_fsdp, fsdp_grad_sync
 from bigtrain.parallel.mesh import WorldMesh
 from bigtrain.parallel.precision import COMPUTE_DTYPES
+from bigtrain.parallel.tensor_parallel import apply_tensor_parallel
 
 
 def _no_sync_needed(last: bool) -> contextlib.AbstractContextManager:
@@ -47,8 +49,10 @@ class ParallelModel:
     grad_sync: Callable[[bool], contextlib.AbstractContextManager]
 
 
-def parallelize(model: nn.Module, plan: Plan, mesh: WorldMesh, mixed_precision: str) -> ParallelModel:
+def parallelize(model: nn.Module, hf_config: Any, plan: Plan, mesh: WorldMesh, mixed_precision: str) -> ParallelModel:
     """Every step of the plan that happens before materialisation, applied in place to an unmaterialised model."""
+    if plan.tp > 1:
+        apply_tensor_parallel(model, hf_config, mesh.mesh["tp"])
     blocks = apply_activation_checkpoint(decoder_blocks(model), plan.activation_checkpointing)
     if plan.backend == "fsdp2":
         apply_fsdp(model, blocks, plan, mesh, mixed_precision)
@@ -75,7 +79,7 @@ def build_parallel_model(
     seed: int,
 ) -> ParallelModel:
     """Meta model -> plan applied -> values from ``checkpoint`` (a HF folder) or HF's init under ``seed``."""
-    parallel = parallelize(build_meta_model(hf_config, attn_implementation), plan, mesh, mixed_precision)
+    parallel = parallelize(build_meta_model(hf_config, attn_implementation), hf_config, plan, mesh, mixed_precision)
     materialize(parallel.model, build_meta_model(hf_config, attn_implementation), device, checkpoint, seed)
     parallel.model.train()
     return replicate(parallel, device)

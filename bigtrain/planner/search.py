@@ -23,7 +23,7 @@ from bigtrain.errors import ConfigError
 from bigtrain.planner.cost import TimeEstimate, estimate_time
 from bigtrain.planner.hardware import Cluster, GiB
 from bigtrain.planner.memory import MemoryEstimate, estimate_memory
-from bigtrain.planner.model_stats import ModelStats
+from bigtrain.planner.model_stats import TP_FAMILIES, ModelStats
 
 NEAR_TIE = 0.02
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -72,6 +72,8 @@ def _divisors(n: int) -> list[int]:
 def _structural_problem(stats: ModelStats, plan: Plan, cluster: Cluster) -> str | None:
     if plan.tp > cluster.gpus_per_node:
         return f"tp={plan.tp} crosses node boundary ({cluster.gpus_per_node} GPUs per node)"
+    if plan.tp > 1 and stats.model_type not in TP_FAMILIES:
+        return f"tp={plan.tp}: the trainer has no tensor-parallel layout for model_type {stats.model_type}"
     if stats.heads % plan.tp or stats.kv_heads % plan.tp:
         return (
             f"tp={plan.tp} does not divide num_attention_heads={stats.heads} and num_key_value_heads={stats.kv_heads}"

@@ -23,6 +23,7 @@ from bigtrain.checkpoint.export import export_model
 from bigtrain.checkpoint.loader import load_checkpoint
 from bigtrain.checkpoint.run_dir import FINAL_MODEL, plan_start, prepare_output_dir
 from bigtrain.checkpoint.saver import Checkpointer
+from bigtrain.config.hf import check_tensor_parallel
 from bigtrain.config.plan import Plan, resolve_plan
 from bigtrain.config.schema import ParallelConfig, RecipeConfig
 from bigtrain.data.loader import StepLoader
@@ -73,6 +74,8 @@ class TrainingJob:
         self.hf_config = load_hf_config(cfg.model)
         auto = cfg.parallel.plan == "auto"
         self.plan: Plan | None = None if auto else resolve_plan(cfg.parallel, self.env.world_size, self._batch)
+        if self.plan is not None:
+            check_tensor_parallel(self.hf_config, self.plan.tp)
         self.data: TokenRows = load_token_rows(cfg.data)
         check_vocabulary(self.data, self.hf_config.vocab_size, cfg.data.path)
         self.start = plan_start(cfg)
@@ -196,7 +199,9 @@ class TrainingJob:
         if self.env.rank == 0:
             log.info("parallel.plan=auto chose:\n%s", table)
         # validate it as if the user had written it
-        return resolve_plan(ParallelConfig(**chosen.to_dict()), self.env.world_size, self._batch)
+        plan = resolve_plan(ParallelConfig(**chosen.to_dict()), self.env.world_size, self._batch)
+        check_tensor_parallel(self.hf_config, plan.tp)
+        return plan
 
     def _log_plan(self) -> None:
         if self.env.rank != 0:

@@ -98,11 +98,12 @@ def test_resume_on_the_same_plan_continues_exactly(backend, straight, tmp_path):
         torch.testing.assert_close(mine[name], value, rtol=SAME_PLAN_RTOL, atol=1e-7, msg=name)
 
 
-# nproc, parallel overrides: one rank, DDP, HSDP 2x2
+# nproc, parallel overrides: one rank, DDP, HSDP 2x2, tensor parallel 2
 RESHARD = {
     "fsdp2-1rank": (1, []),
     "ddp-2ranks": (2, ["parallel.backend=ddp"]),
     "hsdp-2x2": (4, ["parallel.dp_replicate=2", "parallel.dp_shard=2", "parallel.micro_batch_size=1"]),
+    "tp2": (2, ["parallel.tp=2"]),
 }
 
 

@@ -118,11 +118,23 @@ PLANS = {
         dict(backend="fsdp2", dp_replicate=2, dp_shard=2, micro_batch_size=1, grad_reduce=ONCE),
     ),
 }
-CASES = [("llama-tied", plan) for plan in PLANS] + [
+# tensor parallel (with FSDP2 over the data axes), each with accumulation
+TP_PLANS = {
+    "tp2-accum4": (2, dict(backend="fsdp2", tp=2, micro_batch_size=2)),
+    "tp2-dp_shard2-accum2-ac-full": (
+        4,
+        dict(backend="fsdp2", tp=2, dp_shard=2, micro_batch_size=2, activation_checkpointing="full"),
+    ),
+}
+PLANS.update(TP_PLANS)
+CASES = [("llama-tied", plan) for plan in PLANS if plan not in TP_PLANS] + [
     ("gpt2", "fsdp2-2ranks-mb1-reduce-every"),
     ("gpt2", "ddp-2ranks-accum2"),
     ("qwen2-untied", "fsdp2-2ranks-mb1-reduce-once"),
     ("qwen2-untied", "fsdp2-zero2-ac-full"),
+    ("llama-4layers", "tp2-accum4"),
+    ("llama-4layers", "tp2-dp_shard2-accum2-ac-full"),
+    ("qwen2-tied", "tp2-accum4"),
 ]
 
 

@@ -13,7 +13,7 @@ from cases import TINY_LLAMA
 from helpers import free_port, read_metrics, run_cli, save_tiny_model, write_recipe
 
 
-def _shard_worker(rank: int, world: int, port: int, model_dir: str, results) -> None:
+def _shard_worker(rank: int, world: int, port: int, model_dir: str, overrides: list[str], results) -> None:
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
@@ -29,7 +29,7 @@ def _shard_worker(rank: int, world: int, port: int, model_dir: str, results) -> 
     from bigtrain.parallel.mesh import build_world_mesh
     from bigtrain.runtime import init_process_group, read_launch_env
 
-    cfg = load_recipe(None, [f"model.name_or_path={model_dir}", "parallel.activation_checkpointing=full"])
+    cfg = load_recipe(None, [f"model.name_or_path={model_dir}", "parallel.activation_checkpointing=full", *overrides])
     device = torch.device("cpu")
     init_process_group(read_launch_env(), device, timeout_s=60)
     try:
@@ -39,15 +39,14 @@ def _shard_worker(rank: int, world: int, port: int, model_dir: str, results) -> 
             load_hf_config(cfg.model), "sdpa", plan, mesh, device, "fp32", model_dir, cfg.train.seed
         )
         saved = load_file(os.path.join(model_dir, "model.safetensors"))
-        local = total = 0
+        sizes = {}  # name -> (local elements, global elements)
         mismatched = []
         for name, param in model.module.named_parameters():
             assert isinstance(param, DTensor), name
-            local += param.to_local().numel()
-            total += param.numel()
+            sizes[clean_fqn(name)] = (param.to_local().numel(), param.numel())
             if not torch.equal(param.full_tensor(), saved[clean_fqn(name)]):
                 mismatched.append(name)
-        results.put((rank, local, total, mismatched))
+        results.put((rank, sizes, mismatched))
         # as TrainingJob does: free the sharded model (its gloo work) and let every rank finish before teardown;
         # left to interpreter exit, gloo's threads can outlive Python and abort the process (seen once in CI)
         del model, param
@@ -57,21 +56,36 @@ def _shard_worker(rank: int, world: int, port: int, model_dir: str, results) -> 
         dist.destroy_process_group()
 
 
-def test_fsdp2_ranks_hold_only_their_shard_of_the_checkpoint(tmp_path):
-    model_dir = save_tiny_model(tmp_path / "model")
-    world = 2
+TP_SLICED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@pytest.mark.parametrize(
+    "world, overrides, tp",
+    [(2, [], 1), (4, ["parallel.tp=2", "parallel.dp_shard=2"], 2)],
+    ids=["fsdp2-dp_shard2", "tp2-x-dp_shard2"],
+)
+def test_ranks_hold_only_their_shard_of_the_checkpoint(world, overrides, tp, tmp_path):
+    """Every parameter is materialised from the checkpoint exactly, and each rank holds 1/dp_shard of it, 1/(tp x
+    dp_shard) for the projections tensor parallelism slices (embeddings, norms and head are replicated over tp)."""
+    model_dir = save_tiny_model(tmp_path / "model", tie_word_embeddings=False)
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     mp.start_processes(
-        _shard_worker, args=(world, free_port(), str(model_dir), results), nprocs=world, start_method="spawn"
+        _shard_worker,
+        args=(world, free_port(), str(model_dir), overrides, results),
+        nprocs=world,
+        start_method="spawn",
     )
-    got = sorted(results.get() for _ in range(world))
-    total = got[0][2]
-    for _, local, total_seen, mismatched in got:
-        assert total_seen == total
+    got = sorted((results.get() for _ in range(world)), key=lambda r: r[0])
+    dp_shard = world // tp
+    for _, sizes, mismatched in got:
         assert mismatched == []
-        assert local <= total / world + 1024  # an even shard (FSDP pads dim 0 to a multiple of the world)
-    assert sum(local for _, local, _, _ in got) == total
+        for name, (local, total) in sizes.items():
+            split = dp_shard * (tp if name.endswith(tuple(f"{p}.weight" for p in TP_SLICED)) else 1)
+            assert local <= -(-total // split), (name, local, total, split)  # FSDP pads dim 0 to a multiple
+    for name, (_, total) in got[0][1].items():  # across ranks: sliced weights held once, the rest once per tp rank
+        copies = 1 if name.endswith(tuple(f"{p}.weight" for p in TP_SLICED)) else tp
+        assert sum(sizes[name][0] for _, sizes, _ in got) == total * copies, name
 
 
 def test_from_scratch_init_does_not_depend_on_the_plan(tmp_path):

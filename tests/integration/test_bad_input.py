@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from cases import TINY_LLAMA
+from cases import TINY_LLAMA, TINY_MODELS
 from helpers import REPO, run_cli, run_torchrun, write_recipe
 
 SEQ = 17
@@ -43,6 +43,14 @@ CASES = {
     "batch not divisible": (
         lambda r: r["train"].update(global_batch_size=7),
         "train.global_batch_size=7 is not a multiple of parallel.micro_batch_size=1 x data-parallel degree 2 = 2; try 6 or 8",
+    ),
+    "tp does not divide the KV heads": (
+        lambda r: r["parallel"].update(tp=2) or r["model"]["config"].update(num_key_value_heads=1),
+        "parallel.tp=2 does not divide num_key_value_heads=1; try 1",
+    ),
+    "tp for a model without a layout": (
+        lambda r: r["parallel"].update(tp=2) or r["model"].update(config=dict(TINY_MODELS["gpt2"])),
+        "model_type 'gpt2' ships no tensor-parallel layout",
     ),
     "degrees mismatch": (
         lambda r: r["parallel"].update(dp_replicate=2, dp_shard=2),

@@ -40,8 +40,12 @@ def load(folder):
     return AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
 
 
-@pytest.mark.parametrize("arch", ["llama-tied", "qwen2-untied"])
-def test_final_model_and_export_give_the_trained_logits(arch, tmp_path):
+@pytest.mark.parametrize(
+    "arch, parallel",
+    [("llama-tied", {}), ("qwen2-untied", {}), ("llama-4layers", {"tp": 2})],
+    ids=["llama-tied-fsdp2", "qwen2-untied-fsdp2", "llama-tp2"],
+)
+def test_final_model_and_export_give_the_trained_logits(arch, parallel, tmp_path):
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -53,7 +57,7 @@ def test_final_model_and_export_give_the_trained_logits(arch, tmp_path):
         "model": {"name_or_path": str(base)},
         "data": {"path": str(tmp_path / "rows.npy")},
         "train": {"steps": 3, "global_batch_size": 4, "lr": 1e-2},
-        "parallel": {"backend": "fsdp2"},
+        "parallel": {"backend": "fsdp2", **parallel},
         "checkpoint": {"every": 0},
         "output_dir": str(out),
     }
@@ -72,7 +76,8 @@ def test_final_model_and_export_give_the_trained_logits(arch, tmp_path):
     for folder in (out / "model", tmp_path / "exported"):
         torch.testing.assert_close(logits(load(folder), batch), expected, rtol=0, atol=LOGITS_ATOL)
         with safe_open(str(folder / "model.safetensors"), "pt") as f:
-            assert ("lm_head.weight" in f.keys()) == (arch == "qwen2-untied")  # a tied head is stored once
+            tied = TINY_MODELS[arch].get("tie_word_embeddings", True)
+            assert ("lm_head.weight" in f.keys()) == (not tied)  # a tied head is stored once
         assert (folder / "generation_config.json").is_file() == (base / "generation_config.json").is_file()
 
 

@@ -1,6 +1,11 @@
-import pytest
+import re
 
+import pytest
+from helpers import REPO
+
+from bigtrain.config.hf import check_tensor_parallel, hf_config_from_dict
 from bigtrain.config.load import load_recipe
+from bigtrain.config.plan import resolve_plan
 from bigtrain.errors import ConfigError
 
 
@@ -57,3 +62,17 @@ def test_bad_recipes_name_the_key(tmp_path, text, overrides, expected):
 def test_missing_recipe_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_recipe(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO / "recipes").glob("*.yaml")))
+def test_every_shipped_recipe_resolves_for_the_workers_its_header_names(recipe):
+    """Each recipe's header says how to run it (``--nproc N``); its plan must resolve for N ranks and split its
+    model (tensor parallelism) as written."""
+    text = (REPO / "recipes" / recipe).read_text()
+    nproc = int(m.group(1)) if (m := re.search(r"--nproc (\d+)", text)) else 1
+    cfg = load_recipe(REPO / "recipes" / recipe)
+    if cfg.parallel.plan == "auto":
+        return
+    plan = resolve_plan(cfg.parallel, nproc, cfg.train.global_batch_size)
+    if cfg.model.config is not None:
+        check_tensor_parallel(hf_config_from_dict(cfg.model.config), plan.tp)

@@ -36,10 +36,13 @@ def test_plan_is_keyword_only():
 def test_unsupported_is_the_one_list_resolve_plan_enforces():
     ok = resolve_plan(ParallelConfig(), world_size=4, global_batch_size=8)
     assert unsupported(ok) is None
-    for change in ({"backend": "deepspeed", "zero_stage": 2}, {"tp": 2}, {"pp": 2}, {"offload_optimizer": True}):
+    for change in ({"backend": "deepspeed", "zero_stage": 2}, {"pp": 2}, {"offload_optimizer": True}):
         plan = dataclasses.replace(ok, **change)
         reason = unsupported(plan)
         assert reason is not None and "not supported" in reason or "needs the deepspeed backend" in reason
+    assert unsupported(dataclasses.replace(ok, tp=2, dp_shard=2)) is None  # tensor parallel runs under fsdp2
+    ddp_tp = dataclasses.replace(ok, backend="ddp", zero_stage=0, tp=2, dp_shard=1, dp_replicate=2)
+    assert "runs with backend fsdp2" in unsupported(ddp_tp)
 
 
 def test_plan_round_trips_into_a_recipe_section():
@@ -63,7 +66,7 @@ def test_plan_round_trips_into_a_recipe_section():
             "train.global_batch_size=10 is not a multiple of parallel.micro_batch_size=2 x data-parallel degree 4 = 8; "
             "try 8 or 16",
         ),
-        (ParallelConfig(tp=2), 2, 8, "parallel.tp=2 is not supported by the trainer yet"),
+        (ParallelConfig(backend="ddp", tp=2), 2, 8, "parallel.tp=2 runs with backend fsdp2"),
         (ParallelConfig(backend="deepspeed"), 2, 8, "parallel.backend=deepspeed is not supported by the trainer yet"),
         (ParallelConfig(zero_stage=1), 2, 8, "parallel.zero_stage=1 is not a mode of backend fsdp2; use 3"),
         (

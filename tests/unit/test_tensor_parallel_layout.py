@@ -1,0 +1,54 @@
+"""Which models tensor parallelism can split, and how: the layout is the model's own transformers data."""
+
+from __future__ import annotations
+
+import pytest
+from cases import TINY_LLAMA
+
+from bigtrain.config.hf import check_tensor_parallel, hf_config_from_dict, tp_layout
+from bigtrain.errors import ConfigError
+from bigtrain.models.build import build_meta_model
+from bigtrain.parallel.tensor_parallel import tp_module_plan
+from bigtrain.planner.model_stats import MODELLED, TP_FAMILIES
+
+
+def config(**overrides):
+    return hf_config_from_dict({**TINY_LLAMA, **overrides})
+
+
+@pytest.mark.parametrize(
+    "overrides, tp, expected",
+    [
+        ({}, 3, "parallel.tp=3 does not divide num_attention_heads=4; try 1, 2"),
+        ({}, 4, "parallel.tp=4 does not divide num_key_value_heads=2; try 1, 2"),
+        ({"model_type": "gpt2"}, 2, "model_type 'gpt2' ships no tensor-parallel layout"),
+        ({"model_type": "qwen3"}, 2, "model_type 'qwen3' uses the style(s) replicated_with_grad_allreduce"),
+    ],
+)
+def test_tp_that_cannot_split_the_model_is_refused_by_name(overrides, tp, expected):
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        check_tensor_parallel(config(**overrides), tp)
+
+
+def test_tp_that_divides_the_heads_is_accepted():
+    check_tensor_parallel(config(), 2)
+    check_tensor_parallel(config(model_type="gpt2"), 1)  # no layout needed without tensor parallelism
+
+
+def test_the_planner_offers_tp_for_exactly_the_families_the_trainer_splits():
+    splittable = []
+    for model_type in MODELLED:
+        try:
+            tp_layout(hf_config_from_dict({"model_type": model_type}))
+            splittable.append(model_type)
+        except ConfigError:
+            pass
+    assert sorted(splittable) == sorted(TP_FAMILIES)
+
+
+def test_the_layout_expands_to_every_projection_of_every_block():
+    cfg = config(num_hidden_layers=3)
+    plan = tp_module_plan(build_meta_model(cfg, "sdpa").base_model, tp_layout(cfg))
+    assert len(plan) == 3 * 7
+    assert type(plan["layers.2.self_attn.q_proj"]).__name__ == "ColwiseParallel"
+    assert type(plan["layers.0.mlp.down_proj"]).__name__ == "RowwiseParallel"
