@@ -75,9 +75,11 @@ def simulate(
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=plan.world_size)
     try:
         mesh = build_world_mesh(plan, device.type)
+        # The plan is applied on meta, outside fake mode: FSDP2 over tensor-parallel weights builds (dp, tp) meshes,
+        # whose rank coordinates come from real tensor ops.
+        parallel = parallelize(build_meta_model(hf_config, attn_implementation), hf_config, plan, mesh, precision)
+        model = parallel.model
         with FakeTensorMode() as fake_mode, _unpacked_batches():
-            parallel = parallelize(build_meta_model(hf_config, attn_implementation), hf_config, plan, mesh, precision)
-            model = parallel.model
             fake_mode.allow_non_fake_inputs = True  # the meta tensors are to_empty's inputs
             to_empty_keeping_ties(model, device)
             fake_mode.allow_non_fake_inputs = False

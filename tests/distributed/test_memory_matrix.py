@@ -33,3 +33,22 @@ def test_analytic_peak_within_10_percent_of_simulation(case):
     predicted, simulated = run_case(case)
     assert simulated > 0
     assert abs(predicted / simulated - 1) <= 0.10, (predicted, simulated)
+
+
+def test_the_simulator_runs_the_tensor_parallel_step_and_its_shards_divide():
+    """``simulate`` runs bigtrain's tp step (fake tensors, rank 0 of 4): the fp32 sharded parameters are exactly 1/4
+    of each projection (tp=2 x dp_shard=2) plus 1/2 of the rest (replicated over tp), as in the real trainer."""
+    from cases import TINY_LLAMA
+
+    from bigtrain.config.hf import hf_config_from_dict
+    from bigtrain.config.plan import resolve_plan
+    from bigtrain.config.schema import ParallelConfig
+    from bigtrain.models.build import build_meta_model
+    from bigtrain.simulate import simulate
+
+    config = {**TINY_LLAMA, "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 1024, "vocab_size": 256}
+    got = simulate(config, resolve_plan(ParallelConfig(tp=2, dp_shard=2), 4, 4), 64, "fp32", 4)
+    model = build_meta_model(hf_config_from_dict(config), "sdpa")
+    sliced = sum(p.numel() for n, p in model.named_parameters() if n.endswith("proj.weight"))
+    rest = sum(p.numel() for p in model.parameters()) - sliced
+    assert got["Sharded Param"] == 4 * (sliced // 4 + rest // 2)
