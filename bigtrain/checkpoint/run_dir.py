@@ -25,7 +25,7 @@ from bigtrain.checkpoint.layout import (
     remove_stale,
     resolve_checkpoint,
 )
-from bigtrain.config.load import recipe_to_dict
+from bigtrain.config.load import dump_recipe, recipe_to_dict
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.errors import ConfigError
 
@@ -94,7 +94,7 @@ def prepare_output_dir(start: Start, cfg: RecipeConfig) -> None:
             if (out / name).exists():
                 os.rename(out / name, aside / name)
     remove_stale(checkpoints_dir(out))
-    (out / RECIPE).write_text(yaml.safe_dump(recipe_to_dict(cfg), sort_keys=False))
+    (out / RECIPE).write_text(dump_recipe(cfg))
 
 
 def _read_recipe(path: Path) -> dict[str, Any]:

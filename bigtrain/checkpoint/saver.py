@@ -19,7 +19,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import yaml
 
 from bigtrain.checkpoint.export import write_hf_files
 from bigtrain.checkpoint.layout import (
@@ -34,7 +33,7 @@ from bigtrain.checkpoint.layout import (
     step_dir,
 )
 from bigtrain.checkpoint.state import capture
-from bigtrain.config.load import recipe_to_dict
+from bigtrain.config.load import dump_recipe
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.engine.base import Engine
@@ -106,7 +105,7 @@ class Checkpointer:
         if self.rank != 0:
             return
         partial, final = partial_dir(self.root, step), step_dir(self.root, step)
-        (partial / RECIPE).write_text(yaml.safe_dump(recipe_to_dict(self.cfg), sort_keys=False))
+        (partial / RECIPE).write_text(dump_recipe(self.cfg))
         write_hf_files(partial / HF_FILES, self.hf_config, self.cfg.model.name_or_path, self.cfg.data.tokenizer)
         Manifest(
             step=step,

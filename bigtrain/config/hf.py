@@ -3,8 +3,10 @@ config (recipes' ``model.config``, planner presets, config.json files, the simul
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from bigtrain.config.plan import divisor_hint
 from bigtrain.errors import ConfigError
 
 
@@ -64,5 +66,5 @@ def check_tensor_parallel(hf_config: Any, tp: int) -> None:
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     for key, n in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
         if n % tp:
-            common = [d for d in range(1, min(heads, kv_heads) + 1) if heads % d == 0 and kv_heads % d == 0]
-            raise ConfigError(f"parallel.tp={tp} does not divide {key}={n}; try {', '.join(str(d) for d in common)}")
+            fits_both = divisor_hint(math.gcd(heads, kv_heads))  # what divides both head counts divides their gcd
+            raise ConfigError(f"parallel.tp={tp} does not divide {key}={n}; try {fits_both}")

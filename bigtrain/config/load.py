@@ -169,6 +169,11 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
     raise TypeError(f"schema type {hint!r} of {key} is not handled")  # a bug in schema.py, not user input
 
 
+def dump_recipe(cfg: RecipeConfig) -> str:
+    """The recipe as YAML that ``load_recipe`` reads back as the same config (what runs and checkpoints record)."""
+    return yaml.safe_dump(recipe_to_dict(cfg), sort_keys=False)
+
+
 def recipe_to_dict(cfg: Any) -> dict[str, Any]:
     """The recipe as plain data under its YAML key names: what ``build_dataclass`` reads back."""
     if not dataclasses.is_dataclass(cfg):
