@@ -57,7 +57,9 @@ def simulate(
     attn_implementation: str = "sdpa",
 ) -> dict[str, int]:
     """The tracker's peak snapshot of rank 0: bytes per category (parameters, gradients, ...) and "Total"."""
-    reason = unsupported(plan)
+    reason = unsupported(plan) or (
+        f"parallel.pp={plan.pp}: the simulator does not run pipelined steps yet" if plan.pp > 1 else None
+    )
     if reason is not None:
         raise ConfigError(f"--simulate runs bigtrain's own training step, which cannot run this plan: {reason}")
     if dist.is_initialized():
@@ -93,7 +95,7 @@ def simulate(
                 lambda optimizer: build_scheduler(optimizer, train),
                 device,
             )
-            optimizer = engine.optimizer
+            optimizer = engine.optimizers[0]
             batches = [
                 torch.randint(0, hf_config.vocab_size, (plan.micro_batch_size, seq_len), device=device)
                 for _ in range(min(plan.grad_accum_steps(global_batch_size), 2))

@@ -30,13 +30,18 @@ class Resumed:
     rng_restored: bool
 
 
-def load_checkpoint(engine: Engine, folder: Path, device: torch.device) -> Resumed:
-    """Restore model, optimizer, schedule, loss scaler and (same world size only) RNG from ``folder``."""
+def load_checkpoint(
+    engine: Engine, folder: Path, device: torch.device, model_shapes: dict[str, tuple[int, ...]]
+) -> Resumed:
+    """Restore model, optimizer, schedule, loss scaler and (same world size only) RNG from ``folder``.
+
+    ``model_shapes``: every parameter of the recipe's whole model by name (a pipeline rank holds only its stages').
+    """
     manifest = Manifest.read(folder)
     check_files(folder, manifest)
     metadata = read_metadata(folder)
+    check_same_model(model_shapes, metadata.state_dict_metadata, folder)
     state = engine.state_dict()
-    check_same_model(state["model"], metadata.state_dict_metadata, folder)
     rank = dist.get_rank()
     key = rng_key(rank)
     same_world = manifest.world_size == dist.get_world_size()
@@ -52,10 +57,9 @@ def load_checkpoint(engine: Engine, folder: Path, device: torch.device) -> Resum
     return Resumed(folder, manifest, restore_rng)
 
 
-def check_same_model(model_state: dict[str, Any], saved: dict[str, Any], folder: Path) -> None:
+def check_same_model(ours: dict[str, tuple[int, ...]], saved: dict[str, Any], folder: Path) -> None:
     """The checkpoint holds exactly this model's parameters, by name and global shape."""
     theirs = {k.removeprefix(MODEL_PREFIX): tuple(md.size) for k, md in saved.items() if k.startswith(MODEL_PREFIX)}
-    ours = {k: tuple(v.shape) for k, v in model_state.items()}
     problems = [f"{k} is missing" for k in sorted(set(ours) - set(theirs))]
     problems += [f"{k} is not in this model" for k in sorted(set(theirs) - set(ours))]
     problems += [f"{k} has shape {list(theirs[k])}, not {list(s)}" for k, s in ours.items() if theirs.get(k, s) != s]

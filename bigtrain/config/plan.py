@@ -23,6 +23,10 @@ ZERO_STAGES = {"ddp": (0,), "fsdp2": (2, 3), "deepspeed": (1, 2, 3)}
 # refuses no_sync.
 DEFAULT_GRAD_REDUCE = {"ddp": "once_per_step", "fsdp2": "every_micro_step", "deepspeed": "every_micro_step"}
 CHOOSES_GRAD_REDUCE = ("fsdp2",)
+# torch's zero-bubble schedules split each backward into an input-gradient and a deferred weight-gradient pass; with
+# FSDP2 stages they train a different model here (first step: same loss, grad norm 1.2% off a single-process loop;
+# after 10 steps 27-42%), so the trainer refuses them until that is understood
+SPLIT_BACKWARD_SCHEDULES = ("interleaved_zero_bubble", "zbv_zero_bubble", "dual_pipe_v")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +45,7 @@ class Plan:
     micro_batch_size: int
     offload_optimizer: bool
     offload_params: bool
+    pp_virtual_stages: int = 1
 
     @property
     def dp(self) -> int:
@@ -69,8 +74,13 @@ def unsupported(plan: Plan) -> str | None:
         return "parallel.backend=deepspeed is not supported by the trainer yet; use ddp or fsdp2"
     if plan.tp > 1 and plan.backend != "fsdp2":
         return f"parallel.tp={plan.tp} runs with backend fsdp2 (tensor parallel inside, FSDP2 over the data axes)"
-    if plan.pp > 1:
-        return f"parallel.pp={plan.pp} is not supported by the trainer yet; use parallel.pp=1"
+    if plan.pp > 1 and plan.backend != "fsdp2":
+        return f"parallel.pp={plan.pp} runs with backend fsdp2 (pipeline stages, FSDP2 over the data axes)"
+    if plan.pp > 1 and plan.pp_schedule in SPLIT_BACKWARD_SCHEDULES:
+        return (
+            f"parallel.pp_schedule={plan.pp_schedule} (split input/weight backward) does not train the same model as a "
+            "single-process loop with FSDP2 stages in torch 2.13; use gpipe, 1f1b, interleaved_1f1b or looped_bfs"
+        )
     if plan.activation_checkpointing == "selective":
         return "parallel.activation_checkpointing=selective is not supported by the trainer yet; use none or full"
     if plan.offload_optimizer:
@@ -130,6 +140,14 @@ def _resolve_zero_stage(cfg: ParallelConfig) -> int:
 
 def _resolve_grad_reduce(cfg: ParallelConfig) -> str:
     default = DEFAULT_GRAD_REDUCE[cfg.backend]
+    if cfg.pp > 1:
+        # torch's PipelineStage turns FSDP's gradient sync off for every micro-batch and reduces once after the last
+        default = "once_per_step"
+        if cfg.grad_reduce not in (None, default):
+            raise ConfigError(
+                f"parallel.grad_reduce={cfg.grad_reduce} is not possible with parallel.pp={cfg.pp}: pipeline stages "
+                "reduce gradients once, after the step's last micro-batch; unset it"
+            )
     if cfg.grad_reduce is None:
         return default
     if cfg.backend not in CHOOSES_GRAD_REDUCE and cfg.grad_reduce != default:
@@ -144,7 +162,7 @@ def resolve_plan(cfg: ParallelConfig, world_size: int, global_batch_size: int) -
     """Turn the recipe's ``parallel`` section into a complete Plan for ``world_size`` ranks, or raise ConfigError."""
     if cfg.plan == "auto":
         raise ConfigError("parallel.plan=auto is chosen at start-up by the trainer (bigtrain/planner/auto.py)")
-    for key in ("micro_batch_size", "tp", "pp"):
+    for key in ("micro_batch_size", "tp", "pp", "pp_virtual_stages"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"parallel.{key}={getattr(cfg, key)} must be at least 1")
     for key in ("dp_replicate", "dp_shard"):
@@ -177,6 +195,7 @@ def resolve_plan(cfg: ParallelConfig, world_size: int, global_batch_size: int) -
         tp=cfg.tp,
         pp=cfg.pp,
         pp_schedule=cfg.pp_schedule,
+        pp_virtual_stages=cfg.pp_virtual_stages,
         activation_checkpointing=cfg.activation_checkpointing,
         micro_batch_size=cfg.micro_batch_size,
         offload_optimizer=cfg.offload_optimizer,

@@ -15,7 +15,9 @@ MixedPrecision = Literal["fp32", "bf16", "fp16"]
 Backend = Literal["ddp", "fsdp2", "deepspeed"]
 Checkpointing = Literal["none", "selective", "full"]
 GradReduce = Literal["every_micro_step", "once_per_step"]
-PipelineSchedule = Literal["1f1b", "gpipe"]
+PipelineSchedule = Literal[
+    "1f1b", "gpipe", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble", "dual_pipe_v"
+]
 
 # The spelled-out choices, for code that enumerates or prints them (argparse choices, the planner's search).
 PRECISIONS: tuple[str, ...] = get_args(MixedPrecision)
@@ -120,7 +122,16 @@ class ParallelConfig:
     )
     tp: int = doc("Tensor-parallel degree.", default=1)
     pp: int = doc("Pipeline-parallel degree.", default=1)
-    pp_schedule: PipelineSchedule = doc("Pipeline schedule (1f1b or gpipe).", default="1f1b")
+    pp_schedule: PipelineSchedule = doc(
+        "Pipeline schedule (torch.distributed.pipelining): 1f1b or gpipe (one stage per rank); interleaved_1f1b, "
+        "looped_bfs or interleaved_zero_bubble (pp_virtual_stages per rank); zbv_zero_bubble or dual_pipe_v (two "
+        "stages per rank in a V).",
+        default="1f1b",
+    )
+    pp_virtual_stages: int = doc(
+        "Pipeline stages per pp rank (multi-stage schedules); pp x pp_virtual_stages may not exceed the layers.",
+        default=1,
+    )
     activation_checkpointing: Checkpointing = doc(
         "Recompute activations of decoder blocks: none, selective or full.", default="none"
     )

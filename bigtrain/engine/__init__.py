@@ -1,7 +1,8 @@
 """Engines: what the training loop drives (``base.Engine``), one file per implementation.
 
-``build_engine`` is the only place that maps a plan to an engine. Today every plan the trainer runs (DDP, FSDP2,
-HSDP) goes to the torch-native engine; the pipelined and DeepSpeed engines plug in here.
+``build_engine`` is the only place that maps a plan to an engine: pipelined plans (pp > 1) to the pipelined engine,
+every other plan the trainer runs (DDP, FSDP2, HSDP, with or without tp) to the torch-native engine; the DeepSpeed
+engine plugs in here.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import torch
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.engine.base import Engine, StepResult, train_step
+from bigtrain.engine.pipelined import PipelinedEngine
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory, TorchNativeEngine
-from bigtrain.parallel.apply import build_parallel_model
+from bigtrain.parallel.apply import build_parallel_model, build_pipeline_parts
 from bigtrain.parallel.mesh import build_world_mesh
 
 __all__ = ["Engine", "StepResult", "build_engine", "train_step"]
@@ -34,7 +36,7 @@ def build_engine(
     trains with the same ones.
     """
     mesh = build_world_mesh(plan, device.type)
-    model = build_parallel_model(
+    build_args = (
         hf_config,
         cfg.model.attn_implementation,
         plan,
@@ -44,4 +46,8 @@ def build_engine(
         cfg.model.name_or_path,
         cfg.train.seed,
     )
+    if plan.pp > 1:
+        pipeline = build_pipeline_parts(*build_args)
+        return PipelinedEngine.create_pipelined(pipeline, cfg.train, make_optimizer, make_scheduler, device)
+    model = build_parallel_model(*build_args)
     return TorchNativeEngine.create(model, cfg.train, make_optimizer, make_scheduler, device)

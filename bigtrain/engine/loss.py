@@ -16,5 +16,9 @@ from bigtrain.data.labels import IGNORE_INDEX, next_token_labels
 
 def token_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """Sum (not mean) of next-token cross-entropy over the batch, in fp32."""
-    labels = next_token_labels(input_ids).flatten()
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels, reduction="sum", ignore_index=IGNORE_INDEX)
+    return labeled_loss_sum(logits, next_token_labels(input_ids))
+
+
+def labeled_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum of cross-entropy against ``labels`` (already shifted; IGNORE_INDEX where there is no next token)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)

@@ -22,6 +22,7 @@ from bigtrain.engine.grad_norm import clip_global_grad_norm
 from bigtrain.engine.loss import token_loss_sum
 from bigtrain.engine.loss_scale import DynamicLossScaler
 from bigtrain.parallel.apply import ParallelModel
+from bigtrain.parallel.mesh import WorldMesh
 
 # Optimizer state keyed by parameter name (not by position), so it follows the parameters to another plan.
 STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -31,20 +32,29 @@ SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LR
 
 
 class TorchNativeEngine(Engine):
+    """Also the base of the pipelined engine: ``parts`` are the HF models this rank trains (one, or its pipeline
+    stages), each with its own optimizer and schedule (torch's distributed state dicts pair a module with the
+    optimizer of exactly its parameters); one loss scaler and one clip span them all."""
+
     def __init__(
         self,
-        model: ParallelModel,
-        optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        model: ParallelModel | None,
+        parts: list[torch.nn.Module],
+        mesh: WorldMesh,
+        optimizers: list[torch.optim.Optimizer],
+        schedulers: list[torch.optim.lr_scheduler.LRScheduler],
         loss_scaler: DynamicLossScaler | None,
         device: torch.device,
     ) -> None:
-        self.model = model
-        self.optimizer = optimizer
-        self.scheduler = scheduler
+        self.model = model  # what forward_backward calls (None for the pipelined engine, which runs a schedule)
+        self.parts = parts
+        self.mesh = mesh
+        self.optimizers = optimizers
+        self.schedulers = schedulers
         self.loss_scaler = loss_scaler
         self.device = device
-        self.params = [p for group in optimizer.param_groups for p in group["params"]]  # what is clipped and stepped
+        # what is clipped and stepped
+        self.params = [p for opt in optimizers for group in opt.param_groups for p in group["params"]]
 
     @classmethod
     def create(
@@ -57,21 +67,21 @@ class TorchNativeEngine(Engine):
     ) -> TorchNativeEngine:
         """The engine for a parallelised model: optimizer over its trainable parameters, schedule, and fp16 loss
         scaling when ``train.mixed_precision`` asks for it (the trainer and the simulator both build it here)."""
-        optimizer = make_optimizer([p for p in model.model.parameters() if p.requires_grad])
-        scaler = DynamicLossScaler(train.fp16_initial_scale) if train.mixed_precision == "fp16" else None
-        return cls(model, optimizer, make_scheduler(optimizer), scaler, device)
+        optimizers, schedulers = optimize_parts([model.model], make_optimizer, make_scheduler)
+        scaler = loss_scaler_for(train)
+        return cls(model, [model.model], model.mesh, optimizers, schedulers, scaler, device)
 
     @property
     def dp_rank(self) -> int:
-        return self.model.mesh.dp_rank
+        return self.mesh.dp_rank
 
     @property
     def dp_size(self) -> int:
-        return self.model.mesh.dp_size
+        return self.mesh.dp_size
 
     def data_parallel_sum(self, value: int) -> int:
         total = torch.tensor([value], dtype=torch.int64, device=self.device)
-        dist.all_reduce(total, group=self.model.mesh.dp_group)
+        dist.all_reduce(total, group=self.mesh.dp_group)
         return int(total.item())
 
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -87,52 +97,77 @@ class TorchNativeEngine(Engine):
             (loss * factor).backward()
         return loss.detach()
 
-    def forward_backward(self, micro_batches: list[torch.Tensor], loss_factor: float) -> torch.Tensor:
+    def _gradient_factor(self, loss_factor: float) -> float:
         # DDP and FSDP2 average gradients over the data-parallel ranks; multiplying by dp turns that average back
         # into the sum that 1/global_tokens normalises. fp16 also scales by its dynamic loss scale.
-        factor = loss_factor * self.dp_size * (self.loss_scaler.scale if self.loss_scaler else 1.0)
+        return loss_factor * self.dp_size * (self.loss_scaler.scale if self.loss_scaler else 1.0)
+
+    def forward_backward(self, micro_batches: list[torch.Tensor], loss_factor: float) -> torch.Tensor:
+        factor = self._gradient_factor(loss_factor)
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
             loss_sum += self._micro_step(batch, i == len(micro_batches) - 1, factor)
-        dist.all_reduce(loss_sum, group=self.model.mesh.dp_group)
+        dist.all_reduce(loss_sum, group=self.mesh.dp_group)
         return loss_sum
+
+    def _clip(self, max_norm: float) -> torch.Tensor:
+        return clip_global_grad_norm(self.params, max_norm)
 
     def step(self, max_norm: float) -> StepResult:
         scale = self.loss_scaler.scale if self.loss_scaler else None
         if self.loss_scaler:
             self.loss_scaler.unscale(self.params)
-        grad_norm = clip_global_grad_norm(self.params, max_norm)
-        lr = self.scheduler.get_last_lr()[0]
+        grad_norm = self._clip(max_norm)
+        lr = self.schedulers[0].get_last_lr()[0]
         skipped = False
         if self.loss_scaler:  # the only host sync of a step, and only under fp16
             finite = bool(torch.isfinite(grad_norm))
             skipped = not finite
             self.loss_scaler.update(finite)
-        if not skipped:
-            self.optimizer.step()
-        self.scheduler.step()
+        for optimizer, scheduler in zip(self.optimizers, self.schedulers, strict=True):
+            if not skipped:
+                optimizer.step()
+            scheduler.step()
         return StepResult(grad_norm=grad_norm, lr=lr, skipped=skipped, loss_scale=scale)
 
     def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict[str, Any]:
-        model, optimizer = get_state_dict(self.model.model, self.optimizer, options=STATE_DICT_OPTIONS)
+        model: dict[str, Any] = {}
+        optim: dict[str, Any] = {}
+        for part, optimizer in zip(self.parts, self.optimizers, strict=True):  # the parts' parameter names are disjoint
+            part_model, part_optim = get_state_dict(part, optimizer, options=STATE_DICT_OPTIONS)
+            model.update(part_model)
+            optim.update(part_optim)
         return {
             "model": model,
-            "optimizer": optimizer,
-            "scheduler": self.scheduler.state_dict(),
+            "optimizer": optim,
+            "scheduler": self.schedulers[0].state_dict(),  # the same schedule drives every part
             "loss_scaler": self.loss_scaler.state_dict() if self.loss_scaler else {},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_state_dict(
-            self.model.model,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optimizer"],
-            options=STATE_DICT_OPTIONS,
-        )
-        self.scheduler.load_state_dict(state["scheduler"])
+        for part, optimizer, scheduler in zip(self.parts, self.optimizers, self.schedulers, strict=True):
+            model, optim = state["model"], state["optimizer"]
+            if len(self.parts) > 1:  # each part takes its own keys
+                own_model, own_optim = get_state_dict(part, optimizer, options=STATE_DICT_OPTIONS)
+                model = {k: model[k] for k in own_model}
+                optim = {k: optim[k] for k in own_optim}
+            set_state_dict(part, optimizer, model_state_dict=model, optim_state_dict=optim, options=STATE_DICT_OPTIONS)
+            scheduler.load_state_dict(state["scheduler"])
         if self.loss_scaler:
             self.loss_scaler.load_state_dict(state["loss_scaler"])
+
+
+def optimize_parts(
+    parts: list[torch.nn.Module], make_optimizer: OptimizerFactory, make_scheduler: SchedulerFactory
+) -> tuple[list[torch.optim.Optimizer], list[torch.optim.lr_scheduler.LRScheduler]]:
+    """One optimizer over each part's trainable parameters, and its schedule."""
+    optimizers = [make_optimizer([p for p in part.parameters() if p.requires_grad]) for part in parts]
+    return optimizers, [make_scheduler(optimizer) for optimizer in optimizers]
+
+
+def loss_scaler_for(train: TrainConfig) -> DynamicLossScaler | None:
+    return DynamicLossScaler(train.fp16_initial_scale) if train.mixed_precision == "fp16" else None

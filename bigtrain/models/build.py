@@ -51,6 +51,11 @@ def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:
     return model
 
 
+def model_shapes(hf_config: Any, attn_implementation: str) -> dict[str, tuple[int, ...]]:
+    """Every entry of the whole model's state dict (parameters and persistent buffers) by name and shape."""
+    return {name: tuple(t.shape) for name, t in build_meta_model(hf_config, attn_implementation).state_dict().items()}
+
+
 def decoder_blocks(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     """The repeated transformer blocks as (parent, attribute name, block), found through HF's ``_no_split_modules``.
 

@@ -87,10 +87,13 @@ def to_empty_keeping_ties(model: nn.Module, device: torch.device) -> None:
     _retie(tied)
 
 
-def _targets(model: nn.Module) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-        out[clean_fqn(name)] = tensor
+def _targets(models: list[nn.Module]) -> dict[str, list[torch.Tensor]]:
+    """Every parameter and buffer by HF name; a name may have several places (the rotary buffers of each pipeline
+    stage one rank runs)."""
+    out: dict[str, list[torch.Tensor]] = {}
+    for model in models:
+        for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+            out.setdefault(clean_fqn(name), []).append(tensor)
     return out
 
 
@@ -109,13 +112,18 @@ def copy_full_into(target: torch.Tensor, full: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def materialize(model: nn.Module, meta_twin: Any, device: torch.device, checkpoint: str | None, seed: int) -> None:
-    """Allocate ``model`` (already sharded, on meta) on ``device`` and fill every parameter and buffer.
+def materialize(
+    models: nn.Module | list[nn.Module], meta_twin: Any, device: torch.device, checkpoint: str | None, seed: int
+) -> None:
+    """Allocate ``models`` (already sharded, on meta) on ``device`` and fill every parameter and buffer.
 
-    ``meta_twin`` is an unsharded meta copy of the same HF model; ``checkpoint`` is a HF folder or None (init).
+    ``models`` is the model, or the pipeline stages one rank runs (each holding part of it under the HF names);
+    ``meta_twin`` is an unsharded meta copy of the whole HF model; ``checkpoint`` is a HF folder or None (init).
     """
-    to_empty_keeping_ties(model, device)
-    targets = _targets(model)
+    models = models if isinstance(models, list) else [models]
+    for model in models:
+        to_empty_keeping_ties(model, device)
+    targets = _targets(models)
     reader = SafetensorsReader(checkpoint) if checkpoint else None
     loaded, missing = 0, []
     torch.manual_seed(seed)
@@ -123,11 +131,12 @@ def materialize(model: nn.Module, meta_twin: Any, device: torch.device, checkpoi
         names = [n for n, _ in mod.named_parameters(recurse=False)] + [n for n, _ in mod.named_buffers(recurse=False)]
         fqns = {n: f"{mod_name}.{n}" if mod_name else n for n in names}
         wanted = {n: f for n, f in fqns.items() if f in targets}
-        if not wanted:
+        if not names or (not wanted and reader is not None):
             continue
         from_ckpt = {n: reader.get(f) for n, f in wanted.items()} if reader else {}
         if any(v is None for v in from_ckpt.values()) or not from_ckpt:
-            # Let HF initialise this one module on the host, exactly as it would the whole model.
+            # Let HF initialise this one module on the host, exactly as it would the whole model; also the modules
+            # another pipeline stage holds, so that the random stream (and every value) is the same for every plan.
             mod.to_empty(device="cpu", recurse=False)
             meta_twin._init_weights(mod)
         is_param = {n for n, _ in mod.named_parameters(recurse=False)}
@@ -139,7 +148,8 @@ def materialize(model: nn.Module, meta_twin: Any, device: torch.device, checkpoi
                 value = getattr(mod, n)
             else:
                 loaded += 1
-            copy_full_into(targets[fqn], value)
+            for target in targets[fqn]:
+                copy_full_into(target, value)
         mod.to_empty(device="meta", recurse=False)
     if reader is not None and (missing or loaded == 0):
         example = ", ".join(missing[:3])

@@ -1,14 +1,16 @@
 """Apply a plan to a meta model, in the one fixed order, then materialise it.
 
-Order (the only place it is written): decoder blocks found -> [pipeline split: not yet] -> tensor parallel over
-the mesh's tp dimension -> activation checkpointing -> FSDP2 sharding -> materialise on the device -> DDP wrapper.
+Order (the only place it is written): pipeline split into this rank's stages (pp > 1) -> tensor parallel over the
+mesh's tp dimension -> activation checkpointing -> FSDP2 sharding -> materialise on the device -> DDP wrapper.
+Each pipeline stage is a HF model of its own (``parallel/pipeline.py``) and goes through the same steps.
 Tensor parallelism slices the projections first, so FSDP2 shards slices (2-D DTensors over dp x tp). Checkpointing
 wraps blocks before FSDP so that FSDP's all-gather hooks sit outside the recomputed region (torchtitan's order);
 sharding happens on ``meta`` so that no rank ever allocates the unsharded model (DDP excepted); DDP comes last
 because it broadcasts real values.
 
-The result, :class:`ParallelModel`, is what an engine drives: a module to call, the dtype to autocast to (if the
-backend does not cast parameters itself), and the per-micro-step gradient-sync context of the backend.
+The result, :class:`ParallelModel` (or :class:`PipelineParts` for pp > 1), is what an engine drives: a module to
+call, the dtype to autocast to (if the backend does not cast parameters itself), and the per-micro-step
+gradient-sync context of the backend.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bigtrain.config.pipeline import stages_of_rank
 from bigtrain.config.plan import Plan
 from bigtrain.models.build import build_meta_model, decoder_blocks
 from bigtrain.models.materialize import materialize
@@ -29,6 +32,7 @@ from bigtrain.parallel.activation_checkpoint import apply_activation_checkpoint
 from bigtrain.parallel.ddp import apply_ddp, ddp_grad_sync
 from bigtrain.parallel.fsdp import apply_fsdp, fsdp_grad_sync
 from bigtrain.parallel.mesh import WorldMesh
+from bigtrain.parallel.pipeline import build_stages
 from bigtrain.parallel.precision import COMPUTE_DTYPES
 from bigtrain.parallel.tensor_parallel import apply_tensor_parallel
 
@@ -49,15 +53,40 @@ class ParallelModel:
     grad_sync: Callable[[bool], contextlib.AbstractContextManager]
 
 
-def parallelize(model: nn.Module, hf_config: Any, plan: Plan, mesh: WorldMesh, mixed_precision: str) -> ParallelModel:
-    """Every step of the plan that happens before materialisation, applied in place to an unmaterialised model."""
+@dataclass(frozen=True)
+class PipelineParts:
+    stages: list[nn.Module]  # the HF stage models this rank runs, in stage order; each one is its own FSDP2 root
+    stage_ids: list[int]  # their indices in the pipeline
+    plan: Plan
+    mesh: WorldMesh
+    compute_dtype: torch.dtype  # what the stages compute in, and so what flows between them
+
+
+def _shard_in_order(model: nn.Module, hf_config: Any, plan: Plan, mesh: WorldMesh, mixed_precision: str) -> None:
     if plan.tp > 1:
         apply_tensor_parallel(model, hf_config, mesh.mesh["tp"])
     blocks = apply_activation_checkpoint(decoder_blocks(model), plan.activation_checkpointing)
     if plan.backend == "fsdp2":
         apply_fsdp(model, blocks, plan, mesh, mixed_precision)
+
+
+def parallelize(model: nn.Module, hf_config: Any, plan: Plan, mesh: WorldMesh, mixed_precision: str) -> ParallelModel:
+    """Every step of the plan that happens before materialisation, applied in place to an unmaterialised model."""
+    _shard_in_order(model, hf_config, plan, mesh, mixed_precision)
+    if plan.backend == "fsdp2":
         return ParallelModel(model, model, plan, mesh, None, fsdp_grad_sync(model, plan, mesh))
     return ParallelModel(model, model, plan, mesh, COMPUTE_DTYPES[mixed_precision], _no_sync_needed)
+
+
+def parallelize_pipeline(
+    model: nn.Module, hf_config: Any, plan: Plan, mesh: WorldMesh, mixed_precision: str
+) -> PipelineParts:
+    """This rank's pipeline stages cut from ``model`` (left untouched), each sharded like a whole model."""
+    stage_ids = stages_of_rank(mesh.coordinate("pp"), plan)
+    stages = build_stages(model, hf_config, plan, stage_ids)
+    for stage in stages:
+        _shard_in_order(stage, hf_config, plan, mesh, mixed_precision)
+    return PipelineParts(stages, stage_ids, plan, mesh, COMPUTE_DTYPES[mixed_precision])
 
 
 def replicate(parallel: ParallelModel, device: torch.device) -> ParallelModel:
@@ -83,3 +112,23 @@ def build_parallel_model(
     materialize(parallel.model, build_meta_model(hf_config, attn_implementation), device, checkpoint, seed)
     parallel.model.train()
     return replicate(parallel, device)
+
+
+def build_pipeline_parts(
+    hf_config: Any,
+    attn_implementation: str,
+    plan: Plan,
+    mesh: WorldMesh,
+    device: torch.device,
+    mixed_precision: str,
+    checkpoint: str | None,
+    seed: int,
+) -> PipelineParts:
+    """Meta model -> this rank's stages, planned -> values from ``checkpoint`` or HF's init under ``seed`` (the same
+    values every plan gets: the whole model's initialisation is walked, each rank keeps its stages' part)."""
+    meta = build_meta_model(hf_config, attn_implementation)
+    parts = parallelize_pipeline(meta, hf_config, plan, mesh, mixed_precision)
+    materialize(parts.stages, meta, device, checkpoint, seed)
+    for stage in parts.stages:
+        stage.train()
+    return parts

@@ -13,12 +13,13 @@ what the rest would cost. Ranked by predicted step time; among plans within NEAR
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
 from bigtrain.config.plan import CHOOSES_GRAD_REDUCE, DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan, unsupported
-from bigtrain.config.schema import BACKENDS, CHECKPOINTING, GRAD_REDUCE, PIPELINE_SCHEDULES
+from bigtrain.config.schema import BACKENDS, CHECKPOINTING, GRAD_REDUCE
 from bigtrain.errors import ConfigError
 from bigtrain.planner.cost import TimeEstimate, estimate_time
 from bigtrain.planner.hardware import Cluster, GiB
@@ -27,6 +28,8 @@ from bigtrain.planner.model_stats import TP_FAMILIES, ModelStats
 
 NEAR_TIE = 0.02
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
+# the schedules the memory and time terms model (one stage per rank); the multi-stage ones run from a recipe
+PLANNED_SCHEDULES = ("1f1b", "gpipe")
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))
 
 
@@ -34,10 +37,16 @@ PLAN_FIELDS = tuple(f.name for f in fields(Plan))
 class Candidate:
     plan: Plan
     memory: MemoryEstimate
-    time: TimeEstimate
     fits: bool  # structurally valid and within the memory budget
     rejected_because: str | None  # why it does not fit
-    unsupported: str | None = None  # why the trainer cannot run it yet (config.plan.unsupported)
+    unsupported: str | None  # why the trainer cannot run it yet (config.plan.unsupported)
+    predict_time: Callable[[Plan], TimeEstimate] = field(repr=False, compare=False)
+
+    @cached_property
+    def time(self) -> TimeEstimate:
+        """Predicted on first use: ranking needs it only for plans that fit (a few percent of a large search);
+        the rest are ranked by memory, and their time is computed when a table shows them."""
+        return self.predict_time(self.plan)
 
     @property
     def runnable(self) -> bool:
@@ -68,11 +77,12 @@ def complexity(plan: Plan) -> int:
 def not_weighed_yet(plan: Plan) -> str | None:
     """Plans the trainer runs but the planner does not offer yet, because the terms that would rank them have not
     been checked against a measurement (a wrong term would make ``plan: auto`` pick them for the wrong reasons)."""
-    if plan.tp > 1:
-        return (
-            f"parallel.tp={plan.tp} runs when set in a recipe, but the planner does not offer it yet: its tp memory "
-            "and time terms are not checked against the simulator"
-        )
+    for key in ("tp", "pp"):
+        if getattr(plan, key) > 1:
+            return (
+                f"parallel.{key}={getattr(plan, key)} runs when set in a recipe, but the planner does not offer it "
+                f"yet: its {key} memory and time terms are not checked against the simulator"
+            )
     return None
 
 
@@ -80,7 +90,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _structural_problem(stats: ModelStats, plan: Plan, cluster: Cluster) -> str | None:
+def _structural_problem(stats: ModelStats, plan: Plan, cluster: Cluster, global_batch_size: int) -> str | None:
     if plan.tp > cluster.gpus_per_node:
         return f"tp={plan.tp} crosses node boundary ({cluster.gpus_per_node} GPUs per node)"
     if plan.tp > 1 and stats.model_type not in TP_FAMILIES:
@@ -91,6 +101,8 @@ def _structural_problem(stats: ModelStats, plan: Plan, cluster: Cluster) -> str 
         )
     if plan.pp > stats.layers:
         return f"pp={plan.pp} exceeds the {stats.layers} layers"
+    if plan.pp > 1 and plan.pp_schedule == "1f1b" and plan.grad_accum_steps(global_batch_size) < plan.pp:
+        return f"pp_schedule=1f1b needs at least pp={plan.pp} micro-batches per step"
     return None
 
 
@@ -129,7 +141,7 @@ def enumerate_plans(
         default_reduce = DEFAULT_GRAD_REDUCE[backend]
         for replicate, shard, tp, pp in _layouts(stats, cluster, backend):
             micro = [mb for mb in MICRO_BATCHES if global_batch_size % (mb * replicate * shard) == 0]
-            schedules = PIPELINE_SCHEDULES if pp > 1 else PIPELINE_SCHEDULES[:1]
+            schedules = PLANNED_SCHEDULES if pp > 1 else PLANNED_SCHEDULES[:1]
             for mb, ac, stage, schedule, (off_opt, off_par) in itertools.product(
                 micro, CHECKPOINTING, ZERO_STAGES[backend], schedules, _offloads(backend)
             ):
@@ -146,13 +158,15 @@ def enumerate_plans(
                     offload_optimizer=off_opt,
                     offload_params=off_par,
                 )
-                plan = Plan(grad_reduce=default_reduce, **common)
+                # fsdp2 pipeline stages reduce once, after the last micro-batch (config.plan)
+                reduce = "once_per_step" if pp > 1 and backend == "fsdp2" else default_reduce
+                plan = Plan(grad_reduce=reduce, **common)
                 variants = [plan]
-                if backend in CHOOSES_GRAD_REDUCE and plan.grad_accum_steps(global_batch_size) > 1:
-                    variants += [Plan(grad_reduce=mode, **common) for mode in GRAD_REDUCE if mode != default_reduce]
-                for variant in variants:
-                    if all(getattr(variant, k) == v for k, v in fixed.items()):
-                        yield variant
+                if backend in CHOOSES_GRAD_REDUCE and pp == 1 and plan.grad_accum_steps(global_batch_size) > 1:
+                    variants += [Plan(grad_reduce=mode, **common) for mode in GRAD_REDUCE if mode != reduce]
+                if fixed:
+                    variants = [v for v in variants if all(getattr(v, k) == want for k, want in fixed.items())]
+                yield from variants
 
 
 def search(
@@ -168,13 +182,18 @@ def search(
     fixed = fixed or {}
     budget = cluster.gpu.memory_bytes
     out = []
+
+    def predict_time(plan: Plan) -> TimeEstimate:
+        return estimate_time(stats, plan, cluster, seq_len, global_batch_size, mixed_precision)
+
     for plan in enumerate_plans(stats, cluster, global_batch_size, fixed):
         mem = estimate_memory(stats, plan, seq_len, mixed_precision, global_batch_size)
-        time = estimate_time(stats, plan, cluster, seq_len, global_batch_size, mixed_precision)
-        reason = _structural_problem(stats, plan, cluster)
+        reason = _structural_problem(stats, plan, cluster, global_batch_size)
         if reason is None and mem.budget_bytes > budget:
             reason = f"needs {mem.budget_bytes / GiB:.1f} GiB > {budget / GiB:.1f} GiB budget"
-        out.append(Candidate(plan, mem, time, reason is None, reason, unsupported(plan) or not_weighed_yet(plan)))
+        out.append(
+            Candidate(plan, mem, reason is None, reason, unsupported(plan) or not_weighed_yet(plan), predict_time)
+        )
     if not out:
         pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "none"
         raise ConfigError(

@@ -24,13 +24,14 @@ from bigtrain.checkpoint.loader import load_checkpoint
 from bigtrain.checkpoint.run_dir import FINAL_MODEL, plan_start, prepare_output_dir
 from bigtrain.checkpoint.saver import Checkpointer
 from bigtrain.config.hf import check_tensor_parallel
+from bigtrain.config.pipeline import check_pipeline_parallel
 from bigtrain.config.plan import Plan, resolve_plan
 from bigtrain.config.schema import ParallelConfig, RecipeConfig
 from bigtrain.data.loader import StepLoader
 from bigtrain.data.order import GlobalOrder
 from bigtrain.data.sources import TokenRows, check_vocabulary, load_token_rows
 from bigtrain.engine import Engine, build_engine
-from bigtrain.models.build import load_hf_config
+from bigtrain.models.build import load_hf_config, model_shapes
 from bigtrain.planner.auto import choose_plan
 from bigtrain.runtime import (
     init_process_group,
@@ -76,6 +77,7 @@ class TrainingJob:
         self.plan: Plan | None = None if auto else resolve_plan(cfg.parallel, self.env.world_size, self._batch)
         if self.plan is not None:
             check_tensor_parallel(self.hf_config, self.plan.tp)
+            check_pipeline_parallel(self.hf_config, self.plan, self._batch)
         self.data: TokenRows = load_token_rows(cfg.data)
         check_vocabulary(self.data, self.hf_config.vocab_size, cfg.data.path)
         self.start = plan_start(cfg)
@@ -160,7 +162,8 @@ class TrainingJob:
         return result
 
     def _resume(self, folder: Path, data_info: dict[str, Any]) -> None:
-        resumed = load_checkpoint(self.engine, folder, self.device)
+        shapes = model_shapes(self.hf_config, self.cfg.model.attn_implementation)
+        resumed = load_checkpoint(self.engine, folder, self.device, shapes)
         saved = resumed.manifest
         self.start_point = StartPoint(saved.step, saved.tokens)
         if self.env.rank != 0:
@@ -201,6 +204,7 @@ class TrainingJob:
         # validate it as if the user had written it
         plan = resolve_plan(ParallelConfig(**chosen.to_dict()), self.env.world_size, self._batch)
         check_tensor_parallel(self.hf_config, plan.tp)
+        check_pipeline_parallel(self.hf_config, plan, self._batch)
         return plan
 
     def _log_plan(self) -> None:

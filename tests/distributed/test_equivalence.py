@@ -106,12 +106,10 @@ PLANS = {
     "ddp-2ranks-accum2": (2, dict(backend="ddp", micro_batch_size=2)),
     "fsdp2-2ranks-mb1-reduce-every": (2, dict(backend="fsdp2", micro_batch_size=1, grad_reduce=EVERY)),
     "fsdp2-2ranks-mb1-reduce-once": (2, dict(backend="fsdp2", micro_batch_size=1, grad_reduce=ONCE)),
-    "fsdp2-2ranks-mb4-no-accum": (2, dict(backend="fsdp2", micro_batch_size=4)),
     "fsdp2-zero2-ac-full": (
         2,
         dict(backend="fsdp2", zero_stage=2, activation_checkpointing="full", micro_batch_size=2),
     ),
-    "hsdp-2x1-reduce-every": (2, dict(backend="fsdp2", dp_replicate=2, dp_shard=1, micro_batch_size=2)),
     "hsdp-2x2-reduce-every": (4, dict(backend="fsdp2", dp_replicate=2, dp_shard=2, micro_batch_size=1)),
     "hsdp-2x2-reduce-once": (
         4,
@@ -126,8 +124,27 @@ TP_PLANS = {
         dict(backend="fsdp2", tp=2, dp_shard=2, micro_batch_size=2, activation_checkpointing="full"),
     ),
 }
+# pipeline parallel (FSDP2 stages), each with accumulation: the schedule owns the micro-batch loop
+PP_PLANS = {
+    "pp2-gpipe-accum4": (2, dict(backend="fsdp2", pp=2, pp_schedule="gpipe", micro_batch_size=2)),
+    "pp2-1f1b-accum8": (2, dict(backend="fsdp2", pp=2, pp_schedule="1f1b", micro_batch_size=1)),
+    "pp2-dp_shard2-1f1b-accum2": (4, dict(backend="fsdp2", pp=2, dp_shard=2, micro_batch_size=2)),
+    "pp2-tp2-gpipe-accum4-ac-full": (
+        4,
+        dict(backend="fsdp2", pp=2, tp=2, pp_schedule="gpipe", micro_batch_size=2, activation_checkpointing="full"),
+    ),
+    "pp2x2virtual-interleaved_1f1b-accum4": (
+        2,
+        dict(backend="fsdp2", pp=2, pp_virtual_stages=2, pp_schedule="interleaved_1f1b", micro_batch_size=2),
+    ),
+    "pp2x2virtual-looped_bfs-accum4": (
+        2,
+        dict(backend="fsdp2", pp=2, pp_virtual_stages=2, pp_schedule="looped_bfs", micro_batch_size=2),
+    ),
+}
 PLANS.update(TP_PLANS)
-CASES = [("llama-tied", plan) for plan in PLANS if plan not in TP_PLANS] + [
+PLANS.update(PP_PLANS)
+CASES = [("llama-tied", plan) for plan in PLANS if plan not in TP_PLANS and plan not in PP_PLANS] + [
     ("gpt2", "fsdp2-2ranks-mb1-reduce-every"),
     ("gpt2", "ddp-2ranks-accum2"),
     ("qwen2-untied", "fsdp2-2ranks-mb1-reduce-once"),
@@ -135,6 +152,7 @@ CASES = [("llama-tied", plan) for plan in PLANS if plan not in TP_PLANS] + [
     ("llama-4layers", "tp2-accum4"),
     ("llama-4layers", "tp2-dp_shard2-accum2-ac-full"),
     ("qwen2-tied", "tp2-accum4"),
+    *[("llama-4layers", plan) for plan in PP_PLANS],
 ]
 
 

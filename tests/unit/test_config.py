@@ -5,6 +5,7 @@ from helpers import REPO
 
 from bigtrain.config.hf import check_tensor_parallel, hf_config_from_dict
 from bigtrain.config.load import load_recipe
+from bigtrain.config.pipeline import check_pipeline_parallel
 from bigtrain.config.plan import resolve_plan
 from bigtrain.errors import ConfigError
 
@@ -76,3 +77,4 @@ def test_every_shipped_recipe_resolves_for_the_workers_its_header_names(recipe):
     plan = resolve_plan(cfg.parallel, nproc, cfg.train.global_batch_size)
     if cfg.model.config is not None:
         check_tensor_parallel(hf_config_from_dict(cfg.model.config), plan.tp)
+        check_pipeline_parallel(hf_config_from_dict(cfg.model.config), plan, cfg.train.global_batch_size)

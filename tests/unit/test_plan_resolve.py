@@ -36,13 +36,16 @@ def test_plan_is_keyword_only():
 def test_unsupported_is_the_one_list_resolve_plan_enforces():
     ok = resolve_plan(ParallelConfig(), world_size=4, global_batch_size=8)
     assert unsupported(ok) is None
-    for change in ({"backend": "deepspeed", "zero_stage": 2}, {"pp": 2}, {"offload_optimizer": True}):
+    for change in ({"backend": "deepspeed", "zero_stage": 2}, {"offload_optimizer": True}):
         plan = dataclasses.replace(ok, **change)
         reason = unsupported(plan)
         assert reason is not None and "not supported" in reason or "needs the deepspeed backend" in reason
     assert unsupported(dataclasses.replace(ok, tp=2, dp_shard=2)) is None  # tensor parallel runs under fsdp2
     ddp_tp = dataclasses.replace(ok, backend="ddp", zero_stage=0, tp=2, dp_shard=1, dp_replicate=2)
     assert "runs with backend fsdp2" in unsupported(ddp_tp)
+    assert unsupported(dataclasses.replace(ok, pp=2, dp_shard=2, grad_reduce="once_per_step")) is None
+    ddp_pp = dataclasses.replace(ok, backend="ddp", zero_stage=0, pp=2, dp_shard=1, dp_replicate=2)
+    assert "parallel.pp=2 runs with backend fsdp2" in unsupported(ddp_pp)
 
 
 def test_plan_round_trips_into_a_recipe_section():
@@ -75,7 +78,13 @@ def test_plan_round_trips_into_a_recipe_section():
             8,
             "parallel.grad_reduce=every_micro_step is not a mode of backend ddp, which reduces once_per_step",
         ),
-        (ParallelConfig(pp=2), 2, 8, "parallel.pp=2 is not supported by the trainer yet"),
+        (ParallelConfig(backend="ddp", pp=2), 2, 8, "parallel.pp=2 runs with backend fsdp2"),
+        (
+            ParallelConfig(pp=2, grad_reduce="every_micro_step"),
+            2,
+            8,
+            "parallel.grad_reduce=every_micro_step is not possible with parallel.pp=2",
+        ),
         (
             ParallelConfig(activation_checkpointing="selective"),
             2,
