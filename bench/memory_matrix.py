@@ -41,8 +41,8 @@ def main() -> int:
         predicted, simulated = run_case(c)
         err = predicted / simulated - 1
         worst = max(worst, abs(err))
-        plan = "ddp" if c.backend == "ddp" else f"fsdp2 zero{c.zero_stage}"
-        world = f"{c.replicate}x{c.world // c.replicate}" if c.replicate > 1 else str(c.world)
+        plan = "ddp" if c.backend == "ddp" else f"fsdp2 zero{c.zero_stage}" + (f" tp{c.tp}" if c.tp > 1 else "")
+        world = f"{c.replicate}x{c.world // c.replicate}" if c.replicate > 1 else str(c.world)  # ranks (tp included)
         if c.accum == 1:
             grads = "-"
         elif c.backend == "ddp":

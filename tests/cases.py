@@ -151,6 +151,7 @@ class MemoryCase:
     precision: str
     grad_reduce: str = "every_micro_step"  # ddp cases: once_per_step
     replicate: int = 1  # fsdp2: HSDP replicas (the rest of the world shards)
+    tp: int = 1  # fsdp2: tensor-parallel degree (taken out of dp_shard)
 
     @property
     def accum(self) -> int:
@@ -159,6 +160,7 @@ class MemoryCase:
     @property
     def name(self) -> str:
         dp = f"{self.replicate}x{self.world // self.replicate}" if self.replicate > 1 else f"{self.world}"
+        dp += f"-tp{self.tp}" if self.tp > 1 else ""
         reduce = "" if self.backend == "ddp" else f"-{self.grad_reduce}"
         return (
             f"{self.arch}-{self.backend}{self.zero_stage}-N{dp}-{self.ac}-mb{self.micro_batch}-L{self.seq_len}-"
@@ -166,14 +168,17 @@ class MemoryCase:
         )
 
     def plan(self) -> Plan:
-        replicate, shard = (self.world, 1) if self.backend == "ddp" else (self.replicate, self.world // self.replicate)
+        if self.backend == "ddp":
+            replicate, shard = self.world, 1
+        else:
+            replicate, shard = self.replicate, self.world // (self.replicate * self.tp)
         return Plan(
             backend=self.backend,
             zero_stage=self.zero_stage,
             grad_reduce=DEFAULT_GRAD_REDUCE["ddp"] if self.backend == "ddp" else self.grad_reduce,
             dp_replicate=replicate,
             dp_shard=shard,
-            tp=1,
+            tp=self.tp,
             pp=1,
             pp_schedule="1f1b",
             activation_checkpointing=self.ac,
@@ -203,4 +208,11 @@ MEMORY_CASES = [
     MemoryCase("qwen2-bigvocab", "fsdp2", 3, 8, "none", 1, 512, 8, "bf16"),
     MemoryCase("qwen2-bigvocab", "ddp", 0, 8, "none", 2, 256, 32, "fp32"),
     MemoryCase("qwen2-bigvocab", "fsdp2", 2, 64, "full", 2, 1024, 128, "bf16"),
+    # tensor parallel inside FSDP2 (embeddings, head and logits replicated over tp; no sequence parallel)
+    MemoryCase("llama-dense", "fsdp2", 3, 8, "none", 2, 512, 16, "bf16", tp=2),
+    MemoryCase("llama-dense", "fsdp2", 3, 8, "none", 2, 512, 16, "bf16", tp=4),
+    MemoryCase("mistral-gqa", "fsdp2", 3, 8, "full", 2, 1024, 32, "bf16", ONCE, tp=2),
+    MemoryCase("mistral-gqa", "fsdp2", 2, 16, "none", 1, 1024, 32, "fp32", replicate=2, tp=2),
+    MemoryCase("qwen2-tied", "fsdp2", 2, 8, "full", 4, 256, 32, "bf16", tp=2),
+    MemoryCase("qwen2-bigvocab", "fsdp2", 3, 64, "full", 2, 1024, 128, "bf16", tp=2),
 ]

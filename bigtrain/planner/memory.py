@@ -25,7 +25,8 @@ The peak is the larger of two moments (tracked with torch's memory tracker, see 
 Activations: per decoder block and token, the tensors autograd saves in HF's implementation (listed in
 ``block_activation_bytes_per_token``), times b·L, times the blocks whose activations are alive at the peak.
 Loss: the logits' backward holds the log-softmax output, its gradient and the input gradient, all fp32 (the
-compute-dtype logits are not saved by the upcast): 12 bytes per logit, b·L·V/tp logits.
+compute-dtype logits are not saved by the upcast): 12 bytes per logit, b·L·V logits (also with tp: the head is
+replicated).
 Margin (reported apart, added only against the budget): allocator fragmentation and CUDA context/NCCL buffers,
 stated as 10% of the peak plus 1.5 GiB (CUDA context ~0.5 GiB and NCCL channels/workspace ~1 GiB on H100-class
 systems, torchtitan and DeepSpeed issue reports).
@@ -77,14 +78,15 @@ def stage_params(stats: ModelStats, plan: Plan) -> tuple[int, int]:
     """(block parameters, root parameters) on the busiest stage, per tensor-parallel rank.
 
     With pp > 1 the first stage holds the embeddings and the last the head; the larger of the two is taken.
-    Tensor parallelism splits every projection and the vocabulary; norms are replicated (negligible, ignored).
+    Tensor parallelism splits every projection of the blocks (their norms are replicated: negligible, ignored); the
+    embeddings, final norm and LM head stay whole on every tp rank (no vocabulary-parallel head in the trainer).
     """
     blocks = stage_layers(stats, plan.pp) * stats.block_params
     root = stats.root_params if plan.pp == 1 else max(stats.embed_params, stats.head_params + stats.norm_params)
-    return blocks // plan.tp, root // plan.tp
+    return blocks // plan.tp, root
 
 
-def block_activation_bytes_per_token(stats: ModelStats, a: int) -> int:
+def block_activation_bytes_per_token(stats: ModelStats, a: int, tp: int = 1) -> int:
     """Bytes autograd keeps for one decoder block per token, no checkpointing.
 
     Llama family (HF modeling_llama with SDPA; listed with saved-tensor hooks): each RMSNorm saves its input upcast
@@ -94,13 +96,15 @@ def block_activation_bytes_per_token(stats: ModelStats, a: int) -> int:
     per head); SwiGLU saves gate, silu(gate), up and their product (4a·ffn).
     GPT-2: two LayerNorms save input and normalised output (2ah each), SDPA q, k, v as views of c_attn's output
     (3ah) and its output (ah), the MLP saves c_fc's output and the tanh-GELU intermediates (counted as 5a·ffn).
+    Tensor parallelism (no sequence parallel) splits what lies between a column-wise and a row-wise projection
+    (heads, MLP units) over tp; the norms and the projections' inputs see the whole hidden state on every tp rank.
     """
     h, f = stats.hidden, stats.ffn
     if stats.gated_mlp:
         norms = 2 * (4 * h + 2 * a * h + 4)
         attn = 2 * a * stats.q_width + 2 * a * stats.kv_width + 4 * stats.heads
-        return norms + attn + 4 * a * f
-    return 2 * (2 * a * h) + 4 * a * h + 4 * stats.heads + 5 * a * f
+        return norms + (attn + 4 * a * f) // tp
+    return (2 * (2 * a * h) + 4 * a * h + 4 * stats.heads + 5 * a * f) // tp  # (no tp layout: tp is 1)
 
 
 def root_activation_bytes_per_token(stats: ModelStats, a: int) -> int:
@@ -111,7 +115,7 @@ def root_activation_bytes_per_token(stats: ModelStats, a: int) -> int:
 def activation_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int, micro_batches: int) -> int:
     """Activations alive at the peak on the busiest stage (excluding the logits, counted apart)."""
     tokens = plan.micro_batch_size * seq_len
-    per_block = block_activation_bytes_per_token(stats, a) * tokens // plan.tp
+    per_block = block_activation_bytes_per_token(stats, a, plan.tp) * tokens
     layers = stage_layers(stats, plan.pp)
     if plan.activation_checkpointing == "full":
         # only each block's input survives; one block is recomputed at a time during backward, after the loss's
@@ -123,7 +127,7 @@ def activation_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int, micro_
         kept = layers * (per_block - attn) + attn
     else:
         kept = layers * per_block
-    kept += root_activation_bytes_per_token(stats, a) * tokens // plan.tp
+    kept += root_activation_bytes_per_token(stats, a) * tokens  # replicated over tp
     if plan.pp > 1:
         # 1F1B keeps at most pp micro-batches in flight on the first stage; GPipe keeps all of them
         in_flight = min(plan.pp, micro_batches) if plan.pp_schedule == "1f1b" else micro_batches
@@ -132,8 +136,9 @@ def activation_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int, micro_
 
 
 def logits_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:
-    """Peak of the loss backward: 12 bytes per logit (see the module docstring), vocabulary split over tp."""
-    return plan.micro_batch_size * seq_len * stats.vocab // plan.tp * 12
+    """Peak of the loss backward: 12 bytes per logit (see the module docstring); the LM head is replicated over tp,
+    so every tp rank computes the whole vocabulary's logits."""
+    return plan.micro_batch_size * seq_len * stats.vocab * 12
 
 
 def estimate_memory(
