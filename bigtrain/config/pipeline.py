@@ -53,6 +53,14 @@ def stages_of_rank(pp_rank: int, plan: Plan) -> list[int]:
     return [pp_rank + v * plan.pp for v in range(plan.pp_virtual_stages)]
 
 
+def min_micro_batches(plan: Plan) -> int:
+    """The fewest micro-batches per step the plan's schedule accepts (torch's Schedule1F1B and ScheduleDualPipeV
+    refuse fewer than their stages)."""
+    if plan.pp == 1:
+        return 1
+    return {"1f1b": plan.pp, "dual_pipe_v": num_stages(plan)}.get(plan.pp_schedule, 1)
+
+
 def check_pipeline_parallel(hf_config: Any, plan: Plan, global_batch_size: int) -> None:
     """Everything about a pp plan that can be wrong, named by its recipe key (on every rank, before any group)."""
     if plan.pp == 1:
@@ -91,7 +99,7 @@ def check_pipeline_parallel(hf_config: Any, plan: Plan, global_batch_size: int) 
             f"pp_virtual_stages <= {layers}"
         )
     accum = plan.grad_accum_steps(global_batch_size)
-    needed = {"1f1b": plan.pp, "dual_pipe_v": stages}.get(schedule, 1)
+    needed = min_micro_batches(plan)
     if schedule in ("interleaved_1f1b", "interleaved_zero_bubble"):
         rounds = max(1, accum // plan.pp)
         if accum % rounds:

@@ -16,7 +16,7 @@ from bigtrain.config.schema import RecipeConfig
 from bigtrain.engine.base import Engine, StepResult, train_step
 from bigtrain.engine.pipelined import PipelinedEngine
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory, TorchNativeEngine
-from bigtrain.parallel.apply import build_parallel_model, build_pipeline_parts
+from bigtrain.parallel.apply import PipelineParts, build_parallel_model
 from bigtrain.parallel.mesh import build_world_mesh
 
 __all__ = ["Engine", "StepResult", "build_engine", "train_step"]
@@ -36,7 +36,7 @@ def build_engine(
     trains with the same ones.
     """
     mesh = build_world_mesh(plan, device.type)
-    build_args = (
+    model = build_parallel_model(
         hf_config,
         cfg.model.attn_implementation,
         plan,
@@ -46,8 +46,6 @@ def build_engine(
         cfg.model.name_or_path,
         cfg.train.seed,
     )
-    if plan.pp > 1:
-        pipeline = build_pipeline_parts(*build_args)
-        return PipelinedEngine.create_pipelined(pipeline, cfg.train, make_optimizer, make_scheduler, device)
-    model = build_parallel_model(*build_args)
+    if isinstance(model, PipelineParts):
+        return PipelinedEngine.create_pipelined(model, cfg.train, make_optimizer, make_scheduler, device)
     return TorchNativeEngine.create(model, cfg.train, make_optimizer, make_scheduler, device)

@@ -113,14 +113,13 @@ def copy_full_into(target: torch.Tensor, full: torch.Tensor) -> None:
 
 @torch.no_grad()
 def materialize(
-    models: nn.Module | list[nn.Module], meta_twin: Any, device: torch.device, checkpoint: str | None, seed: int
+    models: list[nn.Module], meta_twin: Any, device: torch.device, checkpoint: str | None, seed: int
 ) -> None:
     """Allocate ``models`` (already sharded, on meta) on ``device`` and fill every parameter and buffer.
 
-    ``models`` is the model, or the pipeline stages one rank runs (each holding part of it under the HF names);
+    ``models`` is ``[model]``, or the pipeline stages one rank runs (each holding part of it under the HF names);
     ``meta_twin`` is an unsharded meta copy of the whole HF model; ``checkpoint`` is a HF folder or None (init).
     """
-    models = models if isinstance(models, list) else [models]
     for model in models:
         to_empty_keeping_ties(model, device)
     targets = _targets(models)

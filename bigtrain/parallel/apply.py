@@ -106,29 +106,18 @@ def build_parallel_model(
     mixed_precision: str,
     checkpoint: str | None,
     seed: int,
-) -> ParallelModel:
-    """Meta model -> plan applied -> values from ``checkpoint`` (a HF folder) or HF's init under ``seed``."""
-    parallel = parallelize(build_meta_model(hf_config, attn_implementation), hf_config, plan, mesh, mixed_precision)
-    materialize(parallel.model, build_meta_model(hf_config, attn_implementation), device, checkpoint, seed)
+) -> ParallelModel | PipelineParts:
+    """Meta model -> plan applied (pp > 1: cut into this rank's stages first) -> values from ``checkpoint`` (a HF
+    folder) or HF's init under ``seed``: the whole model's initialisation is walked whatever the plan, each rank
+    keeping its part, so every plan starts from the same values."""
+    meta = build_meta_model(hf_config, attn_implementation)
+    if plan.pp > 1:
+        parts = parallelize_pipeline(meta, hf_config, plan, mesh, mixed_precision)  # stages are copies: meta stays
+        materialize(parts.stages, meta, device, checkpoint, seed)
+        for stage in parts.stages:
+            stage.train()
+        return parts
+    parallel = parallelize(meta, hf_config, plan, mesh, mixed_precision)  # in place: the twin is a second one
+    materialize([parallel.model], build_meta_model(hf_config, attn_implementation), device, checkpoint, seed)
     parallel.model.train()
     return replicate(parallel, device)
-
-
-def build_pipeline_parts(
-    hf_config: Any,
-    attn_implementation: str,
-    plan: Plan,
-    mesh: WorldMesh,
-    device: torch.device,
-    mixed_precision: str,
-    checkpoint: str | None,
-    seed: int,
-) -> PipelineParts:
-    """Meta model -> this rank's stages, planned -> values from ``checkpoint`` or HF's init under ``seed`` (the same
-    values every plan gets: the whole model's initialisation is walked, each rank keeps its stages' part)."""
-    meta = build_meta_model(hf_config, attn_implementation)
-    parts = parallelize_pipeline(meta, hf_config, plan, mesh, mixed_precision)
-    materialize(parts.stages, meta, device, checkpoint, seed)
-    for stage in parts.stages:
-        stage.train()
-    return parts

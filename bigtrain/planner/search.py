@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
+from bigtrain.config.pipeline import min_micro_batches
 from bigtrain.config.plan import CHOOSES_GRAD_REDUCE, DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan, unsupported
 from bigtrain.config.schema import BACKENDS, CHECKPOINTING, GRAD_REDUCE
 from bigtrain.errors import ConfigError
@@ -111,8 +112,8 @@ def _structural_problem(stats: ModelStats, plan: Plan, cluster: Cluster, global_
         )
     if plan.pp > stats.layers:
         return f"pp={plan.pp} exceeds the {stats.layers} layers"
-    if plan.pp > 1 and plan.pp_schedule == "1f1b" and plan.grad_accum_steps(global_batch_size) < plan.pp:
-        return f"pp_schedule=1f1b needs at least pp={plan.pp} micro-batches per step"
+    if plan.pp > 1 and plan.grad_accum_steps(global_batch_size) < min_micro_batches(plan):
+        return f"pp_schedule={plan.pp_schedule} needs at least {min_micro_batches(plan)} micro-batches per step"
     return None
 
 
