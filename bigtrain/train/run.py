@@ -76,8 +76,7 @@ class TrainingJob:
         auto = cfg.parallel.plan == "auto"
         self.plan: Plan | None = None if auto else resolve_plan(cfg.parallel, self.env.world_size, self._batch)
         if self.plan is not None:
-            check_tensor_parallel(self.hf_config, self.plan.tp)
-            check_pipeline_parallel(self.hf_config, self.plan, self._batch)
+            self._check_model_split(self.plan)
         self.data: TokenRows = load_token_rows(cfg.data)
         check_vocabulary(self.data, self.hf_config.vocab_size, cfg.data.path)
         self.start = plan_start(cfg)
@@ -203,9 +202,13 @@ class TrainingJob:
             log.info("parallel.plan=auto chose:\n%s", table)
         # validate it as if the user had written it
         plan = resolve_plan(ParallelConfig(**chosen.to_dict()), self.env.world_size, self._batch)
+        self._check_model_split(plan)
+        return plan
+
+    def _check_model_split(self, plan: Plan) -> None:
+        """tp and pp must fit this model and batch (every rank, before any group for a written plan)."""
         check_tensor_parallel(self.hf_config, plan.tp)
         check_pipeline_parallel(self.hf_config, plan, self._batch)
-        return plan
 
     def _log_plan(self) -> None:
         if self.env.rank != 0:
