@@ -1,10 +1,11 @@
-"""The command line: ``bigtrain train RECIPE [--set a.b=v ...] [--nproc N]``, ``bigtrain plan ...`` and
-``bigtrain export-model CHECKPOINT -o HF_DIR`` (also as ``python -m bigtrain``). Turns every ConfigError into one
-``bigtrain: error: ...`` line and exit code 2."""
+"""The command line: ``bigtrain train RECIPE [--set a.b=v ...] [--nproc N]``, ``bigtrain plan ...``,
+``bigtrain export-model CHECKPOINT -o HF_DIR`` and ``bigtrain probe [-o FILE] [--nproc N]`` (also as
+``python -m bigtrain``). Turns every ConfigError into one ``bigtrain: error: ...`` line and exit code 2."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -39,6 +40,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("checkpoint", help="a checkpoint folder (output_dir/checkpoints/step_N) or a run's output_dir")
     export.add_argument("-o", "--output", required=True, help="the HF folder to write (replaced if it exists)")
+    probe = sub.add_parser(
+        "probe", help="measure this machine's matmul rates, memory bandwidth and collective bandwidth (JSON profile)"
+    )
+    probe.add_argument("-o", "--output", help="write the profile here (default: print it)")
+    probe.add_argument(
+        "--nproc", type=int, default=None, help="measure collectives over N local ranks (torch's elastic launcher)"
+    )
     return parser
 
 
@@ -62,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_plan_command(args)
         if args.command == "export-model":
             return _export_model(args)
+        if args.command == "probe":
+            return _probe(args, env)
     except ConfigError as e:
         # One write(2) call: ranks share the launcher's stderr, and a single short write is never interleaved.
         sys.stderr.flush()
@@ -75,6 +85,24 @@ def _export_model(args: argparse.Namespace) -> int:
 
     folder = export_model(args.checkpoint, args.output)
     logging.getLogger("bigtrain").info("wrote %s as a HuggingFace model folder to %s", folder, args.output)
+    return 0
+
+
+def _probe(args: argparse.Namespace, env: LaunchEnv) -> int:
+    from pathlib import Path
+
+    output = Path(args.output).resolve() if args.output else None
+    if args.nproc is not None:
+        if args.nproc < 1:
+            raise ConfigError(f"--nproc={args.nproc} must be at least 1")
+        from bigtrain.launch import launch_local
+
+        return launch_local(args.nproc, ["probe"] + (["-o", str(output)] if output else []))
+    from bigtrain.probe import run_probe
+
+    profile = run_probe(output)
+    if output is None and env.rank == 0:
+        print(json.dumps(profile, indent=1))
     return 0
 
 

@@ -94,6 +94,11 @@ class TrainConfig:
         "Initial loss scale under fp16; halved on every overflow, doubled after 2000 clean steps.", default=65536.0
     )
     seed: int = doc("Seed of the data order and of from-scratch initialisation.", default=0)
+    compile: bool = doc(
+        "torch.compile each decoder block (after tp and activation checkpointing, before FSDP2, as torchtitan does); "
+        "the first steps pay the compilation.",
+        default=False,
+    )
     collective_timeout_s: int = doc(
         "Seconds a collective may wait before the job fails instead of hanging.", default=600
     )

@@ -45,6 +45,7 @@ def build_engine(
         cfg.train.mixed_precision,
         cfg.model.name_or_path,
         cfg.train.seed,
+        cfg.train.compile,
     )
     if isinstance(model, PipelineParts):
         return PipelinedEngine.create_pipelined(model, cfg.train, make_optimizer, make_scheduler, device)

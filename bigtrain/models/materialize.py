@@ -80,11 +80,19 @@ def _retie(groups: list[list[tuple[nn.Module, str]]]) -> None:
             setattr(module, name, shared)
 
 
-def to_empty_keeping_ties(model: nn.Module, device: torch.device) -> None:
-    """Allocate every parameter and buffer on ``device`` (values undefined); shared parameters stay shared."""
+def to_empty_keeping_ties(model: nn.Module, device: torch.device, param_device: torch.device | None = None) -> None:
+    """Allocate every parameter and buffer on ``device`` (values undefined); shared parameters stay shared.
+
+    ``param_device`` puts the parameters elsewhere (the host, for FSDP2's CPU offload, which keeps sharded parameters
+    there and moves them in per module), while buffers (rotary ``inv_freq``) stay where the compute runs.
+    """
     tied = _tied_groups(model)
-    model.to_empty(device=device)
+    model.to_empty(device=param_device or device)
     _retie(tied)
+    if param_device is not None and param_device != device:
+        for module in model.modules():
+            for name, buffer in module.named_buffers(recurse=False):
+                module._buffers[name] = torch.empty_like(buffer, device=device)
 
 
 def _targets(models: list[nn.Module]) -> dict[str, list[torch.Tensor]]:
@@ -113,15 +121,21 @@ def copy_full_into(target: torch.Tensor, full: torch.Tensor) -> None:
 
 @torch.no_grad()
 def materialize(
-    models: list[nn.Module], meta_twin: Any, device: torch.device, checkpoint: str | None, seed: int
+    models: list[nn.Module],
+    meta_twin: Any,
+    device: torch.device,
+    checkpoint: str | None,
+    seed: int,
+    param_device: torch.device | None = None,
 ) -> None:
     """Allocate ``models`` (already sharded, on meta) on ``device`` and fill every parameter and buffer.
 
     ``models`` is ``[model]``, or the pipeline stages one rank runs (each holding part of it under the HF names);
-    ``meta_twin`` is an unsharded meta copy of the whole HF model; ``checkpoint`` is a HF folder or None (init).
+    ``meta_twin`` is an unsharded meta copy of the whole HF model; ``checkpoint`` is a HF folder or None (init);
+    ``param_device``: where parameters live if not on ``device`` (see ``to_empty_keeping_ties``).
     """
     for model in models:
-        to_empty_keeping_ties(model, device)
+        to_empty_keeping_ties(model, device, param_device)
     targets = _targets(models)
     reader = SafetensorsReader(checkpoint) if checkpoint else None
     loaded, missing = 0, []

@@ -62,30 +62,37 @@ class PipelineParts:
     compute_dtype: torch.dtype  # what the stages compute in, and so what flows between them
 
 
-def _shard_in_order(model: nn.Module, hf_config: Any, plan: Plan, mesh: WorldMesh, mixed_precision: str) -> None:
+def _shard_in_order(
+    model: nn.Module, hf_config: Any, plan: Plan, mesh: WorldMesh, mixed_precision: str, compile_blocks: bool
+) -> None:
     if plan.tp > 1:
         apply_tensor_parallel(model, hf_config, mesh.mesh["tp"])
     blocks = apply_activation_checkpoint(decoder_blocks(model), plan.activation_checkpointing)
+    if compile_blocks:
+        for block in blocks:
+            block.compile()  # in place: names (and checkpoints) keep no "_orig_mod" prefix
     if plan.backend == "fsdp2":
         apply_fsdp(model, blocks, plan, mesh, mixed_precision)
 
 
-def parallelize(model: nn.Module, hf_config: Any, plan: Plan, mesh: WorldMesh, mixed_precision: str) -> ParallelModel:
+def parallelize(
+    model: nn.Module, hf_config: Any, plan: Plan, mesh: WorldMesh, mixed_precision: str, compile_blocks: bool = False
+) -> ParallelModel:
     """Every step of the plan that happens before materialisation, applied in place to an unmaterialised model."""
-    _shard_in_order(model, hf_config, plan, mesh, mixed_precision)
+    _shard_in_order(model, hf_config, plan, mesh, mixed_precision, compile_blocks)
     if plan.backend == "fsdp2":
         return ParallelModel(model, model, plan, mesh, None, fsdp_grad_sync(model, plan, mesh))
     return ParallelModel(model, model, plan, mesh, COMPUTE_DTYPES[mixed_precision], _no_sync_needed)
 
 
 def parallelize_pipeline(
-    model: nn.Module, hf_config: Any, plan: Plan, mesh: WorldMesh, mixed_precision: str
+    model: nn.Module, hf_config: Any, plan: Plan, mesh: WorldMesh, mixed_precision: str, compile_blocks: bool = False
 ) -> PipelineParts:
     """This rank's pipeline stages cut from ``model`` (left untouched), each sharded like a whole model."""
     stage_ids = stages_of_rank(mesh.coordinate("pp"), plan)
     stages = build_stages(model, hf_config, plan, stage_ids)
     for stage in stages:
-        _shard_in_order(stage, hf_config, plan, mesh, mixed_precision)
+        _shard_in_order(stage, hf_config, plan, mesh, mixed_precision, compile_blocks)
     return PipelineParts(stages, stage_ids, plan, mesh, COMPUTE_DTYPES[mixed_precision])
 
 
@@ -106,18 +113,24 @@ def build_parallel_model(
     mixed_precision: str,
     checkpoint: str | None,
     seed: int,
+    compile_blocks: bool = False,
 ) -> ParallelModel | PipelineParts:
     """Meta model -> plan applied (pp > 1: cut into this rank's stages first) -> values from ``checkpoint`` (a HF
     folder) or HF's init under ``seed``: the whole model's initialisation is walked whatever the plan, each rank
     keeping its part, so every plan starts from the same values."""
     meta = build_meta_model(hf_config, attn_implementation)
+    # FSDP2's CPU offload wants the sharded parameters in host memory from the start
+    param_device = torch.device("cpu") if plan.offload_params and device.type == "cuda" else None
     if plan.pp > 1:
-        parts = parallelize_pipeline(meta, hf_config, plan, mesh, mixed_precision)  # stages are copies: meta stays
-        materialize(parts.stages, meta, device, checkpoint, seed)
+        # stages are copies: meta stays whole
+        parts = parallelize_pipeline(meta, hf_config, plan, mesh, mixed_precision, compile_blocks)
+        materialize(parts.stages, meta, device, checkpoint, seed, param_device)
         for stage in parts.stages:
             stage.train()
         return parts
-    parallel = parallelize(meta, hf_config, plan, mesh, mixed_precision)  # in place: the twin is a second one
-    materialize([parallel.model], build_meta_model(hf_config, attn_implementation), device, checkpoint, seed)
+    # in place: the twin is a second one
+    parallel = parallelize(meta, hf_config, plan, mesh, mixed_precision, compile_blocks)
+    twin = build_meta_model(hf_config, attn_implementation)
+    materialize([parallel.model], twin, device, checkpoint, seed, param_device)
     parallel.model.train()
     return replicate(parallel, device)

@@ -11,8 +11,16 @@ from bigtrain.config.schema import TrainConfig
 
 
 def build_optimizer(params: list[nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+    # On CUDA the fused kernel updates every parameter in one launch per dtype group; elsewhere torch's default
+    # (for-each) implementation.
+    fused = True if params and params[0].device.type == "cuda" else None
     return torch.optim.AdamW(
-        params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, weight_decay=cfg.weight_decay
+        params,
+        lr=cfg.lr,
+        betas=(cfg.adam_beta1, cfg.adam_beta2),
+        eps=cfg.adam_eps,
+        weight_decay=cfg.weight_decay,
+        fused=fused,
     )
 
 

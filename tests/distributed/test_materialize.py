@@ -115,3 +115,18 @@ def test_from_scratch_init_does_not_depend_on_the_plan(tmp_path):
             assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5), name
     # HF's init (std 0.02) gives a near-uniform first prediction: loss close to ln(vocab)
     assert base[0]["loss"] == pytest.approx(np.log(128), rel=0.02)
+
+
+def test_offload_materialises_parameters_on_the_host_and_buffers_where_compute_runs():
+    """FSDP2's CPU offload refuses parameters on the GPU (seen on an H200); rotary buffers must stay on the GPU. Here
+    the meta device stands in for the GPU."""
+    from bigtrain.config.hf import hf_config_from_dict
+    from bigtrain.models.build import build_meta_model
+    from bigtrain.models.materialize import to_empty_keeping_ties
+
+    model = build_meta_model(hf_config_from_dict(TINY_LLAMA), "sdpa")  # tied embeddings
+    to_empty_keeping_ties(model, torch.device("meta"), param_device=torch.device("cpu"))
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    assert {b.device.type for b in model.buffers()} == {"meta"}
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert "inv_freq" not in model.model.rotary_emb.state_dict()  # still a non-persistent buffer

@@ -1,6 +1,6 @@
 """The package layers, read from the imports of every source file (including imports inside functions).
 
-config < planner | data | models | runtime < parallel < engine < checkpoint < train < simulate < cli: a module may import
+config < planner | data | models | runtime < parallel < engine < checkpoint < train < simulate | probe < cli: a module may import
 only from lower layers and its own package. The planner must stay pure: no ``torch.distributed`` and nothing of
 the trainer, so every rank (and a laptop) computes the same plan from the same numbers. The training loop must not
 learn which backend it drives.
@@ -28,6 +28,7 @@ LAYERS = {
     "train": 6,
     "launch": 6,
     "simulate": 7,
+    "probe": 7,
     "cli": 8,
     "__main__": 9,
 }

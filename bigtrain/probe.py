@@ -1,0 +1,139 @@
+"""``bigtrain probe``: measure what this machine really does, for the planner's time model.
+
+- matmul rate (TFLOP/s) per dtype and shape: the shapes a decoder block runs (tokens x hidden x hidden-ish) and one
+  large square product; bf16, fp16, fp32 (TF32 off, as training runs it) on the device the job would train on;
+- memory bandwidth: a large device-to-device copy, bytes read plus bytes written per second;
+- collective bandwidth over the ranks it was launched with (``bigtrain probe --nproc N`` or torchrun): all-gather,
+  reduce-scatter and all-reduce of several sizes, as *bus* bandwidth (nccl-tests' convention: algorithm bandwidth
+  times (n-1)/n for gather/scatter, 2(n-1)/n for all-reduce), so that one number per group describes the link.
+
+Every figure is the median of timed repeats after warm-up (device synchronised around each timing). Rank 0 writes
+the profile as JSON; collectives run on every rank with the job's own backend (NCCL on GPUs, gloo on CPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# (m, k, n): m tokens of a micro-batch through a k -> n projection, and one square product
+GPU_SHAPES = [(2048, 2048, 2048), (8192, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096), (8192, 8192, 8192)]
+CPU_SHAPES = [(256, 256, 256), (1024, 1024, 1024)]
+GPU_COLLECTIVE_MIB = [1, 16, 256]
+CPU_COLLECTIVE_MIB = [1, 16]
+
+
+def _timer(device: torch.device) -> Callable[[], None]:
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int = 10, warmup: int = 3) -> float:
+    """Median wall time of ``fn`` with the device drained before and after each call."""
+    sync = _timer(device)
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_rates(device: torch.device, shapes: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
+    out = []
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # training in fp32 means fp32 here (bigtrain leaves TF32 off)
+    try:
+        for name, dtype in DTYPES.items():
+            if device.type == "cpu" and dtype == torch.float16:
+                continue  # no fast fp16 path on CPUs; bf16 is what a CPU run would use
+            for m, k, n in shapes:
+                # random data (products of zeros run faster than real ones)
+                a = torch.randn(m, k, device=device, dtype=dtype)
+                b = torch.randn(k, n, device=device, dtype=dtype)
+                seconds = median_seconds(lambda a=a, b=b: torch.mm(a, b), device)
+                out.append({"dtype": name, "m": m, "k": k, "n": n, "tflops": 2 * m * k * n / seconds / 1e12})
+                del a, b
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    return out
+
+
+def copy_bandwidth(device: torch.device, nbytes: int) -> float:
+    """GB/s of a device-to-device copy, counting the bytes read and the bytes written."""
+    src = torch.randn(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    seconds = median_seconds(lambda: dst.copy_(src), device)
+    return 2 * nbytes / seconds / 1e9
+
+
+# torch 2.13 renamed these two (older releases have only the old names)
+_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+
+
+def collective_bandwidth(device: torch.device, sizes_mib: list[int]) -> list[dict[str, Any]]:
+    """Bus bandwidth (GB/s) of all-gather, reduce-scatter and all-reduce over the default group, per buffer size."""
+    n = dist.get_world_size()
+    out = []
+    for mib in sizes_mib:
+        numel = mib * 2**20 // 4 // n * n  # fp32, divisible by the group
+        full = torch.randn(numel, device=device)
+        shard = torch.empty(numel // n, device=device)
+        ops = {
+            "all_gather": (lambda f=full, s=shard: _all_gather(f, s), (n - 1) / n),
+            "reduce_scatter": (lambda f=full, s=shard: _reduce_scatter(s, f), (n - 1) / n),
+            "all_reduce": (lambda f=full: dist.all_reduce(f), 2 * (n - 1) / n),
+        }
+        for op, (fn, factor) in ops.items():
+            seconds = median_seconds(fn, device, repeats=5, warmup=2)
+            out.append({"op": op, "ranks": n, "mib": mib, "bus_gbps": full.numel() * 4 * factor / seconds / 1e9})
+    return out
+
+
+def probe(device: torch.device) -> dict[str, Any]:
+    """The profile of this rank's device, and of the default group's links when there are several ranks."""
+    cuda = device.type == "cuda"
+    profile: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device) if cuda else f"cpu ({platform.processor() or platform.machine()})",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "matmul": matmul_rates(device, GPU_SHAPES if cuda else CPU_SHAPES),
+        "copy_gbps": copy_bandwidth(device, 2 * 2**30 if cuda else 256 * 2**20),
+    }
+    if cuda:
+        profile["memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        profile["collectives"] = collective_bandwidth(device, GPU_COLLECTIVE_MIB if cuda else CPU_COLLECTIVE_MIB)
+        profile["backend"] = dist.get_backend()
+    return profile
+
+
+def run_probe(output: Path | None) -> dict[str, Any]:
+    """One rank of ``bigtrain probe``: join the launcher's group when there is one, measure, rank 0 writes."""
+    from bigtrain.runtime import init_process_group, pick_device, read_launch_env
+
+    env = read_launch_env()
+    device = pick_device(env)
+    if env.launched:
+        init_process_group(env, device, timeout_s=600)
+    try:
+        profile = probe(device)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if env.rank == 0 and output is not None:
+        output.write_text(json.dumps(profile, indent=1) + "\n")
+    return profile

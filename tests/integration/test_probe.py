@@ -1,0 +1,28 @@
+"""``bigtrain probe`` measures this machine: matmul rates, copy bandwidth, and collectives over the launched ranks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helpers import run_cli
+
+
+def test_probe_over_two_ranks_writes_a_profile(tmp_path: Path):
+    out = tmp_path / "profile.json"
+    proc = run_cli(["probe", "--nproc", "2", "-o", str(out)], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    profile = json.loads(out.read_text())
+    assert profile["device"].startswith("cpu")
+    assert {m["dtype"] for m in profile["matmul"]} == {"bf16", "fp32"}
+    assert all(m["tflops"] > 0 for m in profile["matmul"])
+    assert profile["copy_gbps"] > 0
+    assert profile["backend"] == "gloo"
+    ops = {(c["op"], c["mib"]) for c in profile["collectives"] if c["ranks"] == 2 and c["bus_gbps"] > 0}
+    assert ops == {(op, mib) for op in ("all_gather", "reduce_scatter", "all_reduce") for mib in (1, 16)}
+
+
+def test_probe_rejects_zero_ranks():
+    proc = run_cli(["probe", "--nproc", "0"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "bigtrain: error: --nproc=0 must be at least 1"
