@@ -25,7 +25,10 @@ def run_case(case: MemoryCase) -> tuple[int, int]:
     config = load_model_config(MEMORY_ARCHS[case.arch])
     stats = ModelStats.from_config(config)
     predicted = estimate_memory(stats, case.plan(), case.seq_len, case.precision, case.global_batch).total_bytes
-    simulated = simulate(config, case.plan(), case.seq_len, case.precision, case.global_batch)["Total"]
+    # loss_parallel: real tensors (fake ones over-count torch's vocabulary-parallel cross-entropy, see simulate.py)
+    real = case.loss_parallel
+    simulated = simulate(config, case.plan(), case.seq_len, case.precision, case.global_batch, real_tensors=real)
+    simulated = simulated["Total"]
     return predicted, simulated
 
 
@@ -42,6 +45,7 @@ def main() -> int:
         err = predicted / simulated - 1
         worst = max(worst, abs(err))
         plan = "ddp" if c.backend == "ddp" else f"fsdp2 zero{c.zero_stage}" + (f" tp{c.tp}" if c.tp > 1 else "")
+        plan += " loss_parallel" if c.loss_parallel else ""
         world = f"{c.replicate}x{c.world // c.replicate}" if c.replicate > 1 else str(c.world)  # ranks (tp included)
         if c.accum == 1:
             grads = "-"

@@ -152,6 +152,7 @@ class MemoryCase:
     grad_reduce: str = "every_micro_step"  # ddp cases: once_per_step
     replicate: int = 1  # fsdp2: HSDP replicas (the rest of the world shards)
     tp: int = 1  # fsdp2: tensor-parallel degree (taken out of dp_shard)
+    loss_parallel: bool = False  # tp: LM head and loss sharded over the vocabulary (measured on real tensors)
 
     @property
     def accum(self) -> int:
@@ -161,6 +162,7 @@ class MemoryCase:
     def name(self) -> str:
         dp = f"{self.replicate}x{self.world // self.replicate}" if self.replicate > 1 else f"{self.world}"
         dp += f"-tp{self.tp}" if self.tp > 1 else ""
+        dp += "-lp" if self.loss_parallel else ""
         reduce = "" if self.backend == "ddp" else f"-{self.grad_reduce}"
         return (
             f"{self.arch}-{self.backend}{self.zero_stage}-N{dp}-{self.ac}-mb{self.micro_batch}-L{self.seq_len}-"
@@ -185,6 +187,7 @@ class MemoryCase:
             micro_batch_size=self.micro_batch,
             offload_optimizer=False,
             offload_params=False,
+            loss_parallel=self.loss_parallel,
         )
 
 
@@ -215,4 +218,8 @@ MEMORY_CASES = [
     MemoryCase("mistral-gqa", "fsdp2", 2, 16, "none", 1, 1024, 32, "fp32", replicate=2, tp=2),
     MemoryCase("qwen2-tied", "fsdp2", 2, 8, "full", 4, 256, 32, "bf16", tp=2),
     MemoryCase("qwen2-bigvocab", "fsdp2", 3, 64, "full", 2, 1024, 128, "bf16", tp=2),
+    # ... and with the LM head and the loss sharded over the vocabulary (loss_parallel)
+    MemoryCase("qwen2-bigvocab", "fsdp2", 3, 64, "full", 2, 1024, 128, "bf16", tp=2, loss_parallel=True),
+    MemoryCase("mistral-gqa", "fsdp2", 2, 8, "none", 2, 1024, 32, "fp32", tp=2, loss_parallel=True),
+    MemoryCase("llama-dense", "fsdp2", 3, 8, "none", 2, 512, 16, "bf16", tp=4, loss_parallel=True),
 ]

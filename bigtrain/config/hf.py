@@ -57,8 +57,9 @@ def tp_layout(hf_config: Any) -> dict[str, str]:
     return dict(layout)
 
 
-def check_tensor_parallel(hf_config: Any, tp: int) -> None:
-    """tp must split the model's layout and both head counts evenly (checked on every rank before any group)."""
+def check_tensor_parallel(hf_config: Any, tp: int, loss_parallel: bool = False) -> None:
+    """tp must split the model's layout and both head counts evenly (checked on every rank before any group); a
+    vocabulary-parallel head must be untied and split the vocabulary evenly."""
     if tp == 1:
         return
     tp_layout(hf_config)
@@ -68,3 +69,15 @@ def check_tensor_parallel(hf_config: Any, tp: int) -> None:
         if n % tp:
             fits_both = divisor_hint(math.gcd(heads, kv_heads))  # what divides both head counts divides their gcd
             raise ConfigError(f"parallel.tp={tp} does not divide {key}={n}; try {fits_both}")
+    if loss_parallel:
+        if getattr(hf_config, "tie_word_embeddings", False):
+            raise ConfigError(
+                "parallel.loss_parallel=true shards the LM head over the vocabulary, but this model ties it to the "
+                "input embeddings (tie_word_embeddings=true), which stay whole; set parallel.loss_parallel=false"
+            )
+        vocab = hf_config.vocab_size
+        if vocab % tp:
+            raise ConfigError(
+                f"parallel.loss_parallel=true: parallel.tp={tp} does not divide vocab_size={vocab}; "
+                f"use a tp in {divisor_hint(math.gcd(vocab, 1 << 20))} or pad the vocabulary to a multiple of {tp}"
+            )

@@ -46,6 +46,7 @@ class Plan:
     offload_optimizer: bool
     offload_params: bool
     pp_virtual_stages: int = 1
+    loss_parallel: bool = False  # vocabulary-parallel LM head and loss over the tp ranks
 
     @property
     def dp(self) -> int:
@@ -81,6 +82,8 @@ def unsupported(plan: Plan) -> str | None:
             f"parallel.pp_schedule={plan.pp_schedule} (split input/weight backward) does not train the same model as a "
             "single-process loop with FSDP2 stages in torch 2.13; use gpipe, 1f1b, interleaved_1f1b or looped_bfs"
         )
+    if plan.loss_parallel and plan.pp > 1:
+        return "parallel.loss_parallel=true is not supported with parallel.pp > 1 yet; set one of them back"
     if plan.activation_checkpointing == "selective":
         return "parallel.activation_checkpointing=selective is not supported by the trainer yet; use none or full"
     if plan.offload_optimizer:
@@ -200,7 +203,10 @@ def resolve_plan(cfg: ParallelConfig, world_size: int, global_batch_size: int) -
         micro_batch_size=cfg.micro_batch_size,
         offload_optimizer=cfg.offload_optimizer,
         offload_params=cfg.offload_params,
+        loss_parallel=cfg.loss_parallel,
     )
+    if plan.loss_parallel and plan.tp == 1:
+        raise ConfigError("parallel.loss_parallel=true shards the logits over the tp ranks; it needs parallel.tp > 1")
     reason = unsupported(plan)
     if reason is not None:
         raise ConfigError(reason)

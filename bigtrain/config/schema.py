@@ -126,6 +126,11 @@ class ParallelConfig:
         "Sharded data-parallel degree; unset: whatever the other degrees leave of the world.", default=None
     )
     tp: int = doc("Tensor-parallel degree.", default=1)
+    loss_parallel: bool = doc(
+        "tp > 1: shard the LM head over the vocabulary on the tp ranks and compute the cross-entropy on the shards "
+        "(torch's loss_parallel), so each rank holds 1/tp of the logits; needs an untied LM head.",
+        default=False,
+    )
     pp: int = doc("Pipeline-parallel degree.", default=1)
     pp_schedule: PipelineSchedule = doc(
         "Pipeline schedule (torch.distributed.pipelining): 1f1b or gpipe (one stage per rank); interleaved_1f1b, "

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
 from bigtrain.config.schema import TrainConfig
@@ -90,13 +92,18 @@ class TorchNativeEngine(Engine):
         return contextlib.nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
 
     def _micro_step(self, batch: torch.Tensor, last: bool, factor: float) -> torch.Tensor:
+        # Vocabulary-sharded logits (parallel.loss_parallel): torch's loss_parallel computes the cross-entropy on the
+        # shards, in forward and in backward.
+        loss_context = loss_parallel() if self.model.plan.loss_parallel else contextlib.nullcontext()
         with self.model.grad_sync(last):
             with self._autocast():
                 logits = self.model.module(input_ids=batch).logits
-            loss = token_loss_sum(logits, batch)
-            del logits  # the loss keeps what backward needs; the compute-dtype logits can go now
-            (loss * factor).backward()
-        return loss.detach()
+            with loss_context:
+                loss = token_loss_sum(logits, batch)
+                del logits  # the loss keeps what backward needs; the compute-dtype logits can go now
+                (loss * factor).backward()
+        loss = loss.detach()
+        return loss.to_local() if isinstance(loss, DTensor) else loss  # replicated over tp: every rank has it
 
     def _gradient_factor(self, loss_factor: float) -> float:
         # DDP and FSDP2 average gradients over the data-parallel ranks; multiplying by dp turns that average back

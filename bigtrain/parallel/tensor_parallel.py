@@ -18,6 +18,7 @@ from typing import Any
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from bigtrain.config.hf import TP_STYLES, tp_layout
@@ -36,10 +37,19 @@ def tp_module_plan(base_model: nn.Module, layout: dict[str, str]) -> dict[str, P
     return plan
 
 
-def apply_tensor_parallel(model: nn.Module, hf_config: Any, tp_mesh: DeviceMesh) -> None:
-    """Slice the model's projections over ``tp_mesh`` in place (on meta: nothing is allocated)."""
+def apply_tensor_parallel(model: nn.Module, hf_config: Any, tp_mesh: DeviceMesh, loss_parallel: bool = False) -> None:
+    """Slice the model's projections over ``tp_mesh`` in place (on meta: nothing is allocated).
+
+    ``loss_parallel``: the LM head too, column-wise over the vocabulary, its output kept a DTensor sharded on the
+    last dimension: the engine's cross-entropy then runs on the shards under torch's ``loss_parallel`` (one
+    all-reduce of per-token maxima and sums instead of gathering b·L·V logits), so each rank holds 1/tp of them.
+    """
     base = model.base_model  # the decoder under the LM head: the layout's names are relative to it
     plan = tp_module_plan(base, tp_layout(hf_config))
     if not plan:
         raise RuntimeError(f"the tensor-parallel layout of {type(model).__name__} matched none of its modules")
     parallelize_module(base, tp_mesh, plan)
+    if loss_parallel:
+        head = model.get_output_embeddings()
+        name = next(n for n, m in model.named_modules() if m is head)
+        parallelize_module(model, tp_mesh, {name: ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)})

@@ -26,7 +26,10 @@ Activations: per decoder block and token, the tensors autograd saves in HF's imp
 ``block_activation_bytes_per_token``), times b·L, times the blocks whose activations are alive at the peak.
 Loss: the logits' backward holds the log-softmax output, its gradient and the input gradient, all fp32 (the
 compute-dtype logits are not saved by the upcast): 12 bytes per logit, b·L·V logits (also with tp: the head is
-replicated).
+replicated). With ``loss_parallel`` each tp rank holds b·L·V/tp logits, but torch's vocabulary-parallel
+cross-entropy runs log-softmax and its backward as separate element-wise ops on the shards, and four fp32 tensors
+of the local size are alive together at the peak: 16 bytes per local logit in bf16 and in fp32 (measured on real
+tensors, three models; fake tensors over-count it, see simulate.py), i.e. 16/tp against 12 per full logit.
 Margin (reported apart, added only against the budget): allocator fragmentation and CUDA context/NCCL buffers,
 stated as 10% of the peak plus 1.5 GiB (CUDA context ~0.5 GiB and NCCL channels/workspace ~1 GiB on H100-class
 systems, torchtitan and DeepSpeed issue reports).
@@ -79,10 +82,14 @@ def stage_params(stats: ModelStats, plan: Plan) -> tuple[int, int]:
 
     With pp > 1 the first stage holds the embeddings and the last the head; the larger of the two is taken.
     Tensor parallelism splits every projection of the blocks (their norms are replicated: negligible, ignored); the
-    embeddings, final norm and LM head stay whole on every tp rank (no vocabulary-parallel head in the trainer).
+    embeddings and final norm stay whole on every tp rank, and so does the LM head unless ``loss_parallel`` splits
+    it over the vocabulary.
     """
     blocks = stage_layers(stats, plan.pp) * stats.block_params
-    root = stats.root_params if plan.pp == 1 else max(stats.embed_params, stats.head_params + stats.norm_params)
+    head = stats.head_params // plan.tp if plan.loss_parallel else stats.head_params
+    root = stats.root_params - stats.head_params + head
+    if plan.pp > 1:
+        root = max(stats.embed_params, head + stats.norm_params)
     return blocks // plan.tp, root
 
 
@@ -137,8 +144,11 @@ def activation_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int, micro_
 
 def logits_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:
     """Peak of the loss backward: 12 bytes per logit (see the module docstring); the LM head is replicated over tp,
-    so every tp rank computes the whole vocabulary's logits."""
-    return plan.micro_batch_size * seq_len * stats.vocab * 12
+    so every tp rank computes the whole vocabulary's logits, unless ``loss_parallel`` shards them."""
+    tokens = plan.micro_batch_size * seq_len
+    if plan.loss_parallel:
+        return tokens * (stats.vocab // plan.tp) * 16
+    return tokens * stats.vocab * 12
 
 
 def estimate_memory(

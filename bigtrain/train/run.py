@@ -207,7 +207,7 @@ class TrainingJob:
 
     def _check_model_split(self, plan: Plan) -> None:
         """tp and pp must fit this model and batch (every rank, before any group for a written plan)."""
-        check_tensor_parallel(self.hf_config, plan.tp)
+        check_tensor_parallel(self.hf_config, plan.tp, plan.loss_parallel)
         check_pipeline_parallel(self.hf_config, plan, self._batch)
 
     def _log_plan(self) -> None:

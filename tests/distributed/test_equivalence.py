@@ -123,6 +123,11 @@ TP_PLANS = {
         4,
         dict(backend="fsdp2", tp=2, dp_shard=2, micro_batch_size=2, activation_checkpointing="full"),
     ),
+    # LM head and cross-entropy sharded over the vocabulary (its weight on the 2-D dp_shard x tp mesh)
+    "tp2-dp_shard2-loss_parallel-accum2": (
+        4,
+        dict(backend="fsdp2", tp=2, dp_shard=2, micro_batch_size=2, loss_parallel=True),
+    ),
 }
 # pipeline parallel (FSDP2 stages), each with accumulation: the schedule owns the micro-batch loop
 PP_PLANS = {
@@ -151,6 +156,7 @@ CASES = [("llama-tied", plan) for plan in PLANS if plan not in TP_PLANS and plan
     ("qwen2-untied", "fsdp2-zero2-ac-full"),
     ("llama-4layers", "tp2-accum4"),
     ("llama-4layers", "tp2-dp_shard2-accum2-ac-full"),
+    ("llama-4layers", "tp2-dp_shard2-loss_parallel-accum2"),
     ("qwen2-tied", "tp2-accum4"),
     *[("llama-4layers", plan) for plan in PP_PLANS],
 ]

@@ -1,4 +1,5 @@
-"""The analytic peak is within 10% of the simulated peak (bigtrain's own step, fake tensors, fake process group)."""
+"""The analytic peak is within 10% of the simulated peak (bigtrain's own step, fake tensors, fake process group;
+real CPU tensors for loss_parallel cases)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,17 @@ def test_the_simulator_runs_the_tensor_parallel_step_and_its_shards_divide():
     sliced = sum(p.numel() for n, p in model.named_parameters() if n.endswith("proj.weight"))
     rest = sum(p.numel() for p in model.parameters()) - sliced
     assert got["Sharded Param"] == 4 * (sliced // 4 + rest // 2)
+
+
+def test_fake_tensors_are_not_trusted_with_loss_parallel():
+    """They over-count torch's vocabulary-parallel cross-entropy (see simulate.py): refused, not misreported."""
+    from bigtrain.config.plan import resolve_plan
+    from bigtrain.config.schema import ParallelConfig
+    from bigtrain.errors import ConfigError
+    from bigtrain.planner.model_stats import load_model_config
+    from bigtrain.simulate import simulate
+
+    config = load_model_config(MEMORY_ARCHS["llama-dense"])
+    plan = resolve_plan(ParallelConfig(tp=2, dp_shard=2, loss_parallel=True), 4, 4)
+    with pytest.raises(ConfigError, match="fake tensors over-count torch's vocabulary-parallel cross-entropy"):
+        simulate(config, plan, 64, "bf16", 4)

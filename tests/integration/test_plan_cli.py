@@ -48,6 +48,7 @@ def test_json_contract():
         "tp",
         "pp",
         "pp_schedule",
+        "loss_parallel",
         "pp_virtual_stages",
         "activation_checkpointing",
         "micro_batch_size",

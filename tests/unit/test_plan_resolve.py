@@ -95,6 +95,18 @@ def test_plan_round_trips_into_a_recipe_section():
         (ParallelConfig(dp_replicate=3), 4, 8, "parallel.dp_replicate=3 does not divide the data-parallel world 4"),
         (ParallelConfig(plan="auto"), 2, 8, "parallel.plan=auto is chosen at start-up by the trainer"),
         (ParallelConfig(micro_batch_size=0), 2, 8, "parallel.micro_batch_size=0 must be at least 1"),
+        (
+            ParallelConfig(loss_parallel=True),
+            2,
+            8,
+            "parallel.loss_parallel=true shards the logits over the tp ranks; it needs parallel.tp > 1",
+        ),
+        (
+            ParallelConfig(loss_parallel=True, tp=2, pp=2),
+            4,
+            8,
+            "parallel.loss_parallel=true is not supported with parallel.pp > 1 yet",
+        ),
     ],
 )
 def test_bad_plans(cfg, world, batch, expected):

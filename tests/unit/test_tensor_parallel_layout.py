@@ -30,6 +30,30 @@ def test_tp_that_cannot_split_the_model_is_refused_by_name(overrides, tp, expect
         check_tensor_parallel(config(**overrides), tp)
 
 
+@pytest.mark.parametrize(
+    "overrides, tp, expected",
+    [
+        (
+            {},
+            2,
+            "parallel.loss_parallel=true shards the LM head over the vocabulary, but this model ties it to the input "
+            "embeddings (tie_word_embeddings=true), which stay whole; set parallel.loss_parallel=false",
+        ),
+        (
+            {"tie_word_embeddings": False, "vocab_size": 130, "num_key_value_heads": 4},
+            4,
+            "parallel.loss_parallel=true: parallel.tp=4 does not divide vocab_size=130; use a tp in 1, 2 or pad the "
+            "vocabulary to a multiple of 4",
+        ),
+    ],
+)
+def test_a_vocabulary_parallel_head_must_be_untied_and_split_evenly(overrides, tp, expected):
+    with pytest.raises(ConfigError) as e:
+        check_tensor_parallel(config(**overrides), tp, loss_parallel=True)
+    assert str(e.value) == expected
+    check_tensor_parallel(config(tie_word_embeddings=False), 2, loss_parallel=True)
+
+
 def test_tp_that_divides_the_heads_is_accepted():
     check_tensor_parallel(config(), 2)
     check_tensor_parallel(config(model_type="gpt2"), 1)  # no layout needed without tensor parallelism
