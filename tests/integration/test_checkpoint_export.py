@@ -42,8 +42,8 @@ def load(folder):
 
 @pytest.mark.parametrize(
     "arch, parallel",
-    [("llama-tied", {}), ("qwen2-untied", {}), ("llama-4layers", {"tp": 2})],
-    ids=["llama-tied-fsdp2", "qwen2-untied-fsdp2", "llama-tp2"],
+    [("llama-tied", {}), ("qwen2-untied", {}), ("llama-4layers", {"tp": 2, "loss_parallel": True})],
+    ids=["llama-tied-fsdp2", "qwen2-untied-fsdp2", "llama-tp2-loss_parallel"],
 )
 def test_final_model_and_export_give_the_trained_logits(arch, parallel, tmp_path):
     from safetensors import safe_open

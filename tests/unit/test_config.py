@@ -76,5 +76,5 @@ def test_every_shipped_recipe_resolves_for_the_workers_its_header_names(recipe):
         return
     plan = resolve_plan(cfg.parallel, nproc, cfg.train.global_batch_size)
     if cfg.model.config is not None:
-        check_tensor_parallel(hf_config_from_dict(cfg.model.config), plan.tp)
+        check_tensor_parallel(hf_config_from_dict(cfg.model.config), plan.tp, plan.loss_parallel)
         check_pipeline_parallel(hf_config_from_dict(cfg.model.config), plan, cfg.train.global_batch_size)

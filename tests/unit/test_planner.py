@@ -180,6 +180,23 @@ def test_tp_is_kept_within_a_node_and_dividing_heads():
     assert cands[0].rejected_because.startswith("tp=4 does not divide num_attention_heads=14")
 
 
+def test_loss_parallel_is_weighed_when_pinned_and_divides_the_logits():
+    fixed = {"tp": 4, "zero_stage": 3, "micro_batch_size": 2, "dp_replicate": 1, "activation_checkpointing": "none"}
+    plain = search(stats("qwen2.5-7b"), h100(16), 4096, 64, "bf16", fixed=fixed)
+    split = search(stats("qwen2.5-7b"), h100(16), 4096, 64, "bf16", fixed={**fixed, "loss_parallel": True})
+    assert not any(c.plan.loss_parallel for c in plain) and all(c.plan.loss_parallel for c in split)
+    by_reduce = {c.plan.grad_reduce: c.memory for c in plain}
+    for c in split:
+        saved = by_reduce[c.plan.grad_reduce].total_bytes - c.memory.total_bytes
+        # logits: 12 bytes per logit of the whole vocabulary -> 16 per local one (1/4); head parameters / 4
+        b, L, V = 2, 4096, 152064
+        assert saved >= b * L * V * (12 - 16 / 4)
+    tied = search(stats("qwen2.5-0.5b"), h100(8), 2048, 64, "bf16", fixed={"tp": 2, "loss_parallel": True})
+    assert {c.rejected_because for c in tied} == {
+        "loss_parallel needs an untied LM head (this model ties it to the input embeddings)"
+    }
+
+
 def test_fix_pins_fields():
     cands = search(stats("llama-3-8b"), h100(8), 2048, 64, "bf16", fixed={"backend": "fsdp2", "zero_stage": 2})
     assert {(c.plan.backend, c.plan.zero_stage) for c in cands} == {("fsdp2", 2)}
