@@ -21,10 +21,10 @@ Details that matter:
   packed; it then builds a dense L x L causal mask that SDPA keeps, where a real run uses SDPA's ``is_causal`` and no
   mask (measured: +64 MiB at 2048 tokens for a 4-layer model, absent with real tensors). bigtrain never passes
   packed position ids, so during simulation that function is given the answer it returns in real runs: None.
-- torch's vocabulary-parallel cross-entropy (``parallel.loss_parallel``) is over-counted on fake tensors: 22 bytes
-  per local logit in bf16 where the same step on real tensors holds 16 (measured with ``real_tensors=True`` on three
-  models). Such plans are refused on fake tensors; ``real_tensors=True`` runs the step on real (uninitialised) CPU
-  tensors instead, which is affordable at test widths only.
+- torch's vocabulary-parallel cross-entropy (``parallel.loss_parallel``) is over-counted on fake tensors: 22 to 38
+  bytes per local logit in bf16 (the excess does not shrink with tp) where the same step on real tensors holds 16
+  (``real_tensors=True``, three models). Such plans are refused on fake tensors; ``real_tensors=True`` runs the step
+  on real (uninitialised) CPU tensors instead, which is affordable at test widths only.
 Runs on the CPU device (this torch may have no CUDA); byte counts are the same for the same dtypes and kernels.
 """
 

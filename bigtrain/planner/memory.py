@@ -27,9 +27,9 @@ Activations: per decoder block and token, the tensors autograd saves in HF's imp
 Loss: the logits' backward holds the log-softmax output, its gradient and the input gradient, all fp32 (the
 compute-dtype logits are not saved by the upcast): 12 bytes per logit, b·L·V logits (also with tp: the head is
 replicated). With ``loss_parallel`` each tp rank holds b·L·V/tp logits, but torch's vocabulary-parallel
-cross-entropy runs log-softmax and its backward as separate element-wise ops on the shards, and four fp32 tensors
-of the local size are alive together at the peak: 16 bytes per local logit in bf16 and in fp32 (measured on real
-tensors, three models; fake tensors over-count it, see simulate.py), i.e. 16/tp against 12 per full logit.
+cross-entropy runs log-softmax and its backward as separate element-wise ops on the shards: 16 bytes per local
+logit at the peak in bf16 and in fp32 (measured on real tensors for three models; as if four fp32 tensors of the
+local size were alive together; fake tensors over-count it, see simulate.py), i.e. 16/tp against 12 per full logit.
 Margin (reported apart, added only against the budget): allocator fragmentation and CUDA context/NCCL buffers,
 stated as 10% of the peak plus 1.5 GiB (CUDA context ~0.5 GiB and NCCL channels/workspace ~1 GiB on H100-class
 systems, torchtitan and DeepSpeed issue reports).
