@@ -61,12 +61,8 @@ def _free_port() -> int:
 
 
 def init_process_group(env: LaunchEnv, device: torch.device, timeout_s: int) -> None:
-    """nccl on CUDA, gloo on CPU; a timeout so that a dead peer fails the job instead of hanging it.
-
-    On CUDA the group also gets gloo for host tensors: FSDP2's CPU offload keeps gradients in host memory, and the
-    global gradient norm reduces over them.
-    """
-    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    """nccl on CUDA, gloo on CPU; a timeout so that a dead peer fails the job instead of hanging it."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
     if device.type == "cuda":
         kwargs["device_id"] = device

@@ -27,7 +27,10 @@ def clip_global_grad_norm(
     norms = []
     for group in groups.values():
         norm = torch.nn.utils.get_total_norm([p.grad for p in group], foreach=True)
-        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        if isinstance(norm, DTensor):
+            # reduced where the mesh's collectives run: offloaded gradients (FSDP2 CPU offload) live on the host
+            norm = norm.to(norm.device_mesh.device_type).full_tensor()
+        norms.append(norm)
     total = torch.linalg.vector_norm(torch.stack(norms)) if len(norms) > 1 else norms[0]
     if stages_group is not None:
         squared = total.double() ** 2
