@@ -2,7 +2,8 @@
 
     python bench/memory_matrix.py            # prints the Markdown table recorded in bench/results/memory_matrix.md
 
-The cases live in tests/cases.py (MEMORY_CASES); tests/distributed/test_memory_matrix.py asserts each within 10%.
+The cases live in tests/cases.py (MEMORY_CASES, and PIPELINE_MEMORY_CASES, where the simulated and the predicted
+peak are each the busiest pp rank's); tests/distributed/test_memory_matrix.py asserts them within 10%.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from cases import MEMORY_ARCHS, MEMORY_CASES, MemoryCase  # noqa: E402
+from cases import MEMORY_ARCHS, MEMORY_CASES, PIPELINE_MEMORY_CASES, MemoryCase  # noqa: E402
 
 from bigtrain.planner.memory import estimate_memory  # noqa: E402
 from bigtrain.planner.model_stats import ModelStats, load_model_config  # noqa: E402
@@ -40,12 +41,15 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     worst = 0.0
     start = time.perf_counter()
-    for c in MEMORY_CASES:
+    cases = MEMORY_CASES + PIPELINE_MEMORY_CASES
+    for c in cases:
         predicted, simulated = run_case(c)
         err = predicted / simulated - 1
         worst = max(worst, abs(err))
         plan = "ddp" if c.backend == "ddp" else f"fsdp2 zero{c.zero_stage}" + (f" tp{c.tp}" if c.tp > 1 else "")
         plan += " loss_parallel" if c.loss_parallel else ""
+        if c.pp > 1:
+            plan += f" pp{c.pp} {c.pp_schedule}" + (f" x{c.pp_virtual_stages}" if c.pp_virtual_stages > 1 else "")
         world = f"{c.replicate}x{c.world // c.replicate}" if c.replicate > 1 else str(c.world)  # ranks (tp included)
         if c.accum == 1:
             grads = "-"
@@ -58,7 +62,7 @@ def main() -> int:
             f"| {grads} | {c.precision} | {predicted / 2**20:,.1f} | {simulated / 2**20:,.1f} | {err:+.1%} |",
             flush=True,
         )
-    print(f"\nworst |error| {worst:.1%} over {len(MEMORY_CASES)} cases in {time.perf_counter() - start:.0f} s")
+    print(f"\nworst |error| {worst:.1%} over {len(cases)} cases in {time.perf_counter() - start:.0f} s")
     return 0
 
 

@@ -153,6 +153,9 @@ class MemoryCase:
     replicate: int = 1  # fsdp2: HSDP replicas (the rest of the world shards)
     tp: int = 1  # fsdp2: tensor-parallel degree (taken out of dp_shard)
     loss_parallel: bool = False  # tp: LM head and loss sharded over the vocabulary (measured on real tensors)
+    pp: int = 1  # fsdp2: pipeline stages (taken out of dp_shard); the simulator runs every pp rank
+    pp_schedule: str = "1f1b"
+    pp_virtual_stages: int = 1
 
     @property
     def accum(self) -> int:
@@ -163,6 +166,8 @@ class MemoryCase:
         dp = f"{self.replicate}x{self.world // self.replicate}" if self.replicate > 1 else f"{self.world}"
         dp += f"-tp{self.tp}" if self.tp > 1 else ""
         dp += "-lp" if self.loss_parallel else ""
+        dp += f"-pp{self.pp}-{self.pp_schedule}" if self.pp > 1 else ""
+        dp += f"x{self.pp_virtual_stages}" if self.pp_virtual_stages > 1 else ""
         reduce = "" if self.backend == "ddp" else f"-{self.grad_reduce}"
         return (
             f"{self.arch}-{self.backend}{self.zero_stage}-N{dp}-{self.ac}-mb{self.micro_batch}-L{self.seq_len}-"
@@ -173,16 +178,18 @@ class MemoryCase:
         if self.backend == "ddp":
             replicate, shard = self.world, 1
         else:
-            replicate, shard = self.replicate, self.world // (self.replicate * self.tp)
+            replicate, shard = self.replicate, self.world // (self.replicate * self.tp * self.pp)
+        reduce = DEFAULT_GRAD_REDUCE["ddp"] if self.backend == "ddp" else self.grad_reduce
         return Plan(
             backend=self.backend,
             zero_stage=self.zero_stage,
-            grad_reduce=DEFAULT_GRAD_REDUCE["ddp"] if self.backend == "ddp" else self.grad_reduce,
+            grad_reduce="once_per_step" if self.pp > 1 else reduce,  # what torch's schedules do (config.plan)
             dp_replicate=replicate,
             dp_shard=shard,
             tp=self.tp,
-            pp=1,
-            pp_schedule="1f1b",
+            pp=self.pp,
+            pp_schedule=self.pp_schedule,
+            pp_virtual_stages=self.pp_virtual_stages,
             activation_checkpointing=self.ac,
             micro_batch_size=self.micro_batch,
             offload_optimizer=False,
@@ -222,4 +229,45 @@ MEMORY_CASES = [
     MemoryCase("qwen2-bigvocab", "fsdp2", 3, 64, "full", 2, 1024, 128, "bf16", tp=2, loss_parallel=True),
     MemoryCase("mistral-gqa", "fsdp2", 2, 8, "none", 2, 1024, 32, "fp32", tp=2, loss_parallel=True),
     MemoryCase("llama-dense", "fsdp2", 3, 8, "none", 2, 512, 16, "bf16", tp=4, loss_parallel=True),
+]
+
+# Pipelined plans: the simulator runs torch's schedule on every pp rank and reports the busiest (untied models only:
+# pipeline stages cannot share a tied head). The first four are asserted by the tests, all by bench/memory_matrix.py.
+PIPELINE_MEMORY_CASES = [
+    MemoryCase("llama-dense", "fsdp2", 3, 4, "none", 1, 512, 8, "fp32", ONCE, pp=2),
+    MemoryCase("mistral-gqa", "fsdp2", 3, 8, "full", 2, 1024, 16, "bf16", ONCE, replicate=2, pp=2),
+    MemoryCase("qwen2-bigvocab", "fsdp2", 3, 8, "none", 1, 1024, 16, "bf16", ONCE, pp=2),
+    MemoryCase("llama-dense", "fsdp2", 2, 4, "none", 1, 512, 8, "bf16", ONCE, pp=2, pp_schedule="gpipe"),
+    MemoryCase("llama-dense", "fsdp2", 3, 8, "none", 1, 512, 16, "bf16", ONCE, pp=4),
+    MemoryCase("llama-dense", "fsdp2", 3, 8, "none", 1, 512, 16, "bf16", ONCE, tp=2, pp=2),
+    MemoryCase(
+        "mistral-gqa",
+        "fsdp2",
+        3,
+        4,
+        "none",
+        1,
+        512,
+        8,
+        "bf16",
+        ONCE,
+        pp=2,
+        pp_schedule="interleaved_1f1b",
+        pp_virtual_stages=2,
+    ),
+    MemoryCase(
+        "llama-dense",
+        "fsdp2",
+        3,
+        4,
+        "none",
+        1,
+        512,
+        8,
+        "bf16",
+        ONCE,
+        pp=2,
+        pp_schedule="looped_bfs",
+        pp_virtual_stages=2,
+    ),
 ]

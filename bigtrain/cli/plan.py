@@ -201,12 +201,10 @@ def run_plan_command(args: argparse.Namespace) -> int:
     if args.simulate and best.runnable:
         from bigtrain.simulate import simulate
 
-        result["simulated"] = {
-            "peak_bytes": simulate(
-                req.model_config, best.plan, req.seq_len, req.mixed_precision, req.global_batch_size
-            )["Total"],
-            "world_size": best.plan.world_size,
-        }
+        peak = simulate(req.model_config, best.plan, req.seq_len, req.mixed_precision, req.global_batch_size)
+        result["simulated"] = {"peak_bytes": peak["Total"], "world_size": best.plan.world_size}
+        if "pp_rank" in peak:  # pipelined: every pp rank was simulated, this is the busiest
+            result["simulated"]["pp_rank"] = peak["pp_rank"]
     sentence = None if best.fits and best.runnable else what_would_fit(alternatives_that_fit(req))
     if args.json:
         print(json.dumps(result, indent=2))
@@ -218,8 +216,11 @@ def run_plan_command(args: argparse.Namespace) -> int:
         )
         if "simulated" in result:
             simulated = result["simulated"]["peak_bytes"]
+            where = f"rank 0 of {best.plan.world_size}"
+            if "pp_rank" in result["simulated"]:
+                where = f"the busiest pp rank ({result['simulated']['pp_rank']} of {best.plan.pp}), {where[5:]} ranks"
             print(
-                f"\nsimulated peak of the chosen plan on rank 0 of {best.plan.world_size}: {simulated / 2**30:.2f} GiB "
+                f"\nsimulated peak of the chosen plan on {where}: {simulated / 2**30:.2f} GiB "
                 f"(predicted {best.memory.total_bytes / 2**30:.2f} GiB)"
             )
     if sentence:

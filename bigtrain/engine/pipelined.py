@@ -40,6 +40,7 @@ class PipelinedEngine(TorchNativeEngine):
         self.has_first = 0 in pipeline.stage_ids
         self.has_last = self.num_stages - 1 in pipeline.stage_ids
         self._schedule: Any = None
+        self.pipeline_stages: list[Any] = []  # torch's PipelineStage objects of this rank (their receive buffers)
         self._schedule_shape: tuple[int, ...] | None = None
         self._losses: list[torch.Tensor] = []  # this step's per-micro-batch token-loss sums (last stage only)
         self._factor = 1.0
@@ -94,6 +95,7 @@ class PipelinedEngine(TorchNativeEngine):
                     group=self.pp_group,
                 )
             )
+        self.pipeline_stages = stages
         schedule_class = get_schedule_class(TORCH_SCHEDULES[self.pipeline.plan.pp_schedule])
         single = issubclass(schedule_class, PipelineScheduleSingle)
         self._schedule = schedule_class(
@@ -109,7 +111,9 @@ class PipelinedEngine(TorchNativeEngine):
         batch = torch.cat(micro_batches)  # the schedule splits it back along dim 0
         args = (batch,) if self.has_first else ()
         kwargs = {"target": next_token_labels(batch)} if self.has_last else {}
-        schedule.step(*args, **kwargs)
+        # return_outputs=False: otherwise the last stage keeps every micro-batch's logits until the step ends (found
+        # by the pipelined simulation: +b·L·V·a bytes per micro-batch on the last stage)
+        schedule.step(*args, **kwargs, return_outputs=False)
         loss_sum = torch.stack(self._losses).sum() if self._losses else torch.zeros((), device=self.device)
         dist.all_reduce(loss_sum, group=self.mesh.dp_group)
         dist.all_reduce(loss_sum, group=self.pp_group)  # from the last stage's ranks (zero elsewhere) to all

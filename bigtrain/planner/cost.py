@@ -18,7 +18,8 @@ Communication (ring collectives move (n-1)/n of the buffer per rank; an all-redu
 - deepspeed: ZeRO-1/2 reduce-scatter gradients and all-gather updated parameters (2Ψ·a); ZeRO-3 also gathers in
   forward and backward (3Ψ·a, the ZeRO paper's 1.5x of data parallelism).
 - tp: 4 all-reduces of b·L·h activations per layer per micro-step (2 forward, 2 backward; Megatron-LM), not
-  overlapped. pp: one activation send per micro-batch and direction; bubble (p-1)/(m+p-1) of the pipeline time.
+  overlapped. pp: one activation send per micro-batch and direction; bubble (p-1)/(v·m+p-1) of the pipeline time
+  (v = virtual stages per rank); not yet measured on GPUs (no multi-GPU machine has been available).
 - offload: host<->device copies over PCIe, and the optimizer step on the CPU at CPU_ADAM_PARAMS_PER_S per GPU.
 A group of ranks that spans nodes runs at the per-GPU inter-node bandwidth, otherwise at NVLink/PCIe bandwidth.
 Overlap: data-parallel traffic is overlapped with compute except EXPOSED_FRACTION of it (prefetch and bucketing leave
@@ -87,7 +88,10 @@ def estimate_time(
     peak = cluster.gpu.peak_tflops * 1e12 * ACHIEVABLE * saturation / (FP32_SLOWDOWN if a == 4 else 1.0)
     compute = (per_token + extra) * tokens / world / peak
     if plan.pp > 1:
-        compute *= (micro_batches + plan.pp - 1) / micro_batches  # pipeline bubble
+        # pipeline bubble: p - 1 idle slots of one stage's micro-batch time; the looped schedules run v stages of
+        # 1/v the layers per rank, so their slots are v times shorter (Narayanan et al. 2021, sec. 2.2)
+        chunks = micro_batches * plan.pp_virtual_stages
+        compute *= (chunks + plan.pp - 1) / chunks
 
     blocks, root = stage_params(stats, plan)
     psi = blocks + root

@@ -119,27 +119,31 @@ def root_activation_bytes_per_token(stats: ModelStats, a: int) -> int:
     return (4 * stats.hidden + 2 * a * stats.hidden + 4) + a * stats.hidden
 
 
-def activation_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int, micro_batches: int) -> int:
-    """Activations alive at the peak on the busiest stage (excluding the logits, counted apart)."""
+def micro_batch_activations(
+    stats: ModelStats, plan: Plan, seq_len: int, a: int, layers: float, has_loss: bool = True
+) -> tuple[int, int]:
+    """(bytes one micro-batch keeps in ``layers`` decoder blocks from its forward to its backward, bytes alive for one
+    block at a time during the backward), excluding the logits and what lies outside the blocks. ``has_loss``: the
+    device also computes the loss (a pipeline's inner stages do not)."""
     tokens = plan.micro_batch_size * seq_len
     per_block = block_activation_bytes_per_token(stats, a, plan.tp) * tokens
-    layers = stage_layers(stats, plan.pp)
     if plan.activation_checkpointing == "full":
         # only each block's input survives; one block is recomputed at a time during backward, after the loss's
         # buffers are gone: the larger of the two counts
-        kept = layers * a * stats.hidden * tokens + max(per_block - logits_bytes(stats, plan, seq_len, a), 0)
-    elif plan.activation_checkpointing == "selective":
+        loss = logits_bytes(stats, plan, seq_len, a) if has_loss else 0
+        return int(layers * a * stats.hidden * tokens), max(per_block - loss, 0)
+    if plan.activation_checkpointing == "selective":
         # attention internals (q/k/v after RoPE, SDPA output) are recomputed, MLP and norms kept
         attn = (3 * stats.q_width + 4 * stats.kv_width + 2 * stats.q_width) * a * tokens // plan.tp
-        kept = layers * (per_block - attn) + attn
-    else:
-        kept = layers * per_block
-    kept += root_activation_bytes_per_token(stats, a) * tokens  # replicated over tp
-    if plan.pp > 1:
-        # 1F1B keeps at most pp micro-batches in flight on the first stage; GPipe keeps all of them
-        in_flight = min(plan.pp, micro_batches) if plan.pp_schedule == "1f1b" else micro_batches
-        kept *= in_flight
-    return kept
+        return int(layers * (per_block - attn)), attn
+    return int(layers * per_block), 0
+
+
+def activation_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:
+    """Activations alive at the peak of one device without pipeline (excluding the logits, counted apart)."""
+    kept, transient = micro_batch_activations(stats, plan, seq_len, a, stats.layers)
+    # outside the blocks, replicated over tp
+    return kept + transient + root_activation_bytes_per_token(stats, a) * plan.micro_batch_size * seq_len
 
 
 def logits_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:
@@ -155,6 +159,11 @@ def estimate_memory(
     stats: ModelStats, plan: Plan, seq_len: int, mixed_precision: str, global_batch_size: int
 ) -> MemoryEstimate:
     """The predicted peak and its parts at the moment it happens (loss backward or optimizer step)."""
+    if plan.pp > 1:
+        # imported here: pipeline_memory builds on this module's terms
+        from bigtrain.planner.pipeline_memory import estimate_pipeline_memory
+
+        return estimate_pipeline_memory(stats, plan, seq_len, mixed_precision, global_batch_size)
     a = DTYPE_BYTES[mixed_precision]
     blocks, root = stage_params(stats, plan)
     psi = blocks + root
@@ -190,7 +199,7 @@ def estimate_memory(
         accumulated = grads
         gathered = a * 2 * one_block if plan.zero_stage >= 3 else 0
         optimizer_temp = 0
-    activations = activation_bytes(stats, plan, seq_len, a, accum) + logits_bytes(stats, plan, seq_len, a)
+    activations = activation_bytes(stats, plan, seq_len, a) + logits_bytes(stats, plan, seq_len, a)
     # the parts at each moment: (grads, activations, other); params and optimizer states are the same in both
     at_loss = (accumulated, activations, gathered)
     at_step = (grads, 0, optimizer_temp)

@@ -23,6 +23,8 @@ MODELLED = (*ROPE_FAMILIES, "gpt2")
 # Families whose transformers tensor-parallel layout the trainer runs (config.hf.tp_layout; a unit test keeps the
 # two in step): Qwen3's per-head q/k norms need a style the trainer does not map yet, GPT-2 ships no layout.
 TP_FAMILIES = ("llama", "mistral", "qwen2")
+# Families whose transformers pipeline layout (base_model_pp_plan) the trainer cuts into stages (config.pipeline)
+PP_FAMILIES = ROPE_FAMILIES
 
 
 @dataclass(frozen=True)

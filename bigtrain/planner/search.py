@@ -25,7 +25,7 @@ from bigtrain.errors import ConfigError
 from bigtrain.planner.cost import TimeEstimate, estimate_time
 from bigtrain.planner.hardware import Cluster, GiB
 from bigtrain.planner.memory import MemoryEstimate, estimate_memory
-from bigtrain.planner.model_stats import TP_FAMILIES, ModelStats
+from bigtrain.planner.model_stats import PP_FAMILIES, TP_FAMILIES, ModelStats
 
 NEAR_TIE = 0.02
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -81,18 +81,16 @@ def not_weighed_yet(plan: Plan) -> str | None:
 
     tp: its memory terms are checked (tests/cases.py MEMORY_CASES, within 4% of the simulated step), its time term is
     not, and it is wrong where it was measured: the auto quickstart on 2 CPU ranks predicts tp=2 10% faster than
-    dp=2 and runs it 1.8x slower (per-layer all-reduces are latency-bound at small widths). pp: the simulator does
-    not run pipelined steps yet, so neither term is checked.
+    dp=2 and runs it 1.8x slower (per-layer all-reduces are latency-bound at small widths), and rank 0 of tp=2/4
+    plans on an H200 computed 1.5-2.1x slower than predicted (bench/results/rank0_h200.md).
+    pp is offered: its memory terms are checked per pp rank against the simulated pipelined step
+    (tests/cases.py PIPELINE_MEMORY_CASES), and its time term is the schedule's bubble, which only adds time, so the
+    planner reaches for pp when the alternatives do not fit or must cross nodes.
     """
     if plan.tp > 1:
         return (
             f"parallel.tp={plan.tp} runs when set in a recipe, but the planner does not offer it yet: its tp time "
             "term is not calibrated (memory is)"
-        )
-    if plan.pp > 1:
-        return (
-            f"parallel.pp={plan.pp} runs when set in a recipe, but the planner does not offer it yet: its pp memory "
-            "and time terms are not checked against the simulator"
         )
     return None
 
@@ -116,6 +114,10 @@ def _structural_problem(stats: ModelStats, plan: Plan, cluster: Cluster, global_
         return f"loss_parallel: tp={plan.tp} does not divide the vocabulary of {stats.vocab}"
     if plan.pp > stats.layers:
         return f"pp={plan.pp} exceeds the {stats.layers} layers"
+    if plan.pp > 1 and stats.model_type not in PP_FAMILIES:
+        return f"pp={plan.pp}: transformers ships no pipeline layout for model_type {stats.model_type}"
+    if plan.pp > 1 and stats.tied:
+        return f"pp={plan.pp}: the LM head is tied to the embeddings, which pipeline stages put on different ranks"
     if plan.pp > 1 and plan.grad_accum_steps(global_batch_size) < min_micro_batches(plan):
         return f"pp_schedule={plan.pp_schedule} needs at least {min_micro_batches(plan)} micro-batches per step"
     return None
