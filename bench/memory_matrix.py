@@ -48,6 +48,7 @@ def main() -> int:
         worst = max(worst, abs(err))
         plan = "ddp" if c.backend == "ddp" else f"fsdp2 zero{c.zero_stage}" + (f" tp{c.tp}" if c.tp > 1 else "")
         plan += " loss_parallel" if c.loss_parallel else ""
+        plan += " sequence_parallel" if c.sequence_parallel else ""
         if c.pp > 1:
             plan += f" pp{c.pp} {c.pp_schedule}" + (f" x{c.pp_virtual_stages}" if c.pp_virtual_stages > 1 else "")
         world = f"{c.replicate}x{c.world // c.replicate}" if c.replicate > 1 else str(c.world)  # ranks (tp included)

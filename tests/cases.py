@@ -153,6 +153,7 @@ class MemoryCase:
     replicate: int = 1  # fsdp2: HSDP replicas (the rest of the world shards)
     tp: int = 1  # fsdp2: tensor-parallel degree (taken out of dp_shard)
     loss_parallel: bool = False  # tp: LM head and loss sharded over the vocabulary (measured on real tensors)
+    sequence_parallel: bool = False  # tp: norms and residual stream split over the sequence
     pp: int = 1  # fsdp2: pipeline stages (taken out of dp_shard); the simulator runs every pp rank
     pp_schedule: str = "1f1b"
     pp_virtual_stages: int = 1
@@ -166,6 +167,7 @@ class MemoryCase:
         dp = f"{self.replicate}x{self.world // self.replicate}" if self.replicate > 1 else f"{self.world}"
         dp += f"-tp{self.tp}" if self.tp > 1 else ""
         dp += "-lp" if self.loss_parallel else ""
+        dp += "-sp" if self.sequence_parallel else ""
         dp += f"-pp{self.pp}-{self.pp_schedule}" if self.pp > 1 else ""
         dp += f"x{self.pp_virtual_stages}" if self.pp_virtual_stages > 1 else ""
         reduce = "" if self.backend == "ddp" else f"-{self.grad_reduce}"
@@ -195,6 +197,7 @@ class MemoryCase:
             offload_optimizer=False,
             offload_params=False,
             loss_parallel=self.loss_parallel,
+            sequence_parallel=self.sequence_parallel,
         )
 
 
@@ -229,6 +232,10 @@ MEMORY_CASES = [
     MemoryCase("qwen2-bigvocab", "fsdp2", 3, 64, "full", 2, 1024, 128, "bf16", tp=2, loss_parallel=True),
     MemoryCase("mistral-gqa", "fsdp2", 2, 8, "none", 2, 1024, 32, "fp32", tp=2, loss_parallel=True),
     MemoryCase("llama-dense", "fsdp2", 3, 8, "none", 2, 512, 16, "bf16", tp=4, loss_parallel=True),
+    # ... and with sequence parallelism (norms, residual stream and the embeddings' output on sequence shards)
+    MemoryCase("llama-dense", "fsdp2", 3, 8, "none", 2, 512, 16, "bf16", tp=4, sequence_parallel=True),
+    MemoryCase("mistral-gqa", "fsdp2", 3, 8, "full", 2, 1024, 32, "bf16", tp=2, sequence_parallel=True),
+    MemoryCase("qwen2-tied", "fsdp2", 3, 8, "none", 4, 256, 32, "fp32", tp=2, sequence_parallel=True),
 ]
 
 # Pipelined plans: the simulator runs torch's schedule on every pp rank and reports the busiest (untied models only:

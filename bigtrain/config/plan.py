@@ -47,6 +47,7 @@ class Plan:
     offload_params: bool
     pp_virtual_stages: int = 1
     loss_parallel: bool = False  # vocabulary-parallel LM head and loss over the tp ranks
+    sequence_parallel: bool = False  # norms and residual stream split over the sequence on the tp ranks
 
     @property
     def dp(self) -> int:
@@ -84,6 +85,8 @@ def unsupported(plan: Plan) -> str | None:
         )
     if plan.loss_parallel and plan.pp > 1:
         return "parallel.loss_parallel=true is not supported with parallel.pp > 1 yet; set one of them back"
+    if plan.sequence_parallel and plan.pp > 1:
+        return "parallel.sequence_parallel=true is not supported with parallel.pp > 1 yet; set one of them back"
     if plan.activation_checkpointing == "selective":
         return "parallel.activation_checkpointing=selective is not supported by the trainer yet; use none or full"
     if plan.offload_optimizer:
@@ -204,9 +207,14 @@ def resolve_plan(cfg: ParallelConfig, world_size: int, global_batch_size: int) -
         offload_optimizer=cfg.offload_optimizer,
         offload_params=cfg.offload_params,
         loss_parallel=cfg.loss_parallel,
+        sequence_parallel=cfg.sequence_parallel,
     )
     if plan.loss_parallel and plan.tp == 1:
         raise ConfigError("parallel.loss_parallel=true shards the logits over the tp ranks; it needs parallel.tp > 1")
+    if plan.sequence_parallel and plan.tp == 1:
+        raise ConfigError(
+            "parallel.sequence_parallel=true splits the sequence over the tp ranks; it needs parallel.tp > 1"
+        )
     reason = unsupported(plan)
     if reason is not None:
         raise ConfigError(reason)

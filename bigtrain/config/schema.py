@@ -131,6 +131,13 @@ class ParallelConfig:
         "(torch's loss_parallel), so each rank holds 1/tp of the logits; needs an untied LM head.",
         default=False,
     )
+    sequence_parallel: bool = doc(
+        "tp > 1: also split the sequence over the tp ranks between the projections (norms, residual stream; "
+        "Megatron-LM's sequence parallelism with torch's SequenceParallel): their activations shrink by tp, and "
+        "each block's all-reduces become an all-gather and a reduce-scatter (a seq_len that tp does not divide "
+        "is split unevenly, which DTensor pads).",
+        default=False,
+    )
     pp: int = doc("Pipeline-parallel degree.", default=1)
     pp_schedule: PipelineSchedule = doc(
         "Pipeline schedule (torch.distributed.pipelining): 1f1b or gpipe (one stage per rank); interleaved_1f1b, "

@@ -66,7 +66,7 @@ def _shard_in_order(
     model: nn.Module, hf_config: Any, plan: Plan, mesh: WorldMesh, mixed_precision: str, compile_blocks: bool
 ) -> None:
     if plan.tp > 1:
-        apply_tensor_parallel(model, hf_config, mesh.mesh["tp"], plan.loss_parallel)
+        apply_tensor_parallel(model, hf_config, mesh.mesh["tp"], plan.loss_parallel, plan.sequence_parallel)
     blocks = apply_activation_checkpoint(decoder_blocks(model), plan.activation_checkpointing)
     if compile_blocks:
         for block in blocks:

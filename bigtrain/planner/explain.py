@@ -18,13 +18,15 @@ PLAN_WIDTH = 74
 def describe(plan: Plan) -> str:
     """A compact one-line name for a plan, e.g. 'fsdp2 zero3 dp=2x4 tp=2 pp=1 ac=full mb=2 rs=micro'.
 
-    ``tp=2+lp``: with loss_parallel (LM head and logits split over the vocabulary too). ``rs=micro``: fsdp2
+    ``tp=2+lp``: with loss_parallel (LM head and logits split over the vocabulary too); ``+sp``: with
+    sequence_parallel (norms and residual stream split over the sequence). ``rs=micro``: fsdp2
     reduce-scatters gradients after every micro-step (sharded between them); ``rs=step``: once per optimizer step
     (unsharded in between). Shown for fsdp2 only: ddp and deepspeed have one mode each.
     """
     dp = f"{plan.dp_replicate}x{plan.dp_shard}" if plan.backend == "fsdp2" and plan.dp_replicate > 1 else f"{plan.dp}"
     parts = [plan.backend if plan.backend == "ddp" else f"{plan.backend} zero{plan.zero_stage}", f"dp={dp}"]
-    parts += [f"tp={plan.tp}" + ("+lp" if plan.loss_parallel else ""), f"pp={plan.pp}"]
+    tp = f"tp={plan.tp}" + ("+lp" if plan.loss_parallel else "") + ("+sp" if plan.sequence_parallel else "")
+    parts += [tp, f"pp={plan.pp}"]
     parts[-1] += f"/{plan.pp_schedule}" if plan.pp > 1 else ""
     parts += [f"ac={plan.activation_checkpointing}", f"mb={plan.micro_batch_size}"]
     if plan.backend == "fsdp2":

@@ -93,7 +93,7 @@ def stage_params(stats: ModelStats, plan: Plan) -> tuple[int, int]:
     return blocks // plan.tp, root
 
 
-def block_activation_bytes_per_token(stats: ModelStats, a: int, tp: int = 1) -> int:
+def block_activation_bytes_per_token(stats: ModelStats, a: int, tp: int = 1, sequence_parallel: bool = False) -> int:
     """Bytes autograd keeps for one decoder block per token, no checkpointing.
 
     Llama family (HF modeling_llama with SDPA; listed with saved-tensor hooks): each RMSNorm saves its input upcast
@@ -105,18 +105,23 @@ def block_activation_bytes_per_token(stats: ModelStats, a: int, tp: int = 1) -> 
     (3ah) and its output (ah), the MLP saves c_fc's output and the tanh-GELU intermediates (counted as 5a·ffn).
     Tensor parallelism (no sequence parallel) splits what lies between a column-wise and a row-wise projection
     (heads, MLP units) over tp; the norms and the projections' inputs see the whole hidden state on every tp rank.
+    Sequence parallelism splits the norms' own tensors over tp too (4h + ah + 4 per norm, measured 13.5 MiB less
+    against 14 MiB predicted on the simulated step); the projections still save their all-gathered input (ah).
     """
     h, f = stats.hidden, stats.ffn
     if stats.gated_mlp:
-        norms = 2 * (4 * h + 2 * a * h + 4)
+        norm_own = 4 * h + a * h + 4  # fp32 input, rsqrt, normalised input: on the sequence shard under sp
+        norms = 2 * (norm_own // (tp if sequence_parallel else 1) + a * h)
         attn = 2 * a * stats.q_width + 2 * a * stats.kv_width + 4 * stats.heads
         return norms + (attn + 4 * a * f) // tp
     return (2 * (2 * a * h) + 4 * a * h + 4 * stats.heads + 5 * a * f) // tp  # (no tp layout: tp is 1)
 
 
-def root_activation_bytes_per_token(stats: ModelStats, a: int) -> int:
-    """Outside the blocks: the final norm (as a block norm) and the embedding output."""
-    return (4 * stats.hidden + 2 * a * stats.hidden + 4) + a * stats.hidden
+def root_activation_bytes_per_token(stats: ModelStats, a: int, tp: int = 1, sequence_parallel: bool = False) -> int:
+    """Outside the blocks: the final norm (as a block norm) and the embedding output; under sequence parallelism
+    the norm's own tensors and the embedding output are this rank's sequence shard."""
+    split = tp if sequence_parallel else 1
+    return (4 * stats.hidden + a * stats.hidden + 4) // split + a * stats.hidden + a * stats.hidden // split
 
 
 def micro_batch_activations(
@@ -126,12 +131,13 @@ def micro_batch_activations(
     block at a time during the backward), excluding the logits and what lies outside the blocks. ``has_loss``: the
     device also computes the loss (a pipeline's inner stages do not)."""
     tokens = plan.micro_batch_size * seq_len
-    per_block = block_activation_bytes_per_token(stats, a, plan.tp) * tokens
+    per_block = block_activation_bytes_per_token(stats, a, plan.tp, plan.sequence_parallel) * tokens
     if plan.activation_checkpointing == "full":
-        # only each block's input survives; one block is recomputed at a time during backward, after the loss's
-        # buffers are gone: the larger of the two counts
+        # only each block's input survives (a sequence shard under sp); one block is recomputed at a time during
+        # backward, after the loss's buffers are gone: the larger of the two counts
         loss = logits_bytes(stats, plan, seq_len, a) if has_loss else 0
-        return int(layers * a * stats.hidden * tokens), max(per_block - loss, 0)
+        block_input = a * stats.hidden * tokens // (plan.tp if plan.sequence_parallel else 1)
+        return int(layers * block_input), max(per_block - loss, 0)
     if plan.activation_checkpointing == "selective":
         # attention internals (q/k/v after RoPE, SDPA output) are recomputed, MLP and norms kept
         attn = (3 * stats.q_width + 4 * stats.kv_width + 2 * stats.q_width) * a * tokens // plan.tp
@@ -142,8 +148,8 @@ def micro_batch_activations(
 def activation_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:
     """Activations alive at the peak of one device without pipeline (excluding the logits, counted apart)."""
     kept, transient = micro_batch_activations(stats, plan, seq_len, a, stats.layers)
-    # outside the blocks, replicated over tp
-    return kept + transient + root_activation_bytes_per_token(stats, a) * plan.micro_batch_size * seq_len
+    outside = root_activation_bytes_per_token(stats, a, plan.tp, plan.sequence_parallel)
+    return kept + transient + outside * plan.micro_batch_size * seq_len
 
 
 def logits_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:

@@ -181,9 +181,10 @@ def enumerate_plans(
                 variants = [plan]
                 if backend in CHOOSES_GRAD_REDUCE and pp == 1 and plan.grad_accum_steps(global_batch_size) > 1:
                     variants += [Plan(grad_reduce=mode, **common) for mode in GRAD_REDUCE if mode != reduce]
-                if fixed.get("loss_parallel") and backend == "fsdp2" and tp > 1 and pp == 1:
-                    # only when asked: tp is not offered by default (not_weighed_yet), and neither is this
-                    variants = [replace(v, loss_parallel=True) for v in variants]
+                # only when asked: tp is not offered by default (not_weighed_yet), and neither are these
+                for option in ("loss_parallel", "sequence_parallel"):
+                    if fixed.get(option) and backend == "fsdp2" and tp > 1 and pp == 1:
+                        variants = [replace(v, **{option: True}) for v in variants]
                 if fixed:
                     variants = [v for v in variants if all(getattr(v, k) == want for k, want in fixed.items())]
                 yield from variants

@@ -128,6 +128,13 @@ TP_PLANS = {
         4,
         dict(backend="fsdp2", tp=2, dp_shard=2, micro_batch_size=2, loss_parallel=True),
     ),
+    # sequence parallel: norms and residual stream split over the sequence; with a replicated head (Qwen2 tied) and
+    # with the vocabulary-parallel one, which then gathers the sequence itself
+    "tp2-sequence_parallel-accum4": (2, dict(backend="fsdp2", tp=2, micro_batch_size=2, sequence_parallel=True)),
+    "tp2-dp_shard2-sequence_parallel-loss_parallel-accum2": (
+        4,
+        dict(backend="fsdp2", tp=2, dp_shard=2, micro_batch_size=2, sequence_parallel=True, loss_parallel=True),
+    ),
 }
 # pipeline parallel (FSDP2 stages), each with accumulation: the schedule owns the micro-batch loop
 PP_PLANS = {
@@ -158,6 +165,8 @@ CASES = [("llama-tied", plan) for plan in PLANS if plan not in TP_PLANS and plan
     ("llama-4layers", "tp2-dp_shard2-accum2-ac-full"),
     ("llama-4layers", "tp2-dp_shard2-loss_parallel-accum2"),
     ("qwen2-tied", "tp2-accum4"),
+    ("qwen2-tied", "tp2-sequence_parallel-accum4"),
+    ("llama-4layers", "tp2-dp_shard2-sequence_parallel-loss_parallel-accum2"),
     *[("llama-4layers", plan) for plan in PP_PLANS],
 ]
 

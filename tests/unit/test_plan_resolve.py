@@ -107,6 +107,18 @@ def test_plan_round_trips_into_a_recipe_section():
             8,
             "parallel.loss_parallel=true is not supported with parallel.pp > 1 yet",
         ),
+        (
+            ParallelConfig(sequence_parallel=True),
+            2,
+            8,
+            "parallel.sequence_parallel=true splits the sequence over the tp ranks; it needs parallel.tp > 1",
+        ),
+        (
+            ParallelConfig(sequence_parallel=True, tp=2, pp=2),
+            4,
+            8,
+            "parallel.sequence_parallel=true is not supported with parallel.pp > 1 yet",
+        ),
     ],
 )
 def test_bad_plans(cfg, world, batch, expected):

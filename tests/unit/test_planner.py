@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -11,6 +12,7 @@ from bigtrain.cli.plan import parse_fix
 from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.plan import Plan
 from bigtrain.errors import ConfigError
+from bigtrain.planner.explain import describe
 from bigtrain.planner.hardware import GiB, lookup_gpu, make_cluster, parse_memory
 from bigtrain.planner.memory import estimate_memory
 from bigtrain.planner.model_stats import ModelStats, load_model_config, preset_names
@@ -181,13 +183,14 @@ def test_tp_is_kept_within_a_node_and_dividing_heads():
 
 
 def test_loss_parallel_is_weighed_when_pinned_and_divides_the_logits():
-    fixed = {"tp": 4, "zero_stage": 3, "micro_batch_size": 2, "dp_replicate": 1, "activation_checkpointing": "none"}
+    fixed = {"tp": 4, "pp": 1, "zero_stage": 3, "micro_batch_size": 2, "dp_replicate": 1}
+    fixed["activation_checkpointing"] = "none"
     plain = search(stats("qwen2.5-7b"), h100(16), 4096, 64, "bf16", fixed=fixed)
     split = search(stats("qwen2.5-7b"), h100(16), 4096, 64, "bf16", fixed={**fixed, "loss_parallel": True})
     assert not any(c.plan.loss_parallel for c in plain) and all(c.plan.loss_parallel for c in split)
-    by_reduce = {c.plan.grad_reduce: c.memory for c in plain}
+    same_plan = {c.plan: c.memory for c in plain}
     for c in split:
-        saved = by_reduce[c.plan.grad_reduce].total_bytes - c.memory.total_bytes
+        saved = same_plan[dataclasses.replace(c.plan, loss_parallel=False)].total_bytes - c.memory.total_bytes
         # logits: 12 bytes per logit of the whole vocabulary -> 16 per local one (1/4); head parameters / 4
         b, L, V = 2, 4096, 152064
         assert saved >= b * L * V * (12 - 16 / 4)
@@ -195,6 +198,22 @@ def test_loss_parallel_is_weighed_when_pinned_and_divides_the_logits():
     assert {c.rejected_because for c in tied} == {
         "loss_parallel needs an untied LM head (this model ties it to the input embeddings)"
     }
+
+
+def test_sequence_parallel_is_weighed_when_pinned_and_splits_the_norms_activations():
+    fixed = {"tp": 4, "pp": 1, "zero_stage": 3, "micro_batch_size": 2, "dp_replicate": 1}
+    fixed["activation_checkpointing"] = "none"
+    plain = {c.plan: c for c in search(stats("llama-3-8b"), h100(16), 4096, 64, "bf16", fixed=fixed)}
+    split = search(stats("llama-3-8b"), h100(16), 4096, 64, "bf16", fixed={**fixed, "sequence_parallel": True})
+    assert split and all(c.plan.sequence_parallel and "tp=4+sp" in describe(c.plan) for c in split)
+    for c in split:
+        saved = plain[dataclasses.replace(c.plan, sequence_parallel=False)].memory.activations_bytes
+        saved -= c.memory.activations_bytes
+        # per norm and token 4h + ah + 4 bytes (fp32 input, rsqrt, normalised input) kept on 1/4 of the tokens:
+        # two per block, the final norm, and the embeddings' output (ah)
+        h, a, tokens = 4096, 2, 2 * 4096
+        per_norm = (4 * h + a * h + 4) * tokens * 3 // 4
+        assert saved == (2 * 32 + 1) * per_norm + a * h * tokens * 3 // 4
 
 
 def test_fix_pins_fields():

@@ -76,3 +76,29 @@ def test_the_layout_expands_to_every_projection_of_every_block():
     assert len(plan) == 3 * 7
     assert type(plan["layers.2.self_attn.q_proj"]).__name__ == "ColwiseParallel"
     assert type(plan["layers.0.mlp.down_proj"]).__name__ == "RowwiseParallel"
+
+
+def test_sequence_parallel_puts_every_norm_on_the_tp_mesh_and_ends_row_wise_projections_on_sequence_shards():
+    """On meta with a fake 2-rank group: the block norms and the final norm become replicated DTensors (their inputs
+    arrive as sequence shards; the equivalence tests check the numbers); the embeddings and a replicated (tied) head
+    stay plain tensors."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from bigtrain.parallel.tensor_parallel import apply_tensor_parallel
+
+    cfg = config(num_hidden_layers=2)
+    model = build_meta_model(cfg, "sdpa")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        apply_tensor_parallel(model, cfg, init_device_mesh("cpu", (2,)), sequence_parallel=True)
+    finally:
+        dist.destroy_process_group()
+    norms = {n: p for n, p in model.named_parameters() if "norm" in n}
+    assert len(norms) == 2 * 2 + 1
+    assert all(isinstance(p, DTensor) and p.placements == (Replicate(),) for p in norms.values())
+    assert model.model.layers[1].self_attn.q_proj.weight.placements == (Shard(0),)
+    assert not isinstance(model.model.embed_tokens.weight, DTensor)
+    assert not isinstance(model.lm_head.weight, DTensor)
