@@ -49,6 +49,7 @@ def test_json_contract():
         "pp",
         "pp_schedule",
         "loss_parallel",
+        "sequence_parallel",
         "pp_virtual_stages",
         "activation_checkpointing",
         "micro_batch_size",
