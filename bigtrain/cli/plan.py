@@ -194,7 +194,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     best = candidates[0]
     if not best.runnable and not args.all:
         raise ConfigError(
-            f"no plan the trainer can run meets the pins: {best.unsupported}; "
+            f"no plan the planner offers meets the pins: {best.unsupported}; "
             "add --all to see such plans predicted anyway"
         )
     result = to_json(candidates, req.stats, include_unrunnable=args.all)

@@ -72,8 +72,11 @@ def unsupported(plan: Plan) -> str | None:
     The planner models more than the trainer runs (it ranks DeepSpeed, tp and pp plans for ``--all`` and for the
     other issues' engines); this is the single list of what is missing.
     """
-    if plan.backend == "deepspeed":
-        return "parallel.backend=deepspeed is not supported by the trainer yet; use ddp or fsdp2"
+    if plan.backend == "deepspeed" and plan.offload_params and plan.zero_stage != 3:
+        return (
+            f"parallel.offload_params=true with backend deepspeed needs zero_stage=3 (ZeRO-3 offload_param), not "
+            f"{plan.zero_stage}; or offload only the optimizer (offload_optimizer=true)"
+        )
     if plan.tp > 1 and plan.backend != "fsdp2":
         return f"parallel.tp={plan.tp} runs with backend fsdp2 (tensor parallel inside, FSDP2 over the data axes)"
     if plan.pp > 1 and plan.backend != "fsdp2":
@@ -89,8 +92,13 @@ def unsupported(plan: Plan) -> str | None:
         return "parallel.sequence_parallel=true is not supported with parallel.pp > 1 yet; set one of them back"
     if plan.activation_checkpointing == "selective":
         return "parallel.activation_checkpointing=selective is not supported by the trainer yet; use none or full"
-    if plan.offload_optimizer:
-        return "parallel.offload_optimizer=true needs the deepspeed backend, not supported yet; set it to false"
+    if plan.offload_optimizer and plan.backend != "deepspeed":
+        return (
+            f"parallel.offload_optimizer=true needs backend deepspeed (ZeRO-Offload); backend {plan.backend} "
+            "offloads parameters with their optimizer states: use offload_params=true"
+            if plan.backend == "fsdp2"
+            else f"parallel.offload_optimizer=true needs backend deepspeed (ZeRO-Offload), not {plan.backend}"
+        )
     return None
 
 

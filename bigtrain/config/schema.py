@@ -153,8 +153,19 @@ class ParallelConfig:
         "Recompute activations of decoder blocks: none, selective or full.", default="none"
     )
     micro_batch_size: int = doc("Sequences per forward pass on one data-parallel rank.", default=1)
-    offload_optimizer: bool = doc("Keep optimizer states in host memory.", default=False)
-    offload_params: bool = doc("Keep sharded parameters in host memory (FSDP2 CPUOffloadPolicy).", default=False)
+    offload_optimizer: bool = doc(
+        "Keep optimizer states in host memory and step them there (backend deepspeed: ZeRO-Offload).", default=False
+    )
+    offload_params: bool = doc(
+        "Keep sharded parameters in host memory (fsdp2: CPUOffloadPolicy; deepspeed: ZeRO-3 offload_param).",
+        default=False,
+    )
+    deepspeed_config: str | None = doc(
+        "backend deepspeed: your own DeepSpeed JSON instead of the template from deepspeed_configs/ that the plan "
+        'selects; its "auto" values are filled from the recipe and the plan, and a value that contradicts them '
+        "(batch, accumulation, clipping, precision, ZeRO stage, offload) is an error.",
+        default=None,
+    )
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Engines: what the training loop drives (``base.Engine``), one file per implementation.
 
 ``build_engine`` is the only place that maps a plan to an engine: pipelined plans (pp > 1) to the pipelined engine,
-every other plan the trainer runs (DDP, FSDP2, HSDP, with or without tp) to the torch-native engine; the DeepSpeed
-engine plugs in here.
+DeepSpeed ZeRO plans to the DeepSpeed engine, every other plan the trainer runs (DDP, FSDP2, HSDP, with or without
+tp) to the torch-native engine.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.engine.base import Engine, StepResult, train_step
+from bigtrain.engine.deepspeed_engine import DeepSpeedZeroEngine
 from bigtrain.engine.pipelined import PipelinedEngine
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory, TorchNativeEngine
 from bigtrain.parallel.apply import PipelineParts, build_parallel_model
@@ -35,6 +36,8 @@ def build_engine(
     The optimizer and schedule come from the caller (the recipe's AdamW and warmup/cosine), so that every engine
     trains with the same ones.
     """
+    if plan.backend == "deepspeed":
+        return DeepSpeedZeroEngine.create(cfg, hf_config, plan, device, make_optimizer, make_scheduler)
     mesh = build_world_mesh(plan, device.type)
     model = build_parallel_model(
         hf_config,

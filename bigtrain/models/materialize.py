@@ -12,6 +12,7 @@ Non-persistent buffers (rotary ``inv_freq``) are never in checkpoints; the same 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,23 +138,36 @@ def materialize(
     for model in models:
         to_empty_keeping_ties(model, device, param_device)
     targets = _targets(models)
+    for fqn, value in full_values(meta_twin, targets.keys(), checkpoint, seed):
+        for target in targets[fqn]:
+            copy_full_into(target, value)
+
+
+@torch.no_grad()
+def full_values(
+    meta_twin: Any, wanted: Collection[str], checkpoint: str | None, seed: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The full value of every parameter and buffer named in ``wanted`` (HF names), one module at a time: read from
+    ``checkpoint`` (a HF folder), or HF's own initialisation under ``seed`` when there is none. Each value is valid
+    until the next one is asked for; the whole model is walked in a fixed order, so every plan gets the same values.
+    """
     reader = SafetensorsReader(checkpoint) if checkpoint else None
     loaded, missing = 0, []
     torch.manual_seed(seed)
     for mod_name, mod in meta_twin.named_modules():
         names = [n for n, _ in mod.named_parameters(recurse=False)] + [n for n, _ in mod.named_buffers(recurse=False)]
         fqns = {n: f"{mod_name}.{n}" if mod_name else n for n in names}
-        wanted = {n: f for n, f in fqns.items() if f in targets}
-        if not names or (not wanted and reader is not None):
+        wanted_here = {n: f for n, f in fqns.items() if f in wanted}
+        if not names or (not wanted_here and reader is not None):
             continue
-        from_ckpt = {n: reader.get(f) for n, f in wanted.items()} if reader else {}
+        from_ckpt = {n: reader.get(f) for n, f in wanted_here.items()} if reader else {}
         if any(v is None for v in from_ckpt.values()) or not from_ckpt:
             # Let HF initialise this one module on the host, exactly as it would the whole model; also the modules
             # another pipeline stage holds, so that the random stream (and every value) is the same for every plan.
             mod.to_empty(device="cpu", recurse=False)
             meta_twin._init_weights(mod)
         is_param = {n for n, _ in mod.named_parameters(recurse=False)}
-        for n, fqn in wanted.items():
+        for n, fqn in wanted_here.items():
             value = from_ckpt.get(n)
             if value is None:
                 if reader is not None and n in is_param:
@@ -161,8 +175,7 @@ def materialize(
                 value = getattr(mod, n)
             else:
                 loaded += 1
-            for target in targets[fqn]:
-                copy_full_into(target, value)
+            yield fqn, value
         mod.to_empty(device="meta", recurse=False)
     if reader is not None and (missing or loaded == 0):
         example = ", ".join(missing[:3])

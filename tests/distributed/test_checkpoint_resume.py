@@ -27,10 +27,8 @@ RESHARD_RTOL = 1e-4  # another plan sums in another order: float noise only
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
     np.save(root / "rows.npy", learnable_rows(32, 17))
-    models = {
-        "ddp": save_tiny_model(root / "tied"),
-        "fsdp2": save_tiny_model(root / "untied", spec={**TINY_LLAMA, "tie_word_embeddings": False}),
-    }
+    untied = save_tiny_model(root / "untied", spec={**TINY_LLAMA, "tie_word_embeddings": False})
+    models = {"ddp": save_tiny_model(root / "tied"), "fsdp2": untied, "deepspeed": untied}
     return models, root / "rows.npy"
 
 
@@ -50,7 +48,8 @@ def recipe(inputs, folder, backend: str, **parallel) -> dict:
             "grad_clip": 0.5,
             "seed": 3,
         },
-        "parallel": {"backend": backend, "micro_batch_size": 2, **parallel},
+        "parallel": {"backend": backend, "micro_batch_size": 2, **({"zero_stage": 2} if backend == "deepspeed" else {})}
+        | parallel,
         "checkpoint": {"every": 2, "keep": 5, "async": backend == "fsdp2" and parallel.get("pp", 1) == 1},
         "output_dir": str(folder / "out"),
     }
@@ -96,7 +95,7 @@ def final_weights(output_dir) -> dict[str, torch.Tensor]:
     return load_file(str(output_dir / "model" / "model.safetensors"))
 
 
-@pytest.mark.parametrize("backend", ["fsdp2", "ddp"])
+@pytest.mark.parametrize("backend", ["fsdp2", "ddp", "deepspeed"])
 def test_resume_on_the_same_plan_continues_exactly(backend, straight, tmp_path):
     recipe_path, out = straight(backend)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2", "step_4"]
@@ -116,7 +115,17 @@ RESHARD = {
     "hsdp-2x2": (4, ["parallel.dp_replicate=2", "parallel.dp_shard=2", "parallel.micro_batch_size=1"]),
     "tp2": (2, ["parallel.tp=2"]),
     "pp2": (2, ["parallel.pp=2"]),
+    "deepspeed-zero3": (2, ["parallel.backend=deepspeed", "parallel.zero_stage=3"]),
 }
+
+
+@pytest.mark.parametrize("nproc, overrides", [(1, []), (2, ["parallel.backend=fsdp2"])], ids=["1rank", "fsdp2"])
+def test_a_deepspeed_checkpoint_resumes_on_another_world_size_and_on_fsdp2(nproc, overrides, straight, tmp_path):
+    """bigtrain's checkpoints of a ZeRO-2 run hold full, name-keyed states: another world size and another backend
+    read them as any other checkpoint."""
+    recipe_path, out = straight("deepspeed")
+    resume(recipe_path, out / "checkpoints" / "step_2", tmp_path / "resumed", nproc, *overrides)
+    compare(tmp_path / "resumed", out, RESHARD_RTOL)
 
 
 @pytest.mark.parametrize("name", RESHARD)

@@ -116,6 +116,11 @@ PLANS = {
         dict(backend="fsdp2", dp_replicate=2, dp_shard=2, micro_batch_size=1, grad_reduce=ONCE),
     ),
 }
+# DeepSpeed ZeRO through deepspeed.initialize (its backward, accumulation boundary and clipping), with accumulation
+DEEPSPEED_PLANS = {
+    f"deepspeed-zero{stage}-accum2": (2, dict(backend="deepspeed", zero_stage=stage, micro_batch_size=2))
+    for stage in (1, 2, 3)
+}
 # tensor parallel (with FSDP2 over the data axes), each with accumulation
 TP_PLANS = {
     "tp2-accum4": (2, dict(backend="fsdp2", tp=2, micro_batch_size=2)),
@@ -154,6 +159,7 @@ PP_PLANS = {
         dict(backend="fsdp2", pp=2, pp_virtual_stages=2, pp_schedule="looped_bfs", micro_batch_size=2),
     ),
 }
+PLANS.update(DEEPSPEED_PLANS)
 PLANS.update(TP_PLANS)
 PLANS.update(PP_PLANS)
 CASES = [("llama-tied", plan) for plan in PLANS if plan not in TP_PLANS and plan not in PP_PLANS] + [

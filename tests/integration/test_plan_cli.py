@@ -104,7 +104,7 @@ def test_all_shows_what_the_trainer_cannot_run_yet_and_why():
     chosen = [line for line in plain.stdout.splitlines() if line.startswith("* ")]
     assert chosen and chosen == [line for line in every.stdout.splitlines() if line.startswith("* ")]
     section = every.stdout.split("not runnable yet")[1]
-    assert "parallel.backend=deepspeed is not supported by the trainer yet" in section
+    assert "parallel.backend=deepspeed runs when set in a recipe, but the planner does not offer it yet" in section
     assert "parallel.tp=" in section
 
 
@@ -112,7 +112,7 @@ def test_pins_that_only_unrunnable_plans_meet_are_refused_unless_all(tmp_path):
     args = ["plan", "--model", "llama-3-8b", "--gpus", "8", "--fix", "backend=deepspeed"]
     proc = run_cli(args, timeout=60)
     assert proc.returncode == 2
-    assert "no plan the trainer can run meets the pins: parallel.backend=deepspeed" in proc.stderr
+    assert "no plan the planner offers meets the pins: parallel.backend=deepspeed runs when set" in proc.stderr
     assert "--all" in proc.stderr
     proc = run_cli([*args, "--all", "--json"], timeout=60)
     out = json.loads(proc.stdout)

@@ -36,10 +36,10 @@ def test_plan_is_keyword_only():
 def test_unsupported_is_the_one_list_resolve_plan_enforces():
     ok = resolve_plan(ParallelConfig(), world_size=4, global_batch_size=8)
     assert unsupported(ok) is None
-    for change in ({"backend": "deepspeed", "zero_stage": 2}, {"offload_optimizer": True}):
-        plan = dataclasses.replace(ok, **change)
-        reason = unsupported(plan)
-        assert reason is not None and "not supported" in reason or "needs the deepspeed backend" in reason
+    assert unsupported(dataclasses.replace(ok, backend="deepspeed", zero_stage=2)) is None  # ZeRO runs
+    for change in ({"backend": "deepspeed", "zero_stage": 2, "offload_params": True}, {"offload_optimizer": True}):
+        reason = unsupported(dataclasses.replace(ok, **change))
+        assert reason is not None and ("needs zero_stage=3" in reason or "needs backend deepspeed" in reason)
     assert unsupported(dataclasses.replace(ok, tp=2, dp_shard=2)) is None  # tensor parallel runs under fsdp2
     ddp_tp = dataclasses.replace(ok, backend="ddp", zero_stage=0, tp=2, dp_shard=1, dp_replicate=2)
     assert "runs with backend fsdp2" in unsupported(ddp_tp)
@@ -70,7 +70,13 @@ def test_plan_round_trips_into_a_recipe_section():
             "try 8 or 16",
         ),
         (ParallelConfig(backend="ddp", tp=2), 2, 8, "parallel.tp=2 runs with backend fsdp2"),
-        (ParallelConfig(backend="deepspeed"), 2, 8, "parallel.backend=deepspeed is not supported by the trainer yet"),
+        (
+            ParallelConfig(backend="deepspeed", zero_stage=2, offload_params=True),
+            2,
+            8,
+            "parallel.offload_params=true with backend deepspeed needs zero_stage=3",
+        ),
+        (ParallelConfig(backend="fsdp2", offload_optimizer=True), 2, 8, "use offload_params=true"),
         (ParallelConfig(zero_stage=1), 2, 8, "parallel.zero_stage=1 is not a mode of backend fsdp2; use 3"),
         (
             ParallelConfig(backend="ddp", grad_reduce="every_micro_step"),

@@ -1,0 +1,255 @@
+"""The DeepSpeed engine: ZeRO-1/2/3 (with ZeRO-Offload) through ``deepspeed.initialize``, behind bigtrain's engine
+interface, so that the loop, the metrics and the loss normalisation are those of every other plan.
+
+- Config: the plan's template from ``deepspeed_configs/`` (or ``parallel.deepspeed_config``), filled and checked
+  against the recipe by ``config/deepspeed.py``.
+- Model: ZeRO-1/2 hold the whole model on every rank, so it is materialised as for DDP (same values as every other
+  plan: ``models/materialize.py``). ZeRO-3 builds it under ``deepspeed.zero.Init``, which partitions each parameter
+  as its module is constructed (a meta model cannot be handed to DeepSpeed), then writes the values one parameter
+  at a time through ``GatheredParameters``: no rank ever holds more than one full parameter, and pretrained weights
+  are read one module at a time from their safetensors.
+- Optimizer and schedule: the recipe's AdamW and warmup/cosine, passed as objects (DeepSpeed wraps the AdamW in its
+  ZeRO optimizer, which steps it on the fp32 partitions; offloaded, on the host).
+- Step: DeepSpeed owns backward, accumulation, clipping and fp16 loss scaling. Its ``backward`` would divide the
+  loss by the accumulation steps and its reduction averages over the data-parallel ranks; bigtrain's loss is already
+  the token sum over 1 / (predicted tokens of the global batch), so backward runs without the first
+  (``scale_wrt_gas=False``) and the loss is multiplied by the ranks to undo the second. ``engine.step()`` follows
+  every micro-batch (DeepSpeed counts micro-steps to find the boundary; it updates only there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from bigtrain.config.deepspeed import deepspeed_config
+from bigtrain.config.plan import Plan
+from bigtrain.config.schema import RecipeConfig
+from bigtrain.engine.base import Engine, StepResult
+from bigtrain.engine.loss import token_loss_sum
+from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory
+from bigtrain.models.build import build_meta_model, decoder_blocks
+from bigtrain.models.materialize import clean_fqn, full_values, materialize
+from bigtrain.parallel.activation_checkpoint import apply_activation_checkpoint
+
+
+class DeepSpeedZeroEngine(Engine):
+    def __init__(self, ds_engine: Any, plan: Plan, scheduler: Any, device: torch.device, config: dict) -> None:
+        self.ds = ds_engine
+        self.plan = plan
+        self.scheduler = scheduler
+        self.device = device
+        self.config = config
+        self.fp16 = bool(config.get("fp16", {}).get("enabled"))
+
+    @classmethod
+    def create(
+        cls,
+        cfg: RecipeConfig,
+        hf_config: Any,
+        plan: Plan,
+        device: torch.device,
+        make_optimizer: OptimizerFactory,
+        make_scheduler: SchedulerFactory,
+    ) -> DeepSpeedZeroEngine:
+        import deepspeed
+
+        config = deepspeed_config(cfg, plan, hf_config.hidden_size)
+        # DeepSpeed's communication layer over the process group the runtime already started (zero.Init reads the
+        # world size from it)
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
+        if plan.zero_stage == 3:
+            model = _build_partitioned(cfg, hf_config, config)
+        else:
+            model = build_meta_model(hf_config, cfg.model.attn_implementation)
+            twin = build_meta_model(hf_config, cfg.model.attn_implementation)
+            materialize([model], twin, device, cfg.model.name_or_path, cfg.train.seed)
+        apply_activation_checkpoint(decoder_blocks(model), plan.activation_checkpointing)
+        model.train()
+        optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad])
+        scheduler = make_scheduler(optimizer)
+        ds_engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False
+        )
+        return cls(ds_engine, plan, scheduler, device, config)
+
+    @property
+    def dp_rank(self) -> int:
+        return dist.get_rank()  # ZeRO shards over the whole world: every rank reads its own samples
+
+    @property
+    def dp_size(self) -> int:
+        return dist.get_world_size()
+
+    def data_parallel_sum(self, value: int) -> int:
+        total = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(total)
+        return int(total.item())
+
+    def forward_backward(self, micro_batches: list[torch.Tensor], loss_factor: float) -> torch.Tensor:
+        factor = loss_factor * self.dp_size  # DeepSpeed averages over the ranks: back to the sum (module docstring)
+        loss_sum = torch.zeros((), device=self.device)
+        for i, batch in enumerate(micro_batches):
+            logits = self.ds(input_ids=batch).logits
+            loss = token_loss_sum(logits, batch)
+            del logits
+            self.ds.backward(loss * factor, scale_wrt_gas=False)
+            loss_sum += loss.detach().float()
+            if i < len(micro_batches) - 1:
+                self.ds.step()  # not a boundary: DeepSpeed only counts the micro-step
+        dist.all_reduce(loss_sum)
+        return loss_sum
+
+    def step(self, max_norm: float) -> StepResult:
+        if not self.ds.is_gradient_accumulation_boundary():
+            raise RuntimeError(
+                "DeepSpeed's accumulation count disagrees with the step's micro-batches "
+                f"(gradient_accumulation_steps={self.ds.gradient_accumulation_steps()})"
+            )
+        lr = self.scheduler.get_last_lr()[0]
+        optimizer = self.ds.optimizer
+        scale = float(optimizer.cur_scale) if self.fp16 and hasattr(optimizer, "cur_scale") else None
+        self.ds.step()  # clip (gradient_clipping = train.grad_clip), AdamW, schedule
+        skipped = bool(getattr(optimizer, "overflow", False)) if self.fp16 else False
+        norm = self.ds.get_global_grad_norm()
+        grad_norm = torch.as_tensor(float("nan") if norm is None else norm, dtype=torch.float32).reshape(())
+        return StepResult(grad_norm=grad_norm, lr=lr, skipped=skipped, loss_scale=scale)
+
+    def zero_grad(self) -> None:
+        pass  # DeepSpeed clears its gradient partitions itself after each boundary step
+
+    def _named_params(self) -> list[tuple[str, nn.Parameter]]:
+        """Every parameter under each of its HF names (a tied weight under both), in a fixed order."""
+        return [(clean_fqn(n), p) for n, p in self.ds.module.named_parameters(remove_duplicate=False)]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state as the torch-native engines key it (``state.<name>.exp_avg``, ``param_groups.<name>.lr``, ...),
+        so a DeepSpeed checkpoint resumes on FSDP2 or DDP and on any world size, and the other way round.
+
+        Each value is the *full* fp32 tensor, assembled from the ZeRO partitions (``deepspeed.utils``; collective
+        under ZeRO-3, where every rank walks the parameters in the same order): saving costs host memory for the
+        full fp32 parameters and both Adam moments on every rank at once (16 bytes per parameter); DCP writes one
+        copy of each.
+        """
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+        self._ensure_optimizer_state()
+        group = self._client_group()
+        step = self._client_step()
+        model: dict[str, Any] = {}
+        optim: dict[str, Any] = {}
+        for name, param in self._named_params():
+            model[name] = safe_get_full_fp32_param(param).detach().cpu()
+            optim[f"state.{name}.step"] = step.clone()
+            for key in ("exp_avg", "exp_avg_sq"):
+                optim[f"state.{name}.{key}"] = safe_get_full_optimizer_state(param, key).detach().cpu()
+            for key, value in group.items():
+                if key != "params":
+                    optim[f"param_groups.{name}.{key}"] = value
+        scaler = {"scale": float(self.ds.optimizer.cur_scale), "clean_steps": 0} if self.fp16 else {}
+        return {"model": model, "optimizer": optim, "scheduler": self.scheduler.state_dict(), "loss_scaler": scaler}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Write the full values back: the compute weights (gathered under ZeRO-3) and DeepSpeed's fp32 partitions
+        and Adam moments; the step count and the schedule."""
+        import deepspeed
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+        self._ensure_optimizer_state()
+        model, optim = state["model"], state["optimizer"]
+        done: set[int] = set()
+        for name, param in self._named_params():
+            if id(param) in done:
+                continue  # a tied weight: written once
+            done.add(id(param))
+            value = model[name]
+            if hasattr(param, "ds_id"):
+                with deepspeed.zero.GatheredParameters([param], modifier_rank=0), torch.no_grad():
+                    param.copy_(value.to(device=param.device, dtype=param.dtype))
+            else:
+                with torch.no_grad():
+                    param.copy_(value.to(device=param.device, dtype=param.dtype))
+            safe_set_full_fp32_param(param, value.to(self.device, torch.float32))
+            for key in ("exp_avg", "exp_avg_sq"):
+                safe_set_full_optimizer_state(param, optim[f"state.{name}.{key}"].to(self.device), key)
+        # the group's hyperparameters as saved: above all its current lr, which the schedule's own state does not
+        # carry (LambdaLR writes it into the group at each step)
+        first = self._named_params()[0][0]
+        prefix = f"param_groups.{first}."
+        for key, value in optim.items():
+            if key.startswith(prefix) and key[len(prefix) :] in self._client_group():
+                for group in self._client_optimizer().param_groups:
+                    group[key[len(prefix) :]] = value
+        step = next((v for k, v in optim.items() if k.startswith("state.") and k.endswith(".step")), None)
+        if step is not None:
+            for flat_state in self._client_optimizer().state.values():
+                flat_state["step"] = torch.as_tensor(step, dtype=torch.float32).clone()
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.fp16 and state.get("loss_scaler"):
+            self.ds.optimizer.cur_scale = float(state["loss_scaler"]["scale"])
+
+    def _ensure_optimizer_state(self) -> None:
+        """AdamW creates its state at its first step, and DeepSpeed links each parameter to its slice of that state
+        only then; a checkpoint loaded before any step needs both now. The state is what AdamW itself would create
+        (step 0, zero moments), so the first step that follows is unchanged."""
+        optimizer = self._client_optimizer()
+        # ZeRO-3 keys the state by its fp32 sub-group partitions (what its get/set of full states reads)
+        zero3_flats = list(getattr(self.ds.optimizer, "fp32_partitioned_groups_flat", []))
+        for group in optimizer.param_groups:
+            on_device = group.get("fused") or group.get("capturable")
+            for flat in [*group["params"], *zero3_flats]:
+                if not optimizer.state.get(flat):
+                    optimizer.state[flat] = {
+                        "step": torch.zeros((), dtype=torch.float32, device=flat.device if on_device else "cpu"),
+                        "exp_avg": torch.zeros_like(flat, memory_format=torch.preserve_format),
+                        "exp_avg_sq": torch.zeros_like(flat, memory_format=torch.preserve_format),
+                    }
+        link = getattr(self.ds.optimizer, "_lazy_init_hp_params_optimizer_state", None)
+        if link is not None:  # ZeRO-1/2: what DeepSpeed calls after its first step (ZeRO-3 reads the state directly)
+            link()
+
+    def _client_optimizer(self) -> torch.optim.Optimizer:
+        """The recipe's AdamW inside DeepSpeed's ZeRO optimizer (it steps the flat fp32 partitions)."""
+        return self.ds.optimizer.optimizer
+
+    def _client_group(self) -> dict[str, Any]:
+        return self._client_optimizer().param_groups[0]
+
+    def _client_step(self) -> torch.Tensor:
+        states = list(self._client_optimizer().state.values())
+        step = states[0]["step"] if states and "step" in states[0] else 0.0
+        return torch.as_tensor(step, dtype=torch.float32).detach().cpu().reshape(())
+
+
+def _build_partitioned(cfg: RecipeConfig, hf_config: Any, config: dict) -> nn.Module:
+    """ZeRO-3: construct under ``zero.Init`` (partitioned as built), then fill each parameter from the same walk
+    that gives every other plan its values, one gathered parameter at a time."""
+    import deepspeed
+    from transformers import AutoModelForCausalLM
+
+    hf_config.use_cache = False
+    # zero.Init replaces torch's tensor constructors while it is open; torch._dynamo, if first imported inside it (a
+    # model's code may import it), then fails to register its polyfills against them ("Signature mismatch")
+    import torch._dynamo  # noqa: F401
+
+    # dtype from the config (fp32 unless bf16/fp16 is enabled): DeepSpeed 0.19.8 ignores an explicit dtype= on an
+    # accelerator without fp16 support (the CPU) and partitions in bf16 (an operator-precedence slip in
+    # Init._set_dtype), which rounds every weight
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        model = AutoModelForCausalLM.from_config(
+            hf_config, dtype=torch.float32, attn_implementation=cfg.model.attn_implementation
+        )
+    targets = {clean_fqn(n): t for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    twin = build_meta_model(hf_config, cfg.model.attn_implementation)
+    for fqn, value in full_values(twin, targets.keys(), cfg.model.name_or_path, cfg.train.seed):
+        target = targets[fqn]
+        if hasattr(target, "ds_id"):  # a partitioned parameter: gathered, written (the same on every rank), split
+            with deepspeed.zero.GatheredParameters([target], modifier_rank=0), torch.no_grad():
+                target.copy_(value.to(target.dtype))
+        else:
+            with torch.no_grad():
+                target.copy_(value.to(device=target.device, dtype=target.dtype))
+    return model
