@@ -132,14 +132,14 @@ def deepspeed_config(cfg: RecipeConfig, plan: Plan, hidden_size: int) -> dict[st
         elif not _same(stated, wanted):
             raise ConfigError(
                 f"{path}={json.dumps(stated)} in {name}, but the recipe and plan give {json.dumps(wanted)} "
-                f"({_whence(path)}); set it to \"auto\" or to the same value"
+                f'({_whence(path)}); set it to "auto" or to the same value'
             )
     for path, value in _derived(hidden_size).items():
         if _get(tree, path) == "auto":
             _set(tree, path, value)
     left = _autos(tree)
     if left:
-        raise ConfigError(f"{name} has \"auto\" values bigtrain does not fill: {', '.join(left)}; give them values")
+        raise ConfigError(f'{name} has "auto" values bigtrain does not fill: {", ".join(left)}; give them values')
     return tree
 
 

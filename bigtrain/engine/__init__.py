@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from bigtrain.config.deepspeed import deepspeed_config
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.engine.base import Engine, StepResult, train_step
@@ -20,7 +21,13 @@ from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory, Tor
 from bigtrain.parallel.apply import PipelineParts, build_parallel_model
 from bigtrain.parallel.mesh import build_world_mesh
 
-__all__ = ["Engine", "StepResult", "build_engine", "train_step"]
+__all__ = ["Engine", "StepResult", "build_engine", "check_engine_inputs", "train_step"]
+
+
+def check_engine_inputs(cfg: RecipeConfig, hf_config: Any, plan: Plan) -> None:
+    """What the plan's engine reads besides the recipe, checked before any process group: DeepSpeed's JSON."""
+    if plan.backend == "deepspeed":
+        deepspeed_config(cfg, plan, hf_config.hidden_size)
 
 
 def build_engine(

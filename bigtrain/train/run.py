@@ -23,7 +23,6 @@ from bigtrain.checkpoint.export import export_model
 from bigtrain.checkpoint.loader import load_checkpoint
 from bigtrain.checkpoint.run_dir import FINAL_MODEL, plan_start, prepare_output_dir
 from bigtrain.checkpoint.saver import Checkpointer
-from bigtrain.config.deepspeed import deepspeed_config
 from bigtrain.config.hf import check_tensor_parallel
 from bigtrain.config.pipeline import check_pipeline_parallel
 from bigtrain.config.plan import Plan, resolve_plan
@@ -31,7 +30,7 @@ from bigtrain.config.schema import ParallelConfig, RecipeConfig
 from bigtrain.data.loader import StepLoader
 from bigtrain.data.order import GlobalOrder
 from bigtrain.data.sources import TokenRows, check_vocabulary, load_token_rows
-from bigtrain.engine import Engine, build_engine
+from bigtrain.engine import Engine, build_engine, check_engine_inputs
 from bigtrain.models.build import load_hf_config, model_shapes
 from bigtrain.planner.auto import choose_plan
 from bigtrain.runtime import (
@@ -207,12 +206,11 @@ class TrainingJob:
         return plan
 
     def _check_model_split(self, plan: Plan) -> None:
-        """tp and pp must fit this model and batch, a DeepSpeed config the recipe (every rank, before any group for a
-        written plan)."""
+        """tp and pp must fit this model and batch, the engine's own inputs the recipe (every rank, before any group
+        for a written plan)."""
         check_tensor_parallel(self.hf_config, plan.tp, plan.loss_parallel)
         check_pipeline_parallel(self.hf_config, plan, self._batch)
-        if plan.backend == "deepspeed":
-            deepspeed_config(self.cfg, plan, self.hf_config.hidden_size)
+        check_engine_inputs(self.cfg, self.hf_config, plan)
 
     def _log_plan(self) -> None:
         if self.env.rank != 0:
