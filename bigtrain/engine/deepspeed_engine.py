@@ -111,7 +111,7 @@ class DeepSpeedZeroEngine(Engine):
             )
         lr = self.scheduler.get_last_lr()[0]
         optimizer = self.ds.optimizer
-        scale = float(optimizer.cur_scale) if self.fp16 and hasattr(optimizer, "cur_scale") else None
+        scale = self._loss_scale()
         self.ds.step()  # clip (gradient_clipping = train.grad_clip), AdamW, schedule
         skipped = bool(getattr(optimizer, "overflow", False)) if self.fp16 else False
         norm = self.ds.get_global_grad_norm()
@@ -149,7 +149,8 @@ class DeepSpeedZeroEngine(Engine):
             for key, value in group.items():
                 if key != "params":
                     optim[f"param_groups.{name}.{key}"] = value
-        scaler = {"scale": float(self.ds.optimizer.cur_scale), "clean_steps": 0} if self.fp16 else {}
+        scale = self._loss_scale()
+        scaler = {} if scale is None else {"scale": scale, "clean_steps": 0}
         return {"model": model, "optimizer": optim, "scheduler": self.scheduler.state_dict(), "loss_scaler": scaler}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -188,8 +189,9 @@ class DeepSpeedZeroEngine(Engine):
             for flat_state in self._client_optimizer().state.values():
                 flat_state["step"] = torch.as_tensor(step, dtype=torch.float32).clone()
         self.scheduler.load_state_dict(state["scheduler"])
-        if self.fp16 and state.get("loss_scaler"):
-            self.ds.optimizer.cur_scale = float(state["loss_scaler"]["scale"])
+        scaler = getattr(self.ds.optimizer, "loss_scaler", None)
+        if self.fp16 and scaler is not None and state.get("loss_scaler"):
+            scaler.cur_scale = float(state["loss_scaler"]["scale"])
 
     def _ensure_optimizer_state(self) -> None:
         """AdamW creates its state at its first step, and DeepSpeed links each parameter to its slice of that state
@@ -210,6 +212,11 @@ class DeepSpeedZeroEngine(Engine):
         link = getattr(self.ds.optimizer, "_lazy_init_hp_params_optimizer_state", None)
         if link is not None:  # ZeRO-1/2: what DeepSpeed calls after its first step (ZeRO-3 reads the state directly)
             link()
+
+    def _loss_scale(self) -> float | None:
+        """fp16: the dynamic loss scale of DeepSpeed's ZeRO optimizer (None otherwise)."""
+        scaler = getattr(self.ds.optimizer, "loss_scaler", None)
+        return float(scaler.cur_scale) if self.fp16 and scaler is not None else None
 
     def _client_optimizer(self) -> torch.optim.Optimizer:
         """The recipe's AdamW inside DeepSpeed's ZeRO optimizer (it steps the flat fp32 partitions)."""

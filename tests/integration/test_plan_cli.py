@@ -3,13 +3,34 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from helpers import REPO, read_metrics, run_cli
 
 
-def test_table_names_the_choice_and_why_others_lost():
-    proc = run_cli(["plan", "--model", "llama-3-70b", "--gpus", "8", "--gpu", "H100"], timeout=120)
+@pytest.fixture
+def plan_cli(capfd):
+    """``bigtrain plan ...`` through the CLI's own ``main`` in this process: it starts no process group and no
+    worker, so a fresh interpreter per call (4 s of imports) would buy nothing. Exit code and output as a process's;
+    ``timeout`` is accepted for the same call shape as ``run_cli``."""
+
+    def run(args: list[str], timeout: float | None = None) -> subprocess.CompletedProcess:
+        from bigtrain.cli import main
+
+        capfd.readouterr()
+        try:
+            code = main(args)
+        except SystemExit as e:  # argparse's own errors
+            code = e.code if isinstance(e.code, int) else 2
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess(["bigtrain", *args], code, out, err)
+
+    return run
+
+
+def test_table_names_the_choice_and_why_others_lost(plan_cli):
+    proc = plan_cli(["plan", "--model", "llama-3-70b", "--gpus", "8", "--gpu", "H100"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("model llama: 70.55B params")
@@ -17,8 +38,8 @@ def test_table_names_the_choice_and_why_others_lost():
     assert "best rejected:" in proc.stdout and "GiB budget" in proc.stdout
 
 
-def test_json_contract():
-    proc = run_cli(
+def test_json_contract(plan_cli):
+    proc = plan_cli(
         [
             "plan",
             "--model",
@@ -76,9 +97,9 @@ def test_json_contract():
     assert out["candidates"][0]["fits"] and out["candidates"][0]["plan"] == out["plan"]
 
 
-def test_8b_on_8_h100_offers_plain_fsdp2_with_sharded_gradients():
+def test_8b_on_8_h100_offers_plain_fsdp2_with_sharded_gradients(plan_cli):
     # the default batch (~1M tokens) takes many micro-steps; FSDP2 alone must fit when gradients stay sharded
-    proc = run_cli(["plan", "--model", "llama-3-8b", "--gpus", "8", "--gpu", "H100", "--json"], timeout=120)
+    proc = plan_cli(["plan", "--model", "llama-3-8b", "--gpus", "8", "--gpu", "H100", "--json"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     fitting = [c["plan"] for c in out["candidates"] if c["fits"]]
@@ -95,10 +116,10 @@ def test_8b_on_8_h100_offers_plain_fsdp2_with_sharded_gradients():
     assert any(p["pp"] > 1 for p in fitting)
 
 
-def test_all_shows_what_the_trainer_cannot_run_yet_and_why():
+def test_all_shows_what_the_trainer_cannot_run_yet_and_why(plan_cli):
     args = ["plan", "--model", "llama-3-70b", "--gpus", "64", "--gpu", "H100"]
-    plain = run_cli(args, timeout=120)
-    every = run_cli([*args, "--all"], timeout=120)
+    plain = plan_cli(args, timeout=120)
+    every = plan_cli([*args, "--all"], timeout=120)
     assert plain.returncode == every.returncode == 0, every.stderr
     assert "not runnable yet" not in plain.stdout and "deepspeed" not in plain.stdout
     chosen = [line for line in plain.stdout.splitlines() if line.startswith("* ")]
@@ -108,20 +129,20 @@ def test_all_shows_what_the_trainer_cannot_run_yet_and_why():
     assert "parallel.tp=" in section
 
 
-def test_pins_that_only_unrunnable_plans_meet_are_refused_unless_all(tmp_path):
+def test_pins_that_only_unrunnable_plans_meet_are_refused_unless_all(tmp_path, plan_cli):
     args = ["plan", "--model", "llama-3-8b", "--gpus", "8", "--fix", "backend=deepspeed"]
-    proc = run_cli(args, timeout=60)
+    proc = plan_cli(args, timeout=60)
     assert proc.returncode == 2
     assert "no plan the planner offers meets the pins: parallel.backend=deepspeed runs when set" in proc.stderr
     assert "--all" in proc.stderr
-    proc = run_cli([*args, "--all", "--json"], timeout=60)
+    proc = plan_cli([*args, "--all", "--json"], timeout=60)
     out = json.loads(proc.stdout)
     assert out["fits"] is False and out["plan"]["backend"] == "deepspeed"
     assert out["candidates"][0]["rejected_because"].startswith("not runnable yet: parallel.backend=deepspeed")
 
 
-def test_nothing_fits_exits_3_with_a_way_out():
-    proc = run_cli(["plan", "--model", "llama-3-405b", "--gpus", "8", "--gpu", "L4", "--json"], timeout=300)
+def test_nothing_fits_exits_3_with_a_way_out(plan_cli):
+    proc = plan_cli(["plan", "--model", "llama-3-405b", "--gpus", "8", "--gpu", "L4", "--json"], timeout=300)
     assert proc.returncode == 3, proc.stderr
     assert json.loads(proc.stdout)["fits"] is False
     last = proc.stderr.strip().splitlines()[-1]
@@ -138,16 +159,16 @@ def test_nothing_fits_exits_3_with_a_way_out():
         (["--model", "llama-3-8b"], "no GPU detected on this machine; give --gpus N"),
     ],
 )
-def test_bad_input_exits_2_with_one_line(args, expected, tmp_path):
-    proc = run_cli(["plan", *args], timeout=60)
+def test_bad_input_exits_2_with_one_line(args, expected, tmp_path, plan_cli):
+    proc = plan_cli(["plan", *args], timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("bigtrain: error: ")
     assert expected in proc.stderr
 
 
-def test_non_causal_config_exits_2(tmp_path):
+def test_non_causal_config_exits_2(tmp_path, plan_cli):
     (tmp_path / "config.json").write_text('{"model_type": "t5", "d_model": 32}')
-    proc = run_cli(["plan", "--model", str(tmp_path / "config.json"), "--gpus", "2"], timeout=60)
+    proc = plan_cli(["plan", "--model", str(tmp_path / "config.json"), "--gpus", "2"], timeout=60)
     assert proc.returncode == 2 and "'t5' is not a causal language model" in proc.stderr
 
 
@@ -174,13 +195,13 @@ def test_recipe_with_plan_auto_trains(tmp_path):
 
 
 @pytest.mark.parametrize("pin", ["backend=fsdp2", "pp=2"])
-def test_simulate_adds_the_simulated_peak(tmp_path, pin):
+def test_simulate_adds_the_simulated_peak(tmp_path, pin, plan_cli):
     """--simulate runs the chosen plan's step on fake tensors; a pipelined plan on every pp rank (the busiest kept)."""
     (tmp_path / "config.json").write_text(
         '{"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2, '
         '"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4000}'
     )
-    proc = run_cli(
+    proc = plan_cli(
         [
             "plan",
             "--model",
