@@ -18,6 +18,7 @@ from bigtrain.engine.base import Engine, StepResult, train_step
 from bigtrain.engine.deepspeed_engine import DeepSpeedZeroEngine
 from bigtrain.engine.pipelined import PipelinedEngine
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory, TorchNativeEngine
+from bigtrain.errors import ConfigError
 from bigtrain.parallel.apply import PipelineParts, build_parallel_model
 from bigtrain.parallel.mesh import build_world_mesh
 
@@ -25,8 +26,14 @@ __all__ = ["Engine", "StepResult", "build_engine", "check_engine_inputs", "train
 
 
 def check_engine_inputs(cfg: RecipeConfig, hf_config: Any, plan: Plan) -> None:
-    """What the plan's engine reads besides the recipe, checked before any process group: DeepSpeed's JSON."""
+    """What the plan's engine reads besides the recipe, checked before any process group: DeepSpeed's JSON, and
+    the recipe options the DeepSpeed engine does not take."""
     if plan.backend == "deepspeed":
+        if cfg.train.compile:
+            raise ConfigError(
+                "train.compile=true compiles decoder blocks for the torch-native engines; the deepspeed backend does "
+                "not compile them yet: set train.compile=false or use backend fsdp2"
+            )
         deepspeed_config(cfg, plan, hf_config.hidden_size)
 
 
