@@ -89,3 +89,17 @@ def test_a_missing_or_broken_file_is_named(tmp_path):
     (tmp_path / "bad.json").write_text('{"zero_optimization": {')
     with pytest.raises(ConfigError, match="is not valid JSON: .* line 1"):
         filled(recipe(deepspeed_config=str(tmp_path / "bad.json")))
+
+
+def test_what_the_deepspeed_engine_does_not_take_is_refused_before_it_starts():
+    from bigtrain.config.hf import hf_config_from_dict
+    from bigtrain.engine import check_engine_inputs
+
+    cfg = recipe(zero_stage=2)
+    cfg.train.compile = True
+    plan = resolve_plan(cfg.parallel, 4, 32)
+    hf_config = hf_config_from_dict({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4})
+    with pytest.raises(ConfigError, match="train.compile=true .* set train.compile=false or use backend fsdp2"):
+        check_engine_inputs(cfg, hf_config, plan)
+    cfg.train.compile = False
+    check_engine_inputs(cfg, hf_config, plan)  # the filled template is fine
