@@ -141,11 +141,19 @@ class DeepSpeedZeroEngine(Engine):
         step = self._client_step()
         model: dict[str, Any] = {}
         optim: dict[str, Any] = {}
+        full: dict[int, tuple[torch.Tensor, ...]] = {}  # a tied weight is assembled once, stored under each name
         for name, param in self._named_params():
-            model[name] = safe_get_full_fp32_param(param).detach().cpu()
+            if id(param) not in full:
+                full[id(param)] = tuple(
+                    value.detach().cpu()
+                    for value in (
+                        safe_get_full_fp32_param(param),
+                        safe_get_full_optimizer_state(param, "exp_avg"),
+                        safe_get_full_optimizer_state(param, "exp_avg_sq"),
+                    )
+                )
+            model[name], optim[f"state.{name}.exp_avg"], optim[f"state.{name}.exp_avg_sq"] = full[id(param)]
             optim[f"state.{name}.step"] = step.clone()
-            for key in ("exp_avg", "exp_avg_sq"):
-                optim[f"state.{name}.{key}"] = safe_get_full_optimizer_state(param, key).detach().cpu()
             for key, value in group.items():
                 if key != "params":
                     optim[f"param_groups.{name}.{key}"] = value
@@ -199,16 +207,17 @@ class DeepSpeedZeroEngine(Engine):
         (step 0, zero moments), so the first step that follows is unchanged."""
         optimizer = self._client_optimizer()
         # ZeRO-3 keys the state by its fp32 sub-group partitions (what its get/set of full states reads)
-        zero3_flats = list(getattr(self.ds.optimizer, "fp32_partitioned_groups_flat", []))
-        for group in optimizer.param_groups:
-            on_device = group.get("fused") or group.get("capturable")
-            for flat in [*group["params"], *zero3_flats]:
-                if not optimizer.state.get(flat):
-                    optimizer.state[flat] = {
-                        "step": torch.zeros((), dtype=torch.float32, device=flat.device if on_device else "cpu"),
-                        "exp_avg": torch.zeros_like(flat, memory_format=torch.preserve_format),
-                        "exp_avg_sq": torch.zeros_like(flat, memory_format=torch.preserve_format),
-                    }
+        groups = optimizer.param_groups
+        flats = [(flat, group) for group in groups for flat in group["params"]]
+        flats += [(flat, groups[0]) for flat in getattr(self.ds.optimizer, "fp32_partitioned_groups_flat", [])]
+        for flat, group in flats:
+            if not optimizer.state.get(flat):
+                on_device = group.get("fused") or group.get("capturable")
+                optimizer.state[flat] = {
+                    "step": torch.zeros((), dtype=torch.float32, device=flat.device if on_device else "cpu"),
+                    "exp_avg": torch.zeros_like(flat, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(flat, memory_format=torch.preserve_format),
+                }
         link = getattr(self.ds.optimizer, "_lazy_init_hp_params_optimizer_state", None)
         if link is not None:  # ZeRO-1/2: what DeepSpeed calls after its first step (ZeRO-3 reads the state directly)
             link()
