@@ -1,4 +1,27 @@
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # so tests can `import helpers`
+
+
+@pytest.fixture
+def cli_in_process(capfd):
+    """``bigtrain plan|export ...`` through the CLI's own ``main`` in this process: it starts no process group and no
+    worker, so a fresh interpreter per call (4 s of imports) would buy nothing. Exit code and output as a process's;
+    ``timeout`` is accepted for the same call shape as ``run_cli``."""
+
+    def run(args: list[str], timeout: float | None = None) -> subprocess.CompletedProcess:
+        from bigtrain.cli import main
+
+        capfd.readouterr()
+        try:
+            code = main(args)
+        except SystemExit as e:  # argparse's own errors
+            code = e.code if isinstance(e.code, int) else 2
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess(["bigtrain", *args], code, out, err)
+
+    return run

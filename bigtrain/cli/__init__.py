@@ -1,4 +1,5 @@
 """The command line: ``bigtrain train RECIPE [--set a.b=v ...] [--nproc N]``, ``bigtrain plan ...``,
+``bigtrain export RECIPE --to accelerate|deepspeed|hf-trainer -o FILE``,
 ``bigtrain export-model CHECKPOINT -o HF_DIR`` and ``bigtrain probe [-o FILE] [--nproc N]`` (also as
 ``python -m bigtrain``). Turns every ConfigError into one ``bigtrain: error: ...`` line and exit code 2."""
 
@@ -10,6 +11,7 @@ import logging
 import os
 import sys
 
+from bigtrain.cli.export import add_export_arguments, run_export_command
 from bigtrain.cli.plan import add_plan_arguments, run_plan_command
 from bigtrain.errors import ConfigError
 from bigtrain.runtime import LaunchEnv, read_launch_env
@@ -35,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan = sub.add_parser("plan", help="choose a plan from model size and GPU memory, and explain it")
     add_plan_arguments(plan)
+    add_export_arguments(
+        sub.add_parser("export", help="write the recipe's plan as an accelerate, DeepSpeed or HF Trainer config")
+    )
     export = sub.add_parser(
         "export-model", help="write a checkpoint as a HuggingFace model folder (one CPU process, no GPU needed)"
     )
@@ -68,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             return _train(args, env)
         if args.command == "plan":
             return run_plan_command(args)
+        if args.command == "export":
+            return run_export_command(args)
         if args.command == "export-model":
             return _export_model(args)
         if args.command == "probe":

@@ -71,3 +71,18 @@ def decoder_blocks(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     if not found:
         raise ConfigError(f"cannot find the decoder blocks of {type(model).__name__} (no _no_split_modules match)")
     return found
+
+
+def block_class_names(hf_config: Any) -> list[str]:
+    """The class names of the model's decoder blocks (its ``_no_split_modules``), read from the model class alone:
+    what accelerate's and HF Trainer's FSDP plugins wrap (``transformer_layer_cls_to_wrap``)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
+    except KeyError as e:
+        raise ConfigError(f"model config of type {hf_config.model_type!r} is not a causal LM") from e
+    names = list(getattr(model_class, "_no_split_modules", None) or [])
+    if not names:
+        raise ConfigError(f"{model_class.__name__} names no decoder block class (_no_split_modules is empty)")
+    return names

@@ -57,20 +57,19 @@ def test_torchrun(nproc_run, tmp_path):
     check_same_two_rank_run(tmp_path / "out", nproc_run)
 
 
-def test_accelerate_launch(nproc_run, tmp_path):
-    # On a host with >= 2 GPUs accelerate picks its multi-process launcher by itself; on a CPU host it needs its
-    # config to say MULTI_GPU (here: the default config file under HF_HOME), else it starts a single process.
-    cache = tmp_path / "hf_home" / "accelerate"
-    cache.mkdir(parents=True)
-    (cache / "default_config.yaml").write_text(
-        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 1\nnum_processes: 2\n"
-        f"machine_rank: 0\nmixed_precision: 'no'\nuse_cpu: false\nmain_process_port: {free_port()}\n"
-    )
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home")}
+def test_accelerate_launch_with_an_exported_config(nproc_run, tmp_path):
+    """``accelerate launch --config_file`` with the file ``bigtrain export --to accelerate`` wrote for the recipe:
+    accelerate starts the plan's processes (its FSDP config picks the multi-process launcher, on a CPU host too) and
+    bigtrain runs the same job as with --nproc."""
+    recipe = write_tiny_recipe(tmp_path, tmp_path / "out")
+    config = tmp_path / "accelerate.yaml"
+    proc = run_cli(["export", str(recipe), "--to", "accelerate", "--gpus", "2", "-o", str(config)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
     accelerate = shutil.which("accelerate")
     assert accelerate, "accelerate's console script is installed with bigtrain"
-    recipe = write_tiny_recipe(tmp_path, tmp_path / "out")
-    cmd = [accelerate, "launch", "--num_processes", "2", "-m", "bigtrain", "train", str(recipe)]
+    cmd = [accelerate, "launch", "--config_file", str(config), "--main_process_port", str(free_port())]
+    cmd += ["-m", "bigtrain", "train", str(recipe)]
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home")}  # no default accelerate config of this host
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_same_two_rank_run(tmp_path / "out", nproc_run)

@@ -3,30 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 from helpers import REPO, read_metrics, run_cli
 
 
 @pytest.fixture
-def plan_cli(capfd):
-    """``bigtrain plan ...`` through the CLI's own ``main`` in this process: it starts no process group and no
-    worker, so a fresh interpreter per call (4 s of imports) would buy nothing. Exit code and output as a process's;
-    ``timeout`` is accepted for the same call shape as ``run_cli``."""
-
-    def run(args: list[str], timeout: float | None = None) -> subprocess.CompletedProcess:
-        from bigtrain.cli import main
-
-        capfd.readouterr()
-        try:
-            code = main(args)
-        except SystemExit as e:  # argparse's own errors
-            code = e.code if isinstance(e.code, int) else 2
-        out, err = capfd.readouterr()
-        return subprocess.CompletedProcess(["bigtrain", *args], code, out, err)
-
-    return run
+def plan_cli(cli_in_process):
+    return cli_in_process
 
 
 def test_table_names_the_choice_and_why_others_lost(plan_cli):

@@ -1,6 +1,6 @@
 """The package layers, read from the imports of every source file (including imports inside functions).
 
-config < planner | data | models | runtime < parallel < engine < checkpoint < train < simulate | probe < cli: a module may import
+config < planner | data | models | runtime < parallel | integrations < engine < checkpoint < train < simulate | probe < cli: a module may import
 only from lower layers and its own package. The planner must stay pure: no ``torch.distributed`` and nothing of
 the trainer, so every rank (and a laptop) computes the same plan from the same numbers. The training loop must not
 learn which backend it drives.
@@ -23,6 +23,7 @@ LAYERS = {
     "models": 2,
     "runtime": 2,
     "parallel": 3,
+    "integrations": 3,
     "engine": 4,
     "checkpoint": 5,
     "train": 6,

@@ -1,0 +1,139 @@
+"""``bigtrain export RECIPE --to accelerate|deepspeed|hf-trainer -o FILE``: the recipe's plan, written for another
+tool.
+
+The plan is the one ``bigtrain train`` would run: a manual plan resolved for ``--gpus`` ranks (or for the product of
+its degrees when the recipe states them all), ``plan: auto`` chosen by the planner for ``--gpus`` of ``--gpu`` /
+``--gpu-memory`` (or the GPUs detected here). Notes about the translation go to stderr; the file is written only
+when the whole export succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bigtrain.config.load import load_recipe
+from bigtrain.config.plan import Plan, resolve_plan
+from bigtrain.config.schema import RecipeConfig
+from bigtrain.errors import ConfigError
+from bigtrain.integrations import TARGETS, Export
+
+log = logging.getLogger("bigtrain")
+
+
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", help="YAML recipe, e.g. recipes/quickstart.yaml")
+    parser.add_argument("--to", required=True, choices=TARGETS, help="the tool the file is for")
+    parser.add_argument("-o", "--output", required=True, help="the file to write (YAML for accelerate, else JSON)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key"
+    )
+    parser.add_argument("--gpus", type=int, help="GPUs of the job (default: the plan's degrees, or detected)")
+    parser.add_argument("--gpus-per-node", type=int, help="GPUs per machine (default: min(gpus, 8))")
+    parser.add_argument("--gpu", help="plan: auto: GPU type, e.g. H100, A100-40GB (default: detected, else H100)")
+    parser.add_argument("--gpu-memory", help="plan: auto: memory per GPU, e.g. 80GB; overrides the GPU table")
+
+
+def _stated_world(cfg: RecipeConfig) -> int | None:
+    """The world size a manual plan states by itself (every degree given), else None."""
+    p = cfg.parallel
+    if p.backend == "ddp":
+        return None if p.dp_replicate in (None, -1) else p.dp_replicate * p.tp * p.pp
+    if p.dp_shard in (None, -1):
+        return None
+    replicate = 1 if p.dp_replicate in (None, -1) else p.dp_replicate
+    return replicate * p.dp_shard * p.tp * p.pp
+
+
+def _auto_plan(cfg: RecipeConfig, args: argparse.Namespace) -> Plan:
+    from bigtrain.planner.hardware import detect_local, make_cluster
+    from bigtrain.planner.model_stats import ModelStats, load_model_config
+    from bigtrain.planner.search import search
+
+    name, count, free = (None, 0, None) if args.gpus and (args.gpu or args.gpu_memory) else detect_local()
+    gpus = args.gpus or count
+    if not gpus:
+        raise ConfigError(
+            "parallel.plan=auto is planned for the GPUs it will run on: no GPU detected here, give --gpus N and "
+            "--gpu NAME or --gpu-memory SIZE"
+        )
+    cluster = make_cluster(gpus, args.gpus_per_node, args.gpu or name, args.gpu_memory or free)
+    model_config = load_model_config(cfg.model.config or cfg.model.name_or_path or "")
+    max_len = model_config.get("max_position_embeddings") or 2048
+    seq_len = cfg.data.seq_len or min(2048, max_len)
+    stats = ModelStats.from_config(model_config)
+    best = search(stats, cluster, seq_len, cfg.train.global_batch_size, cfg.train.mixed_precision)[0]
+    if not (best.fits and best.runnable):
+        raise ConfigError(
+            f"parallel.plan=auto found no plan that fits {gpus} x {cluster.gpu.name} "
+            f"({cluster.gpu.memory_bytes / 2**30:.0f} GiB): best was '{best.rejected_because}'; "
+            "run bigtrain plan on the recipe for what would fit"
+        )
+    return best.plan
+
+
+def export_plan(cfg: RecipeConfig, args: argparse.Namespace) -> tuple[Plan, Export]:
+    """The plan and what the target makes of it."""
+    from bigtrain.integrations.accelerate_config import export_accelerate
+    from bigtrain.integrations.deepspeed_json import export_deepspeed
+    from bigtrain.integrations.hf_trainer import export_hf_trainer
+    from bigtrain.models.build import block_class_names, load_hf_config
+
+    if args.gpus is not None and args.gpus < 1:
+        raise ConfigError(f"--gpus {args.gpus} must be at least 1")
+    if cfg.parallel.plan == "auto":
+        plan = _auto_plan(cfg, args)
+    else:
+        world = args.gpus or _stated_world(cfg)
+        if world is None:
+            raise ConfigError(
+                "the recipe's plan fills the world with parallel.dp_shard (or dp_replicate for ddp): give the job's "
+                "size with --gpus N"
+            )
+        plan = resolve_plan(cfg.parallel, world, cfg.train.global_batch_size)
+    per_node = args.gpus_per_node or min(plan.world_size, 8)
+    if per_node < 1:
+        raise ConfigError(f"--gpus-per-node {per_node} must be at least 1")
+    hf_config = load_hf_config(cfg.model)
+    if args.to == "accelerate":
+        return plan, export_accelerate(cfg, plan, block_class_names(hf_config), per_node)
+    if args.to == "deepspeed":
+        return plan, export_deepspeed(cfg, plan, hf_config)
+    return plan, export_hf_trainer(cfg, plan, hf_config, block_class_names(hf_config))
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def run_export_command(args: argparse.Namespace) -> int:
+    from bigtrain.integrations.accelerate_config import to_yaml
+
+    cfg = load_recipe(args.recipe, args.overrides)
+    plan, export = export_plan(cfg, args)
+    if args.to == "accelerate":
+        text = to_yaml(export, cfg, plan, args.recipe)
+    else:
+        text = json.dumps(export.content, indent=2) + "\n"
+    output = Path(args.output)
+    _write_atomically(output, text)
+    for note in export.notes:  # printed, not logged: they are the command's output, whatever the log level
+        print(f"bigtrain: note: {note}", file=sys.stderr)
+    log.info("wrote the plan (%s) for %s to %s", _summary(plan), args.to, output)
+    return 0
+
+
+def _summary(plan: Plan) -> str:
+    fields: dict[str, Any] = {"backend": plan.backend, "zero_stage": plan.zero_stage, "dp": plan.dp, "tp": plan.tp}
+    fields["micro_batch_size"] = plan.micro_batch_size
+    return ", ".join(f"{k}={v}" for k, v in fields.items())

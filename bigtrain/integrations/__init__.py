@@ -1,0 +1,37 @@
+"""A plan handed to other tools: ``bigtrain export RECIPE --to accelerate|deepspeed|hf-trainer``.
+
+One module per target, each a pure function of the recipe, the resolved plan and the model's config that returns
+the file's content: ``accelerate_config`` (an ``accelerate launch --config_file`` YAML), ``deepspeed_json`` (a
+complete DeepSpeed config) and ``hf_trainer`` (``TrainingArguments`` keyword arguments). A plan the target cannot
+express is a ConfigError naming the key; a translation that keeps the model but changes memory (DeepSpeed ZeRO-2
+for FSDP2's zero_stage 2, tp without sequence parallelism) is kept and said in ``Export.notes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bigtrain.config.plan import Plan
+
+TARGETS = ("accelerate", "deepspeed", "hf-trainer")
+
+
+@dataclass
+class Export:
+    """What a target makes of a plan: the file's content, and what the user should know about the translation."""
+
+    content: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+
+def dropped_tp_options(plan: Plan, target: str) -> list[str]:
+    """Notes for sequence and loss parallelism, which neither accelerate nor the Trainer can express: tp without
+    them trains the same model (checked by the equivalence tests) with more activation memory."""
+    dropped = [key for key in ("sequence_parallel", "loss_parallel") if getattr(plan, key)]
+    if not dropped:
+        return []
+    return [
+        f"{' and '.join('parallel.' + k for k in dropped)} have no {target} key and are left out: tp={plan.tp} "
+        "trains the same model with more activation memory per GPU than the plan was sized for"
+    ]

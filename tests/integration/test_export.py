@@ -1,0 +1,158 @@
+"""``bigtrain export RECIPE --to accelerate|deepspeed|hf-trainer``: every recipe, each file read back by its own
+library's parser, the HF Trainer route run for real, and the refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cases import TINY_LLAMA
+from helpers import REPO, run_torchrun, save_tiny_model, write_recipe
+
+TARGETS = ("accelerate", "deepspeed", "hf-trainer")
+RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
+# What a target cannot express, by (recipe, target): pipeline stages for all three, tp for a DeepSpeed JSON
+REFUSED = {
+    **{("pp_tp_fsdp", target): "parallel.pp=2 cannot be exported" for target in TARGETS},
+    ("tp_fsdp", "deepspeed"): "parallel.tp=2 cannot be exported",
+}
+
+
+def recipe_args(name: str, tmp_path: Path) -> tuple[list[str], int]:
+    """Arguments that make the recipe exportable here, and the world size its plan gets."""
+    if name == "pp_tp_fsdp":
+        return [], 8  # its degrees state the world
+    if name == "auto_quickstart":
+        return ["--gpus", "2", "--gpu-memory", "80GB"], 2
+    args = ["--gpus", "4"]
+    if name == "finetune_local":  # its model is the README walk-through's folder
+        args += ["--set", f"model.name_or_path={save_tiny_model(tmp_path / 'base')}"]
+    return args, 4
+
+
+def test_every_recipe_exports_to_each_target_or_names_what_it_cannot(cli_in_process, tmp_path):
+    written: dict[tuple[str, str], tuple[Path, int]] = {}
+    for name in RECIPES:
+        args, world = recipe_args(name, tmp_path)
+        for target in TARGETS:
+            out = tmp_path / f"{name}.{target}"
+            proc = cli_in_process(["export", f"recipes/{name}.yaml", "--to", target, "-o", str(out), *args])
+            if (name, target) in REFUSED:
+                assert proc.returncode == 2, proc.stderr
+                assert REFUSED[name, target] in proc.stderr and "--to " + target in proc.stderr, proc.stderr
+                assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
+            else:
+                assert proc.returncode == 0, proc.stderr
+                written[name, target] = out, world
+    assert len(written) == len(RECIPES) * len(TARGETS) - len(REFUSED)
+
+    items = [f"{target}:{world}:{path}" for (_, target), (path, world) in written.items()]
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests/integration/load_exports.py"), *items],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith('{"file"')]  # (DeepSpeed prints too)
+    read = {Path(r["file"]).name: r["read"] for r in map(json.loads, lines)}
+    assert len(read) == len(written)
+
+    # what the libraries read is the plan: quickstart is FSDP2 zero_stage 3, micro-batch 4 on 4 ranks
+    acc = read["quickstart.accelerate"]
+    assert acc["distributed_type"] == "DistributedType.FSDP" and acc["num_processes"] == 4
+    assert acc["fsdp_config"]["fsdp_version"] == 2 and acc["fsdp_config"]["fsdp_reshard_after_forward"] is True
+    assert acc["fsdp_config"]["fsdp_transformer_layer_cls_to_wrap"] == "LlamaDecoderLayer"
+    assert read["tp_fsdp.accelerate"]["parallelism_config"]["parallelism_config_tp_size"] == 2
+    ds = read["quickstart.deepspeed"]
+    assert (ds["world_size"], ds["train_batch_size"], ds["micro"], ds["accumulation"], ds["stage"]) == (4, 16, 4, 1, 3)
+    zero3 = read["deepspeed_zero3.deepspeed"]
+    assert (zero3["micro"], zero3["accumulation"], zero3["stage"]) == (2, 2, 3)
+    assert read["deepspeed_zero3.accelerate"]["deepspeed_config"]["zero_stage"] == 3
+    hf = read["deepspeed_zero3.hf-trainer"]
+    assert (hf["per_device_train_batch_size"], hf["gradient_accumulation_steps"], hf["deepspeed_stage"]) == (2, 2, 3)
+    fsdp = read["quickstart.hf-trainer"]
+    assert fsdp["fsdp"] and fsdp["fsdp_plugin_args"]["fsdp_version"] == 2
+    assert fsdp["fsdp_plugin_args"]["reshard_after_forward"] is True
+    assert read["tp_fsdp.hf-trainer"]["tp_size"] == 2
+
+
+def test_notes_say_what_a_translation_changes(cli_in_process, tmp_path):
+    proc = cli_in_process(["export", "recipes/tp_fsdp.yaml", "--to", "accelerate", "-o", str(tmp_path / "a.yaml")])
+    assert proc.returncode == 0, proc.stderr
+    assert "parallel.sequence_parallel and parallel.loss_parallel have no accelerate key" in proc.stderr
+    text = (tmp_path / "a.yaml").read_text()
+    assert text.startswith("# accelerate launch --config_file") and "gradient accumulation 2" in text
+    proc = cli_in_process(
+        [
+            "export",
+            "recipes/quickstart.yaml",
+            "--to",
+            "deepspeed",
+            "--gpus",
+            "2",
+            "-o",
+            str(tmp_path / "d.json"),
+            "--set",
+            "parallel.zero_stage=2",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "DeepSpeed ZeRO-2, which keeps whole parameters on every rank" in proc.stderr
+    assert json.loads((tmp_path / "d.json").read_text())["zero_optimization"]["stage"] == 2
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--to", "megatron"], "argument --to: invalid choice: 'megatron'"),
+        (["--to", "deepspeed"], "give the job's size with --gpus N"),
+        (["--to", "deepspeed", "--gpus", "3"], "is not a multiple of parallel.micro_batch_size=4"),
+        (["--to", "accelerate", "--gpus", "4", "--gpus-per-node", "3"], "do not fill whole nodes of 3"),
+        (["--to", "hf-trainer", "--gpus", "2", "--set", "parallel.offload_optimizer=true"], "needs backend deepspeed"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(cli_in_process, tmp_path, args, message):
+    out = tmp_path / "out"
+    proc = cli_in_process(["export", "recipes/quickstart.yaml", "-o", str(out), *args])
+    assert proc.returncode == 2
+    assert message in proc.stderr, proc.stderr
+    assert not out.exists()
+
+
+def test_plan_auto_needs_the_gpus_it_is_planned_for(cli_in_process, tmp_path):
+    proc = cli_in_process(["export", "recipes/auto_quickstart.yaml", "--to", "deepspeed", "-o", str(tmp_path / "x")])
+    assert proc.returncode == 2 and "give --gpus N and --gpu NAME or --gpu-memory SIZE" in proc.stderr
+
+
+def test_hf_trainer_script_trains_with_exported_arguments(cli_in_process, tmp_path):
+    """The HF Trainer route on 2 CPU ranks (DDP: the Trainer's FSDP and DeepSpeed need GPUs, see the README)."""
+    rows = tmp_path / "rows.npy"
+    np.save(rows, np.random.default_rng(0).integers(0, 128, size=(32, 17)))
+    recipe = write_recipe(
+        tmp_path / "ddp.yaml",
+        {
+            "model": {"config": dict(TINY_LLAMA)},
+            "data": {"path": str(rows)},
+            "train": {"steps": 3, "global_batch_size": 8, "lr": 1e-2, "warmup_steps": 1},
+            "parallel": {"backend": "ddp", "micro_batch_size": 2},
+            "output_dir": str(tmp_path / "out"),
+        },
+    )
+    args_json = tmp_path / "trainer_args.json"
+    proc = cli_in_process(["export", str(recipe), "--to", "hf-trainer", "--gpus", "2", "-o", str(args_json)])
+    assert proc.returncode == 0, proc.stderr
+    kwargs = json.loads(args_json.read_text())
+    assert (kwargs["per_device_train_batch_size"], kwargs["gradient_accumulation_steps"]) == (2, 2)
+    args_json.write_text(json.dumps({**kwargs, "use_cpu": True}))  # this host has no GPU
+    proc = run_torchrun(
+        ["recipes/hf_trainer_train.py", str(recipe), str(args_json)], nproc=2, module=False, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    assert result["world_size"] == 2 and result["distributed_type"] == "DistributedType.MULTI_CPU"
+    assert len(result["losses"]) == 3 and all(np.isfinite(result["losses"]))
