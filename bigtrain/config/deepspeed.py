@@ -2,11 +2,12 @@
 filled from the recipe and the plan, and nothing in it that contradicts them.
 
 The template is chosen by ZeRO stage and offload: ``zero1``, ``zero2``, ``zero3``, ``zero2-offload``,
-``zero3-offload``. The values bigtrain decides (``decided``) are the batch shape, clipping, precision, ZeRO stage and
-offload devices; the bucket sizes follow the hidden size h as HF's DeepSpeed integration sets them (reduce bucket
-h², ZeRO-3 prefetch bucket 0.9·h², parameter persistence threshold 10·h). A value the JSON states itself is kept
-when it agrees and is an error when it does not ("gradient_accumulation_steps=8 in the DeepSpeed config, but the
-recipe and plan give 4"): silently overriding either side would train something other than what one of them says.
+``zero3-offload`` (and ``zero0`` for exported ddp plans). The values bigtrain decides (``decided``) are the batch
+shape, clipping, precision, ZeRO stage and offload devices; the bucket sizes follow the hidden size h as HF's
+DeepSpeed integration sets them (reduce bucket h², ZeRO-3 prefetch bucket 0.9·h², parameter persistence threshold
+10·h). A value the JSON states itself is kept when it agrees and is an error when it does not
+("gradient_accumulation_steps=8 in the DeepSpeed config, but the recipe and plan give 4"): silently overriding
+either side would train something other than what one of them says.
 The optimizer and the schedule are the recipe's (AdamW, warmup + cosine), passed to ``deepspeed.initialize`` as
 objects, so a JSON ``optimizer`` or ``scheduler`` section is refused too.
 """
@@ -23,7 +24,8 @@ from bigtrain.config.schema import RecipeConfig
 from bigtrain.errors import ConfigError
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "deepspeed_configs"
-TEMPLATES = ("zero1", "zero2", "zero3", "zero2-offload", "zero3-offload")
+# zero0 (DeepSpeed data parallelism without ZeRO) is what a ddp plan exports to (bigtrain export --to deepspeed)
+TEMPLATES = ("zero0", "zero1", "zero2", "zero3", "zero2-offload", "zero3-offload")
 
 
 def template_name(plan: Plan) -> str:

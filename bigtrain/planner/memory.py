@@ -8,8 +8,7 @@ Model states (ZeRO paper, Rajbhandari et al. 2020, sec. 3.1: "(2 + 2 + K)Ψ" wit
 - fsdp2 (what bigtrain's trainer runs): fp32 sharded parameters 4Ψ/S, fp32 sharded gradients 4Ψ/S, AdamW m and v
   8Ψ/S. Compute copies (bf16) exist only while a block is gathered (see "other").
 - ddp: 4Ψ + 4Ψ + 8Ψ, nothing sharded.
-- deepspeed ZeRO-1/2/3 (the paper's accounting): 2Ψ compute params + 2Ψ grads + 12Ψ fp32 master, m, v; stage 1
-  shards the 12Ψ, stage 2 also the grads, stage 3 also the params; ``offload_optimizer`` moves the 12Ψ to the host.
+- deepspeed ZeRO-1/2/3: measured on DeepSpeed's own step, in ``deepspeed_memory.py``.
 The peak is the larger of two moments (tracked with torch's memory tracker, see simulate.py):
 - the start of the loss backward of the last micro-step: model states; the gradients accumulated so far, which
   depend on ``grad_reduce`` when the global batch takes several micro-steps: sharded fp32 gradients 4Ψ/S with
@@ -165,6 +164,11 @@ def estimate_memory(
     stats: ModelStats, plan: Plan, seq_len: int, mixed_precision: str, global_batch_size: int
 ) -> MemoryEstimate:
     """The predicted peak and its parts at the moment it happens (loss backward or optimizer step)."""
+    if plan.backend == "deepspeed":
+        # imported here: deepspeed_memory builds on this module's terms
+        from bigtrain.planner.deepspeed_memory import estimate_deepspeed_memory
+
+        return estimate_deepspeed_memory(stats, plan, seq_len, mixed_precision, global_batch_size)
     if plan.pp > 1:
         # imported here: pipeline_memory builds on this module's terms
         from bigtrain.planner.pipeline_memory import estimate_pipeline_memory
@@ -188,7 +192,7 @@ def estimate_memory(
         elif accum > 1:
             accumulated = grads  # sharded gradients (or HSDP's partial sum) from the earlier micro-steps
         optimizer_temp = 4 * psi // shard if not plan.offload_params else 0
-    elif plan.backend == "ddp":
+    else:  # ddp
         params, grads, optim = 4 * psi, 4 * psi, 8 * psi
         accumulated = grads  # with gradient_as_bucket_view the gradients are DDP's buckets, allocated up front
         if a != 4:
@@ -197,14 +201,6 @@ def estimate_memory(
             kept = blocks if plan.activation_checkpointing == "none" else 0
             gathered = a * (kept + stats.vocab * stats.hidden // plan.tp)
         optimizer_temp = 4 * psi
-    else:  # deepspeed, ZeRO paper accounting: model states are held throughout
-        dp = plan.dp
-        params = 2 * psi // (dp if plan.zero_stage >= 3 else 1)
-        grads = 2 * psi // (dp if plan.zero_stage >= 2 else 1)
-        optim = 0 if plan.offload_optimizer else 12 * psi // (dp if plan.zero_stage >= 1 else 1)
-        accumulated = grads
-        gathered = a * 2 * one_block if plan.zero_stage >= 3 else 0
-        optimizer_temp = 0
     activations = activation_bytes(stats, plan, seq_len, a) + logits_bytes(stats, plan, seq_len, a)
     # the parts at each moment: (grads, activations, other); params and optimizer states are the same in both
     at_loss = (accumulated, activations, gathered)

@@ -79,8 +79,8 @@ def not_weighed_yet(plan: Plan) -> str | None:
     """Plans the trainer runs but the planner does not offer yet, because the terms that would rank them have not
     been checked against a measurement (a wrong term would make ``plan: auto`` pick them for the wrong reasons).
 
-    deepspeed: the trainer runs ZeRO-1/2/3 (engine/deepspeed_engine.py); the planner's terms for it are the ZeRO
-    paper's accounting, not yet checked against what DeepSpeed allocates.
+    deepspeed is offered: its ZeRO memory terms are checked against DeepSpeed's real step on gloo ranks
+    (planner/deepspeed_memory.py, bench/results/deepspeed_memory.md, within 10%).
     tp: its memory terms are checked (tests/cases.py MEMORY_CASES, within 4% of the simulated step), its time term is
     not, and it is wrong where it was measured: the auto quickstart on 2 CPU ranks predicts tp=2 10% faster than
     dp=2 and runs it 1.8x slower (per-layer all-reduces are latency-bound at small widths), and rank 0 of tp=2/4
@@ -89,11 +89,6 @@ def not_weighed_yet(plan: Plan) -> str | None:
     (tests/cases.py PIPELINE_MEMORY_CASES), and its time term is the schedule's bubble, which only adds time, so the
     planner reaches for pp when the alternatives do not fit or must cross nodes.
     """
-    if plan.backend == "deepspeed":
-        return (
-            "parallel.backend=deepspeed runs when set in a recipe, but the planner does not offer it yet: its ZeRO "
-            "memory terms (the ZeRO paper's accounting) are not checked against DeepSpeed's real step"
-        )
     if plan.tp > 1:
         return (
             f"parallel.tp={plan.tp} runs when set in a recipe, but the planner does not offer it yet: its tp time "

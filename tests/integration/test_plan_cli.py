@@ -95,9 +95,10 @@ def test_8b_on_8_h100_offers_plain_fsdp2_with_sharded_gradients(plan_cli):
         and not p["offload_params"]
         for p in fitting
     )
-    # offered: what the trainer runs and the planner has checked terms for (pp, not tp yet; search.not_weighed_yet)
-    assert all(p["backend"] != "deepspeed" and p["tp"] == 1 for p in fitting)
-    assert any(p["pp"] > 1 for p in fitting)
+    # offered: what the trainer runs and the planner has checked terms for (pp and DeepSpeed, not tp yet;
+    # search.not_weighed_yet)
+    assert all(p["tp"] == 1 for p in fitting)
+    assert any(p["pp"] > 1 for p in fitting) and any(p["backend"] == "deepspeed" for p in fitting)
 
 
 def test_all_shows_what_the_trainer_cannot_run_yet_and_why(plan_cli):
@@ -105,24 +106,23 @@ def test_all_shows_what_the_trainer_cannot_run_yet_and_why(plan_cli):
     plain = plan_cli(args, timeout=120)
     every = plan_cli([*args, "--all"], timeout=120)
     assert plain.returncode == every.returncode == 0, every.stderr
-    assert "not runnable yet" not in plain.stdout and "deepspeed" not in plain.stdout
+    assert "not runnable yet" not in plain.stdout and " tp=2 " not in plain.stdout
     chosen = [line for line in plain.stdout.splitlines() if line.startswith("* ")]
     assert chosen and chosen == [line for line in every.stdout.splitlines() if line.startswith("* ")]
     section = every.stdout.split("not runnable yet")[1]
-    assert "parallel.backend=deepspeed runs when set in a recipe, but the planner does not offer it yet" in section
-    assert "parallel.tp=" in section
+    assert "runs when set in a recipe, but the planner does not offer it yet: its tp time term" in section
 
 
 def test_pins_that_only_unrunnable_plans_meet_are_refused_unless_all(tmp_path, plan_cli):
-    args = ["plan", "--model", "llama-3-8b", "--gpus", "8", "--fix", "backend=deepspeed"]
+    args = ["plan", "--model", "llama-3-8b", "--gpus", "8", "--fix", "backend=deepspeed", "--fix", "tp=2"]
     proc = plan_cli(args, timeout=60)
     assert proc.returncode == 2
-    assert "no plan the planner offers meets the pins: parallel.backend=deepspeed runs when set" in proc.stderr
+    assert "no plan the planner offers meets the pins: parallel.tp=2 runs with backend fsdp2" in proc.stderr
     assert "--all" in proc.stderr
     proc = plan_cli([*args, "--all", "--json"], timeout=60)
     out = json.loads(proc.stdout)
-    assert out["fits"] is False and out["plan"]["backend"] == "deepspeed"
-    assert out["candidates"][0]["rejected_because"].startswith("not runnable yet: parallel.backend=deepspeed")
+    assert out["fits"] is False and out["plan"]["backend"] == "deepspeed" and out["plan"]["tp"] == 2
+    assert out["candidates"][0]["rejected_because"].startswith("not runnable yet: parallel.tp=2 runs with")
 
 
 def test_nothing_fits_exits_3_with_a_way_out(plan_cli):

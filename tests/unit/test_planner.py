@@ -43,14 +43,21 @@ def plan(**kw) -> Plan:
 
 @pytest.mark.parametrize("n", [1, 2, 8, 64, 1024])
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_zero_model_states_match_the_paper(n, stage):
-    # ZeRO paper, sec. 3: baseline (2 + 2 + K)Ψ with K = 12; P_os: 4Ψ + KΨ/N; P_os+g: 2Ψ + 14Ψ/N; P_os+g+p: 16Ψ/N
+def test_zero_model_states(n, stage):
+    # the ZeRO paper's model states (sec. 3, bf16: 2Ψ params, 2Ψ grads, K = 12 for the fp32 master, m and v) where
+    # DeepSpeed allocates them so (measured: bench/deepspeed_memory.py): ZeRO-1/2 hold the whole compute-dtype
+    # model, ZeRO-3 a partition; all three partition the 12Ψ; the gradients are at least the paper's partition
     s = stats("llama-3-8b")
     psi = s.params
-    m = estimate_memory(s, plan(backend="deepspeed", zero_stage=stage, dp_shard=n), 2048, "bf16", n)
-    states = m.params_bytes + m.grads_bytes + m.optimizer_bytes
-    expected = {1: 4 * psi + 12 * psi / n, 2: 2 * psi + 14 * psi / n, 3: 16 * psi / n}[stage]
-    assert states == pytest.approx(expected, rel=1e-6)
+    # two tokens per sequence: the peak is a moment with gradients (the step, or the LM head's backward)
+    m = estimate_memory(s, plan(backend="deepspeed", zero_stage=stage, dp_shard=n), 2, "bf16", n)
+    assert m.params_bytes == (2 * psi // n if stage == 3 else 2 * psi)
+    assert m.optimizer_bytes == 12 * psi // n
+    assert m.grads_bytes >= 2 * psi // n
+    offloaded = estimate_memory(
+        s, plan(backend="deepspeed", zero_stage=stage, dp_shard=n, offload_optimizer=True), 2, "bf16", n
+    )
+    assert offloaded.optimizer_bytes == 0 and offloaded.total_bytes < m.total_bytes
 
 
 def test_ddp_and_fsdp2_states():
@@ -122,8 +129,9 @@ def test_70b_on_8_gpus_needs_offload_or_is_rejected():
 
 def test_405b_on_64_gpus_is_planned_with_model_parallelism_and_runs_sharded_today():
     cands = search(stats("llama-3-405b"), h100(64), 2048, 512, "bf16")
-    best = cands[0]  # what bigtrain train can run: FSDP2 (with offload) until tp/pp land
-    assert best.fits and best.runnable and best.plan.backend == "fsdp2"
+    best = cands[0]  # what bigtrain train runs and the planner offers: ZeRO-3 (FSDP2 or DeepSpeed) with offload
+    assert best.fits and best.runnable and best.plan.zero_stage == 3
+    assert best.plan.offload_params or best.plan.offload_optimizer
     # the planner still models tp and pp: among every fitting plan, the fastest uses model parallelism
     fastest = min((c for c in cands if c.fits), key=lambda c: c.time.step_s)
     assert not fastest.runnable and (fastest.plan.tp > 1 or fastest.plan.pp > 1)
