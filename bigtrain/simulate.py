@@ -79,10 +79,15 @@ def simulate(
     ``real_tensors``: run on real CPU tensors instead of fake ones (memory and time of a real step: small models).
     """
     reason = unsupported(plan)
+    if reason is None and plan.backend == "deepspeed":
+        reason = (
+            "DeepSpeed's own step does not run on fake tensors (its ZeRO memory terms are checked against its real "
+            "step instead: bench/deepspeed_memory.py)"
+        )
     if reason is None and plan.loss_parallel and not real_tensors:
         reason = "parallel.loss_parallel=true: fake tensors over-count torch's vocabulary-parallel cross-entropy"
     if reason is not None:
-        raise ConfigError(f"--simulate runs bigtrain's own training step, which cannot run this plan: {reason}")
+        raise ConfigError(f"--simulate runs bigtrain's own training step, which cannot simulate this plan: {reason}")
     if dist.is_initialized():
         raise ConfigError("simulation needs its own (fake) process group; run it outside a training job")
     hf_config = hf_config_from_dict(model_config)

@@ -198,7 +198,13 @@ def run_plan_command(args: argparse.Namespace) -> int:
             "add --all to see such plans predicted anyway"
         )
     result = to_json(candidates, req.stats, include_unrunnable=args.all)
-    if args.simulate and best.runnable:
+    if args.simulate and best.runnable and best.plan.backend == "deepspeed":
+        print(
+            "bigtrain: note: --simulate does not run DeepSpeed's step on fake tensors; its memory terms are checked "
+            "against its real step (bench/deepspeed_memory.py)",
+            file=sys.stderr,
+        )
+    elif args.simulate and best.runnable:
         from bigtrain.simulate import simulate
 
         peak = simulate(req.model_config, best.plan, req.seq_len, req.mixed_precision, req.global_batch_size)

@@ -52,6 +52,10 @@ CASES = {
         lambda r: r["parallel"].update(tp=2) or r["model"].update(config=dict(TINY_MODELS["gpt2"])),
         "model_type 'gpt2' ships no tensor-parallel layout",
     ),
+    "offload with a backend that cannot offload": (
+        lambda r: r["parallel"].update(offload_optimizer=True),
+        "parallel.offload_optimizer=true needs backend deepspeed (ZeRO-Offload); backend fsdp2 offloads parameters",
+    ),
     "degrees mismatch": (
         lambda r: r["parallel"].update(dp_replicate=2, dp_shard=2),
         "dp_replicate=2 x dp_shard=2 x tp=1 x pp=1 = 4 do not match the world size 2",

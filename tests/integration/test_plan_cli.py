@@ -210,3 +210,11 @@ def test_simulate_adds_the_simulated_peak(tmp_path, pin, plan_cli):
     assert out["simulated"]["world_size"] == 8
     assert abs(out["memory"]["total_bytes"] / out["simulated"]["peak_bytes"] - 1) < 0.10
     assert ("pp_rank" in out["simulated"]) == (pin == "pp=2")
+
+
+def test_simulate_says_it_does_not_simulate_a_deepspeed_choice(plan_cli):
+    args = ["plan", "--model", "qwen2.5-0.5b", "--gpus", "8", "--gpu", "H100", "--fix", "backend=deepspeed"]
+    proc = plan_cli([*args, "--simulate", "--json"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["plan"]["backend"] == "deepspeed" and "simulated" not in json.loads(proc.stdout)
+    assert "--simulate does not run DeepSpeed's step on fake tensors" in proc.stderr
