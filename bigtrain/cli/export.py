@@ -38,6 +38,9 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus-per-node", type=int, help="GPUs per machine (default: min(gpus, 8))")
     parser.add_argument("--gpu", help="plan: auto: GPU type, e.g. H100, A100-40GB (default: detected, else H100)")
     parser.add_argument("--gpu-memory", help="plan: auto: memory per GPU, e.g. 80GB; overrides the GPU table")
+    parser.add_argument(
+        "--hardware-profile", metavar="FILE", help="plan: auto: a bigtrain probe profile instead of the GPU table"
+    )
 
 
 def _stated_world(cfg: RecipeConfig) -> int | None:
@@ -64,6 +67,14 @@ def _auto_plan(cfg: RecipeConfig, args: argparse.Namespace) -> Plan:
             "--gpu NAME or --gpu-memory SIZE"
         )
     cluster = make_cluster(gpus, args.gpus_per_node, args.gpu or name, args.gpu_memory or free)
+    profile_path = args.hardware_profile or cfg.parallel.hardware_profile
+    if profile_path:
+        from dataclasses import replace
+
+        from bigtrain.planner.profile import gpu_from_profile, load_profile
+
+        stated = cluster.gpu.memory_bytes if (args.gpu_memory or free) else None
+        cluster = replace(cluster, gpu=gpu_from_profile(load_profile(profile_path), cluster.gpu, stated))
     model_config = load_model_config(cfg.model.config or cfg.model.name_or_path or "")
     max_len = model_config.get("max_position_embeddings") or 2048
     seq_len = cfg.data.seq_len or min(2048, max_len)

@@ -38,6 +38,11 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, help="sequence length")
     parser.add_argument("--global-batch-size", type=int, help="sequences per optimizer step")
     parser.add_argument("--mixed-precision", choices=PRECISIONS, help="compute dtype")
+    parser.add_argument(
+        "--hardware-profile",
+        metavar="FILE",
+        help="a profile from bigtrain probe: measured matmul rates and link bandwidth instead of the GPU table's",
+    )
     parser.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE", help="pin a plan field")
     parser.add_argument(
         "--simulate",
@@ -112,6 +117,12 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
     if not gpus:
         raise ConfigError("no GPU detected on this machine; give --gpus N (and --gpu NAME or --gpu-memory SIZE)")
     cluster = make_cluster(gpus, per_node, args.gpu or name, args.gpu_memory or free)
+    if getattr(args, "hardware_profile", None):
+        from bigtrain.planner.profile import gpu_from_profile, load_profile
+
+        stated = cluster.gpu.memory_bytes if (args.gpu_memory or free) else None
+        gpu = gpu_from_profile(load_profile(args.hardware_profile), cluster.gpu, memory_bytes=stated)
+        cluster = replace(cluster, gpu=gpu)
 
     max_len = model_config.get("max_position_embeddings") or model_config.get("n_positions") or 2048
     seq_len = args.seq_len or (recipe.data.seq_len if recipe and recipe.data.seq_len else min(2048, max_len))

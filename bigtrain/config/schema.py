@@ -160,6 +160,11 @@ class ParallelConfig:
         "Keep sharded parameters in host memory (fsdp2: CPUOffloadPolicy; deepspeed: ZeRO-3 offload_param).",
         default=False,
     )
+    hardware_profile: str | None = doc(
+        "plan: auto: a profile written by bigtrain probe (JSON); its measured matmul rates and link bandwidth replace "
+        "the GPU table's in the time model that ranks the plans.",
+        default=None,
+    )
     deepspeed_config: str | None = doc(
         "backend deepspeed: your own DeepSpeed JSON instead of the template from deepspeed_configs/ that the plan "
         'selects; its "auto" values are filled from the recipe and the plan, and a value that contradicts them '

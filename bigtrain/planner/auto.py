@@ -14,6 +14,7 @@ from bigtrain.errors import ConfigError
 from bigtrain.planner.explain import render_table
 from bigtrain.planner.hardware import GPU, Cluster, lookup_gpu
 from bigtrain.planner.model_stats import ModelStats
+from bigtrain.planner.profile import gpu_from_profile
 from bigtrain.planner.search import search
 
 # A CPU "device" for runs without GPUs: host memory is the budget; the speed numbers only order the candidates.
@@ -29,8 +30,10 @@ def choose_plan(
     seq_len: int,
     global_batch_size: int,
     mixed_precision: str,
+    profile: dict[str, Any] | None = None,
 ) -> tuple[Plan, str]:
-    """The best plan and the table explaining it; ConfigError with the reason when none fits."""
+    """The best plan and the table explaining it; ConfigError with the reason when none fits. ``profile``: a
+    ``bigtrain probe`` profile whose measured rates replace the table's (``profile.py``)."""
     stats = ModelStats.from_config(model_config)
     if device_name is None:
         gpu = CPU
@@ -39,7 +42,10 @@ def choose_plan(
             gpu = lookup_gpu(device_name)
         except ConfigError:  # an unknown GPU: plan with H100 speeds; the memory below is measured anyway
             gpu = replace(lookup_gpu("H100"), name=device_name)
-    cluster = Cluster(replace(gpu, memory_bytes=free_bytes), world_size, max(1, min(ranks_per_node, world_size)))
+    gpu = replace(gpu, memory_bytes=free_bytes)
+    if profile is not None:
+        gpu = gpu_from_profile(profile, gpu, memory_bytes=free_bytes)
+    cluster = Cluster(gpu, world_size, max(1, min(ranks_per_node, world_size)))
     candidates = search(stats, cluster, seq_len, global_batch_size, mixed_precision)
     table = render_table(candidates, stats, cluster, seq_len, global_batch_size)
     best = candidates[0]  # the search ranks the plans the trainer can run first

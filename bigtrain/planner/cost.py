@@ -22,6 +22,8 @@ Communication (ring collectives move (n-1)/n of the buffer per rank; an all-redu
   (v = virtual stages per rank); not yet measured on GPUs (no multi-GPU machine has been available).
 - offload: host<->device copies over PCIe, and the optimizer step on the CPU at CPU_ADAM_PARAMS_PER_S per GPU.
 A group of ranks that spans nodes runs at the per-GPU inter-node bandwidth, otherwise at NVLink/PCIe bandwidth.
+With a hardware profile from ``bigtrain probe`` (``profile.py``) the compute rate is the measured matmul rate at the
+nearest shape (replacing ACHIEVABLE, FP32_SLOWDOWN and the saturation) and the in-node bandwidth the measured one.
 Overlap: data-parallel traffic is overlapped with compute except EXPOSED_FRACTION of it (prefetch and bucketing leave
 the first gather and last reduction exposed); tp, pp and offload traffic is not overlapped.
 """
@@ -34,6 +36,7 @@ from bigtrain.config.plan import Plan
 from bigtrain.planner.hardware import Cluster
 from bigtrain.planner.memory import DTYPE_BYTES, stage_params
 from bigtrain.planner.model_stats import ModelStats
+from bigtrain.planner.profile import measured_rate
 
 ACHIEVABLE = 0.45
 FP32_SLOWDOWN = 8.0
@@ -86,6 +89,11 @@ def estimate_time(
     micro_tokens = plan.micro_batch_size * seq_len
     saturation = micro_tokens / (micro_tokens + HALF_EFFICIENCY_TOKENS)
     peak = cluster.gpu.peak_tflops * 1e12 * ACHIEVABLE * saturation / (FP32_SLOWDOWN if a == 4 else 1.0)
+    measured = measured_rate(cluster.gpu, mixed_precision, micro_tokens)
+    if measured is None and mixed_precision == "fp16":
+        measured = measured_rate(cluster.gpu, "bf16", micro_tokens)  # same tensor-core path (CPUs have no fp16)
+    if measured is not None:  # a probed profile: the rate this machine achieved at the nearest shape
+        peak = measured * 1e12
     compute = (per_token + extra) * tokens / world / peak
     if plan.pp > 1:
         # pipeline bubble: p - 1 idle slots of one stage's micro-batch time; the looped schedules run v stages of

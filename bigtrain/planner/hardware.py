@@ -32,6 +32,8 @@ class GPU:
     intra_node_gbps: float  # GB/s each way between two GPUs of one node (NVLink or PCIe)
     inter_node_gbps: float  # GB/s each way per GPU between nodes (the NIC per GPU)
     pcie_gbps: float  # GB/s host <-> device, for offload
+    # (dtype, tokens m, TFLOP/s) measured by ``bigtrain probe`` (planner/profile.py); empty: datasheet assumptions
+    measured_tflops: tuple[tuple[str, int, float], ...] = ()
 
 
 KNOWN_GPUS: dict[str, GPU] = {

@@ -33,6 +33,7 @@ from bigtrain.data.sources import TokenRows, check_vocabulary, load_token_rows
 from bigtrain.engine import Engine, build_engine, check_engine_inputs
 from bigtrain.models.build import load_hf_config, model_shapes
 from bigtrain.planner.auto import choose_plan
+from bigtrain.planner.profile import load_profile
 from bigtrain.runtime import (
     init_process_group,
     pick_device,
@@ -197,6 +198,7 @@ class TrainingJob:
             self.data.seq_len,
             self._batch,
             self.cfg.train.mixed_precision,
+            load_profile(self.cfg.parallel.hardware_profile) if self.cfg.parallel.hardware_profile else None,
         )
         if self.env.rank == 0:
             log.info("parallel.plan=auto chose:\n%s", table)

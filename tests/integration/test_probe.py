@@ -8,7 +8,7 @@ from pathlib import Path
 from helpers import run_cli
 
 
-def test_probe_over_two_ranks_writes_a_profile(tmp_path: Path):
+def test_probe_over_two_ranks_writes_a_profile_the_planner_uses(tmp_path: Path, cli_in_process):
     out = tmp_path / "profile.json"
     proc = run_cli(["probe", "--nproc", "2", "-o", str(out)], timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -20,6 +20,17 @@ def test_probe_over_two_ranks_writes_a_profile(tmp_path: Path):
     assert profile["backend"] == "gloo"
     ops = {(c["op"], c["mib"]) for c in profile["collectives"] if c["ranks"] == 2 and c["bus_gbps"] > 0}
     assert ops == {(op, mib) for op in ("all_gather", "reduce_scatter", "all_reduce") for mib in (1, 16)}
+
+    # the profile's measured rates set the planner's predicted times (the table's H100 otherwise)
+    args = ["plan", "recipes/quickstart.yaml", "--gpus", "2", "--gpu-memory", "8GB", "--json"]
+    plain = cli_in_process(args)
+    probed = cli_in_process([*args, "--hardware-profile", str(out)])
+    assert plain.returncode == probed.returncode == 0, probed.stderr
+    step = {
+        name: json.loads(p.stdout)["candidates"][0]["time"]["step_s"]
+        for name, p in [("plain", plain), ("probed", probed)]
+    }
+    assert step["probed"] > 10 * step["plain"]  # a CPU is far slower than an H100
 
 
 def test_probe_rejects_zero_ranks():

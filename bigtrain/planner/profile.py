@@ -1,0 +1,77 @@
+"""A hardware profile written by ``bigtrain probe`` as the planner's GPU: measured rates instead of the datasheet's.
+
+What the profile replaces in the time model (``cost.py``):
+- compute: the matmul rate measured for the run's dtype at the measured shape whose token count (m) is nearest the
+  micro-batch's (on a log scale), taken as achieved; it stands in for peak x ACHIEVABLE x the small-micro-batch
+  saturation x the fp32 slowdown, which are all assumptions;
+- links: the median bus bandwidth of the largest all-gather, reduce-scatter and all-reduce the probe timed, for
+  groups within a node (the ring model's bandwidth is exactly nccl-tests' bus bandwidth); between nodes the table's
+  figure is kept, since one machine cannot measure it;
+- memory: the device memory the probe read (a CUDA device's total), unless ``--gpu-memory`` says otherwise.
+MFU stays relative to the datasheet peak of the GPU named (or to the fastest measured rate for devices the table
+does not know, e.g. a CPU).
+Pure Python: the profile is JSON, read here without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bigtrain.errors import ConfigError
+from bigtrain.planner.hardware import GPU
+
+
+def load_profile(path: str | Path) -> dict[str, Any]:
+    """The profile's JSON, checked for what the planner reads; ConfigError naming the flag otherwise."""
+    name = f"--hardware-profile {str(path)!r}"
+    try:
+        profile = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{name} does not exist; write one with bigtrain probe -o FILE [--nproc N]") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{name} is not JSON ({e.msg} at line {e.lineno}); write it with bigtrain probe") from e
+    rows = profile.get("matmul") if isinstance(profile, dict) else None
+    if not rows or not all({"dtype", "m", "tflops"} <= set(r) and r["tflops"] > 0 for r in rows):
+        raise ConfigError(f"{name} has no matmul rates (a list of dtype, m, tflops); write it with bigtrain probe")
+    return profile
+
+
+def matmul_rates(profile: dict[str, Any]) -> tuple[tuple[str, int, float], ...]:
+    return tuple((str(r["dtype"]), int(r["m"]), float(r["tflops"])) for r in profile["matmul"])
+
+
+def link_gbps(profile: dict[str, Any]) -> float | None:
+    """Median bus bandwidth (GB/s) of the largest collectives measured, or None without collectives."""
+    rows = [c for c in profile.get("collectives", []) if c.get("bus_gbps", 0) > 0]
+    if not rows:
+        return None
+    largest = max(c["mib"] for c in rows)
+    return statistics.median(c["bus_gbps"] for c in rows if c["mib"] == largest)
+
+
+def gpu_from_profile(profile: dict[str, Any], base: GPU, memory_bytes: int | None = None) -> GPU:
+    """``base`` (the table's GPU of that name, or a stand-in) with the profile's measured rates, link and memory."""
+    rates = matmul_rates(profile)
+    link = link_gbps(profile)
+    known_peak = base.peak_tflops if base.name in str(profile.get("device", "")).upper() else 0.0
+    return replace(
+        base,
+        name=str(profile.get("device", base.name)),
+        memory_bytes=memory_bytes or int(profile.get("memory_bytes") or base.memory_bytes),
+        peak_tflops=known_peak or max(t for _, _, t in rates),
+        intra_node_gbps=link if link is not None else base.intra_node_gbps,
+        measured_tflops=rates,
+    )
+
+
+def measured_rate(gpu: GPU, dtype: str, tokens: int) -> float | None:
+    """TFLOP/s the profile measured for ``dtype`` at the shape nearest ``tokens`` rows, or None without one."""
+    rows = [(m, t) for d, m, t in gpu.measured_tflops if d == dtype]
+    if not rows:
+        return None
+    return min(rows, key=lambda row: abs(math.log(row[0] / max(tokens, 1))))[1]
