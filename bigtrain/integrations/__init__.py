@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bigtrain.config.plan import Plan
+from bigtrain.errors import ConfigError
 
 TARGETS = ("accelerate", "deepspeed", "hf-trainer")
 
@@ -23,6 +24,15 @@ class Export:
 
     content: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+
+
+def refuse_pipeline(plan: Plan, target: str, why: str) -> None:
+    """No target trains pipeline stages as bigtrain does: a pp plan is one error naming the key and the way out."""
+    if plan.pp > 1:
+        raise ConfigError(
+            f"parallel.pp={plan.pp} cannot be exported --to {target}: {why}; export a plan with pp=1 "
+            "(e.g. --set parallel.pp=1), or run it with bigtrain train"
+        )
 
 
 def dropped_tp_options(plan: Plan, target: str) -> list[str]:

@@ -21,18 +21,14 @@ import yaml
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.errors import ConfigError
-from bigtrain.integrations import Export, dropped_tp_options
+from bigtrain.integrations import Export, dropped_tp_options, refuse_pipeline
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
 
 def export_accelerate(cfg: RecipeConfig, plan: Plan, block_classes: list[str], gpus_per_node: int) -> Export:
     """The accelerate config (a dict to write as YAML) for ``plan`` on nodes of ``gpus_per_node`` GPUs."""
-    if plan.pp > 1:
-        raise ConfigError(
-            f"parallel.pp={plan.pp} cannot be exported --to accelerate: accelerate has no pipeline-parallel training; "
-            "export a plan with pp=1 (e.g. --set parallel.pp=1), or run it with bigtrain train"
-        )
+    refuse_pipeline(plan, "accelerate", "accelerate has no pipeline-parallel training")
     world = plan.world_size
     per_node = min(gpus_per_node, world)
     if world % per_node:

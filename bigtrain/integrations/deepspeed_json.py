@@ -18,21 +18,16 @@ from bigtrain.config.deepspeed import deepspeed_config
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.errors import ConfigError
-from bigtrain.integrations import Export
+from bigtrain.integrations import Export, refuse_pipeline
 
 
-def deepspeed_equivalent(plan: Plan, target: str = "deepspeed") -> tuple[Plan, list[str]]:
+def deepspeed_equivalent(plan: Plan) -> tuple[Plan, list[str]]:
     """The deepspeed-backend plan that trains the same model as ``plan``, and notes on what changes; ConfigError
-    when DeepSpeed cannot express it. ``target`` names the export in messages."""
-    if plan.pp > 1:
-        raise ConfigError(
-            f"parallel.pp={plan.pp} cannot be exported --to {target}: DeepSpeed's pipeline engine needs the model "
-            "rewritten as a PipelineModule; export a plan with pp=1 (e.g. --set parallel.pp=1), or run it with "
-            "bigtrain train"
-        )
+    when DeepSpeed cannot express it."""
+    refuse_pipeline(plan, "deepspeed", "DeepSpeed's pipeline engine needs the model rewritten as a PipelineModule")
     if plan.tp > 1:
         raise ConfigError(
-            f"parallel.tp={plan.tp} cannot be exported --to {target}: bigtrain has not checked DeepSpeed's AutoTP "
+            f"parallel.tp={plan.tp} cannot be exported --to deepspeed: bigtrain has not checked DeepSpeed's AutoTP "
             "(tensor_parallel.autotp_size) against its own tp, so it does not write one; export a plan with tp=1, "
             "or use --to accelerate (parallelism_config tp_size)"
         )
@@ -40,7 +35,7 @@ def deepspeed_equivalent(plan: Plan, target: str = "deepspeed") -> tuple[Plan, l
         return plan, []
     if plan.backend == "fsdp2" and plan.dp_replicate > 1:
         raise ConfigError(
-            f"parallel.dp_replicate={plan.dp_replicate} (hybrid sharding) cannot be exported --to {target}: "
+            f"parallel.dp_replicate={plan.dp_replicate} (hybrid sharding) cannot be exported --to deepspeed: "
             "DeepSpeed ZeRO shards over the whole data-parallel world; export with dp_replicate=1"
         )
     notes = []

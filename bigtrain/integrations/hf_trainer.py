@@ -17,17 +17,12 @@ from typing import Any
 
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
-from bigtrain.errors import ConfigError
-from bigtrain.integrations import Export, dropped_tp_options
+from bigtrain.integrations import Export, dropped_tp_options, refuse_pipeline
 from bigtrain.integrations.deepspeed_json import export_deepspeed
 
 
 def export_hf_trainer(cfg: RecipeConfig, plan: Plan, hf_config: Any, block_classes: list[str]) -> Export:
-    if plan.pp > 1:
-        raise ConfigError(
-            f"parallel.pp={plan.pp} cannot be exported --to hf-trainer: the Trainer has no pipeline-parallel "
-            "training; export a plan with pp=1 (e.g. --set parallel.pp=1), or run it with bigtrain train"
-        )
+    refuse_pipeline(plan, "hf-trainer", "the Trainer has no pipeline-parallel training")
     train = cfg.train
     kwargs: dict[str, Any] = {
         "output_dir": cfg.output_dir,
