@@ -55,29 +55,19 @@ def _stated_world(cfg: RecipeConfig) -> int | None:
 
 
 def _auto_plan(cfg: RecipeConfig, args: argparse.Namespace) -> Plan:
-    from bigtrain.planner.hardware import detect_local, make_cluster
+    from bigtrain.cli.plan import cluster_from_args, default_seq_len
     from bigtrain.planner.model_stats import ModelStats, load_model_config
     from bigtrain.planner.search import search
 
-    name, count, free = (None, 0, None) if args.gpus and (args.gpu or args.gpu_memory) else detect_local()
-    gpus = args.gpus or count
-    if not gpus:
-        raise ConfigError(
-            "parallel.plan=auto is planned for the GPUs it will run on: no GPU detected here, give --gpus N and "
-            "--gpu NAME or --gpu-memory SIZE"
-        )
-    cluster = make_cluster(gpus, args.gpus_per_node, args.gpu or name, args.gpu_memory or free)
-    profile_path = args.hardware_profile or cfg.parallel.hardware_profile
-    if profile_path:
-        from dataclasses import replace
-
-        from bigtrain.planner.profile import gpu_from_profile, load_profile
-
-        stated = cluster.gpu.memory_bytes if (args.gpu_memory or free) else None
-        cluster = replace(cluster, gpu=gpu_from_profile(load_profile(profile_path), cluster.gpu, stated))
+    cluster = cluster_from_args(
+        args,
+        "parallel.plan=auto is planned for the GPUs it will run on: no GPU detected here, give --gpus N and "
+        "--gpu NAME or --gpu-memory SIZE",
+        profile=args.hardware_profile or cfg.parallel.hardware_profile,
+    )
+    gpus = cluster.num_gpus
     model_config = load_model_config(cfg.model.config or cfg.model.name_or_path or "")
-    max_len = model_config.get("max_position_embeddings") or 2048
-    seq_len = cfg.data.seq_len or min(2048, max_len)
+    seq_len = cfg.data.seq_len or default_seq_len(model_config)
     stats = ModelStats.from_config(model_config)
     best = search(stats, cluster, seq_len, cfg.train.global_batch_size, cfg.train.mixed_precision)[0]
     if not (best.fits and best.runnable):

@@ -105,27 +105,11 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         raise ConfigError("bigtrain plan needs a model: --model PRESET|PATH, or a recipe")
     stats = ModelStats.from_config(model_config)
 
-    per_node = args.gpus_per_node
-    if args.gpus and (args.gpu or args.gpu_memory):
-        name, count, free = None, 0, None
-    else:
-        name, count, free = detect_local()
-        job = _job_hardware() if name is not None else None
-        if job is not None:  # inside torchrun/accelerate: the whole job, limited by its most constrained rank
-            count, per_node, free = job
-    gpus = args.gpus or count
-    if not gpus:
-        raise ConfigError("no GPU detected on this machine; give --gpus N (and --gpu NAME or --gpu-memory SIZE)")
-    cluster = make_cluster(gpus, per_node, args.gpu or name, args.gpu_memory or free)
-    if getattr(args, "hardware_profile", None):
-        from bigtrain.planner.profile import gpu_from_profile, load_profile
-
-        stated = cluster.gpu.memory_bytes if (args.gpu_memory or free) else None
-        gpu = gpu_from_profile(load_profile(args.hardware_profile), cluster.gpu, memory_bytes=stated)
-        cluster = replace(cluster, gpu=gpu)
-
-    max_len = model_config.get("max_position_embeddings") or model_config.get("n_positions") or 2048
-    seq_len = args.seq_len or (recipe.data.seq_len if recipe and recipe.data.seq_len else min(2048, max_len))
+    cluster = cluster_from_args(
+        args, "no GPU detected on this machine; give --gpus N (and --gpu NAME or --gpu-memory SIZE)"
+    )
+    gpus = cluster.num_gpus
+    seq_len = args.seq_len or (recipe.data.seq_len if recipe and recipe.data.seq_len else default_seq_len(model_config))
     if seq_len < 2:
         raise ConfigError(f"--seq-len {seq_len} must be at least 2")
     if args.global_batch_size:
@@ -136,6 +120,37 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         batch = max(1, DEFAULT_TOKENS_PER_STEP // seq_len // gpus) * gpus
     precision = args.mixed_precision or (recipe.train.mixed_precision if recipe else "bf16")
     return PlanRequest(stats, model_config, cluster, seq_len, batch, precision, parse_fix(args.fix))
+
+
+def cluster_from_args(args: argparse.Namespace, no_gpu: str, profile: str | None = None) -> Cluster:
+    """The cluster the flags describe (``--gpus``, ``--gpus-per-node``, ``--gpu``, ``--gpu-memory``), else this
+    machine's GPUs (the whole job's under a launcher); with a ``bigtrain probe`` profile (``profile``, or
+    ``--hardware-profile``), its measured rates and link. ``no_gpu``: the error when there is nothing to plan for."""
+    per_node = args.gpus_per_node
+    if args.gpus and (args.gpu or args.gpu_memory):
+        name, count, free = None, 0, None
+    else:
+        name, count, free = detect_local()
+        job = _job_hardware() if name is not None else None
+        if job is not None:  # inside torchrun/accelerate: the whole job, limited by its most constrained rank
+            count, per_node, free = job
+    gpus = args.gpus or count
+    if not gpus:
+        raise ConfigError(no_gpu)
+    cluster = make_cluster(gpus, per_node, args.gpu or name, args.gpu_memory or free)
+    profile = profile or getattr(args, "hardware_profile", None)
+    if profile:
+        from bigtrain.planner.profile import gpu_from_profile, load_profile
+
+        stated = cluster.gpu.memory_bytes if (args.gpu_memory or free) else None
+        cluster = replace(cluster, gpu=gpu_from_profile(load_profile(profile), cluster.gpu, memory_bytes=stated))
+    return cluster
+
+
+def default_seq_len(model_config: dict[str, Any]) -> int:
+    """The sequence length to plan for when none is given: the model's maximum, at most 2048."""
+    max_len = model_config.get("max_position_embeddings") or model_config.get("n_positions") or 2048
+    return min(2048, max_len)
 
 
 def _job_hardware() -> tuple[int, int, int] | None:
