@@ -120,6 +120,10 @@ class TrainingJob:
             if self.start.resume_from is not None:
                 self._resume(self.start.resume_from, data_info)
         except BaseException:
+            # as in __exit__: drop the sharded modules and collect their cycles while the group is alive, or gloo's
+            # threads may free their tensors after Python is gone and abort the process that is reporting the error
+            self.engine = self.checkpointer = None
+            gc.collect()
             dist.destroy_process_group()
             raise
         return self
