@@ -4,6 +4,9 @@
   ``TINY_MODELS``; ``COUNT_CHECK_MODELS`` for exact parameter counts.
 - ``MEMORY_ARCHS`` and ``MEMORY_CASES``: the predicted-vs-simulated peak memory matrix (``bench/memory_matrix.py``
   prints it, ``tests/distributed/test_memory_matrix.py`` asserts it). Wider models: they run on fake tensors.
+- ``REAL_WIDTH_ARCHS`` and ``REAL_WIDTH_CASES``: the same comparison at the widths users train (Llama-3 8B/70B,
+  Llama-3.2 1B, Qwen2.5 7B, Mistral 7B blocks, 32k-152k vocabularies, 2k-8k tokens, 8 to 1024 ranks), with trimmed
+  depth: a block's terms are the same in every layer, so depth only multiplies them.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, Plan
+from bigtrain.planner.model_stats import load_model_config
 
 TINY_LLAMA: dict[str, Any] = dict(
     model_type="llama",
@@ -277,4 +281,70 @@ PIPELINE_MEMORY_CASES = [
         pp_schedule="looped_bfs",
         pp_virtual_stages=2,
     ),
+]
+
+
+# Real widths, trimmed depth: (preset of bigtrain/planner/presets.json or a config dict, layers kept)
+LLAMA_3_2_1B: dict[str, Any] = dict(  # Llama-3.2-1B's architecture (tied 128k embeddings)
+    model_type="llama",
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    tie_word_embeddings=True,
+)
+LLAMA_3_2_3B: dict[str, Any] = dict(LLAMA_3_2_1B, hidden_size=3072, num_attention_heads=24, num_hidden_layers=28)
+REAL_WIDTH_ARCHS: dict[str, tuple[str | dict[str, Any], int]] = {
+    "llama-3.2-1b/4L": (LLAMA_3_2_1B, 4),
+    "llama-3.2-3b/2L": (LLAMA_3_2_3B, 2),
+    "llama-3-8b/2L": ("llama-3-8b", 2),
+    "llama-3-8b/4L": ("llama-3-8b", 4),
+    "qwen2.5-7b/2L": ("qwen2.5-7b", 2),
+    "mistral-7b/2L": ("mistral-7b", 2),
+    "mistral-7b/4L": ("mistral-7b", 4),
+    "llama-3-70b/2L": ("llama-3-70b", 2),
+}
+
+
+def arch_config(arch: str) -> dict[str, Any]:
+    """The full HF config of a matrix architecture (``MEMORY_ARCHS`` or ``REAL_WIDTH_ARCHS``)."""
+    if arch in MEMORY_ARCHS:
+        return load_model_config(MEMORY_ARCHS[arch])
+    spec, layers = REAL_WIDTH_ARCHS[arch]
+    config = dict(load_model_config(spec))
+    config.pop("layer_types", None)  # one entry per layer in some configs (Qwen2): rebuilt for the kept layers
+    config["num_hidden_layers"] = layers
+    return load_model_config(config)
+
+
+L1B, L3B, L8B, L8B4, Q7B, M7B, M7B4, L70B = REAL_WIDTH_ARCHS
+REAL_WIDTH_CASES = [
+    MemoryCase(L8B, "fsdp2", 3, 8, "none", 1, 2048, 8, "bf16"),
+    MemoryCase(L8B, "fsdp2", 3, 16, "full", 2, 2048, 32, "bf16"),  # the issue's held-out configuration
+    MemoryCase(L8B, "fsdp2", 2, 64, "full", 1, 8192, 128, "bf16"),
+    MemoryCase(L8B, "fsdp2", 2, 64, "full", 1, 8192, 128, "bf16", ONCE),
+    MemoryCase(L8B, "fsdp2", 3, 1024, "full", 1, 4096, 2048, "bf16", replicate=8),
+    MemoryCase(L8B, "fsdp2", 3, 256, "none", 1, 2048, 512, "bf16", ONCE, replicate=2),
+    MemoryCase(L8B, "ddp", 0, 8, "full", 1, 2048, 16, "bf16"),
+    MemoryCase(L1B, "ddp", 0, 8, "none", 2, 2048, 32, "bf16"),
+    MemoryCase(L1B, "ddp", 0, 16, "none", 1, 4096, 16, "fp32"),
+    MemoryCase(L1B, "fsdp2", 2, 8, "none", 4, 2048, 64, "bf16", ONCE),
+    MemoryCase(L1B, "fsdp2", 3, 32, "full", 8, 2048, 512, "bf16"),
+    MemoryCase(L3B, "fsdp2", 3, 8, "full", 1, 1024, 8, "bf16"),  # tied 128k vocabulary, short sequence
+    MemoryCase(L3B, "fsdp2", 2, 16, "none", 2, 2048, 64, "bf16", ONCE),
+    MemoryCase(Q7B, "fsdp2", 2, 64, "none", 1, 8192, 128, "bf16"),
+    MemoryCase(Q7B, "fsdp2", 3, 16, "full", 2, 4096, 64, "bf16", ONCE),
+    MemoryCase(Q7B, "fsdp2", 3, 8, "none", 1, 2048, 8, "fp32"),
+    MemoryCase(M7B, "fsdp2", 3, 128, "none", 1, 4096, 256, "bf16", ONCE, replicate=2),
+    MemoryCase(M7B, "fsdp2", 2, 32, "full", 4, 2048, 256, "bf16"),
+    MemoryCase(M7B4, "fsdp2", 3, 64, "none", 1, 8192, 64, "bf16"),  # the blocks' activations dominate
+    MemoryCase(L70B, "fsdp2", 3, 64, "full", 1, 4096, 64, "bf16"),  # wide blocks: a block's backward is the peak
+    MemoryCase(L70B, "fsdp2", 3, 128, "full", 1, 2048, 256, "bf16", ONCE),
+    MemoryCase(L70B, "fsdp2", 3, 512, "full", 1, 8192, 128, "bf16", tp=8),
+    MemoryCase(L8B, "fsdp2", 3, 16, "none", 2, 2048, 32, "bf16", tp=2, sequence_parallel=True),
+    MemoryCase(Q7B, "fsdp2", 3, 32, "full", 2, 4096, 64, "bf16", ONCE, tp=4),
+    MemoryCase(L8B4, "fsdp2", 3, 16, "none", 1, 2048, 16, "bf16", ONCE, pp=2),
+    MemoryCase(M7B4, "fsdp2", 3, 32, "full", 1, 4096, 32, "bf16", ONCE, pp=4, pp_schedule="gpipe"),
 ]

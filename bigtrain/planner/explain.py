@@ -6,6 +6,7 @@ from typing import Any
 
 from bigtrain.config.plan import Plan
 from bigtrain.planner.hardware import Cluster, GiB
+from bigtrain.planner.memory import host_offload_bytes
 from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.search import Candidate
 
@@ -69,6 +70,9 @@ def render_table(
         lines.append(("* " if i == 0 else "  ") + _row(c))
     if not fitting:
         lines.append("  (no plan the trainer can run fits)")
+    else:
+        note = offload_note(fitting[0], runnable, stats, cluster)
+        lines += [note] if note else []
     rejected = [c for c in runnable if not c.fits]
     if rejected:
         lines += ["", "best rejected:"]
@@ -90,6 +94,24 @@ def render_table(
             missing = c.unsupported.split(";")[0]  # the reason, without the advice meant for a recipe
             lines.append(f"  {_row(c)}  {verdict}; {missing}")
     return "\n".join(lines)
+
+
+def offload_note(choice: Candidate, runnable: list[Candidate], stats: ModelStats, cluster: Cluster) -> str | None:
+    """For a choice that offloads: the host memory it needs, and whether offload was needed to fit at all."""
+    host = host_offload_bytes(stats, choice.plan)
+    if not host:
+        return None
+    per_node = host * min(cluster.gpus_per_node, cluster.num_gpus)
+    kept = [c for c in runnable if c.fits and not (c.plan.offload_params or c.plan.offload_optimizer)]
+    why = (
+        "no plan without offload fits"
+        if not kept
+        else f"plans without offload fit but are slower (best: {describe(kept[0].plan)}, {kept[0].time.step_s:.3f} s)"
+    )
+    return (
+        f"  offload: the choice keeps {host / GiB:.1f} GiB per GPU in host memory ({per_node / GiB:.0f} GiB per node "
+        f"of {min(cluster.gpus_per_node, cluster.num_gpus)} GPUs); {why}"
+    )
 
 
 def _best_per_reason(ranked: list[Candidate], limit: int) -> list[Candidate]:

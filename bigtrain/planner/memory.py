@@ -20,7 +20,11 @@ The peak is the larger of two moments (tracked with torch's memory tracker, see 
   that autocast made and autograd saved (aΨ under bf16/fp16 without checkpointing, the LM head's with full
   checkpointing), all blocks' activations and the loss;
 - the optimizer step: parameters, gradients and AdamW states, plus one state-sized temporary of torch's foreach
-  AdamW (sqrt of v).
+  AdamW (sqrt of v);
+- fsdp2 only, a block's backward (``fsdp2_block_backward``): where blocks are wide against the logits (70B-class
+  widths, short sequences, small vocabularies) this moment is the peak, up to 47% above the loss moment;
+- fsdp2 only, the embedding's backward (``fsdp2_embedding_backward``): with a large tied vocabulary and short
+  sequences the embedding gradient's three copies make this the peak.
 Activations: per decoder block and token, the tensors autograd saves in HF's implementation (listed in
 ``block_activation_bytes_per_token``), times b·L, times the blocks whose activations are alive at the peak.
 Loss: the logits' backward holds the log-softmax output, its gradient and the input gradient, all fp32 (the
@@ -202,9 +206,77 @@ def estimate_memory(
             gathered = a * (kept + stats.vocab * stats.hidden // plan.tp)
         optimizer_temp = 4 * psi
     activations = activation_bytes(stats, plan, seq_len, a) + logits_bytes(stats, plan, seq_len, a)
-    # the parts at each moment: (grads, activations, other); params and optimizer states are the same in both
+    # the parts at each moment: (grads, activations, other); params and optimizer states are the same in all
     at_loss = (accumulated, activations, gathered)
     at_step = (grads, 0, optimizer_temp)
-    peak = at_loss if sum(at_loss) >= sum(at_step) else at_step
+    moments = [at_loss, at_step]
+    if plan.backend == "fsdp2":
+        moments.append(fsdp2_block_backward(stats, plan, seq_len, a, accumulated))
+        moments.append(fsdp2_embedding_backward(stats, plan, a, accumulated))
+    peak = max(moments, key=sum)
     margin = int(MARGIN_FRACTION * (params + optim + sum(peak))) + MARGIN_FIXED
     return MemoryEstimate(params, peak[0], optim, peak[1], peak[2], margin)
+
+
+def fsdp2_block_backward(stats: ModelStats, plan: Plan, seq_len: int, a: int, accumulated: int) -> tuple[int, int, int]:
+    """(grads, activations, other) during the backward of a decoder block under FSDP2, after the first.
+
+    Found on the simulated step at Llama-3-70B width (bench/results/memory_matrix.md): there the loss moment left out
+    3.2 GiB of a 13.9 GiB peak. What is alive then, besides the model states:
+    - gradients: those accumulated over earlier micro-steps (``accumulated``) and the shard the previous block
+      reduced into (the optimizer left none: it zeroes them to None); the LM head's compute-dtype gradient (it arrives
+      first in backward, and the root unit, which holds it, reduce-scatters only at the end); the block's own
+      compute-dtype gradients; and the previous block's fp32 reduce-scatter input (reduce_dtype fp32), which FSDP2
+      keeps until the next reduce-scatter is issued;
+    - parameters: the root gathered, the block gathered, and in ZeRO-3 mode the next block prefetched (with three
+      or more blocks: with two, the moment that holds a reduce-scatter input has nothing left to prefetch); ZeRO-2
+      mode keeps every block gathered;
+    - activations: without checkpointing those of the blocks not yet back-propagated (counted as all: the block
+      being back-propagated frees its own as its gradients grow); with full checkpointing every block's input plus
+      the block's recomputed activations. The final norm's and the loss's tensors are gone by then.
+    """
+    blocks, root = stage_params(stats, plan)
+    one_block = stats.block_params // plan.tp
+    tokens = plan.micro_batch_size * seq_len
+    head = stats.vocab * stats.hidden // (plan.tp if plan.loss_parallel else 1)  # the tied weight's too
+    shard = 0 if plan.offload_params else 4 * one_block // plan.dp_shard  # offloaded gradients go to the host
+    grads = accumulated + shard + a * (head + one_block) + 4 * one_block
+    if plan.zero_stage == 2:
+        gathered = a * (root + blocks)
+    else:
+        gathered = a * (root + one_block * (2 if stats.layers >= 3 else 1))
+    kept, _ = micro_batch_activations(stats, plan, seq_len, a, stats.layers, has_loss=False)
+    if plan.activation_checkpointing == "full":
+        kept += block_activation_bytes_per_token(stats, a, plan.tp, plan.sequence_parallel) * tokens
+    return grads, kept, gathered
+
+
+def fsdp2_embedding_backward(stats: ModelStats, plan: Plan, a: int, accumulated: int) -> tuple[int, int, int]:
+    """(grads, activations, other) when the embedding's gradient arrives, the last of the backward under FSDP2.
+
+    The root unit is still gathered (``other``) and holds the LM head's compute-dtype gradient; the embedding's own
+    gradient is a dense vocabulary x hidden tensor; with tied embeddings it is added to the head's, out of place, so
+    three such tensors are alive at once (seen on the simulated step: 5.9 GiB of Temp at Llama-3-70B width with a
+    tied 128k vocabulary, 3 x 1.96 GiB); the first block's fp32 reduce-scatter input is still alive, and every block
+    has reduced into its gradient shard. No activations are left.
+    """
+    blocks, root = stage_params(stats, plan)
+    one_block = stats.block_params // plan.tp
+    shards = 0 if plan.offload_params else 4 * (blocks + root) // plan.dp_shard
+    head = a * stats.vocab * stats.hidden // (plan.tp if plan.loss_parallel else 1)
+    copies = head + a * stats.embed_params + (head if stats.tied else 0)  # tied: the out-of-place sum
+    return max(accumulated, shards) + copies + 4 * one_block, 0, a * (root if plan.zero_stage == 3 else root + blocks)
+
+
+def host_offload_bytes(stats: ModelStats, plan: Plan) -> int:
+    """Host memory per GPU that an offloading plan moves there: fp32 parameters (FSDP2) or DeepSpeed's fp32 master
+    copy, fp32 gradients and AdamW's two states, each a 1/S shard (16 bytes per parameter over S), plus ZeRO-3's
+    compute-dtype parameter partition when DeepSpeed offloads parameters too. 0 without offload."""
+    if not (plan.offload_params or plan.offload_optimizer):
+        return 0
+    blocks, root = stage_params(stats, plan)
+    shard = plan.dp_shard if plan.backend == "fsdp2" else plan.dp
+    states = 16 * (blocks + root) // shard
+    if plan.backend == "deepspeed" and plan.offload_params:
+        states += 2 * (blocks + root) // shard
+    return states

@@ -11,9 +11,7 @@ CASES = (0, 2, 3, 6)  # ZeRO-1; ZeRO-2 with two micro-steps; ZeRO-3; ZeRO-2 with
 
 
 def test_deepspeed_memory_terms_match_the_measured_step():
-    proc = run_torchrun(
-        [str(REPO / "bench/deepspeed_memory.py"), *map(str, CASES)], nproc=2, module=False, timeout=300
-    )
+    proc = run_torchrun([str(REPO / "bench/deepspeed_memory.py"), *map(str, CASES)], nproc=2, module=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith('{"case"')]
     assert [r["case"] for r in rows] == list(CASES)

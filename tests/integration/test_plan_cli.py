@@ -71,10 +71,6 @@ def test_json_contract(plan_cli):
         "other_bytes",
         "margin_bytes",
     }
-    mem = out["memory"]
-    assert mem["total_bytes"] == sum(
-        mem[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes")
-    )
     assert set(out["time"]) == {"step_s", "tokens_per_s_per_device", "mfu"}
     assert out["model"]["params"] == 8030261248
     assert all(set(c) == {"plan", "memory", "time", "fits", "rejected_because"} for c in out["candidates"])

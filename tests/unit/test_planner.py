@@ -64,10 +64,15 @@ def test_ddp_and_fsdp2_states():
     s = stats("gpt2")
     ddp = estimate_memory(s, plan(backend="ddp", zero_stage=0, dp_replicate=8), 1024, "bf16", 8)
     assert ddp.params_bytes + ddp.grads_bytes + ddp.optimizer_bytes == 16 * s.params
-    # at the optimizer step (the peak when activations are tiny) all sharded states coexist: 16Ψ/S
-    fsdp = estimate_memory(s, plan(dp_shard=8), 2, "bf16", 8)
-    assert fsdp.params_bytes + fsdp.grads_bytes + fsdp.optimizer_bytes == pytest.approx(16 * s.params / 8, rel=1e-6)
-    assert fsdp.activations_bytes == 0
+    # tiny activations, tied 50k vocabulary: the peak is the embedding's backward, with every gradient shard, three
+    # vocab x hidden bf16 tensors (the tied weight's gradient, the embedding's new one, their sum), the first block's
+    # fp32 reduce-scatter input, and the root unit gathered (the simulated step: 543 MiB, predicted 562)
+    fsdp = estimate_memory(s, plan(dp_shard=8), 8, "bf16", 8)
+    assert fsdp.params_bytes + fsdp.optimizer_bytes == pytest.approx(12 * s.params / 8, rel=1e-6)
+    vh = s.vocab * s.hidden
+    expected = 4 * s.params / 8 + 2 * (2 * vh + s.embed_params) + 4 * s.block_params
+    assert fsdp.grads_bytes == pytest.approx(expected, rel=1e-6)
+    assert fsdp.other_bytes == 2 * s.root_params and fsdp.activations_bytes == 0
     # at the start of the loss backward this step's sharded gradients do not exist yet
     at_loss = estimate_memory(s, plan(dp_shard=8), 1024, "bf16", 8)
     assert at_loss.grads_bytes == 0 and at_loss.activations_bytes > 0
@@ -114,17 +119,6 @@ def test_small_model_on_8_gpus_replicates_without_checkpointing():
     c = best("gpt2", 8, seq=1024)
     assert c.fits
     assert (c.plan.backend == "ddp" or c.plan.zero_stage == 2) and c.plan.activation_checkpointing == "none"
-
-
-def test_8b_on_8_gpus_is_sharded_and_fits():
-    c = best("llama-3-8b", 8)
-    assert c.fits and c.plan.backend in ("fsdp2", "deepspeed")
-    assert c.memory.budget_bytes <= 80 * GiB
-
-
-def test_70b_on_8_gpus_needs_offload_or_is_rejected():
-    c = best("llama-3-70b", 8)
-    assert (c.fits and (c.plan.offload_params or c.plan.offload_optimizer)) or (not c.fits and c.rejected_because)
 
 
 def test_405b_on_64_gpus_is_planned_with_model_parallelism_and_runs_sharded_today():

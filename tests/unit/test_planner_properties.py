@@ -1,0 +1,90 @@
+"""Properties every pick of the planner must have, over grids of models, GPU counts and memory budgets:
+- the pick's peak, measured on bigtrain's own step simulated on fake tensors, fits the GPU's memory;
+- more memory per GPU never gives a slower pick (beyond the near-tie rule's 2%), and never loses a fit;
+- a pick that offloads says so, with the host memory it needs and whether anything without offload fits.
+(The arithmetic the picks rest on is tested term by term in test_planner.py and test_cost.py.)"""
+
+from __future__ import annotations
+
+import pytest
+from cases import LLAMA_3_2_1B
+
+from bigtrain.planner.explain import render_table
+from bigtrain.planner.hardware import GiB, make_cluster
+from bigtrain.planner.memory import host_offload_bytes
+from bigtrain.planner.model_stats import ModelStats, load_model_config
+from bigtrain.planner.search import NEAR_TIE, search
+from bigtrain.simulate import simulate
+
+BUDGETS_GIB = (12, 16, 24, 32, 40, 48, 64, 80, 96, 141)
+
+
+def offloads(plan) -> bool:
+    return plan.offload_params or plan.offload_optimizer
+
+
+@pytest.mark.parametrize(("backend", "budgets_gib"), [("fsdp2", (8, 16, 40)), ("ddp", (24, 40, 80))])
+def test_the_picks_simulated_peak_fits_the_gpu(backend, budgets_gib):
+    config = load_model_config(LLAMA_3_2_1B)  # full depth: 16 layers at 1B width, 128k vocabulary
+    stats = ModelStats.from_config(config)
+    seen = set()
+    for gib in budgets_gib:
+        cluster = make_cluster(8, 8, "H100", f"{gib}GiB")
+        best = search(stats, cluster, 2048, 64, "bf16", fixed={"backend": backend})[0]
+        if not best.fits or offloads(best.plan):  # offloaded states live on the host, which fake tensors do not tell
+            continue
+        seen.add(gib)
+        peak = simulate(config, best.plan, 2048, "bf16", 64)["Total"]
+        assert peak <= cluster.gpu.memory_bytes, (gib, best.plan, peak / GiB)
+    assert len(seen) >= 2  # the property was exercised, not skipped
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "seq", "batch"),
+    [
+        ("llama-3-8b", 8, 2048, 512),
+        ("llama-3-8b", 64, 8192, 512),
+        ("llama-3-70b", 16, 4096, 256),
+        ("qwen2.5-7b", 8, 4096, 64),
+        ("mistral-7b", 32, 2048, 1024),
+        ("gpt2-xl", 8, 1024, 64),
+    ],
+)
+def test_more_memory_never_gives_a_slower_pick(model, gpus, seq, batch):
+    stats = ModelStats.from_config(load_model_config(model))
+    previous = None
+    for gib in BUDGETS_GIB:
+        best = search(stats, make_cluster(gpus, 8, "H100", f"{gib}GiB"), seq, batch, "bf16")[0]
+        if previous is not None:
+            assert best.fits or not previous.fits, f"fits at less memory than {gib} GiB but not at {gib} GiB"
+            if previous.fits:
+                assert best.time.step_s <= previous.time.step_s * (1 + NEAR_TIE), (gib, best.plan, previous.plan)
+        previous = best
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "gib"), [("llama-3-70b", 8, 80), ("llama-3-8b", 1, 80), ("qwen2.5-7b", 2, 40)]
+)
+def test_a_pick_that_offloads_says_so(model, gpus, gib):
+    stats = ModelStats.from_config(load_model_config(model))
+    cluster = make_cluster(gpus, 8, "H100", f"{gib}GiB")
+    cands = search(stats, cluster, 2048, 8 * gpus, "bf16")
+    best = cands[0]
+    assert best.fits and offloads(best.plan)
+    host = host_offload_bytes(stats, best.plan)
+    assert host >= 16 * stats.params // (best.plan.dp * 1.01)  # fp32 parameters, gradients and AdamW's states
+    table = render_table(cands, stats, cluster, 2048, 8 * gpus)
+    chosen = next(line for line in table.splitlines() if line.startswith("* "))
+    assert "offload=" in chosen
+    note = next(line for line in table.splitlines() if line.strip().startswith("offload:"))
+    assert f"{host / GiB:.1f} GiB per GPU in host memory" in note
+    without = [c for c in cands if c.fits and c.runnable and not offloads(c.plan)]
+    assert ("no plan without offload fits" in note) == (not without)
+
+
+def test_a_pick_without_offload_says_nothing_of_it():
+    stats = ModelStats.from_config(load_model_config("llama-3-8b"))
+    cluster = make_cluster(8, 8, "H100", "80GiB")
+    cands = search(stats, cluster, 2048, 64, "bf16")
+    assert not offloads(cands[0].plan) and host_offload_bytes(stats, cands[0].plan) == 0
+    assert "offload:" not in render_table(cands, stats, cluster, 2048, 64)
