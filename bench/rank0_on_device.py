@@ -204,7 +204,7 @@ def _bucket_unchanged(state, bucket):  # unannotated: DDP rejects annotations no
     return future
 
 
-def predict(case: Rank0Case, plan: dict[str, Any]) -> dict[str, float]:
+def predict(case: Rank0Case, plan: dict[str, Any], profile: str | None = None) -> dict[str, float]:
     from bigtrain.config.plan import Plan
     from bigtrain.planner.cost import estimate_time
     from bigtrain.planner.hardware import make_cluster
@@ -215,6 +215,12 @@ def predict(case: Rank0Case, plan: dict[str, Any]) -> dict[str, float]:
     p = Plan(**plan)
     memory = estimate_memory(stats, p, case.seq_len, case.precision, case.global_batch)
     cluster = make_cluster(case.world, None, "H200")
+    if profile:  # the time model with this machine's measured rates (bigtrain probe) instead of the datasheet's
+        from dataclasses import replace
+
+        from bigtrain.planner.profile import gpu_from_profile, load_profile
+
+        cluster = replace(cluster, gpu=gpu_from_profile(load_profile(profile), cluster.gpu))
     t = estimate_time(stats, p, cluster, case.seq_len, case.global_batch, case.precision)
     return {"predicted_bytes": memory.total_bytes, "predicted_compute_s": t.compute_s}
 
@@ -266,6 +272,10 @@ def main() -> int:
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one case in this process, print JSON
     parser.add_argument("--jsonl", help="also append each result as a JSON line to this file")
     parser.add_argument("--report", help="print the table of a recorded JSONL (the last result of each case)")
+    parser.add_argument(
+        "--repredict", action="store_true", help="with --report: the predictions of today's planner, not the recorded"
+    )
+    parser.add_argument("--profile", help="with --repredict: time with this bigtrain probe profile (e.g. the H200's)")
     args = parser.parse_args()
     by_name = {c.name: c for c in CASES}
     if args.list:
@@ -280,6 +290,8 @@ def main() -> int:
         print(HEADER)
         for name, result in last.items():
             error = result.get("error", "").strip().splitlines()
+            if not error and args.repredict:
+                result.update(predict(by_name[name], result["plan"], args.profile))
             print(f"| {name} | failed: {error[-1][:200]} |" if error else table_row(by_name[name], result))
         return 0
     names = args.cases.split(",") if args.cases else list(by_name)

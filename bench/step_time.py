@@ -1,13 +1,14 @@
 """The planner's step time against bigtrain's measured step, on 2 CPU gloo ranks, with and without a probed profile.
 
-    python bench/step_time.py            # probes this machine first (bigtrain probe --nproc 2), ~4 minutes
+    python bench/step_time.py            # probes this machine first (bigtrain probe --nproc 2), ~8 minutes
     python bench/step_time.py --profile bench/results/cpu_probe.json
 
 For each plan, ``bigtrain train --nproc 2`` runs a Llama of width 512 (4 blocks, 2k vocabulary, 256 tokens, global
-batch 8, fp32) for a few steps; the measured step time is the median over the steps after the first two (the first
-pays start-up). Predicted: ``planner/cost.py`` with the profile's measured rates and link (``planner/profile.py``),
-and with the built-in CPU stand-in of ``plan: auto`` (0.5 TFLOP/s, 10 GB/s), which is what the planner used before.
-Prints the Markdown table recorded in ``bench/results/step_time_cpu.md``.
+batch 8, fp32) for a few steps; a run's step time is the median over its steps after the first two (the first pay
+start-up), and the measured figure the median over ``--reps`` rounds that alternate the plans. Predicted:
+``planner/cost.py`` with the profile's measured rates and link (``planner/profile.py``), and with the built-in CPU
+stand-in of ``plan: auto`` (0.5 TFLOP/s, 10 GB/s), which is what the planner used before. Prints the Markdown table
+recorded in ``bench/results/step_time_cpu.md``; ``--measured FILE`` keeps the measured times (the plot reads them).
 """
 
 from __future__ import annotations
@@ -72,10 +73,9 @@ def run(parallel: dict, folder: Path) -> float:
     return statistics.median(BATCH * SEQ / r["tokens_per_s"] for r in records[2:])
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--profile", help="a bigtrain probe profile of this machine (default: probe it now)")
-    args = parser.parse_args()
+def predict(name: str, profile_path: str | None) -> float:
+    """The planner's seconds per step for plan ``name`` on 2 ranks: with a probe profile, or (None) with the built-in
+    CPU stand-in of ``plan: auto``."""
     from bigtrain.config.plan import resolve_plan
     from bigtrain.config.schema import ParallelConfig
     from bigtrain.planner.auto import CPU
@@ -84,6 +84,24 @@ def main() -> int:
     from bigtrain.planner.model_stats import ModelStats
     from bigtrain.planner.profile import gpu_from_profile, load_profile
 
+    gpu = CPU
+    if profile_path is not None:
+        gpu = gpu_from_profile(load_profile(profile_path), replace(CPU, memory_bytes=8 * 2**30))
+    plan = resolve_plan(ParallelConfig(**PLANS[name]), 2, BATCH)
+    return estimate_time(ModelStats.from_config(MODEL), plan, Cluster(gpu, 2, 2), SEQ, BATCH, "fp32").step_s
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--profile", help="a bigtrain probe profile of this machine (default: probe it now)")
+    parser.add_argument("--reps", type=int, default=2, help="rounds over all plans, alternating (default 2)")
+    parser.add_argument(
+        "--measured",
+        help="a JSON of measured seconds per plan: read it if it exists (only predict), else measure and write it",
+    )
+    args = parser.parse_args()
+    from bigtrain.planner.profile import load_profile
+
     with tempfile.TemporaryDirectory() as tmp:
         profile_path = args.profile
         if profile_path is None:
@@ -91,21 +109,25 @@ def main() -> int:
             cmd = [sys.executable, "-m", "bigtrain", "probe", "--nproc", "2", "-o", profile_path]
             subprocess.run(cmd, check=True, capture_output=True, cwd=REPO, timeout=300)
         profile = load_profile(profile_path)
-        stats = ModelStats.from_config(MODEL)
-        table = Cluster(CPU, 2, 2)
-        probed = Cluster(gpu_from_profile(profile, replace(CPU, memory_bytes=8 * 2**30)), 2, 2)
         print(f"profile: {profile['device']}, torch {profile['torch']}, {profile['date']}")
         print()
         print("| plan | measured s/step | predicted (profile) | error | predicted (built-in CPU) | error |")
         print("|---|---|---|---|---|---|")
         errors = []
-        for name, parallel in PLANS.items():
-            plan = resolve_plan(ParallelConfig(**parallel), 2, BATCH)
-            folder = Path(tmp) / name.replace(" ", "_").replace("=", "")
-            folder.mkdir()
-            measured = run(parallel, folder)
-            with_profile = estimate_time(stats, plan, probed, SEQ, BATCH, "fp32").step_s
-            built_in = estimate_time(stats, plan, table, SEQ, BATCH, "fp32").step_s
+        recorded = json.loads(Path(args.measured).read_text()) if args.measured and Path(args.measured).exists() else {}
+        if not recorded:  # every plan once per round, rounds alternating, so that a slow minute hits all plans alike
+            rounds: dict[str, list[float]] = {name: [] for name in PLANS}
+            for rep in range(args.reps):
+                for name, parallel in PLANS.items():
+                    folder = Path(tmp) / f"{name.replace(' ', '_').replace('=', '')}-{rep}"
+                    folder.mkdir()
+                    rounds[name].append(run(parallel, folder))
+            recorded = {name: statistics.median(times) for name, times in rounds.items()}
+            print(f"rounds: {json.dumps(rounds)}\n", flush=True)
+        for name in PLANS:
+            measured = recorded[name]
+            with_profile = predict(name, profile_path)
+            built_in = predict(name, None)
             errors.append(with_profile / measured - 1)
             print(
                 f"| {name} | {measured:.3f} | {with_profile:.3f} | {with_profile / measured - 1:+.0%} "
@@ -113,6 +135,8 @@ def main() -> int:
                 flush=True,
             )
         print(f"\nmedian |error| with the profile: {statistics.median(abs(e) for e in errors):.0%}")
+        if args.measured and not Path(args.measured).exists():
+            Path(args.measured).write_text(json.dumps(recorded, indent=1) + "\n")
     return 0
 
 

@@ -23,7 +23,9 @@ Communication (ring collectives move (n-1)/n of the buffer per rank; an all-redu
 - offload: host<->device copies over PCIe, and the optimizer step on the CPU at CPU_ADAM_PARAMS_PER_S per GPU.
 A group of ranks that spans nodes runs at the per-GPU inter-node bandwidth, otherwise at NVLink/PCIe bandwidth.
 With a hardware profile from ``bigtrain probe`` (``profile.py``) the compute rate is the measured matmul rate at the
-nearest shape (replacing ACHIEVABLE, FP32_SLOWDOWN and the saturation) and the in-node bandwidth the measured one.
+nearest shape (replacing ACHIEVABLE, FP32_SLOWDOWN and the saturation) and the in-node bandwidth the measured one;
+what is not a matmul is then timed at the measured memory bandwidth (``memory_bound_bytes``): the element-wise ops
+of each block, the loss over the logits and the AdamW step. On a CPU profile no communication is overlapped.
 Overlap: data-parallel traffic is overlapped with compute except EXPOSED_FRACTION of it (prefetch and bucketing leave
 the first gather and last reduction exposed); tp, pp and offload traffic is not overlapped.
 """
@@ -62,6 +64,31 @@ def model_flops_per_token(stats: ModelStats, seq_len: int) -> float:
     return 6.0 * matmul_params + 12.0 * stats.layers * seq_len * stats.q_width
 
 
+def memory_bound_bytes(stats: ModelStats, plan: Plan, seq_len: int, tokens: float, a: int) -> float:
+    """Bytes one rank's element-wise work moves in one step (reads + writes), for ``tokens`` tokens of that rank.
+
+    Per token and block, counted pass by pass over HF's Llama block in eager mode, in units of a (the compute
+    dtype's bytes): two RMSNorms (upcast, square, mean, scale, downcast, weight: ~18 passes over h each, 36a·h) and
+    two residual adds (6a·h), which see the whole hidden state on every tp rank unless sequence parallelism splits
+    them; RoPE on q and k (~13 passes over the q and kv widths, ~16a·h for 4 query heads per KV head) and the q/k/v
+    layout copies (3a·h), SwiGLU (silu and product: 5 passes over the intermediate width, 5a·f), split by tp.
+    Backward moves about twice the forward's bytes; full checkpointing repeats the forward. The loss: ~40 bytes per
+    logit (fp32 upcast, log-softmax, its backward, the downcast). AdamW: 28 bytes per fp32 parameter of the rank's
+    shard (reads p, g, m, v; writes p, m, v); none on the device when the optimizer is offloaded.
+    """
+    h, f = stats.hidden, stats.ffn
+    layers = -(-stats.layers // plan.pp)
+    whole = 42 * a * h / (plan.tp if plan.sequence_parallel else 1)
+    forward = whole + (19 * a * h + 5 * a * f) / plan.tp
+    passes = 3 + (1 if plan.activation_checkpointing == "full" else 0)
+    elementwise = passes * forward * layers * tokens
+    loss = 40.0 * stats.vocab / (plan.tp if plan.loss_parallel else 1) * tokens
+    blocks, root = stage_params(stats, plan)
+    shard = {"fsdp2": plan.dp_shard, "deepspeed": plan.dp}.get(plan.backend, 1)
+    optimizer = 0.0 if (plan.offload_params or plan.offload_optimizer) else 28.0 * (blocks + root) / shard
+    return elementwise + loss + optimizer
+
+
 def _ring(n: int) -> float:
     return (n - 1) / n if n > 1 else 0.0
 
@@ -95,6 +122,10 @@ def estimate_time(
     if measured is not None:  # a probed profile: the rate this machine achieved at the nearest shape
         peak = measured * 1e12
     compute = (per_token + extra) * tokens / world / peak
+    if measured is not None and cluster.gpu.copy_gbps > 0:
+        # tokens per rank: the dp ranks split the batch; tp ranks see the same tokens, pp stages each see all of them
+        rank_tokens = tokens / plan.dp
+        compute += memory_bound_bytes(stats, plan, seq_len, rank_tokens, a) / (cluster.gpu.copy_gbps * 1e9)
     if plan.pp > 1:
         # pipeline bubble: p - 1 idle slots of one stage's micro-batch time; the looped schedules run v stages of
         # 1/v the layers per rank, so their slots are v times shorter (Narayanan et al. 2021, sec. 2.2)
@@ -119,7 +150,10 @@ def estimate_time(
     else:
         volume = (3 if plan.zero_stage >= 3 else 2) * a * psi
         dp_overlapped = _ring(plan.dp) * volume / _bandwidth(cluster, plan.dp, plan.tp)
-    exposed = max(0.0, dp_overlapped - compute) + EXPOSED_FRACTION * min(dp_overlapped, compute)
+    if cluster.gpu.overlaps_comm:
+        exposed = max(0.0, dp_overlapped - compute) + EXPOSED_FRACTION * min(dp_overlapped, compute)
+    else:
+        exposed = dp_overlapped
 
     layers = -(-stats.layers // plan.pp)
     act = plan.micro_batch_size * seq_len * stats.hidden * a

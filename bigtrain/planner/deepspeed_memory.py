@@ -30,10 +30,9 @@ from __future__ import annotations
 from bigtrain.config.plan import Plan
 from bigtrain.planner.memory import (
     DTYPE_BYTES,
-    MARGIN_FIXED,
-    MARGIN_FRACTION,
     MemoryEstimate,
     activation_bytes,
+    device_margin,
     logits_bytes,
 )
 from bigtrain.planner.model_stats import ModelStats
@@ -74,5 +73,5 @@ def estimate_deepspeed_memory(
         if plan.zero_stage == 1:
             moments.append((a * psi + partition, 0, 0))
     peak = max(moments, key=sum)
-    margin = int(MARGIN_FRACTION * (params + optim + sum(peak))) + MARGIN_FIXED
+    margin = device_margin(stats, plan, seq_len, params + optim + sum(peak))
     return MemoryEstimate(params, peak[0], optim, peak[1], peak[2], margin)

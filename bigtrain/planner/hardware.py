@@ -34,6 +34,12 @@ class GPU:
     pcie_gbps: float  # GB/s host <-> device, for offload
     # (dtype, tokens m, TFLOP/s) measured by ``bigtrain probe`` (planner/profile.py); empty: datasheet assumptions
     measured_tflops: tuple[tuple[str, int, float], ...] = ()
+    # memory bandwidth (GB/s, read + write) measured by ``bigtrain probe``; 0: unknown (the datasheet path of the
+    # time model folds element-wise work into its achievable fraction instead)
+    copy_gbps: float = 0.0
+    # whether collectives run beside compute: GPUs have copy engines and NCCL's own SMs; on a CPU host gloo runs on
+    # the cores that compute, so its time adds to the step
+    overlaps_comm: bool = True
 
 
 KNOWN_GPUS: dict[str, GPU] = {

@@ -33,9 +33,13 @@ replicated). With ``loss_parallel`` each tp rank holds b·L·V/tp logits, but to
 cross-entropy runs log-softmax and its backward as separate element-wise ops on the shards: 16 bytes per local
 logit at the peak in bf16 and in fp32 (measured on real tensors for three models; as if four fp32 tensors of the
 local size were alive together; fake tensors over-count it, see simulate.py), i.e. 16/tp against 12 per full logit.
-Margin (reported apart, added only against the budget): allocator fragmentation and CUDA context/NCCL buffers,
-stated as 10% of the peak plus 1.5 GiB (CUDA context ~0.5 GiB and NCCL channels/workspace ~1 GiB on H100-class
-systems, torchtitan and DeepSpeed issue reports).
+Margin (reported apart, added only against the budget; ``device_margin``): the CUDA context and NCCL's buffers, 1.5
+GiB (context ~0.5 GiB, NCCL channels/workspace ~1 GiB on H100-class systems: torchtitan and DeepSpeed issue
+reports), plus what the caching allocator reserves beyond the allocated peak. That was measured on an H200 for 18
+plans (bench/results/rank0_h200.md): 1.9 to 11.2 GiB, 9-72% of the peak, largest where big transient buffers of
+varying sizes come and go (the fp32 logits of a micro-batch, a block's fp32 gradients for the reduce-scatter). It
+follows neither the peak nor those buffers alone; the larger of 10% of the peak and twice (fp32 logits + one block's
+fp32 gradients) covers 17 of the 18 (not an fp32 Qwen2.5-7B plan whose attention fell back to CUDA's math kernel).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from bigtrain.planner.model_stats import ModelStats
 GiB = 1024**3
 MARGIN_FRACTION = 0.10
 MARGIN_FIXED = int(1.5 * GiB)
+FRAGMENTATION = 2.0  # allocator reserve, in units of the largest transient buffers (see the module docstring)
 DTYPE_BYTES = {p: 4 if p == "fp32" else 2 for p in PRECISIONS}
 
 
@@ -214,8 +219,15 @@ def estimate_memory(
         moments.append(fsdp2_block_backward(stats, plan, seq_len, a, accumulated))
         moments.append(fsdp2_embedding_backward(stats, plan, a, accumulated))
     peak = max(moments, key=sum)
-    margin = int(MARGIN_FRACTION * (params + optim + sum(peak))) + MARGIN_FIXED
+    margin = device_margin(stats, plan, seq_len, params + optim + sum(peak))
     return MemoryEstimate(params, peak[0], optim, peak[1], peak[2], margin)
+
+
+def device_margin(stats: ModelStats, plan: Plan, seq_len: int, peak: int) -> int:
+    """CUDA context and NCCL, plus the allocator's reserve beyond the allocated ``peak`` (module docstring)."""
+    vocab = stats.vocab // (plan.tp if plan.loss_parallel else 1)
+    transient = 4 * plan.micro_batch_size * seq_len * vocab + 4 * stats.block_params // plan.tp
+    return MARGIN_FIXED + int(max(MARGIN_FRACTION * peak, FRAGMENTATION * transient))
 
 
 def fsdp2_block_backward(stats: ModelStats, plan: Plan, seq_len: int, a: int, accumulated: int) -> tuple[int, int, int]:

@@ -32,9 +32,8 @@ from bigtrain.config.pipeline import num_stages, stages_of_rank
 from bigtrain.config.plan import Plan
 from bigtrain.planner.memory import (
     DTYPE_BYTES,
-    MARGIN_FIXED,
-    MARGIN_FRACTION,
     MemoryEstimate,
+    device_margin,
     micro_batch_activations,
 )
 from bigtrain.planner.model_stats import ModelStats
@@ -108,7 +107,7 @@ def estimate_pipeline_rank(
     end = (4 * unsharded, int((chunks - 1) * per_chunk) + fixed_end, a * unsharded + end_extra + buffers)
     at_step = (4 * psi // shard, 0, 4 * psi // shard + buffers)
     peak = max((start, end, at_step), key=sum)
-    margin = int(MARGIN_FRACTION * (params + optim + sum(peak))) + MARGIN_FIXED
+    margin = device_margin(stats, plan, seq_len, params + optim + sum(peak))
     return MemoryEstimate(params, peak[0], optim, peak[1], peak[2], margin)
 
 

@@ -7,7 +7,9 @@ What the profile replaces in the time model (``cost.py``):
 - links: the median bus bandwidth of the largest all-gather, reduce-scatter and all-reduce the probe timed, for
   groups within a node (the ring model's bandwidth is exactly nccl-tests' bus bandwidth); between nodes the table's
   figure is kept, since one machine cannot measure it;
-- memory: the device memory the probe read (a CUDA device's total), unless ``--gpu-memory`` says otherwise.
+- memory: the device memory the probe read (a CUDA device's total), unless ``--gpu-memory`` says otherwise;
+- memory bandwidth: the element-wise work, the loss and the optimizer step are timed at the measured copy rate;
+- overlap: a CPU profile's collectives run on the cores that compute (gloo), so none of their time is hidden.
 MFU stays relative to the datasheet peak of the GPU named (or to the fastest measured rate for devices the table
 does not know, e.g. a CPU).
 Pure Python: the profile is JSON, read here without torch.
@@ -66,6 +68,8 @@ def gpu_from_profile(profile: dict[str, Any], base: GPU, memory_bytes: int | Non
         peak_tflops=known_peak or max(t for _, _, t in rates),
         intra_node_gbps=link if link is not None else base.intra_node_gbps,
         measured_tflops=rates,
+        copy_gbps=float(profile.get("copy_gbps") or 0.0),
+        overlaps_comm=not str(profile.get("device", "")).lower().startswith("cpu"),
     )
 
 

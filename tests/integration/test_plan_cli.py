@@ -122,7 +122,8 @@ def test_pins_that_only_unrunnable_plans_meet_are_refused_unless_all(tmp_path, p
 
 
 def test_nothing_fits_exits_3_with_a_way_out(plan_cli):
-    proc = plan_cli(["plan", "--model", "llama-3-405b", "--gpus", "8", "--gpu", "L4", "--json"], timeout=300)
+    # (405B on L4s has no way out at all: one of its blocks' backward alone needs more than an L4 holds)
+    proc = plan_cli(["plan", "--model", "llama-3-70b", "--gpus", "8", "--gpu", "L4", "--json"], timeout=300)
     assert proc.returncode == 3, proc.stderr
     assert json.loads(proc.stdout)["fits"] is False
     last = proc.stderr.strip().splitlines()[-1]

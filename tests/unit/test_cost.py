@@ -108,3 +108,40 @@ def test_near_tie_goes_to_the_simpler_plan_and_a_real_gap_does_not():
     assert _rank([fast_complex, simple_within])[0] is simple_within
     simple_beyond = _candidate(1.0 + NEAR_TIE * 2, "ddp")
     assert _rank([fast_complex, simple_beyond])[0] is fast_complex
+
+
+def test_with_a_measured_memory_bandwidth_element_wise_work_loss_and_adamw_are_timed_by_it():
+    # 1 TFLOP/s and 1 GB/s: the memory-bound bytes (counted by hand below) add seconds one per GB
+    gpu = replace(LINKS, measured_tflops=(("bf16", 1024, 1.0),), intra_node_gbps=1e12, copy_gbps=1.0)
+    p = plan(1, 1, backend="ddp", micro_batch_size=1)
+    matmuls = model_flops_per_token(GPT2, 1024) * 1024 / 1e12
+    h, f, a = 768, 3072, 2
+    elementwise = 3 * (61 * a * h + 5 * a * f) * 12 * 1024  # forward + backward, 12 blocks, 1024 tokens
+    loss = 40 * 50257 * 1024
+    adamw = 28 * PSI
+    t = estimate_time(GPT2, p, Cluster(gpu, 1, 1), 1024, 1, "bf16")
+    assert t.compute_s == pytest.approx(matmuls + (elementwise + loss + adamw) / 1e9)
+    # full checkpointing repeats the forward's element-wise work; FSDP2 steps AdamW on its shard only
+    full = estimate_time(
+        GPT2,
+        plan(1, 1, backend="ddp", micro_batch_size=1, activation_checkpointing="full"),
+        Cluster(gpu, 1, 1),
+        1024,
+        1,
+        "bf16",
+    )
+    assert full.compute_s - t.compute_s == pytest.approx(matmuls / 3 + elementwise / 3 / 1e9)
+    sharded = plan(4, 4, backend="fsdp2", zero_stage=3, micro_batch_size=1)
+    s = estimate_time(GPT2, sharded, Cluster(replace(gpu, intra_node_gbps=1e12), 4, 4), 1024, 4, "bf16")
+    assert s.compute_s == pytest.approx(matmuls + (elementwise + loss + adamw / 4) / 1e9, rel=1e-6)
+
+
+def test_a_cpu_profile_hides_no_communication():
+    # gloo runs on the cores that compute: DDP's all-reduce adds in full even when compute could have covered it
+    slow = replace(LINKS, measured_tflops=(("bf16", 1024, 1e-3),))
+    p = plan(4, 8, backend="ddp", micro_batch_size=1)
+    overlapped = estimate_time(GPT2, p, Cluster(slow, 4, 4), 1024, 8, "bf16")
+    serial = estimate_time(GPT2, p, Cluster(replace(slow, overlaps_comm=False), 4, 4), 1024, 8, "bf16")
+    all_reduce = 2 * 0.75 * 4 * PSI / 1e9
+    assert overlapped.compute_s > all_reduce and overlapped.comm_s == pytest.approx(0.1 * all_reduce)
+    assert serial.comm_s == pytest.approx(all_reduce)

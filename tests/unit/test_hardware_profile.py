@@ -41,6 +41,10 @@ def test_rates_are_read_at_the_nearest_shape_and_links_from_the_largest_collecti
     assert measured_rate(gpu, "bf16", 1) == 0.20 and measured_rate(gpu, "fp16", 1024) is None
     assert link_gbps(PROFILE) == 0.6 and gpu.intra_node_gbps == 0.6  # median of 0.4, 0.6, 1.0 at 16 MiB
     assert gpu.memory_bytes == 2**33 and gpu.name == "cpu (x86_64)"
+    # no copy rate in this profile: element-wise work stays unmodelled; a CPU's gloo shares the computing cores
+    assert gpu.copy_gbps == 0.0 and not gpu.overlaps_comm
+    gpu = gpu_from_profile({**PROFILE, "device": "NVIDIA H200", "copy_gbps": 4143.2}, lookup_gpu("H200"))
+    assert gpu.copy_gbps == 4143.2 and gpu.overlaps_comm
 
 
 def test_the_profile_sets_the_predicted_step_time():
