@@ -4,7 +4,7 @@
     python bench/plot.py          # writes bench/results/predicted_vs_measured.png
 
 Left, peak memory: every row of results/memory_matrix.md (planner vs bigtrain's step simulated on fake tensors) and
-of results/rank0_h200.jsonl (planner vs ``torch.cuda.max_memory_allocated`` of rank 0 on an H200). Right, step
+of results/rank0_h200.jsonl (today's planner vs ``torch.cuda.max_memory_allocated`` of rank 0 on an H200). Right, step
 time: results/step_time_cpu.json (2 CPU gloo ranks, planner with the CPU probe profile) and the H200 rows without
 offload or tp (compute only, planner with the H200 probe profile), both predicted by today's planner.
 """
@@ -27,10 +27,19 @@ def memory_points() -> dict[str, list[tuple[float, float]]]:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 13 and cells[-1].endswith("%") and cells[0] != "model":
             simulated.append((float(cells[11].replace(",", "")) / 1024, float(cells[10].replace(",", "")) / 1024))
-    for record in map(json.loads, (RESULTS / "rank0_h200.jsonl").read_text().splitlines()):
-        if "error" not in record:
-            gpu.append((record["peak_allocated_bytes"] / 2**30, record["predicted_bytes"] / 2**30))
+    from rank0_on_device import CASES, predict
+
+    by_name = {c.name: c for c in CASES}
+    for record in h200_records():
+        predicted = predict(by_name[record["case"]], record["plan"])["predicted_bytes"]
+        gpu.append((record["peak_allocated_bytes"] / 2**30, predicted / 2**30))
     return {"fake-tensor step (CPU)": simulated, "rank 0 on an H200": gpu}
+
+
+def h200_records() -> list[dict]:
+    """The last recorded result of each H200 case (a case rerun after a fix appears twice in the file)."""
+    last = {r["case"]: r for r in map(json.loads, (RESULTS / "rank0_h200.jsonl").read_text().splitlines())}
+    return [r for r in last.values() if "error" not in r]
 
 
 def time_points() -> dict[str, list[tuple[float, float]]]:
@@ -44,9 +53,9 @@ def time_points() -> dict[str, list[tuple[float, float]]]:
     ]
     by_name = {c.name: c for c in CASES}
     gpu = []
-    for record in map(json.loads, (RESULTS / "rank0_h200.jsonl").read_text().splitlines()):
-        plan = record.get("plan", {})
-        if "error" in record or plan.get("offload_params") or plan.get("tp", 1) > 1:
+    for record in h200_records():
+        plan = record["plan"]
+        if plan["offload_params"] or plan["tp"] > 1:
             continue
         predicted = predict(by_name[record["case"]], plan, str(RESULTS / "h200_probe.json"))["predicted_compute_s"]
         gpu.append((record["step_s_median"], predicted))
