@@ -14,8 +14,6 @@ run with Adam's beta2 changed, or without clipping, lands far outside the tolera
 from __future__ import annotations
 
 import math
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -204,66 +202,23 @@ def recipe_for(model_dir, rows_path, parallel, output_dir) -> dict:
     }
 
 
-def launches(cases: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
-    """Which torchrun launch runs each case: cases of one world size share a launch, up to LAUNCH_SIZE of them (a
-    launch's start-up costs 5-8 s on 2 cores); DeepSpeed cases get their own (its module-level state is not made to
-    be torn down and set up again in one process)."""
-    open_launch: dict[tuple[int, bool], tuple[int, int]] = {}  # (world size, deepspeed) -> (launch id, its cases)
-    out: dict[tuple[str, str], int] = {}
-    for arch, name in cases:
-        nproc, parallel = PLANS[name]
-        key = (nproc, parallel["backend"] == "deepspeed")
-        launch, size = open_launch.get(key, (-1, LAUNCH_SIZE))
-        if key[1] or size == LAUNCH_SIZE:
-            launch, size = len(set(out.values())), 0
-        open_launch[key] = (launch, size + 1)
-        out[(arch, name)] = launch
-    return out
-
-
-LAUNCH_SIZE = 5
-LAUNCH_OF = launches(CASES)
-
-
-@pytest.fixture(scope="module")
-def launched(data, models, tmp_path_factory):
-    """Runs a case's launch (all its cases) on first use; returns (process, output folder) per case."""
-    root, _ = data
-    done: dict[int, tuple[subprocess.CompletedProcess, dict]] = {}
-
-    def get(arch: str, name: str) -> tuple[subprocess.CompletedProcess, Path]:
-        launch = LAUNCH_OF[(arch, name)]
-        if launch not in done:
-            members = [case for case, i in LAUNCH_OF.items() if i == launch]
-            args, folders = [], {}
-            for a, n in members:
-                folder = tmp_path_factory.mktemp(f"{a}-{n}")
-                recipe = recipe_for(models(a)[0], root / "rows.npy", PLANS[n][1], folder / "out")
-                args += [str(write_recipe(folder / "recipe.yaml", recipe)), str(folder / "params.pt")]
-                folders[(a, n)] = folder
-            nproc = PLANS[name][0]
-            proc = run_torchrun([str(WORKER), *args], nproc=nproc, module=False, timeout=120 + 120 * len(members))
-            done[launch] = (proc, folders)
-        proc, folders = done[launch]
-        return proc, folders[(arch, name)]
-
-    return get
-
-
 @pytest.mark.parametrize("arch, name", CASES, ids=[f"{a}-{n}" for a, n in CASES])
-def test_plan_matches_single_process_loop(arch, name, models, launched):
-    _, reference, reference_params = models(arch)
-    proc, folder = launched(arch, name)
-    # a launch runs its cases in order and stops at the first failure: this case's own line says whether it ran
-    ran = f"done {folder / 'recipe.yaml'}" in proc.stdout
-    assert ran, proc.stderr[-3000:]
-    got = read_metrics(folder / "out")
+def test_plan_matches_single_process_loop(arch, name, data, models, tmp_path):
+    root, _ = data
+    model_dir, reference, reference_params = models(arch)
+    nproc, parallel = PLANS[name]
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml", recipe_for(model_dir, root / "rows.npy", parallel, tmp_path / "out")
+    )
+    proc = run_torchrun([str(WORKER), str(recipe), str(tmp_path / "params.pt")], nproc=nproc, module=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = read_metrics(tmp_path / "out")
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     for step, (mine, ref) in enumerate(zip(got, reference, strict=True), 1):
         assert mine["loss"] == pytest.approx(ref["loss"], rel=RTOL), f"step {step} loss"
         assert mine["grad_norm"] == pytest.approx(ref["grad_norm"], rel=RTOL), f"step {step} grad_norm"
         assert mine["lr"] == pytest.approx(LR * lr_lambda(step - 1), rel=1e-12), f"step {step} lr"
-    params = torch.load(folder / "params.pt")
+    params = torch.load(tmp_path / "params.pt")
     assert set(params) == set(reference_params)  # the names a checkpoint of this plan would carry: HF's own
     for key, ref in reference_params.items():
         torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")

@@ -1,8 +1,6 @@
-"""``python train_and_save.py RECIPE OUT.pt [RECIPE OUT.pt ...]``: train this rank exactly as ``bigtrain train
-RECIPE`` does (under torchrun), then write the trained parameters, each gathered whole, to OUT.pt from rank 0; rank 0
-then writes the final HF model from the last checkpoint as ``bigtrain train`` does. Several pairs run one after the
-other in the same processes, each a whole job (its own process group, engine and data), so that one launch's
-start-up (Python, torch, transformers, the rendezvous) serves several plans of the same world size.
+"""``python train_and_save.py RECIPE OUT.pt``: train this rank exactly as ``bigtrain train RECIPE`` does (under
+torchrun), then write the trained parameters, each gathered whole, to OUT.pt from rank 0; rank 0 then writes the
+final HF model from the last checkpoint as ``bigtrain train`` does.
 
 The parameters come from the engine's own ``state_dict`` (the names a checkpoint would use), so the equivalence
 tests compare the weights every plan ends with against a plain PyTorch loop, not only the logged losses. A pipeline
@@ -38,7 +36,4 @@ def main(recipe: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    pairs = sys.argv[1:]
-    for recipe, out in zip(pairs[::2], pairs[1::2], strict=True):
-        main(recipe, out)
-        print(f"done {recipe}", flush=True)
+    main(sys.argv[1], sys.argv[2])
