@@ -3,6 +3,7 @@
 - matmul rate (TFLOP/s) per dtype and shape: the shapes a decoder block runs (tokens x hidden x hidden-ish) and one
   large square product; bf16, fp16, fp32 (TF32 off, as training runs it) on the device the job would train on;
 - memory bandwidth: a large device-to-device copy, bytes read plus bytes written per second;
+- operator overhead: seconds per operator that does almost nothing (launch and dispatch);
 - collective bandwidth over the ranks it was launched with (``bigtrain probe --nproc N`` or torchrun): all-gather,
   reduce-scatter and all-reduce of several sizes, as *bus* bandwidth (nccl-tests' convention: algorithm bandwidth
   times (n-1)/n for gather/scatter, 2(n-1)/n for all-reduce), so that one number per group describes the link.
@@ -71,6 +72,17 @@ def matmul_rates(device: torch.device, shapes: list[tuple[int, int, int]]) -> li
     return out
 
 
+def op_overhead(device: torch.device, ops: int = 200) -> float:
+    """Seconds per operator when the operator does nearly nothing: launch plus eager dispatch."""
+    x = torch.zeros(8, device=device)
+
+    def run() -> None:
+        for _ in range(ops):
+            x.add_(1.0)
+
+    return median_seconds(run, device) / ops
+
+
 def copy_bandwidth(device: torch.device, nbytes: int) -> float:
     """GB/s of a device-to-device copy, counting the bytes read and the bytes written."""
     src = torch.randn(nbytes // 4, device=device)
@@ -112,6 +124,7 @@ def probe(device: torch.device) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d"),
         "matmul": matmul_rates(device, GPU_SHAPES if cuda else CPU_SHAPES),
         "copy_gbps": copy_bandwidth(device, 2 * 2**30 if cuda else 256 * 2**20),
+        "op_overhead_s": op_overhead(device),
     }
     if cuda:
         profile["memory_bytes"] = torch.cuda.get_device_properties(device).total_memory

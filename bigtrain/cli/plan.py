@@ -109,9 +109,11 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         args, "no GPU detected on this machine; give --gpus N (and --gpu NAME or --gpu-memory SIZE)"
     )
     gpus = cluster.num_gpus
+    for flag, value in (("--seq-len", args.seq_len), ("--global-batch-size", args.global_batch_size)):
+        if value is not None and value < (2 if flag == "--seq-len" else 1):
+            raise ConfigError(f"{flag} {value} must be at least {2 if flag == '--seq-len' else 1}")
     seq_len = args.seq_len or (recipe.data.seq_len if recipe and recipe.data.seq_len else default_seq_len(model_config))
-    if seq_len < 2:
-        raise ConfigError(f"--seq-len {seq_len} must be at least 2")
+    check_plan_seq_len(model_config, seq_len)
     if args.global_batch_size:
         batch = args.global_batch_size
     elif recipe is not None and args.recipe:
@@ -126,6 +128,14 @@ def cluster_from_args(args: argparse.Namespace, no_gpu: str, profile: str | None
     """The cluster the flags describe (``--gpus``, ``--gpus-per-node``, ``--gpu``, ``--gpu-memory``), else this
     machine's GPUs (the whole job's under a launcher); with a ``bigtrain probe`` profile (``profile``, or
     ``--hardware-profile``), its measured rates and link. ``no_gpu``: the error when there is nothing to plan for."""
+    for flag, value in (("--gpus", args.gpus), ("--gpus-per-node", args.gpus_per_node)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value} must be at least 1")
+    if args.gpus and args.gpus_per_node and args.gpus > args.gpus_per_node and args.gpus % args.gpus_per_node:
+        raise ConfigError(
+            f"--gpus {args.gpus} is not a whole number of nodes of --gpus-per-node {args.gpus_per_node}; use a "
+            f"multiple such as {args.gpus // args.gpus_per_node * args.gpus_per_node or args.gpus_per_node}"
+        )
     per_node = args.gpus_per_node
     if args.gpus and (args.gpu or args.gpu_memory):
         name, count, free = None, 0, None
@@ -145,6 +155,14 @@ def cluster_from_args(args: argparse.Namespace, no_gpu: str, profile: str | None
         stated = cluster.gpu.memory_bytes if (args.gpu_memory or free) else None
         cluster = replace(cluster, gpu=gpu_from_profile(load_profile(profile), cluster.gpu, memory_bytes=stated))
     return cluster
+
+
+def check_plan_seq_len(model_config: dict[str, Any], seq_len: int) -> None:
+    """A sequence beyond the model's positions: GPT-2's learned table cannot embed it (refused); rotary models were
+    not trained there (refused too: a plan is for a run that should work; extend the context in the config)."""
+    limit = model_config.get("n_positions") or model_config.get("max_position_embeddings")
+    if limit and seq_len > limit:
+        raise ConfigError(f"--seq-len {seq_len} exceeds the model's maximum of {limit} positions; use at most {limit}")
 
 
 def default_seq_len(model_config: dict[str, Any]) -> int:

@@ -26,6 +26,8 @@ With a hardware profile from ``bigtrain probe`` (``profile.py``) the compute rat
 nearest shape (replacing ACHIEVABLE, FP32_SLOWDOWN and the saturation) and the in-node bandwidth the measured one;
 what is not a matmul is then timed at the measured memory bandwidth (``memory_bound_bytes``): the element-wise ops
 of each block, the loss over the logits and the AdamW step. On a CPU profile no communication is overlapped.
+Floor: each micro-step launches OPS_PER_BLOCK operators per block at the GPU's ``op_overhead_s`` (5 us: launch and
+eager dispatch), so that a tiny model is not predicted at microseconds per step.
 Overlap: data-parallel traffic is overlapped with compute except EXPOSED_FRACTION of it (prefetch and bucketing leave
 the first gather and last reduction exposed); tp, pp and offload traffic is not overlapped.
 """
@@ -44,6 +46,7 @@ ACHIEVABLE = 0.45
 FP32_SLOWDOWN = 8.0
 EXPOSED_FRACTION = 0.10
 CPU_ADAM_PARAMS_PER_S = 1.0e9  # DeepSpeed CPU-Adam order of magnitude per GPU's share of host cores
+OPS_PER_BLOCK = 60  # operators one decoder block launches per micro-step in eager mode (~20 forward, ~40 backward)
 HALF_EFFICIENCY_TOKENS = 256  # tokens per micro-batch at which the GPU reaches half its large-matmul efficiency
 
 
@@ -126,6 +129,8 @@ def estimate_time(
         # tokens per rank: the dp ranks split the batch; tp ranks see the same tokens, pp stages each see all of them
         rank_tokens = tokens / plan.dp
         compute += memory_bound_bytes(stats, plan, seq_len, rank_tokens, a) / (cluster.gpu.copy_gbps * 1e9)
+    # the floor: every micro-step launches each block's operators, whatever their size
+    compute += micro_batches * -(-stats.layers // plan.pp) * OPS_PER_BLOCK * cluster.gpu.op_overhead_s
     if plan.pp > 1:
         # pipeline bubble: p - 1 idle slots of one stage's micro-batch time; the looped schedules run v stages of
         # 1/v the layers per rank, so their slots are v times shorter (Narayanan et al. 2021, sec. 2.2)

@@ -40,6 +40,9 @@ class GPU:
     # whether collectives run beside compute: GPUs have copy engines and NCCL's own SMs; on a CPU host gloo runs on
     # the cores that compute, so its time adds to the step
     overlaps_comm: bool = True
+    # seconds of launch and dispatch per operator: the floor of a step however small the model (a CUDA kernel
+    # launch plus PyTorch's eager dispatch is ~5 us)
+    op_overhead_s: float = 5e-6
 
 
 KNOWN_GPUS: dict[str, GPU] = {
@@ -83,12 +86,17 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE
 
 
 def parse_memory(text: str) -> int:
-    """'80GB', '80GiB', '80G' or plain bytes -> bytes. Units are binary (80GB = 80 GiB), as GPU vendors' 'GB' are:
-    an "80 GB" H100 has 80 GiB of HBM, of which torch sees about 79.1 GiB."""
+    """'80GB', '80GiB', '80G' or '1024B' -> bytes (a bare number is refused: 80 bytes is never meant). Units are
+    binary (80GB = 80 GiB), as GPU vendors' 'GB' are: an "80 GB" H100 has 80 GiB of HBM, of which torch sees about
+    79.1 GiB."""
     m = _SIZE.match(str(text))
     if not m:
         raise ConfigError(f"--gpu-memory {text!r} is not a size; write e.g. 80GB, 79.6GiB or 24G")
-    value, unit = float(m.group(1)), (m.group(2) or "B").upper()
+    if m.group(2) is None:  # "80" is far likelier to mean 80 GB than 80 bytes: ask instead of guessing
+        raise ConfigError(f"--gpu-memory {text!r} has no unit; write e.g. {text}GB (or {text}B for bytes)")
+    value, unit = float(m.group(1)), m.group(2).upper()
+    if value <= 0:
+        raise ConfigError(f"--gpu-memory {text!r} must be more than 0")
     powers = {"K": 1, "M": 2, "G": 3, "T": 4}
     if unit == "B":
         return int(value)

@@ -9,7 +9,8 @@ What the profile replaces in the time model (``cost.py``):
   figure is kept, since one machine cannot measure it;
 - memory: the device memory the probe read (a CUDA device's total), unless ``--gpu-memory`` says otherwise;
 - memory bandwidth: the element-wise work, the loss and the optimizer step are timed at the measured copy rate;
-- overlap: a CPU profile's collectives run on the cores that compute (gloo), so none of their time is hidden.
+- overlap: a CPU profile's collectives run on the cores that compute (gloo), so none of their time is hidden;
+- the per-operator floor: the measured seconds of one tiny operator (launch and dispatch).
 MFU stays relative to the datasheet peak of the GPU named (or to the fastest measured rate for devices the table
 does not know, e.g. a CPU).
 Pure Python: the profile is JSON, read here without torch.
@@ -70,6 +71,7 @@ def gpu_from_profile(profile: dict[str, Any], base: GPU, memory_bytes: int | Non
         measured_tflops=rates,
         copy_gbps=float(profile.get("copy_gbps") or 0.0),
         overlaps_comm=not str(profile.get("device", "")).lower().startswith("cpu"),
+        op_overhead_s=float(profile.get("op_overhead_s") or base.op_overhead_s),
     )
 
 

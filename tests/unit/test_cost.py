@@ -20,7 +20,8 @@ GPT2 = ModelStats.from_config(load_model_config("gpt2"))
 PSI = 124_439_808  # GPT-2's parameters (tied head), the model card's 124M
 INSTANT = 1e12  # TFLOP/s: compute vanishes next to communication
 # 1 GB/s within a node, 0.5 between nodes, 2 GB/s to the host
-LINKS = GPU("test", 2**40, 100.0, 1.0, 0.5, 2.0, measured_tflops=(("bf16", 1024, INSTANT),))
+# no per-operator launch floor either (tested on its own below)
+LINKS = GPU("test", 2**40, 100.0, 1.0, 0.5, 2.0, measured_tflops=(("bf16", 1024, INSTANT),), op_overhead_s=0.0)
 
 
 def plan(world: int, batch: int, **parallel):
@@ -145,3 +146,12 @@ def test_a_cpu_profile_hides_no_communication():
     all_reduce = 2 * 0.75 * 4 * PSI / 1e9
     assert overlapped.compute_s > all_reduce and overlapped.comm_s == pytest.approx(0.1 * all_reduce)
     assert serial.comm_s == pytest.approx(all_reduce)
+
+
+def test_a_tiny_model_is_not_predicted_at_microseconds_per_step():
+    # 60 operators per block and micro-step at 5 us each: GPT-2's 12 blocks x 4 micro-steps = 14.4 ms at least
+    gpu = replace(LINKS, op_overhead_s=5e-6, intra_node_gbps=1e12)
+    p = plan(1, 4, backend="ddp", micro_batch_size=1)
+    assert estimate_time(GPT2, p, Cluster(gpu, 1, 1), 8, 4, "bf16").step_s == pytest.approx(
+        4 * 12 * 60 * 5e-6, rel=1e-3
+    )

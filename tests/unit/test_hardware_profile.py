@@ -44,7 +44,9 @@ def test_rates_are_read_at_the_nearest_shape_and_links_from_the_largest_collecti
     # no copy rate in this profile: element-wise work stays unmodelled; a CPU's gloo shares the computing cores
     assert gpu.copy_gbps == 0.0 and not gpu.overlaps_comm
     gpu = gpu_from_profile({**PROFILE, "device": "NVIDIA H200", "copy_gbps": 4143.2}, lookup_gpu("H200"))
-    assert gpu.copy_gbps == 4143.2 and gpu.overlaps_comm
+    assert gpu.copy_gbps == 4143.2 and gpu.overlaps_comm and gpu.op_overhead_s == 5e-6
+    gpu = gpu_from_profile({**PROFILE, "op_overhead_s": 2e-5}, CPU)
+    assert gpu.op_overhead_s == 2e-5  # measured by bigtrain probe
 
 
 def test_the_profile_sets_the_predicted_step_time():
@@ -54,10 +56,11 @@ def test_the_profile_sets_the_predicted_step_time():
     gpu = gpu_from_profile(PROFILE, replace(CPU, memory_bytes=2**33))
     t = estimate_time(stats, plan, Cluster(gpu, 1, 1), 1024, 1, "fp32")
     flops = 6 * (stats.layers * stats.block_params + stats.vocab * stats.hidden) + 12 * stats.layers * 1024 * 768
-    assert t.compute_s == pytest.approx(flops * 1024 / 0.10e12, rel=1e-9)
+    floor = 12 * 60 * 5e-6  # the launch floor: 12 blocks x 60 operators x 5 us (the profile measured none)
+    assert t.compute_s == pytest.approx(flops * 1024 / 0.10e12 + floor, rel=1e-9)
     faster = gpu_from_profile({**PROFILE, "matmul": [{"dtype": "fp32", "m": 1024, "tflops": 0.20}]}, CPU)
     assert estimate_time(stats, plan, Cluster(faster, 1, 1), 1024, 1, "fp32").compute_s == pytest.approx(
-        t.compute_s / 2
+        (t.compute_s - floor) / 2 + floor
     )
 
 

@@ -23,20 +23,22 @@ def offloads(plan) -> bool:
     return plan.offload_params or plan.offload_optimizer
 
 
-@pytest.mark.parametrize(("backend", "budgets_gib"), [("fsdp2", (8, 16, 40)), ("ddp", (24, 40, 80))])
+@pytest.mark.parametrize(("backend", "budgets_gib"), [("fsdp2", (10, 16, 40)), ("ddp", (16, 40))])
 def test_the_picks_simulated_peak_fits_the_gpu(backend, budgets_gib):
-    config = load_model_config(LLAMA_3_2_1B)  # full depth: 16 layers at 1B width, 128k vocabulary
+    # 1B width and 128k vocabulary, 4 of its 16 blocks: the property holds at any depth, and the step simulates 4x
+    # faster (a full-depth DDP step takes 20 s on fake tensors)
+    config = load_model_config({**LLAMA_3_2_1B, "num_hidden_layers": 4})
     stats = ModelStats.from_config(config)
-    seen = set()
+    peaks: dict = {}  # a plan picked under several budgets is simulated once
     for gib in budgets_gib:
         cluster = make_cluster(8, 8, "H100", f"{gib}GiB")
         best = search(stats, cluster, 2048, 64, "bf16", fixed={"backend": backend})[0]
         if not best.fits or offloads(best.plan):  # offloaded states live on the host, which fake tensors do not tell
             continue
-        seen.add(gib)
-        peak = simulate(config, best.plan, 2048, "bf16", 64)["Total"]
-        assert peak <= cluster.gpu.memory_bytes, (gib, best.plan, peak / GiB)
-    assert len(seen) >= 2  # the property was exercised, not skipped
+        if best.plan not in peaks:
+            peaks[best.plan] = simulate(config, best.plan, 2048, "bf16", 64)["Total"]
+        assert peaks[best.plan] <= cluster.gpu.memory_bytes, (gib, best.plan, peaks[best.plan] / GiB)
+    assert len(peaks) >= 2  # the property was exercised on different picks, not skipped
 
 
 @pytest.mark.parametrize(
