@@ -1,4 +1,4 @@
-"""The one exception type for bad user input.
+"""The exception types for what a user can fix: bad input, and a run that diverged.
 
 Anything the user can fix (a recipe key, a flag, a missing file) raises :class:`ConfigError` with one sentence that
 names the key and what would work. The CLI turns it into a single ``bigtrain: error: ...`` line and exit code 2, on
@@ -8,3 +8,7 @@ every rank, before any collective is entered, so a bad recipe can never leave on
 
 class ConfigError(ValueError):
     """A user-fixable problem, phrased as one line naming the key and a value that would work."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the gradient norm became NaN or infinite; raised on every rank at the same step."""

@@ -11,16 +11,19 @@ import logging
 import os
 import sys
 
+from bigtrain import __version__
 from bigtrain.cli.export import add_export_arguments, run_export_command
 from bigtrain.cli.plan import add_plan_arguments, run_plan_command
-from bigtrain.errors import ConfigError
+from bigtrain.errors import ConfigError, TrainingDiverged
 from bigtrain.runtime import LaunchEnv, read_launch_env
 
 EXIT_BAD_INPUT = 2
+EXIT_DIVERGED = 4  # the loss or gradient norm became NaN or infinite (3 is bigtrain plan's "nothing fits")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bigtrain", description="Train HuggingFace causal LMs on 1 to N GPUs.")
+    parser.add_argument("--version", action="version", version=f"bigtrain {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train with a recipe (this rank under torchrun/accelerate, or --nproc N)")
     train.add_argument("recipe", help="YAML recipe, e.g. recipes/quickstart.yaml")
@@ -84,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os.write(2, f"bigtrain: error{_rank_tag(env)}: {e}\n".encode())
         return EXIT_BAD_INPUT
+    except TrainingDiverged as e:
+        sys.stderr.flush()
+        os.write(2, f"bigtrain: error{_rank_tag(env)}: {e}\n".encode())
+        return EXIT_DIVERGED
     return 1
 
 

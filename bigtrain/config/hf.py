@@ -20,6 +20,51 @@ def require_causal_lm(model_type: str, key: str) -> None:
         )
 
 
+def one_block(hf_config: Any) -> Any:
+    """A copy of ``hf_config`` with a single decoder block: builds in milliseconds whatever the depth."""
+    import copy
+
+    probe = copy.deepcopy(hf_config)
+    probe.num_hidden_layers = 1  # an alias (attribute_map) for the families that name it otherwise (GPT-2: n_layer)
+    if isinstance(getattr(probe, "layer_types", None), list):
+        probe.layer_types = probe.layer_types[:1]
+    return probe
+
+
+def require_causal_attention(hf_config: Any, key: str) -> None:
+    """Refuse a model whose self-attention looks both ways.
+
+    transformers registers some encoders as causal LMs (BERT's ``BertLMHeadModel``, RoBERTa's, ...): they build and
+    train, but unless configured as decoders (``is_decoder``) every position attends to the tokens it is asked to
+    predict. Their attention modules say so (``is_causal``): one block is built on the meta device and read.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    probe = one_block(hf_config)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # BERT's "add is_decoder=True" warning: the error below says it better
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(probe)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{key}: the {hf_config.model_type} causal LM does not build ({e})") from e
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    flags = [
+        bool(m.is_causal)
+        for m in model.modules()
+        if hasattr(m, "is_causal") and not getattr(m, "is_cross_attention", False)
+    ]
+    if flags and not all(flags):
+        raise ConfigError(
+            f"{key}: model_type {hf_config.model_type!r} is an encoder whose attention sees the whole sequence "
+            "(is_causal=False), so every position would see the token it predicts; bigtrain trains causal LMs "
+            "(a decoder-only model such as llama, qwen2, mistral or gpt2, or this one with is_decoder=true)"
+        )
+
+
 def hf_config_from_dict(spec: dict[str, Any], key: str = "model.config") -> Any:
     """A ``PretrainedConfig`` from a dict that names its ``model_type``; transformers fills every field left out.
 
@@ -33,9 +78,11 @@ def hf_config_from_dict(spec: dict[str, Any], key: str = "model.config") -> Any:
         raise ConfigError(f"{key} needs model_type (e.g. llama, qwen2, mistral, gpt2)")
     require_causal_lm(model_type, key)
     try:
-        return AutoConfig.for_model(model_type, **fields)
+        config = AutoConfig.for_model(model_type, **fields)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{key}: the {model_type} config does not load ({e})") from e
+    require_causal_attention(config, key)
+    return config
 
 
 # The tensor-parallel styles bigtrain maps to torch's (parallel/tensor_parallel.py). Layouts using others (Qwen3's

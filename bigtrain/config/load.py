@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -28,7 +29,9 @@ def load_recipe(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         try:
             loaded = yaml.safe_load(p.read_text())
         except yaml.YAMLError as e:
-            raise ConfigError(f"recipe {str(p)!r} is not valid YAML: {str(e).splitlines()[0]}") from e
+            raise ConfigError(f"recipe {str(p)!r} is not valid YAML: {yaml_problem(e)}") from e
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"recipe {str(p)!r} is not UTF-8 text (byte {e.start}); save it as UTF-8") from e
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -38,6 +41,21 @@ def load_recipe(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         apply_override(raw, item)
     cfg = build_dataclass(RecipeConfig, raw, prefix="")
     check_ranges(cfg)
+    return with_model_tokenizer(cfg)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def with_model_tokenizer(cfg: RecipeConfig) -> RecipeConfig:
+    """Text data with ``data.tokenizer`` unset is tokenised by the model folder's own tokenizer when the folder ships
+    one (a model trained on another tokenizer's ids learns nothing useful, and nothing else would notice: byte ids
+    fit any vocabulary); the built-in byte tokenizer is for ``model.config`` models and folders without one."""
+    folder = cfg.model.name_or_path
+    if cfg.data.tokenizer is not None or folder is None or cfg.data.path.endswith(".npy"):
+        return cfg
+    if any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
+        return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=folder))
     return cfg
 
 
@@ -60,17 +78,45 @@ MINIMUMS: dict[str, float] = {
 }
 
 
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's complaint with the line and column it found it at (1-based, as editors count)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
 def check_ranges(cfg: RecipeConfig) -> None:
-    """Numbers that parse but cannot work (0 steps, negative warmup) fail here with the key's name."""
+    """Numbers that parse but cannot work (0 steps, negative warmup, NaN) fail here with the key's name."""
+    for section in ("train", "data", "parallel", "checkpoint"):
+        for f in dataclasses.fields(getattr(cfg, section)):
+            value = getattr(getattr(cfg, section), f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{section}.{recipe_key(f)}={value} must be a finite number")
     for key in MINIMUMS:
         section, name = key.split(".")
         check_minimum(key, getattr(getattr(cfg, section), name))
     if cfg.train.min_lr_ratio > 1:
         raise ConfigError(f"train.min_lr_ratio={cfg.train.min_lr_ratio} must be between 0 and 1")
+    for key, typical in (("adam_beta1", 0.9), ("adam_beta2", 0.95)):
+        if not 0 <= getattr(cfg.train, key) < 1:
+            raise ConfigError(f"train.{key}={getattr(cfg.train, key)} must be in [0, 1); e.g. {typical}")
+    if cfg.train.lr == 0:
+        raise ConfigError("train.lr=0 would leave the model as it is; use a learning rate such as 1e-4")
     if cfg.checkpoint.resume is True:  # `resume: true` reads naturally as "resume if you can"
         cfg.checkpoint.resume = "auto"
     if cfg.checkpoint.resume == "":
         raise ConfigError("checkpoint.resume is empty; use auto, false, or the path of a checkpoint folder")
+
+
+def recipe_warnings(cfg: RecipeConfig) -> list[str]:
+    """What runs but is probably not what was meant (logged at start-up, rank 0)."""
+    out = []
+    if cfg.train.warmup_steps >= cfg.train.steps:
+        out.append(
+            f"train.warmup_steps={cfg.train.warmup_steps} is not shorter than the run (train.steps="
+            f"{cfg.train.steps}): the learning rate never reaches train.lr={cfg.train.lr:g}"
+        )
+    return out
 
 
 def check_minimum(key: str, value: Any, shown: str | None = None) -> None:
@@ -89,7 +135,10 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     parts = key.strip().split(".")
     if not all(parts):
         raise ConfigError(f"--set {item!r} has an empty key part; write e.g. parallel.dp_shard=2")
-    value = yaml.safe_load(text) if text.strip() else None
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {item!r}: the value is not valid YAML ({yaml_problem(e)}); quote it") from e
     node = raw
     for part in parts[:-1]:
         child = node.setdefault(part, {})

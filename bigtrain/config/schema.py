@@ -63,7 +63,9 @@ class DataConfig:
     )
     shuffle: bool = doc("Shuffle the global order each epoch with a permutation seeded by train.seed.", default=True)
     tokenizer: str | None = doc(
-        "Local HF tokenizer folder for .jsonl/.txt; unset means the built-in byte-level tokenizer.", default=None
+        "Local HF tokenizer folder for .jsonl/.txt; unset: the model folder's own tokenizer when it ships one, "
+        "else the built-in byte-level tokenizer (257 ids).",
+        default=None,
     )
     text_field: str = doc("Field of each .jsonl object that holds the text.", default="text")
 

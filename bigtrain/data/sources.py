@@ -42,6 +42,10 @@ def check_data_config(cfg: DataConfig) -> None:
             raise ConfigError("data.seq_len is required for text data; e.g. data.seq_len=128")
         return
     path = Path(cfg.path)
+    if path.is_dir():
+        raise ConfigError(
+            f"data.path={cfg.path!r} is a directory; give a .npy, .jsonl or .txt file in it, or builtin:stories"
+        )
     if not path.is_file():
         raise ConfigError(
             f"data.path={cfg.path!r} does not exist; give a .npy, .jsonl or .txt file, or builtin:stories"
@@ -75,18 +79,31 @@ def load_token_rows(cfg: DataConfig) -> TokenRows:
             "use more text or a shorter data.seq_len"
         )
     rows = np.asarray(ids[: num_rows * cfg.seq_len], dtype=np.int64).reshape(num_rows, cfg.seq_len)
-    return TokenRows(rows, tokenizer.vocab_size, f"{cfg.path} ({num_rows} packed rows of {cfg.seq_len})")
+    which = f"tokenizer {cfg.tokenizer}" if cfg.tokenizer else "the built-in byte tokenizer (257 ids)"
+    return TokenRows(rows, tokenizer.vocab_size, f"{cfg.path} ({num_rows} packed rows of {cfg.seq_len}, {which})")
 
 
 def _load_npy(cfg: DataConfig) -> TokenRows:
+    with open(cfg.path, "rb") as f:
+        magic = f.read(6)
+    if magic != b"\x93NUMPY":  # np.load would take anything else for a pickle and say so
+        raise ConfigError(
+            f"data.path={cfg.path!r} is not a NumPy .npy file (no .npy header); write token rows with "
+            "numpy.save(path, ids) where ids is an integer array [num_sequences, seq_len]"
+        )
     try:
         rows = np.load(cfg.path, mmap_mode="r")
-    except ValueError as e:
-        raise ConfigError(f"data.path={cfg.path!r} is not a readable .npy array ({e})") from e
+    except (ValueError, OSError, EOFError) as e:
+        raise ConfigError(f"data.path={cfg.path!r} is a damaged or truncated .npy file ({e}); write it again") from e
     if rows.ndim != 2 or not np.issubdtype(rows.dtype, np.integer):
         raise ConfigError(
             f"data.path={cfg.path!r} holds {rows.dtype} of shape {tuple(rows.shape)}; "
             "a tokenised .npy must be integer ids of shape [num_sequences, seq_len]"
+        )
+    if rows.shape[0] == 0 or rows.shape[1] < 2:
+        raise ConfigError(
+            f"data.path={cfg.path!r} has shape {tuple(rows.shape)}: it needs at least one row of at least 2 tokens "
+            "(one input and one predicted token)"
         )
     if cfg.seq_len is not None and cfg.seq_len != rows.shape[1]:
         raise ConfigError(
@@ -97,23 +114,30 @@ def _load_npy(cfg: DataConfig) -> TokenRows:
 
 
 def _read_text_documents(path: Path, text_field: str) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise ConfigError(
+            f"data.path={str(path)!r} is not UTF-8 text (byte {e.start}, line {line}); convert it, e.g. "
+            "iconv -f latin1 -t utf-8"
+        ) from e
     if path.suffix == ".txt":
-        return [path.read_text(encoding="utf-8")]
+        return [text]
     docs = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"data.path={str(path)!r} line {lineno} is not JSON ({e.msg})") from e
-            if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
-                raise ConfigError(
-                    f"data.path={str(path)!r} line {lineno} has no string field {text_field!r}; "
-                    "set data.text_field to the field that holds the text"
-                )
-            docs.append(obj[text_field])
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"data.path={str(path)!r} line {lineno} is not JSON ({e.msg})") from e
+        if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
+            raise ConfigError(
+                f"data.path={str(path)!r} line {lineno} has no string field {text_field!r}; "
+                "set data.text_field to the field that holds the text"
+            )
+        docs.append(obj[text_field])
     return docs
 
 

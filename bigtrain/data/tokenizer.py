@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
+from bigtrain.config.load import TOKENIZER_FILES
 from bigtrain.errors import ConfigError
 
 
@@ -30,6 +32,14 @@ class HFTokenizer:
     def __init__(self, path: str) -> None:
         from transformers import AutoTokenizer
 
+        folder = Path(path)
+        if not folder.is_dir():
+            raise ConfigError(f"data.tokenizer={path!r} is not a folder; point it at a local HF tokenizer folder")
+        if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+            raise ConfigError(
+                f"data.tokenizer={path!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); point it at "
+                "a folder written by tokenizer.save_pretrained, e.g. the model's own folder"
+            )
         try:
             self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError) as e:

@@ -260,7 +260,7 @@ def _build_partitioned(cfg: RecipeConfig, hf_config: Any, config: dict) -> nn.Mo
         )
     targets = {clean_fqn(n): t for n, t in [*model.named_parameters(), *model.named_buffers()]}
     twin = build_meta_model(hf_config, cfg.model.attn_implementation)
-    for fqn, value in full_values(twin, targets.keys(), cfg.model.name_or_path, cfg.train.seed):
+    for fqn, value, _ in full_values(twin, targets.keys(), cfg.model.name_or_path, cfg.train.seed):
         target = targets[fqn]
         if hasattr(target, "ds_id"):  # a partitioned parameter: gathered, written (the same on every rank), split
             with deepspeed.zero.GatheredParameters([target], modifier_rank=0), torch.no_grad():

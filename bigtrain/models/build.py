@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bigtrain.config.hf import hf_config_from_dict, require_causal_lm
+from bigtrain.config.hf import hf_config_from_dict, require_causal_attention, require_causal_lm
 from bigtrain.config.schema import ModelConfig
 from bigtrain.errors import ConfigError
 
@@ -31,7 +31,9 @@ def load_hf_config(cfg: ModelConfig) -> Any:
                 "save one with model.save_pretrained(PATH) or use model.config"
             )
         config = AutoConfig.from_pretrained(path, local_files_only=True)
-        require_causal_lm(config.model_type, f"model.name_or_path={cfg.name_or_path!r}")
+        key = f"model.name_or_path={cfg.name_or_path!r}"
+        require_causal_lm(config.model_type, key)
+        require_causal_attention(config, key)
         return config
     return hf_config_from_dict(cfg.config or {}, key="model.config")
 
@@ -46,8 +48,16 @@ def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:
             model = AutoModelForCausalLM.from_config(
                 hf_config, dtype=torch.float32, attn_implementation=attn_implementation
             )
-    except ValueError as e:
-        raise ConfigError(f"model config of type {hf_config.model_type!r} is not a causal LM ({e})") from e
+    except (ValueError, ImportError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if attn_implementation not in ("sdpa", "eager") or "attn" in str(e).lower() or "attention" in str(e).lower():
+            raise ConfigError(
+                f"model.attn_implementation={attn_implementation!r} cannot build {hf_config.model_type} ({first}); "
+                "use sdpa (the default) or eager"
+            ) from e
+        raise ConfigError(
+            f"model config of type {hf_config.model_type!r} does not build as a causal LM ({first})"
+        ) from e
     return model
 
 

@@ -43,7 +43,16 @@ class SafetensorsReader:
                 f"model.name_or_path={str(folder)!r} has no model.safetensors (or index); "
                 "re-save it with save_pretrained(..., safe_serialization=True)"
             )
-        self._handles = {name: safe_open(str(folder / name), framework="pt", device="cpu") for name in files}
+        self._folder = folder
+        self._handles = {}
+        for name in files:
+            try:
+                self._handles[name] = safe_open(str(folder / name), framework="pt", device="cpu")
+            except Exception as e:  # safetensors raises its own SafetensorError, OSError, or a Rust panic's error
+                raise ConfigError(
+                    f"model.name_or_path={str(folder)!r}: {name} is damaged or truncated ({e}); copy or save the "
+                    "model again"
+                ) from e
         self._where: dict[str, str] = {}
         for name, handle in self._handles.items():
             for key in handle.keys():
@@ -56,7 +65,23 @@ class SafetensorsReader:
 
     def get(self, key: str) -> torch.Tensor | None:
         name = self._where.get(key)
-        return None if name is None else self._handles[name].get_tensor(key)
+        if name is None:
+            return None
+        if name not in self._handles:
+            raise ConfigError(
+                f"model.name_or_path={str(self._folder)!r}: the index maps {key} to {name}, which is not in the "
+                "folder; copy the whole model folder"
+            )
+        try:
+            return self._handles[name].get_tensor(key)
+        except Exception as e:
+            raise ConfigError(
+                f"model.name_or_path={str(self._folder)!r}: {key} in {name} cannot be read ({e}); the file is "
+                "damaged or truncated: copy or save the model again"
+            ) from e
+
+    def file_of(self, key: str) -> str:
+        return str(self._folder / self._where.get(key, "?"))
 
 
 def clean_fqn(name: str) -> str:
@@ -107,11 +132,13 @@ def _targets(models: list[nn.Module]) -> dict[str, list[torch.Tensor]]:
 
 
 @torch.no_grad()
-def copy_full_into(target: torch.Tensor, full: torch.Tensor) -> None:
-    """Write the full value ``full`` into ``target``, keeping only this rank's shard if ``target`` is a DTensor."""
+def copy_full_into(target: torch.Tensor, full: torch.Tensor, name: str, source: str) -> None:
+    """Write the full value ``full`` into ``target``, keeping only this rank's shard if ``target`` is a DTensor;
+    ``name`` and ``source`` (the file it came from) only name them in an error."""
     if tuple(full.shape) != tuple(target.shape):
         raise ConfigError(
-            f"checkpoint tensor of shape {tuple(full.shape)} does not fit parameter of shape {tuple(target.shape)}"
+            f"{name} in {source} has shape {tuple(full.shape)} but the model's config makes it "
+            f"{tuple(target.shape)}: the weights and config.json do not belong together"
         )
     if isinstance(target, DTensor):
         local = full.to(device=target.device, dtype=target.dtype)
@@ -138,18 +165,19 @@ def materialize(
     for model in models:
         to_empty_keeping_ties(model, device, param_device)
     targets = _targets(models)
-    for fqn, value in full_values(meta_twin, targets.keys(), checkpoint, seed):
+    for fqn, value, source in full_values(meta_twin, targets.keys(), checkpoint, seed):
         for target in targets[fqn]:
-            copy_full_into(target, value)
+            copy_full_into(target, value, fqn, source)
 
 
 @torch.no_grad()
 def full_values(
     meta_twin: Any, wanted: Collection[str], checkpoint: str | None, seed: int
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """The full value of every parameter and buffer named in ``wanted`` (HF names), one module at a time: read from
-    ``checkpoint`` (a HF folder), or HF's own initialisation under ``seed`` when there is none. Each value is valid
-    until the next one is asked for; the whole model is walked in a fixed order, so every plan gets the same values.
+) -> Iterator[tuple[str, torch.Tensor, str]]:
+    """(name, full value, where it came from) of every parameter and buffer named in ``wanted`` (HF names), one
+    module at a time: read from ``checkpoint`` (a HF folder), or HF's own initialisation under ``seed`` when there is
+    none. Each value is valid until the next one is asked for; the whole model is walked in a fixed order, so every
+    plan gets the same values.
     """
     reader = SafetensorsReader(checkpoint) if checkpoint else None
     loaded, missing = 0, []
@@ -169,13 +197,15 @@ def full_values(
         is_param = {n for n, _ in mod.named_parameters(recurse=False)}
         for n, fqn in wanted_here.items():
             value = from_ckpt.get(n)
+            source = "HF's initialisation"
             if value is None:
                 if reader is not None and n in is_param:
                     missing.append(fqn)
                 value = getattr(mod, n)
             else:
                 loaded += 1
-            yield fqn, value
+                source = reader.file_of(fqn) if reader else source
+            yield fqn, value, source
         mod.to_empty(device="meta", recurse=False)
     if reader is not None and (missing or loaded == 0):
         example = ", ".join(missing[:3])

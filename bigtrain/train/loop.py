@@ -8,6 +8,7 @@ batch (summed over data-parallel ranks before any backward, because it scales ev
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.data.loader import StepLoader
 from bigtrain.engine.base import Engine, train_step
+from bigtrain.errors import TrainingDiverged
 from bigtrain.train.metrics import MetricsWriter, Progress, peak_memory_bytes
 from bigtrain.train.preemption import StopOnSigterm
 
@@ -44,6 +46,24 @@ class StartPoint:
 
     step: int = 0
     tokens: int = 0  # tokens trained on before ``step``
+
+
+def check_finite(record: dict, lr: float) -> None:
+    """Stop at a non-finite loss or gradient norm: every later step would train on NaN.
+
+    Every rank holds the same loss and norm (both reduced over the ranks), so every rank stops at the same step, and
+    before that step's checkpoint: the last checkpoint written stays the last good one. An fp16 step whose gradients
+    overflowed was skipped by the loss scaler, which then lowers its scale: that is not divergence.
+    """
+    if record.get("skipped"):
+        return
+    bad = [k for k in ("loss", "grad_norm") if not math.isfinite(record[k])]
+    if bad:
+        values = ", ".join(f"{k}={record[k]}" for k in bad)
+        raise TrainingDiverged(
+            f"step {record['step']}: {values}; training stopped (the last checkpoint, if any, is from before this "
+            f"step). Lower train.lr (now {lr:g}), keep train.grad_clip on, or use bf16 instead of fp16"
+        )
 
 
 class TrainLoop:
@@ -113,6 +133,7 @@ class TrainLoop:
                         elapsed_s=time.perf_counter() - start,
                     )
                     writer.log_step(record)
+                    check_finite(record, cfg.train.lr)
                     progress.update(record["loss"], record["tokens_per_s"])
                     checkpointer.poll()
                     stopped = stop.requested()

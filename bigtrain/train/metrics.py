@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import resource
 import sys
 from pathlib import Path
@@ -47,7 +48,9 @@ class MetricsWriter:
 
     def log_step(self, record: dict[str, Any]) -> None:
         if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
+            # standard JSON: NaN and infinities (a diverged step) are written as null, which every parser reads
+            clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+            self._file.write(json.dumps(clean, allow_nan=False) + "\n")
             self._file.flush()
 
     def close(self) -> None:

@@ -23,7 +23,8 @@ from bigtrain.checkpoint.export import export_model
 from bigtrain.checkpoint.loader import load_checkpoint
 from bigtrain.checkpoint.run_dir import FINAL_MODEL, plan_start, prepare_output_dir
 from bigtrain.checkpoint.saver import Checkpointer
-from bigtrain.config.hf import check_tensor_parallel
+from bigtrain.config.hf import check_tensor_parallel, one_block
+from bigtrain.config.load import recipe_warnings
 from bigtrain.config.pipeline import check_pipeline_parallel
 from bigtrain.config.plan import Plan, resolve_plan
 from bigtrain.config.schema import ParallelConfig, RecipeConfig
@@ -31,7 +32,7 @@ from bigtrain.data.loader import StepLoader
 from bigtrain.data.order import GlobalOrder
 from bigtrain.data.sources import TokenRows, check_vocabulary, load_token_rows
 from bigtrain.engine import Engine, build_engine, check_engine_inputs
-from bigtrain.models.build import load_hf_config, model_shapes
+from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes
 from bigtrain.planner.auto import choose_plan
 from bigtrain.planner.profile import load_profile
 from bigtrain.runtime import (
@@ -41,6 +42,7 @@ from bigtrain.runtime import (
     smallest_free_memory,
     warn_if_accelerate_started_one_process,
 )
+from bigtrain.train.checks import check_enough_rows, check_sequence_length, check_writable
 from bigtrain.train.loop import StartPoint, TrainLoop, TrainResult
 from bigtrain.train.metrics import format_bytes
 from bigtrain.train.optim import build_optimizer, build_scheduler
@@ -78,8 +80,16 @@ class TrainingJob:
         self.plan: Plan | None = None if auto else resolve_plan(cfg.parallel, self.env.world_size, self._batch)
         if self.plan is not None:
             self._check_model_split(self.plan)
+        # one block on meta: a bad attn_implementation fails here, and it shows the position embedding
+        probe = build_meta_model(one_block(self.hf_config), cfg.model.attn_implementation)
         self.data: TokenRows = load_token_rows(cfg.data)
         check_vocabulary(self.data, self.hf_config.vocab_size, cfg.data.path)
+        check_sequence_length(self.hf_config, probe, self.data.seq_len, is_main=self.env.rank == 0)
+        check_enough_rows(len(self.data.rows), self._batch, cfg.data.path)
+        check_writable(cfg.output_dir)
+        if self.env.rank == 0:
+            for warning in recipe_warnings(cfg):
+                log.warning("%s", warning)
         self.start = plan_start(cfg)
         self.device = pick_device(self.env)
         self.engine: Engine | None = None

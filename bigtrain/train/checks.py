@@ -1,0 +1,75 @@
+"""Start-up checks of a training job that need the model or the data (the recipe alone is checked in config/): run
+on every rank before the process group exists, so a bad input fails everywhere within seconds with one line."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from bigtrain.errors import ConfigError
+
+log = logging.getLogger("bigtrain")
+
+
+def learned_position_rows(model: nn.Module) -> int | None:
+    """Rows of the model's learned absolute position embedding (GPT-2's ``wpe``), or None with rotary positions."""
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(module, nn.Embedding) and ("position" in leaf or leaf == "wpe"):
+            return int(module.num_embeddings)
+    return None
+
+
+def check_sequence_length(hf_config: Any, probe: nn.Module, seq_len: int, is_main: bool) -> None:
+    """A sequence longer than a learned position table cannot be embedded (GPT-2 fails with an IndexError deep in
+    the forward): refused. Rotary models run past ``max_position_embeddings`` but were not trained there: a
+    warning."""
+    rows = learned_position_rows(probe)
+    if rows is not None and seq_len > rows:
+        raise ConfigError(
+            f"data.seq_len={seq_len} exceeds the model's {rows} learned positions ({hf_config.model_type}); use "
+            f"data.seq_len <= {rows}"
+        )
+    limit = getattr(hf_config, "max_position_embeddings", None)
+    if rows is None and limit is not None and seq_len > limit and is_main:
+        log.warning(
+            "data.seq_len=%d is beyond the model's max_position_embeddings=%d: rotary positions run there, but the "
+            "model was not trained on them; extend the context deliberately (rope scaling) or shorten data.seq_len",
+            seq_len,
+            limit,
+        )
+
+
+def check_enough_rows(rows: int, global_batch: int, data_path: str) -> None:
+    """Fewer sequences than one global batch would repeat sequences within a step."""
+    if rows < global_batch:
+        raise ConfigError(
+            f"data.path={data_path!r} gives {rows} sequence(s), fewer than one global batch of "
+            f"train.global_batch_size={global_batch}; use more data, a shorter data.seq_len, or a batch <= {rows}"
+        )
+
+
+def check_writable(output_dir: str) -> None:
+    """output_dir (or the nearest folder that exists above it) must accept files: found now, not at the first
+    checkpoint after the process group exists."""
+    path = Path(output_dir).resolve()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise ConfigError(f"output_dir={output_dir!r}: {str(existing)!r} is a file, not a folder; choose another path")
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".bigtrain-write-test-"):
+            pass
+    except OSError as e:
+        raise ConfigError(
+            f"output_dir={output_dir!r} is not writable ({e.strerror or e}: {str(existing)!r}); choose a folder you "
+            "can write to"
+        ) from e
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"output_dir={output_dir!r} is not writable ({str(existing)!r}); choose another folder")
