@@ -72,14 +72,18 @@ def init_process_group(env: LaunchEnv, device: torch.device, timeout_s: int) -> 
         dist.init_process_group(**kwargs, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
 
 
+def local_free_memory(env: LaunchEnv, device: torch.device) -> int:
+    """Free memory of this rank's device (host memory per local rank on CPU)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    import psutil
+
+    return int(psutil.virtual_memory().available // env.local_world_size)
+
+
 def smallest_free_memory(env: LaunchEnv, device: torch.device) -> int:
     """Free device memory of the most constrained rank (host memory per local rank on CPU); needs the group."""
-    if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        import psutil
-
-        free = psutil.virtual_memory().available // env.local_world_size
+    free = local_free_memory(env, device)
     value = torch.tensor([free], dtype=torch.int64, device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MIN)
     return int(value.item())

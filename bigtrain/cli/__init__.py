@@ -38,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--nproc", type=int, default=None, help="start N local worker processes with torch's elastic launcher"
     )
+    train.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check recipe, data, model and plan (for --nproc N ranks, else 1), print the resolved recipe and the "
+        "plan, train nothing",
+    )
     plan = sub.add_parser("plan", help="choose a plan from model size and GPU memory, and explain it")
     add_plan_arguments(plan)
     add_export_arguments(
@@ -124,6 +130,18 @@ def _train(args: argparse.Namespace, env: LaunchEnv) -> int:
     from bigtrain.config.load import load_recipe
 
     cfg = load_recipe(args.recipe, args.overrides)
+    if args.dry_run:
+        from dataclasses import replace
+
+        from bigtrain.train.run import TrainingJob
+
+        world = args.nproc or env.world_size
+        if world < 1:
+            raise ConfigError(f"--nproc={world} must be at least 1")
+        ranks = replace(env, world_size=world, local_world_size=world if not env.launched else env.local_world_size)
+        if env.rank == 0:
+            print(TrainingJob(cfg, ranks).dry_run())
+        return 0
     if args.nproc is not None:
         if args.nproc < 1:
             raise ConfigError(f"--nproc={args.nproc} must be at least 1")

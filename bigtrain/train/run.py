@@ -24,7 +24,7 @@ from bigtrain.checkpoint.loader import load_checkpoint
 from bigtrain.checkpoint.run_dir import FINAL_MODEL, plan_start, prepare_output_dir
 from bigtrain.checkpoint.saver import Checkpointer
 from bigtrain.config.hf import check_tensor_parallel, one_block
-from bigtrain.config.load import recipe_warnings
+from bigtrain.config.load import dump_recipe, recipe_warnings
 from bigtrain.config.pipeline import check_pipeline_parallel
 from bigtrain.config.plan import Plan, resolve_plan
 from bigtrain.config.schema import ParallelConfig, RecipeConfig
@@ -36,7 +36,9 @@ from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes
 from bigtrain.planner.auto import choose_plan
 from bigtrain.planner.profile import load_profile
 from bigtrain.runtime import (
+    LaunchEnv,
     init_process_group,
+    local_free_memory,
     pick_device,
     read_launch_env,
     smallest_free_memory,
@@ -71,9 +73,9 @@ class TrainingJob:
     """Validates on construction; ``with`` starts the process group, plans and builds the engine; ``fit`` trains;
     leaving the block tears the group down (after every rank has finished, when nothing failed)."""
 
-    def __init__(self, cfg: RecipeConfig) -> None:
+    def __init__(self, cfg: RecipeConfig, env: LaunchEnv | None = None) -> None:
         self.cfg = cfg
-        self.env = read_launch_env()
+        self.env = env or read_launch_env()
         warn_if_accelerate_started_one_process(self.env)
         self.hf_config = load_hf_config(cfg.model)
         auto = cfg.parallel.plan == "auto"
@@ -108,7 +110,7 @@ class TrainingJob:
                 if self.start.note:
                     log.info("%s", self.start.note)
             if self.plan is None:
-                self.plan = self._auto_plan()
+                self.plan = self._auto_plan(smallest_free_memory(self.env, self.device))
             self._log_plan()
             train = self.cfg.train
             self.engine = build_engine(
@@ -198,10 +200,10 @@ class TrainingJob:
                 ", ".join(f"{k} {saved.data.get(k)} -> {data_info[k]}" for k in changed),
             )
 
-    def _auto_plan(self) -> Plan:
-        """Plan from the hardware this job really has; every rank gets the same numbers, hence the same plan."""
+    def _auto_plan(self, free: int) -> Plan:
+        """Plan from the hardware this job really has (``free``: the most constrained rank's free memory); every
+        rank gets the same numbers, hence the same plan."""
         device = self.device
-        free = smallest_free_memory(self.env, device)
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         chosen, table = choose_plan(
             {**self.hf_config.to_dict(), "model_type": self.hf_config.model_type},
@@ -229,17 +231,21 @@ class TrainingJob:
         check_engine_inputs(self.cfg, self.hf_config, plan)
 
     def _log_plan(self) -> None:
-        if self.env.rank != 0:
-            return
+        if self.env.rank == 0:
+            log.info("%s", self.plan_line())
+
+    def plan_line(self) -> str:
         plan = self.plan
-        log.info(
-            "plan %s | %d rank(s) on %s | global batch %d = micro %d x dp %d x accum %d | %s",
-            plan.to_dict(),
-            self.env.world_size,
-            self.device.type,
-            self._batch,
-            plan.micro_batch_size,
-            plan.dp,
-            plan.grad_accum_steps(self._batch),
-            self.data.description,
+        assert plan is not None
+        return (
+            f"plan {plan.to_dict()} | {self.env.world_size} rank(s) on {self.device.type} | global batch "
+            f"{self._batch} = micro {plan.micro_batch_size} x dp {plan.dp} x accum {plan.grad_accum_steps(self._batch)}"
+            f" | {self.data.description}"
         )
+
+    def dry_run(self) -> str:
+        """Everything a start checks, without a process group, an engine or a file written: the resolved recipe and
+        the plan (``plan: auto`` plans for this machine's free memory, as every rank of a real start would)."""
+        if self.plan is None:
+            self.plan = self._auto_plan(local_free_memory(self.env, self.device))
+        return f"{dump_recipe(self.cfg)}\n{self.plan_line()}\nnothing trained (--dry-run)"

@@ -232,3 +232,17 @@ def test_version(cli_in_process):
 
     proc = cli_in_process(["--version"])
     assert proc.returncode == 0 and proc.stdout.strip() == f"bigtrain {__version__}"
+
+
+def test_dry_run_checks_everything_and_trains_nothing(tmp_path, rows_file, cli_in_process):
+    path = recipe(tmp_path, rows_file)
+    proc = cli_in_process(["train", str(path), "--dry-run", "--nproc", "2"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "global batch 8 = micro 1 x dp 2 x accum 4" in proc.stdout and "2 rank(s)" in proc.stdout
+    assert "model:" in proc.stdout and "parallel:" in proc.stdout  # the resolved recipe, as YAML
+    assert proc.stdout.strip().endswith("nothing trained (--dry-run)")
+    assert not (tmp_path / "out").exists()
+    # plan: auto is planned for this machine; bad input is the same one line as a real start
+    auto = cli_in_process(["train", str(path), "--dry-run", "--set", "parallel.plan=auto"])
+    assert auto.returncode == 0 and "1 rank(s)" in auto.stdout, auto.stderr[-2000:]
+    one_line(cli_in_process(["train", str(path), "--dry-run", "--set", "train.lr=0"]), "train.lr=0 would leave")
