@@ -31,6 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from cases import LLAMA_3_2_1B  # noqa: E402
+
 from bigtrain.planner.model_stats import load_model_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,20 +46,7 @@ def _trimmed(preset: str, layers: int) -> dict[str, Any]:
     return config
 
 
-# Llama-3.2-1B's published config.json (architecture fields)
-LLAMA_1B = dict(
-    model_type="llama",
-    hidden_size=2048,
-    intermediate_size=8192,
-    num_hidden_layers=16,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    vocab_size=128256,
-    max_position_embeddings=131072,
-    rope_theta=500000.0,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=True,
-)
+LLAMA_1B = LLAMA_3_2_1B  # Llama-3.2-1B's published config.json (tests/cases.py)
 MODELS: dict[str, dict[str, Any]] = {
     "llama-1b": LLAMA_1B,
     "llama-8b-L8": _trimmed("llama-3-8b", 8),

@@ -35,18 +35,10 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-MODEL = {
-    "model_type": "llama",
-    "vocab_size": 2048,
-    "hidden_size": 512,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-}
-SEQ, BATCH, MICRO, STEPS, LR = 256, 8, 4, 8, 1e-3
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_time import BATCH, MODEL, SEQ  # noqa: E402  (the same model and data shape as the step-time bench)
+
+MICRO, STEPS, LR = 4, 8, 1e-3
 BIGTRAIN = {"fsdp2": {"backend": "fsdp2", "zero_stage": 3}, "ddp": {"backend": "ddp"}, "deepspeed": {}}
 BIGTRAIN["deepspeed"] = {"backend": "deepspeed", "zero_stage": 2}
 CONTENDERS = ["bigtrain fsdp2", "hand fsdp2", "bigtrain ddp", "hand ddp", "bigtrain deepspeed", "deepspeed direct"]

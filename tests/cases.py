@@ -285,7 +285,7 @@ PIPELINE_MEMORY_CASES = [
 
 
 # Real widths, trimmed depth: (preset of bigtrain/planner/presets.json or a config dict, layers kept)
-LLAMA_3_2_1B: dict[str, Any] = dict(  # Llama-3.2-1B's architecture (tied 128k embeddings)
+LLAMA_3_2_1B: dict[str, Any] = dict(  # Llama-3.2-1B's published config.json (architecture fields; tied 128k vocab)
     model_type="llama",
     hidden_size=2048,
     intermediate_size=8192,
@@ -293,6 +293,9 @@ LLAMA_3_2_1B: dict[str, Any] = dict(  # Llama-3.2-1B's architecture (tied 128k e
     num_attention_heads=32,
     num_key_value_heads=8,
     vocab_size=128256,
+    max_position_embeddings=131072,
+    rope_theta=500000.0,
+    rms_norm_eps=1e-5,
     tie_word_embeddings=True,
 )
 LLAMA_3_2_3B: dict[str, Any] = dict(LLAMA_3_2_1B, hidden_size=3072, num_attention_heads=24, num_hidden_layers=28)
