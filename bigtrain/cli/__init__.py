@@ -88,15 +88,11 @@ def main(argv: list[str] | None = None) -> int:
             return _export_model(args)
         if args.command == "probe":
             return _probe(args, env)
-    except ConfigError as e:
+    except (ConfigError, TrainingDiverged) as e:
         # One write(2) call: ranks share the launcher's stderr, and a single short write is never interleaved.
         sys.stderr.flush()
         os.write(2, f"bigtrain: error{_rank_tag(env)}: {e}\n".encode())
-        return EXIT_BAD_INPUT
-    except TrainingDiverged as e:
-        sys.stderr.flush()
-        os.write(2, f"bigtrain: error{_rank_tag(env)}: {e}\n".encode())
-        return EXIT_DIVERGED
+        return EXIT_BAD_INPUT if isinstance(e, ConfigError) else EXIT_DIVERGED
     return 1
 
 
@@ -135,7 +131,7 @@ def _train(args: argparse.Namespace, env: LaunchEnv) -> int:
 
         from bigtrain.train.run import TrainingJob
 
-        world = args.nproc or env.world_size
+        world = args.nproc if args.nproc is not None else env.world_size
         if world < 1:
             raise ConfigError(f"--nproc={world} must be at least 1")
         ranks = replace(env, world_size=world, local_world_size=world if not env.launched else env.local_world_size)

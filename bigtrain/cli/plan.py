@@ -109,9 +109,9 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         args, "no GPU detected on this machine; give --gpus N (and --gpu NAME or --gpu-memory SIZE)"
     )
     gpus = cluster.num_gpus
-    for flag, value in (("--seq-len", args.seq_len), ("--global-batch-size", args.global_batch_size)):
-        if value is not None and value < (2 if flag == "--seq-len" else 1):
-            raise ConfigError(f"{flag} {value} must be at least {2 if flag == '--seq-len' else 1}")
+    for flag, value, minimum in (("--seq-len", args.seq_len, 2), ("--global-batch-size", args.global_batch_size, 1)):
+        if value is not None and value < minimum:
+            raise ConfigError(f"{flag} {value} must be at least {minimum}")
     seq_len = args.seq_len or (recipe.data.seq_len if recipe and recipe.data.seq_len else default_seq_len(model_config))
     check_plan_seq_len(model_config, seq_len)
     if args.global_batch_size:

@@ -47,6 +47,11 @@ def load_recipe(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
+def has_tokenizer(folder: str | Path) -> bool:
+    """Whether ``folder`` holds the files of a saved HF tokenizer."""
+    return any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
+
+
 def with_model_tokenizer(cfg: RecipeConfig) -> RecipeConfig:
     """Text data with ``data.tokenizer`` unset is tokenised by the model folder's own tokenizer when the folder ships
     one (a model trained on another tokenizer's ids learns nothing useful, and nothing else would notice: byte ids
@@ -54,7 +59,7 @@ def with_model_tokenizer(cfg: RecipeConfig) -> RecipeConfig:
     folder = cfg.model.name_or_path
     if cfg.data.tokenizer is not None or folder is None or cfg.data.path.endswith(".npy"):
         return cfg
-    if any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
+    if has_tokenizer(folder):
         return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=folder))
     return cfg
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from bigtrain.config.load import TOKENIZER_FILES
+from bigtrain.config.load import TOKENIZER_FILES, has_tokenizer
 from bigtrain.errors import ConfigError
 
 
@@ -35,7 +35,7 @@ class HFTokenizer:
         folder = Path(path)
         if not folder.is_dir():
             raise ConfigError(f"data.tokenizer={path!r} is not a folder; point it at a local HF tokenizer folder")
-        if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        if not has_tokenizer(folder):
             raise ConfigError(
                 f"data.tokenizer={path!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); point it at "
                 "a folder written by tokenizer.save_pretrained, e.g. the model's own folder"

@@ -204,7 +204,7 @@ def full_values(
                 value = getattr(mod, n)
             else:
                 loaded += 1
-                source = reader.file_of(fqn) if reader else source
+                source = reader.file_of(fqn)  # a value came from the checkpoint, so there is a reader
             yield fqn, value, source
         mod.to_empty(device="meta", recurse=False)
     if reader is not None and (missing or loaded == 0):

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from bigtrain.config.plan import Plan
 from bigtrain.planner.hardware import Cluster
-from bigtrain.planner.memory import DTYPE_BYTES, stage_params
+from bigtrain.planner.memory import DTYPE_BYTES, stage_layers, stage_params, state_shards
 from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.profile import measured_rate
 
@@ -80,15 +80,15 @@ def memory_bound_bytes(stats: ModelStats, plan: Plan, seq_len: int, tokens: floa
     shard (reads p, g, m, v; writes p, m, v); none on the device when the optimizer is offloaded.
     """
     h, f = stats.hidden, stats.ffn
-    layers = -(-stats.layers // plan.pp)
+    layers = stage_layers(stats, plan.pp)
     whole = 42 * a * h / (plan.tp if plan.sequence_parallel else 1)
     forward = whole + (19 * a * h + 5 * a * f) / plan.tp
     passes = 3 + (1 if plan.activation_checkpointing == "full" else 0)
     elementwise = passes * forward * layers * tokens
     loss = 40.0 * stats.vocab / (plan.tp if plan.loss_parallel else 1) * tokens
     blocks, root = stage_params(stats, plan)
-    shard = {"fsdp2": plan.dp_shard, "deepspeed": plan.dp}.get(plan.backend, 1)
-    optimizer = 0.0 if (plan.offload_params or plan.offload_optimizer) else 28.0 * (blocks + root) / shard
+    offloaded = plan.offload_params or plan.offload_optimizer
+    optimizer = 0.0 if offloaded else 28.0 * (blocks + root) / state_shards(plan)
     return elementwise + loss + optimizer
 
 
@@ -130,7 +130,8 @@ def estimate_time(
         rank_tokens = tokens / plan.dp
         compute += memory_bound_bytes(stats, plan, seq_len, rank_tokens, a) / (cluster.gpu.copy_gbps * 1e9)
     # the floor: every micro-step launches each block's operators, whatever their size
-    compute += micro_batches * -(-stats.layers // plan.pp) * OPS_PER_BLOCK * cluster.gpu.op_overhead_s
+    layers = stage_layers(stats, plan.pp)
+    compute += micro_batches * layers * OPS_PER_BLOCK * cluster.gpu.op_overhead_s
     if plan.pp > 1:
         # pipeline bubble: p - 1 idle slots of one stage's micro-batch time; the looped schedules run v stages of
         # 1/v the layers per rank, so their slots are v times shorter (Narayanan et al. 2021, sec. 2.2)
@@ -160,13 +161,12 @@ def estimate_time(
     else:
         exposed = dp_overlapped
 
-    layers = -(-stats.layers // plan.pp)
     act = plan.micro_batch_size * seq_len * stats.hidden * a
     tp_comm = 4 * layers * micro_batches * 2 * _ring(plan.tp) * act / tp_bw if plan.tp > 1 else 0.0
     pp_comm = 2 * micro_batches * act / plan.tp / _bandwidth(cluster, 2, plan.tp * plan.dp) if plan.pp > 1 else 0.0
     offload = 0.0
     pcie = cluster.gpu.pcie_gbps * 1e9
-    shard = plan.dp_shard if plan.backend == "fsdp2" else plan.dp
+    shard = state_shards(plan)
     if plan.offload_params:
         offload += (2 * micro_batches * 4 * psi / shard + 4 * psi / shard) / pcie + psi / shard / CPU_ADAM_PARAMS_PER_S
     if plan.offload_optimizer:

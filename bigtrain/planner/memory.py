@@ -85,6 +85,12 @@ def stage_layers(stats: ModelStats, pp: int) -> int:
     return -(-stats.layers // pp)
 
 
+def state_shards(plan: Plan) -> int:
+    """Ranks the parameters, gradients and optimizer states are sharded over: dp_shard for FSDP2 (HSDP replicates
+    over dp_replicate), every data-parallel rank for DeepSpeed ZeRO, none for DDP."""
+    return {"fsdp2": plan.dp_shard, "deepspeed": plan.dp}.get(plan.backend, 1)
+
+
 def stage_params(stats: ModelStats, plan: Plan) -> tuple[int, int]:
     """(block parameters, root parameters) on the busiest stage, per tensor-parallel rank.
 
@@ -287,7 +293,7 @@ def host_offload_bytes(stats: ModelStats, plan: Plan) -> int:
     if not (plan.offload_params or plan.offload_optimizer):
         return 0
     blocks, root = stage_params(stats, plan)
-    shard = plan.dp_shard if plan.backend == "fsdp2" else plan.dp
+    shard = state_shards(plan)
     states = 16 * (blocks + root) // shard
     if plan.backend == "deepspeed" and plan.offload_params:
         states += 2 * (blocks + root) // shard

@@ -4,7 +4,6 @@ on every rank before the process group exists, so a bad input fails everywhere w
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -71,5 +70,3 @@ def check_writable(output_dir: str) -> None:
             f"output_dir={output_dir!r} is not writable ({e.strerror or e}: {str(existing)!r}); choose a folder you "
             "can write to"
         ) from e
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"output_dir={output_dir!r} is not writable ({str(existing)!r}); choose another folder")

@@ -246,3 +246,4 @@ def test_dry_run_checks_everything_and_trains_nothing(tmp_path, rows_file, cli_i
     auto = cli_in_process(["train", str(path), "--dry-run", "--set", "parallel.plan=auto"])
     assert auto.returncode == 0 and "1 rank(s)" in auto.stdout, auto.stderr[-2000:]
     one_line(cli_in_process(["train", str(path), "--dry-run", "--set", "train.lr=0"]), "train.lr=0 would leave")
+    one_line(cli_in_process(["train", str(path), "--dry-run", "--nproc", "0"]), "--nproc=0 must be at least 1")
