@@ -100,6 +100,7 @@ def measure(case: DeepSpeedCase) -> dict[str, Any]:
     from bigtrain.config.hf import hf_config_from_dict
     from bigtrain.config.plan import resolve_plan
     from bigtrain.config.schema import ModelConfig, ParallelConfig, RecipeConfig, TrainConfig
+    from bigtrain.data.batch import MicroBatch
     from bigtrain.engine.deepspeed_engine import DeepSpeedZeroEngine
     from bigtrain.planner.memory import estimate_memory
     from bigtrain.planner.model_stats import ModelStats
@@ -133,7 +134,8 @@ def measure(case: DeepSpeedCase) -> dict[str, Any]:
             lambda optimizer: build_scheduler(optimizer, cfg.train),
         )
         batches = [
-            torch.randint(0, case.vocab, (case.micro_batch_size, case.seq_len), generator=gen) for _ in range(accum)
+            MicroBatch.of_ids(torch.randint(0, case.vocab, (case.micro_batch_size, case.seq_len), generator=gen))
+            for _ in range(accum)
         ]
         train_step(engine, batches, tokens, cfg.train.grad_clip)  # creates the optimizer states
         live.reset_peak()

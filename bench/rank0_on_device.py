@@ -34,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from cases import LLAMA_3_2_1B  # noqa: E402
 
+from bigtrain.data.batch import MicroBatch
 from bigtrain.planner.model_stats import load_model_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,7 +158,9 @@ def run_one(case: Rank0Case) -> dict[str, Any]:
             torch.cuda.reset_peak_memory_stats(device)
         accum = plan.grad_accum_steps(case.global_batch)
         batches = [
-            torch.randint(0, hf_config.vocab_size, (plan.micro_batch_size, case.seq_len), device=device)
+            MicroBatch.of_ids(
+                torch.randint(0, hf_config.vocab_size, (plan.micro_batch_size, case.seq_len), device=device)
+            )
             for _ in range(accum)
         ]
         global_tokens = float(case.global_batch * (case.seq_len - 1))

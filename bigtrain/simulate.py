@@ -51,6 +51,7 @@ from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.pipeline import check_pipeline_parallel
 from bigtrain.config.plan import Plan, unsupported
 from bigtrain.config.schema import TrainConfig
+from bigtrain.data.batch import MicroBatch
 from bigtrain.engine.base import train_step
 from bigtrain.engine.pipelined import PipelinedEngine
 from bigtrain.engine.torch_native import TorchNativeEngine
@@ -161,21 +162,24 @@ def _simulate_rank(
                 )
                 micro_steps = min(accum, 2)
             batches = [
-                torch.randint(0, hf_config.vocab_size, (plan.micro_batch_size, seq_len), device=device)
+                MicroBatch.of_ids(
+                    torch.randint(0, hf_config.vocab_size, (plan.micro_batch_size, seq_len), device=device)
+                )
                 for _ in range(micro_steps)
             ]
+            inputs = [t for batch in batches for t in batch.tensors()]
             global_tokens = float(global_batch_size * (seq_len - 1))
             train_step(engine, batches, global_tokens, train.grad_clip)  # warm-up, untracked (see the docstring)
             if plan.pp > 1:
                 tracker = _HooklessMemTracker()
-                tracker.track_external(*modules, *engine.optimizers, *batches, *_receive_buffers(engine))
+                tracker.track_external(*modules, *engine.optimizers, *inputs, *_receive_buffers(engine))
             elif plan.backend == "fsdp2":
                 tracker = FSDPMemTracker(parallel.model, engine.optimizers[0])
-                tracker.track_inputs(tuple(batches))
+                tracker.track_inputs(tuple(inputs))
                 calls.tracker = tracker
             else:
                 tracker = MemTracker()
-                tracker.track_external(parallel.model, engine.optimizers[0], buckets, *batches)
+                tracker.track_external(parallel.model, engine.optimizers[0], buckets, *inputs)
                 calls.tracker = tracker
             with tracker:
                 train_step(engine, batches, global_tokens, train.grad_clip)

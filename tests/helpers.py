@@ -58,6 +58,39 @@ def save_word_tokenizer(folder: Path) -> Path:
     return folder
 
 
+# ChatML with HF's {% generation %} markers around what the assistant says: transformers' own
+# return_assistant_tokens_mask then gives an assistant mask independent of bigtrain's
+CHATML_WITH_GENERATION = (
+    "{% for message in messages %}{% if message['role'] == 'assistant' %}<|im_start|>assistant\n{% generation %}"
+    "{{ message['content'] }}<|im_end|>\n{% endgeneration %}{% else %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def save_chat_tokenizer(folder: Path) -> Path:
+    """bigtrain's byte tokenizer as an HF folder (259 ids: bytes, end of text, ChatML markers) whose chat template
+    marks the assistant's text for HF's assistant-token mask."""
+    from transformers import AutoTokenizer
+
+    from bigtrain.data.tokenizer import save_byte_tokenizer
+
+    save_byte_tokenizer(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.chat_template = CHATML_WITH_GENERATION
+    tok.save_pretrained(folder)
+    return folder
+
+
+def hf_assistant_mask(tokenizer_dir: Path, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """Token ids of a conversation and transformers' own assistant-token mask for it."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    return list(out["input_ids"]), list(out["assistant_masks"])
+
+
 def write_recipe(path: Path, recipe: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     return path

@@ -69,6 +69,8 @@ MINIMUMS: dict[str, float] = {
     "train.steps": 1,
     "train.global_batch_size": 1,
     "train.warmup_steps": 0,
+    "train.eval_every": 0,
+    "data.eval_fraction": 0.0,
     "train.lr": 0.0,
     "train.weight_decay": 0.0,
     "train.grad_clip": 0.0,
@@ -105,6 +107,12 @@ def check_ranges(cfg: RecipeConfig) -> None:
     for key, typical in (("adam_beta1", 0.9), ("adam_beta2", 0.95)):
         if not 0 <= getattr(cfg.train, key) < 1:
             raise ConfigError(f"train.{key}={getattr(cfg.train, key)} must be in [0, 1); e.g. {typical}")
+    if cfg.data.eval_fraction >= 1:
+        raise ConfigError(
+            f"data.eval_fraction={cfg.data.eval_fraction} must be below 1 (e.g. 0.05); rows must be left to train on"
+        )
+    if cfg.data.eval_fraction > 0 and cfg.data.eval_path is not None:
+        raise ConfigError("set data.eval_path or data.eval_fraction, not both")
     if cfg.train.lr == 0:
         raise ConfigError("train.lr=0 would leave the model as it is; use a learning rate such as 1e-4")
     if cfg.checkpoint.resume is True:  # `resume: true` reads naturally as "resume if you can"

@@ -15,6 +15,9 @@ MixedPrecision = Literal["fp32", "bf16", "fp16"]
 Backend = Literal["ddp", "fsdp2", "deepspeed"]
 Checkpointing = Literal["none", "selective", "full"]
 GradReduce = Literal["every_micro_step", "once_per_step"]
+DataFormat = Literal["auto", "text", "chat", "instruction"]
+Packing = Literal["stream", "documents", "pad"]
+LogTo = Literal["jsonl", "tensorboard"]
 PipelineSchedule = Literal[
     "1f1b", "gpipe", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble", "dual_pipe_v"
 ]
@@ -54,9 +57,32 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     path: str = doc(
-        "Tokenised .npy [num_sequences, seq_len], .jsonl (one document per line), .txt, or 'builtin:stories' "
+        "Tokenised .npy [num_sequences, seq_len], .jsonl (one record per line), .txt, a local HF dataset (a "
+        "save_to_disk folder, .parquet/.arrow/.json files, a folder of them or a glob), or 'builtin:stories' "
         "(generated, no download).",
         default="builtin:stories",
+    )
+    format: DataFormat = doc(
+        "What a record is: text (data.text_field), chat ({'messages': [{'role', 'content'}, ...]}, rendered with the "
+        "tokenizer's chat template, loss on the assistant turns only) or instruction ({'prompt', 'completion'}, loss "
+        "on the completion only); auto: chat if the first record has messages, instruction if it has prompt and "
+        "completion, else text.",
+        default="auto",
+    )
+    packing: Packing | None = doc(
+        "How records become rows of seq_len: stream (concatenate and cut; documents see each other, the pre-training "
+        "convention), documents (whole records packed into rows, attention kept inside each record, longer records "
+        "truncated) or pad (one record per row, padded). Unset: stream for text, documents for chat/instruction.",
+        default=None,
+    )
+    split: str = doc("The split of a HF dataset with several (a DatasetDict folder).", default="train")
+    eval_path: str | None = doc(
+        "Held-out data for evaluation, in any form data.path takes (same format, tokenizer and seq_len).",
+        default=None,
+    )
+    eval_fraction: float = doc(
+        "Hold out this fraction of data.path's rows (a seeded choice) for evaluation instead of data.eval_path.",
+        default=0.0,
     )
     seq_len: int | None = doc(
         "Tokens per training sequence; for .npy it defaults to (and must equal) its width.", default=None
@@ -100,6 +126,16 @@ class TrainConfig:
         "torch.compile each decoder block (after tp and activation checkpointing, before FSDP2, as torchtitan does); "
         "the first steps pay the compilation.",
         default=False,
+    )
+    eval_every: int = doc(
+        "Evaluate every this many optimizer steps (and after the last); 0: only after the last. Needs "
+        "data.eval_path or data.eval_fraction.",
+        default=0,
+    )
+    log_to: LogTo = doc(
+        "metrics.jsonl is always written; tensorboard also writes TensorBoard event files to output_dir/tensorboard "
+        "(needs the tensorboard package).",
+        default="jsonl",
     )
     collective_timeout_s: int = doc(
         "Seconds a collective may wait before the job fails instead of hanging.", default=600

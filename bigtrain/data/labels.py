@@ -1,4 +1,4 @@
-"""What a causal LM is trained to predict: the next token of each position.
+"""What a causal LM is trained to predict: the next token of each position, where that token is a target.
 
 One definition serves the loss (engine) and the token count that normalises it (the loop), so the two can never
 disagree about which positions count.
@@ -6,6 +6,7 @@ disagree about which positions count.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -21,6 +22,10 @@ def next_token_labels(input_ids: torch.Tensor) -> torch.Tensor:
     return F.pad(input_ids[:, 1:], (0, 1), value=IGNORE_INDEX)
 
 
-def predicted_tokens(input_ids: torch.Tensor) -> int:
-    """How many next-token targets a batch has (call it on host tensors: it reads the value)."""
-    return int((next_token_labels(input_ids) != IGNORE_INDEX).sum())
+def masked_next_token_labels(input_ids: torch.Tensor, targets: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """Next-token labels where only tokens marked in ``targets`` (same shape, bool) are predicted: position t
+    learns token t+1 only if token t+1 is a target (an assistant or completion token, not a prompt or padding)."""
+    targets = torch.as_tensor(targets, dtype=torch.bool)
+    labels = next_token_labels(input_ids)
+    keep = F.pad(targets[:, 1:], (0, 1), value=False)
+    return labels.masked_fill(~keep, IGNORE_INDEX)

@@ -1,21 +1,20 @@
-"""This rank's micro-batches of each optimizer step, as tensors on the device, with their predicted-token count."""
+"""This rank's micro-batches of each optimizer step, on the device, with the predicted-token count."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from bigtrain.data.labels import predicted_tokens
+from bigtrain.data.batch import MicroBatch
 from bigtrain.data.order import GlobalOrder
 from bigtrain.data.sources import TokenRows
 
 
 @dataclass(frozen=True)
 class StepBatch:
-    micro_batches: list[torch.Tensor]  # [micro_batch_size, seq_len] token ids each, on the device
-    tokens: int  # next-token targets in them (counted on the host: no device sync)
+    micro_batches: list[MicroBatch]  # on the device
+    tokens: int  # labelled positions in them (counted on the host: no device sync)
 
 
 class StepLoader:
@@ -39,5 +38,5 @@ class StepLoader:
 
     def __call__(self, step: int) -> StepBatch:
         index = self.order.micro_batches(step, self.dp_rank, self.dp_size, self.micro_batch_size)
-        host = [torch.from_numpy(np.asarray(self.data.rows[rows], dtype=np.int64)) for rows in index]
-        return StepBatch([t.to(self.device) for t in host], sum(predicted_tokens(t) for t in host))
+        host = [self.data.micro_batch(rows) for rows in index]
+        return StepBatch([m.to(self.device) for m in host], sum(m.predicted_tokens() for m in host))

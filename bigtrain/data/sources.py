@@ -1,144 +1,147 @@
-"""Data sources: everything becomes a 2-D array of token rows ``[num_sequences, seq_len]``.
+"""Data sources: everything becomes token rows ``[num_sequences, seq_len]``, with what each row trains on.
 
-A tokenised ``.npy`` is used as it is (memory-mapped). Text (``.jsonl``, ``.txt``, built-in) is tokenised, each document
-followed by the end-of-document id, concatenated and cut into rows of ``seq_len`` (packing); the ragged tail is dropped.
+A tokenised ``.npy`` is used as it is (memory-mapped): every next token is a target. Records (``.jsonl``, ``.txt``,
+local HF datasets, built-in) are tokenised by format (data/formats.py: text, chat, instruction) and packed into rows
+(data/packing.py: stream, documents, pad).
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from itertools import chain
 
 import numpy as np
+import torch
 
 from bigtrain.config.schema import DataConfig
+from bigtrain.data.batch import MicroBatch
 from bigtrain.data.builtin import builtin_documents
+from bigtrain.data.formats import detect_format, examples
+from bigtrain.data.labels import masked_next_token_labels, next_token_labels
+from bigtrain.data.packing import pack
+from bigtrain.data.records import Record, check_records_path, describe_sources, is_glob, read_records
 from bigtrain.data.tokenizer import load_tokenizer
 from bigtrain.errors import ConfigError
 
 BUILTIN_PREFIX = "builtin:"
-TEXT_SUFFIXES = (".jsonl", ".txt")
 
 
 @dataclass
 class TokenRows:
-    """Token rows plus what they were made with (for vocabulary checks and logs)."""
+    """Token rows plus what they train on and what they were made with (for vocabulary checks and logs)."""
 
     rows: np.ndarray  # [num_sequences, seq_len], integer ids
     vocab_size: int | None  # tokenizer vocabulary, None for pre-tokenised .npy
     description: str
+    targets: np.ndarray | None = None  # [num_sequences, seq_len] bool, which tokens are predicted; None: all
+    positions: np.ndarray | None = None  # [num_sequences, seq_len] position ids restarting per packed document
 
     @property
     def seq_len(self) -> int:
         return int(self.rows.shape[1])
 
+    def micro_batch(self, index: np.ndarray) -> MicroBatch:
+        """Rows ``index`` as a host micro-batch with their labels (and position ids when documents are packed)."""
+        ids = torch.from_numpy(np.asarray(self.rows[index], dtype=np.int64))
+        if self.targets is None:
+            labels = next_token_labels(ids)
+        else:
+            labels = masked_next_token_labels(ids, self.targets[index])
+        pos = None if self.positions is None else torch.from_numpy(np.asarray(self.positions[index], dtype=np.int64))
+        return MicroBatch(ids, labels, pos)
 
-def check_data_config(cfg: DataConfig) -> None:
+    def split(self, index: np.ndarray, description: str) -> TokenRows:
+        """The rows ``index`` (e.g. a held-out set) as rows of their own."""
+        pick = lambda a: None if a is None else a[index]  # noqa: E731
+        return TokenRows(self.rows[index], self.vocab_size, description, pick(self.targets), pick(self.positions))
+
+
+def check_data_config(cfg: DataConfig, key: str = "data.path", path: str | None = None) -> None:
     """Fail early, on every rank, for a data path that cannot work."""
-    if cfg.path.startswith(BUILTIN_PREFIX):
-        builtin_documents(cfg.path.removeprefix(BUILTIN_PREFIX), num_documents=0)
-        if cfg.seq_len is None:
-            raise ConfigError("data.seq_len is required for text data; e.g. data.seq_len=128")
-        return
-    path = Path(cfg.path)
-    if path.is_dir():
-        raise ConfigError(
-            f"data.path={cfg.path!r} is a directory; give a .npy, .jsonl or .txt file in it, or builtin:stories"
-        )
-    if not path.is_file():
-        raise ConfigError(
-            f"data.path={cfg.path!r} does not exist; give a .npy, .jsonl or .txt file, or builtin:stories"
-        )
-    if path.suffix not in (".npy", *TEXT_SUFFIXES):
-        raise ConfigError(f"data.path={cfg.path!r} has suffix {path.suffix!r}; use .npy, .jsonl or .txt")
-    if path.suffix in TEXT_SUFFIXES and cfg.seq_len is None:
-        raise ConfigError("data.seq_len is required for text data; e.g. data.seq_len=128")
+    path = cfg.path if path is None else path
+    if path.startswith(BUILTIN_PREFIX):
+        builtin_documents(path.removeprefix(BUILTIN_PREFIX), num_documents=0)
+    else:
+        check_records_path(key, path)
+    is_npy = path.endswith(".npy") and not is_glob(path)
+    if not is_npy and cfg.seq_len is None:
+        raise ConfigError("data.seq_len is required for text, chat and instruction data; e.g. data.seq_len=128")
+    if is_npy and cfg.format not in ("auto", "text"):
+        raise ConfigError(f"{key}={path!r} is tokenised already; data.format={cfg.format} applies to records only")
     if cfg.seq_len is not None and cfg.seq_len < 2:
         raise ConfigError(f"data.seq_len={cfg.seq_len} must be at least 2 (one input and one predicted token)")
 
 
-def load_token_rows(cfg: DataConfig) -> TokenRows:
-    check_data_config(cfg)
-    if cfg.path.endswith(".npy"):
-        return _load_npy(cfg)
+def load_token_rows(cfg: DataConfig, key: str = "data.path", path: str | None = None) -> TokenRows:
+    """``data.path`` (or another path of the same recipe, e.g. ``data.eval_path``) as token rows."""
+    path = cfg.path if path is None else path
+    check_data_config(cfg, key, path)
+    if path.endswith(".npy") and not is_glob(path):
+        return _load_npy(cfg, key, path)
     tokenizer = load_tokenizer(cfg.tokenizer)
-    if cfg.path.startswith(BUILTIN_PREFIX):
-        docs = builtin_documents(cfg.path.removeprefix(BUILTIN_PREFIX))
+    records: Iterable[Record]
+    if path.startswith(BUILTIN_PREFIX):
+        docs = builtin_documents(path.removeprefix(BUILTIN_PREFIX))
+        records = ((f"document {i}", {cfg.text_field: d}) for i, d in enumerate(docs))
     else:
-        docs = _read_text_documents(Path(cfg.path), cfg.text_field)
+        records = read_records(key, path, cfg.text_field, cfg.split)
+    first = next(iter(records), None)
+    if first is None:
+        raise ConfigError(f"{key}={path!r} holds no records; give {describe_sources()}")
+    fmt = detect_format(first[1], cfg.text_field) if cfg.format == "auto" else cfg.format
+    mode = cfg.packing or ("stream" if fmt == "text" else "documents")
     assert cfg.seq_len is not None
-    ids: list[int] = []
-    for doc in docs:
-        ids.extend(tokenizer.encode(doc))
-        ids.append(tokenizer.eos_id)
-    num_rows = len(ids) // cfg.seq_len
+    packed = pack(
+        examples(chain([first], records), fmt, tokenizer, cfg.text_field, key), cfg.seq_len, mode, tokenizer.eos_id
+    )
+    num_rows = len(packed.rows)
     if num_rows == 0:
         raise ConfigError(
-            f"data.path={cfg.path!r} has {len(ids)} tokens, fewer than one sequence of data.seq_len={cfg.seq_len}; "
-            "use more text or a shorter data.seq_len"
+            f"{key}={path!r} gives fewer tokens than one sequence of data.seq_len={cfg.seq_len}; "
+            "use more data or a shorter data.seq_len"
         )
-    rows = np.asarray(ids[: num_rows * cfg.seq_len], dtype=np.int64).reshape(num_rows, cfg.seq_len)
+    if packed.targets is not None and not packed.targets[:, 1:].any():
+        raise ConfigError(
+            f"{key}={path!r}: no {fmt} example has a token to train on within data.seq_len={cfg.seq_len} (chat: no "
+            "assistant turn; instruction: empty completions, or prompts longer than seq_len); check the data or "
+            "raise data.seq_len"
+        )
     which = f"tokenizer {cfg.tokenizer}" if cfg.tokenizer else "the built-in byte tokenizer (257 ids)"
-    return TokenRows(rows, tokenizer.vocab_size, f"{cfg.path} ({num_rows} packed rows of {cfg.seq_len}, {which})")
+    cut = f", {packed.truncated} truncated to seq_len" if packed.truncated else ""
+    rows = f"{num_rows} {mode}-packed rows of {cfg.seq_len}{cut}"
+    description = f"{path} ({fmt}: {packed.examples} examples, {rows}, {which})"
+    return TokenRows(packed.rows, tokenizer.vocab_size, description, packed.targets, packed.positions)
 
 
-def _load_npy(cfg: DataConfig) -> TokenRows:
-    with open(cfg.path, "rb") as f:
+def _load_npy(cfg: DataConfig, key: str, path: str) -> TokenRows:
+    with open(path, "rb") as f:
         magic = f.read(6)
     if magic != b"\x93NUMPY":  # np.load would take anything else for a pickle and say so
         raise ConfigError(
-            f"data.path={cfg.path!r} is not a NumPy .npy file (no .npy header); write token rows with "
+            f"{key}={path!r} is not a NumPy .npy file (no .npy header); write token rows with "
             "numpy.save(path, ids) where ids is an integer array [num_sequences, seq_len]"
         )
     try:
-        rows = np.load(cfg.path, mmap_mode="r")
+        rows = np.load(path, mmap_mode="r")
     except (ValueError, OSError, EOFError) as e:
-        raise ConfigError(f"data.path={cfg.path!r} is a damaged or truncated .npy file ({e}); write it again") from e
+        raise ConfigError(f"{key}={path!r} is a damaged or truncated .npy file ({e}); write it again") from e
     if rows.ndim != 2 or not np.issubdtype(rows.dtype, np.integer):
         raise ConfigError(
-            f"data.path={cfg.path!r} holds {rows.dtype} of shape {tuple(rows.shape)}; "
+            f"{key}={path!r} holds {rows.dtype} of shape {tuple(rows.shape)}; "
             "a tokenised .npy must be integer ids of shape [num_sequences, seq_len]"
         )
     if rows.shape[0] == 0 or rows.shape[1] < 2:
         raise ConfigError(
-            f"data.path={cfg.path!r} has shape {tuple(rows.shape)}: it needs at least one row of at least 2 tokens "
+            f"{key}={path!r} has shape {tuple(rows.shape)}: it needs at least one row of at least 2 tokens "
             "(one input and one predicted token)"
         )
     if cfg.seq_len is not None and cfg.seq_len != rows.shape[1]:
         raise ConfigError(
-            f"data.seq_len={cfg.seq_len} does not match the width {rows.shape[1]} of {cfg.path}; "
+            f"data.seq_len={cfg.seq_len} does not match the width {rows.shape[1]} of {path}; "
             f"set data.seq_len={rows.shape[1]} or leave it unset"
         )
-    return TokenRows(rows, None, f"{cfg.path} ({rows.shape[0]} rows of {rows.shape[1]})")
-
-
-def _read_text_documents(path: Path, text_field: str) -> list[str]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        line = path.read_bytes()[: e.start].count(b"\n") + 1
-        raise ConfigError(
-            f"data.path={str(path)!r} is not UTF-8 text (byte {e.start}, line {line}); convert it, e.g. "
-            "iconv -f latin1 -t utf-8"
-        ) from e
-    if path.suffix == ".txt":
-        return [text]
-    docs = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"data.path={str(path)!r} line {lineno} is not JSON ({e.msg})") from e
-        if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
-            raise ConfigError(
-                f"data.path={str(path)!r} line {lineno} has no string field {text_field!r}; "
-                "set data.text_field to the field that holds the text"
-            )
-        docs.append(obj[text_field])
-    return docs
+    return TokenRows(rows, None, f"{path} ({rows.shape[0]} rows of {rows.shape[1]})")
 
 
 CHECK_CHUNK_ROWS = 1 << 16  # rows scanned at a time: bounded memory for any file size

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from bigtrain.config.load import TOKENIZER_FILES, has_tokenizer
 from bigtrain.errors import ConfigError
@@ -15,6 +15,10 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_prompt(self, text: str) -> list[int]: ...
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]: ...
+
 
 class ByteTokenizer:
     """UTF-8 bytes as ids 0..255 plus an end-of-document id 256: no vocabulary file, works on any text."""
@@ -24,6 +28,15 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text)
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
+        raise ConfigError(
+            "chat data is rendered with the tokenizer's chat template, and the built-in byte tokenizer has none; set "
+            "data.tokenizer to a local HF tokenizer folder with a chat template (e.g. an instruct model's folder)"
+        )
 
 
 class HFTokenizer:
@@ -48,12 +61,89 @@ class HFTokenizer:
             ) from e
         if self._tok.eos_token_id is None:
             raise ConfigError(f"data.tokenizer={path!r} has no eos token to separate packed documents")
+        self.path = path
         self.eos_id = int(self._tok.eos_token_id)
         self.vocab_size = len(self._tok)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False)
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """The start of an example: with the tokenizer's own leading special tokens (Llama's BOS, ...)."""
+        return self._tok.encode(text, add_special_tokens=True)
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
+        """A conversation through the chat template: its ids, and which ids are assistant output.
+
+        Each assistant turn's text is found by rendering the conversation up to it (with the generation prompt) and
+        through it: the characters in between are what the model says, end-of-turn marker included, so it learns to
+        stop. The whole text is tokenised once and a token is a target when it starts inside such a span; rendering
+        texts (not ids) keeps tokenisation at span edges exactly that of the full conversation.
+        """
+        tok = self._tok
+        if tok.chat_template is None:
+            raise ConfigError(
+                f"data.tokenizer={self.path!r} has no chat template to render chat data; use the tokenizer of an "
+                "instruct/chat model, or convert the data to prompt/completion records"
+            )
+        text = tok.apply_chat_template(messages, tokenize=False)
+        spans = []
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
+            through = tok.apply_chat_template(messages[: i + 1], tokenize=False)
+            if not (text.startswith(through) and through.startswith(before)):
+                raise ConfigError(
+                    "the chat template renders an earlier assistant turn differently inside a longer conversation "
+                    "(e.g. it drops reasoning from past turns), so the assistant tokens cannot be located; use "
+                    "prompt/completion records, one per assistant turn"
+                )
+            spans.append((len(before), len(through)))
+        encoded = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        targets = [any(lo <= start < hi for lo, hi in spans) for start, _ in encoded["offset_mapping"]]
+        return list(encoded["input_ids"]), targets
+
 
 def load_tokenizer(path: str | None) -> Tokenizer:
     return ByteTokenizer() if path is None else HFTokenizer(path)
+
+
+# ChatML, the format of many open chat models: <|im_start|>role\ncontent<|im_end|>\n per message
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: every byte as a printable character (what a ByteLevel pre-tokenizer emits)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def save_byte_tokenizer(folder: str | Path) -> Path:
+    """The built-in byte tokenizer as a local HF tokenizer folder (``AutoTokenizer`` loads it): byte b is id b, the
+    end-of-document id 256 is ``<|endoftext|>``, and ``<|im_start|>``/``<|im_end|>`` (257, 258) carry a ChatML chat
+    template, so a model trained from ``model.config`` can be used, and fine-tuned on chat data, like any HF model."""
+    from tokenizers import Tokenizer as RustTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {char: b for b, char in _byte_to_unicode().items()}
+    backend = RustTokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = CHATML_TEMPLATE
+    tok.save_pretrained(folder)
+    return Path(folder)

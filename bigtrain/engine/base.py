@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from bigtrain.data.batch import MicroBatch
+
 
 @dataclass(frozen=True)
 class StepResult:
@@ -46,7 +48,7 @@ class Engine(ABC):
         """Sum of an integer over the data-parallel ranks (e.g. their predicted-token counts), on every rank."""
 
     @abstractmethod
-    def forward_backward(self, micro_batches: list[torch.Tensor], loss_factor: float) -> torch.Tensor:
+    def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         """Accumulate the gradient of ``loss_factor`` x the summed token loss over this rank's micro-batches; return
         the summed token loss of the whole global batch (all data-parallel ranks), the same on every rank."""
 
@@ -68,10 +70,13 @@ class Engine(ABC):
 
 
 def train_step(
-    engine: Engine, micro_batches: list[torch.Tensor], global_tokens: float, max_norm: float
+    engine: Engine, micro_batches: list[MicroBatch], global_tokens: float, max_norm: float
 ) -> tuple[torch.Tensor, StepResult]:
-    """One optimizer step; returns the global batch's summed token loss and what the step did."""
-    loss_sum = engine.forward_backward(micro_batches, 1.0 / global_tokens)
+    """One optimizer step; returns the global batch's summed token loss and what the step did.
+
+    A global batch without a single label (every row a prompt cut off before its answer) has a zero loss and zero
+    gradients; the count is taken as 1 so that is what the step computes instead of a division by zero."""
+    loss_sum = engine.forward_backward(micro_batches, 1.0 / max(global_tokens, 1))
     result = engine.step(max_norm)
     engine.zero_grad()
     return loss_sum, result

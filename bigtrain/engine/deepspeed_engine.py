@@ -28,8 +28,9 @@ from torch import nn
 from bigtrain.config.deepspeed import deepspeed_config
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
+from bigtrain.data.batch import MicroBatch
 from bigtrain.engine.base import Engine, StepResult
-from bigtrain.engine.loss import token_loss_sum
+from bigtrain.engine.loss import labeled_loss_sum
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory
 from bigtrain.models.build import build_meta_model, decoder_blocks
 from bigtrain.models.materialize import clean_fqn, full_values, materialize
@@ -89,12 +90,12 @@ class DeepSpeedZeroEngine(Engine):
         dist.all_reduce(total)
         return int(total.item())
 
-    def forward_backward(self, micro_batches: list[torch.Tensor], loss_factor: float) -> torch.Tensor:
+    def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         factor = loss_factor * self.dp_size  # DeepSpeed averages over the ranks: back to the sum (module docstring)
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
-            logits = self.ds(input_ids=batch).logits
-            loss = token_loss_sum(logits, batch)
+            logits = self.ds(**batch.model_inputs()).logits
+            loss = labeled_loss_sum(logits, batch.labels)
             del logits
             self.ds.backward(loss * factor, scale_wrt_gas=False)
             loss_sum += loss.detach().float()

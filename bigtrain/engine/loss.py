@@ -1,5 +1,5 @@
-"""The training loss: the *sum* of next-token cross-entropies, which the engine scales by 1 / (predicted tokens of
-the whole global batch).
+"""The training loss: the *sum* of next-token cross-entropies over the labelled positions, which the engine scales
+by 1 / (labelled positions of the whole global batch).
 
 Why a sum and a global count: the mean over micro-batches of per-micro-batch means weights a token by the size of
 its micro-batch; dividing every token's loss by the same global count makes the gradient exactly that of one forward
@@ -11,14 +11,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bigtrain.data.labels import IGNORE_INDEX, next_token_labels
-
-
-def token_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Sum (not mean) of next-token cross-entropy over the batch, in fp32."""
-    return labeled_loss_sum(logits, next_token_labels(input_ids))
+from bigtrain.data.labels import IGNORE_INDEX
 
 
 def labeled_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Sum of cross-entropy against ``labels`` (already shifted; IGNORE_INDEX where there is no next token)."""
+    """Sum (not mean) of cross-entropy against ``labels`` (already shifted; IGNORE_INDEX where nothing is predicted),
+    in fp32."""
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)

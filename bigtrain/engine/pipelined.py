@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from bigtrain.config.pipeline import TORCH_SCHEDULES, num_stages
 from bigtrain.config.schema import TrainConfig
-from bigtrain.data.labels import next_token_labels
+from bigtrain.data.batch import MicroBatch, concat
 from bigtrain.engine.grad_norm import clip_global_grad_norm
 from bigtrain.engine.loss import labeled_loss_sum
 from bigtrain.engine.torch_native import (
@@ -62,9 +62,9 @@ class PipelinedEngine(TorchNativeEngine):
         self._losses.append(loss.detach())
         return loss * self._factor
 
-    def _schedule_for(self, micro_batches: list[torch.Tensor]) -> Any:
+    def _schedule_for(self, micro_batches: list[MicroBatch]) -> Any:
         """The schedule for this step's shape (built once: the stages' shapes are declared, not discovered)."""
-        shape = (len(micro_batches), *micro_batches[0].shape)
+        shape = (len(micro_batches), *micro_batches[0].input_ids.shape)
         if self._schedule is not None and shape == self._schedule_shape:
             return self._schedule
         from torch.distributed.pipelining import PipelineStage
@@ -104,13 +104,15 @@ class PipelinedEngine(TorchNativeEngine):
         self._schedule_shape = shape
         return self._schedule
 
-    def forward_backward(self, micro_batches: list[torch.Tensor], loss_factor: float) -> torch.Tensor:
+    def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         schedule = self._schedule_for(micro_batches)
         self._factor = self._gradient_factor(loss_factor)
         self._losses = []
-        batch = torch.cat(micro_batches)  # the schedule splits it back along dim 0
-        args = (batch,) if self.has_first else ()
-        kwargs = {"target": next_token_labels(batch)} if self.has_last else {}
+        batch = concat(micro_batches)  # the schedule splits it back along dim 0
+        args = (batch.input_ids,) if self.has_first else ()
+        kwargs: dict[str, Any] = {"target": batch.labels} if self.has_last else {}
+        if batch.position_ids is not None:  # every stage builds its own attention mask from them
+            kwargs["position_ids"] = batch.position_ids
         # return_outputs=False: otherwise the last stage keeps every micro-batch's logits until the step ends (found
         # by the pipelined simulation: +b·L·V·a bytes per micro-batch on the last stage)
         schedule.step(*args, **kwargs, return_outputs=False)

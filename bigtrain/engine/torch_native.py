@@ -20,9 +20,10 @@ from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
 from bigtrain.config.schema import TrainConfig
+from bigtrain.data.batch import MicroBatch
 from bigtrain.engine.base import Engine, StepResult
 from bigtrain.engine.grad_norm import clip_global_grad_norm
-from bigtrain.engine.loss import token_loss_sum
+from bigtrain.engine.loss import labeled_loss_sum
 from bigtrain.engine.loss_scale import DynamicLossScaler
 from bigtrain.parallel.apply import ParallelModel
 from bigtrain.parallel.mesh import WorldMesh
@@ -91,15 +92,15 @@ class TorchNativeEngine(Engine):
         dtype = self.model.autocast_dtype
         return contextlib.nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
 
-    def _micro_step(self, batch: torch.Tensor, last: bool, factor: float) -> torch.Tensor:
+    def _micro_step(self, batch: MicroBatch, last: bool, factor: float) -> torch.Tensor:
         # Vocabulary-sharded logits (parallel.loss_parallel): torch's loss_parallel computes the cross-entropy on the
         # shards, in forward and in backward.
         loss_context = loss_parallel() if self.model.plan.loss_parallel else contextlib.nullcontext()
         with self.model.grad_sync(last):
             with self._autocast():
-                logits = self.model.module(input_ids=batch).logits
+                logits = self.model.module(**batch.model_inputs()).logits
             with loss_context:
-                loss = token_loss_sum(logits, batch)
+                loss = labeled_loss_sum(logits, batch.labels)
                 del logits  # the loss keeps what backward needs; the compute-dtype logits can go now
                 (loss * factor).backward()
         loss = loss.detach()
@@ -110,7 +111,7 @@ class TorchNativeEngine(Engine):
         # into the sum that 1/global_tokens normalises. fp16 also scales by its dynamic loss scale.
         return loss_factor * self.dp_size * (self.loss_scaler.scale if self.loss_scaler else 1.0)
 
-    def forward_backward(self, micro_batches: list[torch.Tensor], loss_factor: float) -> torch.Tensor:
+    def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         factor = self._gradient_factor(loss_factor)
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):

@@ -19,6 +19,7 @@ from helpers import free_port
 from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.load import load_recipe
 from bigtrain.config.plan import resolve_plan
+from bigtrain.data.batch import MicroBatch
 from bigtrain.engine import build_engine, train_step
 from bigtrain.train.optim import build_optimizer, build_scheduler
 
@@ -51,7 +52,7 @@ def test_ddp_gradients_stay_in_its_buckets_between_steps():
     with one_rank_group():
         engine, plan = make_engine(["parallel.backend=ddp", "parallel.micro_batch_size=2"])
         assert plan.grad_accum_steps(4) == 2  # the first micro-step runs under no_sync
-        batches = [torch.randint(0, TINY_LLAMA["vocab_size"], (2, 16)) for _ in range(2)]
+        batches = [MicroBatch.of_ids(torch.randint(0, TINY_LLAMA["vocab_size"], (2, 16))) for _ in range(2)]
         params = [p for p in engine.model.module.parameters() if p.requires_grad]
         for _ in range(2):  # DDP rebuilds its buckets (in gradient-ready order) after the first step
             train_step(engine, batches, 64.0, 1.0)

@@ -1,0 +1,62 @@
+"""A micro-batch as the engines see it: token ids, their next-token labels and, for packed documents, positions.
+
+The labels are already shifted (``labels[:, t]`` is what position ``t`` predicts) and hold IGNORE_INDEX where a
+position predicts nothing: the last position of a row, padding, a prompt or a user turn (masked fine-tuning data),
+the first token of the next packed document. The loss and the token count that normalises it both read these
+labels, so the two agree by construction whatever the data format.
+
+``position_ids`` restart at 0 at each packed document. HF's attention-mask builder reads a restart as a new sequence
+and keeps attention inside each one (block-diagonal causal mask for eager/SDPA, varlen for flash attention), so a
+packed document never sees its neighbours. ``None``: one continuous stream per row (pre-training packing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bigtrain.data.labels import IGNORE_INDEX, next_token_labels
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    input_ids: torch.Tensor  # [micro_batch_size, seq_len]
+    labels: torch.Tensor  # [micro_batch_size, seq_len], shifted, IGNORE_INDEX where nothing is predicted
+    position_ids: torch.Tensor | None = None  # [micro_batch_size, seq_len], restarting at each packed document
+
+    @classmethod
+    def of_ids(cls, input_ids: torch.Tensor) -> MicroBatch:
+        """Every position predicts the next token of its row (plain causal-LM training)."""
+        return cls(input_ids, next_token_labels(input_ids))
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """Keyword arguments of the HF model's forward."""
+        inputs = {"input_ids": self.input_ids}
+        if self.position_ids is not None:
+            inputs["position_ids"] = self.position_ids
+        return inputs
+
+    def predicted_tokens(self) -> int:
+        """How many positions have a label (reads the value: call it on host tensors)."""
+        return int((self.labels != IGNORE_INDEX).sum())
+
+    def to(self, device: torch.device) -> MicroBatch:
+        pos = None if self.position_ids is None else self.position_ids.to(device)
+        return MicroBatch(self.input_ids.to(device), self.labels.to(device), pos)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.input_ids, self.labels, self.position_ids) if t is not None]
+
+
+def concat(micro_batches: list[MicroBatch]) -> MicroBatch:
+    """One batch of all rows (a pipeline schedule splits it back into the micro-batches along dim 0)."""
+    positions = [m.position_ids for m in micro_batches]
+    has_positions = any(p is not None for p in positions)
+    if has_positions and not all(p is not None for p in positions):
+        raise ValueError("either every micro-batch carries position_ids or none does")
+    return MicroBatch(
+        torch.cat([m.input_ids for m in micro_batches]),
+        torch.cat([m.labels for m in micro_batches]),
+        torch.cat(positions) if has_positions else None,  # type: ignore[arg-type]
+    )

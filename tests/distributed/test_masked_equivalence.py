@@ -1,0 +1,136 @@
+"""Chat fine-tuning trains the model a plain PyTorch loop trains on the assistant tokens only.
+
+The data: chat conversations rendered with a ChatML template, packed two to a row (``packing: documents``). The
+reference knows nothing of bigtrain's packing or masks: it runs every conversation *alone* (its own forward, positions
+from 0) and takes the cross-entropy over the tokens transformers' own ``return_assistant_tokens_mask`` marks (the
+template's ``{% generation %}`` blocks), summed over the global batch and divided by the number of those tokens.
+bigtrain's runs (1 rank, FSDP2 x 2 ranks, pipeline 2 stages; each with accumulation) must give the same loss,
+gradient norm and parameters: a prompt token in the loss, a wrong count, a document attending to its neighbour or a
+position not restarting would each show.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from cases import TINY_LLAMA
+from helpers import (
+    REPO,
+    hf_assistant_mask,
+    read_metrics,
+    run_torchrun,
+    save_chat_tokenizer,
+    save_tiny_model,
+    write_recipe,
+)
+
+STEPS = 4
+GLOBAL_BATCH = 8  # rows of two conversations each
+CONVERSATIONS = 32  # 16 rows: the run crosses an epoch
+CONV_TOKENS = 40  # every conversation renders to exactly 40 byte tokens, so two fill a row of 80
+LR, CLIP = 5e-3, 1.0
+LOSS_RTOL = 1e-6
+NORM_RTOL = 1e-5
+PARAM_ATOL = 1e-5  # Adam noise on near-zero gradients: measured 2.4e-6 after 4 steps
+WORKER = REPO / "tests" / "distributed" / "train_and_save.py"
+
+
+def conversations() -> list[list[dict]]:
+    rng = random.Random(0)
+    out = []
+    for _ in range(CONVERSATIONS):
+        u = rng.randint(4, 12)  # ChatML costs 21 tokens for a user and an assistant turn: u + a = 19
+        user = "".join(rng.choice("abcdefghij") for _ in range(u))
+        answer = (user[::-1] + "klmnopqrstuvwxyz")[: 19 - u]
+        out.append([{"role": "user", "content": user}, {"role": "assistant", "content": answer}])
+    return out
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("chat")
+    tok = save_chat_tokenizer(root / "model")
+    model_dir = save_tiny_model(root / "model", vocab_size=259, tie_word_embeddings=False)  # untied: pp can split it
+    convs = conversations()
+    (root / "chat.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
+    encoded = [hf_assistant_mask(tok, c) for c in convs]
+    assert all(len(ids) == CONV_TOKENS for ids, _ in encoded)
+    return root, model_dir, encoded, reference_run(model_dir, encoded)
+
+
+def reference_run(model_dir, encoded):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.0)
+    rows = len(encoded) // 2
+    metrics = []
+    for step in range(STEPS):
+        total = torch.zeros(())
+        count = 0
+        for position in range(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH):
+            row = position % rows  # data.shuffle: false, file order
+            for ids, mask in encoded[2 * row : 2 * row + 2]:
+                logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+                keep = torch.tensor(mask[1:], dtype=torch.bool)
+                total = total + torch.nn.functional.cross_entropy(
+                    logits[keep], torch.tensor(ids[1:])[keep], reduction="sum"
+                )
+                count += int(keep.sum())
+        loss = total / count
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+        metrics.append({"loss": loss.item(), "grad_norm": norm.item()})
+    return metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+PLANS = {
+    "1rank-accum2": (1, dict(backend="fsdp2", micro_batch_size=4)),
+    "fsdp2-2ranks-accum2": (2, dict(backend="fsdp2", micro_batch_size=2)),
+    "pp2-1f1b-accum4": (2, dict(backend="fsdp2", pp=2, pp_schedule="1f1b", micro_batch_size=2)),
+}
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_chat_plan_matches_assistant_only_loop(name, setup, tmp_path):
+    root, model_dir, _, (reference, reference_params) = setup
+    nproc, parallel = PLANS[name]
+    recipe = {
+        "model": {"name_or_path": str(model_dir)},
+        "data": {"path": str(root / "chat.jsonl"), "seq_len": 2 * CONV_TOKENS, "shuffle": False},
+        "train": {
+            "steps": STEPS,
+            "global_batch_size": GLOBAL_BATCH,
+            "lr": LR,
+            "lr_schedule": "constant",
+            "adam_eps": 1e-6,
+            "grad_clip": CLIP,
+        },
+        "parallel": parallel,
+        "checkpoint": {"save_final_model": False},
+        "output_dir": str(tmp_path / "out"),
+    }
+    path = write_recipe(tmp_path / "recipe.yaml", recipe)
+    proc = run_torchrun([str(WORKER), str(path), str(tmp_path / "params.pt")], nproc=nproc, module=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = read_metrics(tmp_path / "out")
+    for step, (mine, ref) in enumerate(zip(got, reference, strict=True), 1):
+        assert mine["loss"] == pytest.approx(ref["loss"], rel=LOSS_RTOL), f"step {step} loss"
+        assert mine["grad_norm"] == pytest.approx(ref["grad_norm"], rel=NORM_RTOL), f"step {step} grad_norm"
+    params = torch.load(tmp_path / "params.pt")
+    for key, ref in reference_params.items():
+        torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")
+
+
+def test_the_reference_sees_a_prompt_token_in_the_loss(setup):
+    """The check's power: counting one more (prompt) token per conversation moves the first loss far beyond 1e-6."""
+    _, model_dir, encoded, (reference, _) = setup
+    widened = [(ids, [1 if i == mask.index(1) - 1 else m for i, m in enumerate(mask)]) for ids, mask in encoded]
+    metrics, _ = reference_run(model_dir, widened)
+    assert abs(metrics[0]["loss"] / reference[0]["loss"] - 1) > 100 * LOSS_RTOL
