@@ -1,6 +1,6 @@
 """The command line: ``bigtrain train RECIPE [--set a.b=v ...] [--nproc N]``, ``bigtrain plan ...``,
 ``bigtrain export RECIPE --to accelerate|deepspeed|hf-trainer -o FILE``,
-``bigtrain export-model CHECKPOINT -o HF_DIR`` and ``bigtrain probe [-o FILE] [--nproc N]`` (also as
+``bigtrain export-model CHECKPOINT -o HF_DIR``, ``bigtrain probe [-o FILE] [--nproc N]`` and ``bigtrain report OUTPUT_DIR`` (also as
 ``python -m bigtrain``). Turns every ConfigError into one ``bigtrain: error: ...`` line and exit code 2."""
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     probe.add_argument(
         "--nproc", type=int, default=None, help="measure collectives over N local ranks (torch's elastic launcher)"
     )
+    report = sub.add_parser("report", help="draw a run's loss, eval loss, lr, tokens/s and memory per step as PNGs")
+    report.add_argument("output_dir", help="the output_dir of a bigtrain train run (it holds metrics.jsonl)")
+    report.add_argument("-o", "--output", help="folder for the PNGs (default: OUTPUT_DIR/report)")
     return parser
 
 
@@ -88,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             return _export_model(args)
         if args.command == "probe":
             return _probe(args, env)
+        if args.command == "report":
+            return _report(args)
     except (ConfigError, TrainingDiverged) as e:
         # One write(2) call: ranks share the launcher's stderr, and a single short write is never interleaved.
         sys.stderr.flush()
@@ -101,6 +106,14 @@ def _export_model(args: argparse.Namespace) -> int:
 
     folder = export_model(args.checkpoint, args.output)
     logging.getLogger("bigtrain").info("wrote %s as a HuggingFace model folder to %s", folder, args.output)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from bigtrain.report import write_report
+
+    for path in write_report(args.output_dir, args.output):
+        print(path)
     return 0
 
 

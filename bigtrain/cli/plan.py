@@ -158,11 +158,15 @@ def cluster_from_args(args: argparse.Namespace, no_gpu: str, profile: str | None
 
 
 def check_plan_seq_len(model_config: dict[str, Any], seq_len: int) -> None:
-    """A sequence beyond the model's positions: GPT-2's learned table cannot embed it (refused); rotary models were
-    not trained there (refused too: a plan is for a run that should work; extend the context in the config)."""
-    limit = model_config.get("n_positions") or model_config.get("max_position_embeddings")
-    if limit and seq_len > limit:
-        raise ConfigError(f"--seq-len {seq_len} exceeds the model's maximum of {limit} positions; use at most {limit}")
+    """The sequence against the model's positions, by the rule ``bigtrain train`` applies (train/checks.py): beyond
+    a learned position table (GPT-2) refused, beyond a rotary model's max_position_embeddings a warning."""
+    from bigtrain.config.hf import hf_config_from_dict, one_block
+    from bigtrain.models.build import build_meta_model
+    from bigtrain.train.checks import check_sequence_length
+
+    hf_config = hf_config_from_dict(dict(model_config))
+    probe = build_meta_model(one_block(hf_config), "sdpa")
+    check_sequence_length(hf_config, probe, seq_len, is_main=True, key="--seq-len")
 
 
 def default_seq_len(model_config: dict[str, Any]) -> int:

@@ -31,30 +31,46 @@ BUILTIN_PREFIX = "builtin:"
 class TokenRows:
     """Token rows plus what they train on and what they were made with (for vocabulary checks and logs)."""
 
-    rows: np.ndarray  # [num_sequences, seq_len], integer ids
+    rows: np.ndarray  # [num_sequences, seq_len], integer ids (a .npy stays memory-mapped)
     vocab_size: int | None  # tokenizer vocabulary, None for pre-tokenised .npy
     description: str
     targets: np.ndarray | None = None  # [num_sequences, seq_len] bool, which tokens are predicted; None: all
     positions: np.ndarray | None = None  # [num_sequences, seq_len] position ids restarting per packed document
+    index: np.ndarray | None = None  # the rows of ``rows`` these are (a split of them), in order; None: all
 
     @property
     def seq_len(self) -> int:
         return int(self.rows.shape[1])
 
-    def micro_batch(self, index: np.ndarray) -> MicroBatch:
-        """Rows ``index`` as a host micro-batch with their labels (and position ids when documents are packed)."""
-        ids = torch.from_numpy(np.asarray(self.rows[index], dtype=np.int64))
-        if self.targets is None:
-            labels = next_token_labels(ids)
-        else:
-            labels = masked_next_token_labels(ids, self.targets[index])
-        pos = None if self.positions is None else torch.from_numpy(np.asarray(self.positions[index], dtype=np.int64))
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows) if self.index is None else len(self.index)
+
+    def micro_batch(self, rows: np.ndarray) -> MicroBatch:
+        """Rows ``rows`` (0-based among these) as a host micro-batch with their labels (and position ids when
+        documents are packed)."""
+        at = rows if self.index is None else self.index[rows]
+        ids = torch.from_numpy(np.asarray(self.rows[at], dtype=np.int64))
+        labels = next_token_labels(ids) if self.targets is None else masked_next_token_labels(ids, self.targets[at])
+        pos = None if self.positions is None else torch.from_numpy(np.asarray(self.positions[at], dtype=np.int64))
         return MicroBatch(ids, labels, pos)
 
-    def split(self, index: np.ndarray, description: str) -> TokenRows:
-        """The rows ``index`` (e.g. a held-out set) as rows of their own."""
-        pick = lambda a: None if a is None else a[index]  # noqa: E731
-        return TokenRows(self.rows[index], self.vocab_size, description, pick(self.targets), pick(self.positions))
+
+def hold_out(data: TokenRows, fraction: float, seed: int) -> tuple[TokenRows, TokenRows]:
+    """``data.eval_fraction``: a seeded choice of rows for evaluation, and the rest for training (both in file order,
+    without copying a memory-mapped file)."""
+    count = max(1, round(fraction * data.num_rows))
+    if count >= data.num_rows:
+        raise ConfigError(
+            f"data.eval_fraction={fraction} of {data.num_rows} rows leaves none to train on; use a smaller fraction"
+        )
+    held = np.sort(np.random.default_rng(seed).choice(data.num_rows, size=count, replace=False))
+    kept = np.setdiff1d(np.arange(data.num_rows), held)
+    train = TokenRows(
+        data.rows, data.vocab_size, f"{data.description}, {len(kept)} for training", data.targets, data.positions, kept
+    )
+    evaluation = TokenRows(data.rows, data.vocab_size, f"{count} held-out rows", data.targets, data.positions, held)
+    return train, evaluation
 
 
 def check_data_config(cfg: DataConfig, key: str = "data.path", path: str | None = None) -> None:

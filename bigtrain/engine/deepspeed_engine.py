@@ -104,6 +104,18 @@ class DeepSpeedZeroEngine(Engine):
         dist.all_reduce(loss_sum)
         return loss_sum
 
+    def eval_loss_sum(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+        loss_sum = torch.zeros((), device=self.device)
+        self.ds.eval()
+        try:
+            with torch.no_grad():
+                for batch in micro_batches:
+                    loss_sum += labeled_loss_sum(self.ds(**batch.model_inputs()).logits, batch.labels).float()
+        finally:
+            self.ds.train()
+        dist.all_reduce(loss_sum)
+        return loss_sum
+
     def step(self, max_norm: float) -> StepResult:
         if not self.ds.is_gradient_accumulation_boundary():
             raise RuntimeError(

@@ -104,22 +104,32 @@ class PipelinedEngine(TorchNativeEngine):
         self._schedule_shape = shape
         return self._schedule
 
-    def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
+    def _run_schedule(self, micro_batches: list[MicroBatch], factor: float, train: bool) -> torch.Tensor:
         schedule = self._schedule_for(micro_batches)
-        self._factor = self._gradient_factor(loss_factor)
+        self._factor = factor
         self._losses = []
         batch = concat(micro_batches)  # the schedule splits it back along dim 0
         args = (batch.input_ids,) if self.has_first else ()
         kwargs: dict[str, Any] = {"target": batch.labels} if self.has_last else {}
         if batch.position_ids is not None:  # every stage builds its own attention mask from them
             kwargs["position_ids"] = batch.position_ids
-        # return_outputs=False: otherwise the last stage keeps every micro-batch's logits until the step ends (found
-        # by the pipelined simulation: +b·L·V·a bytes per micro-batch on the last stage)
-        schedule.step(*args, **kwargs, return_outputs=False)
+        if train:
+            # return_outputs=False: otherwise the last stage keeps every micro-batch's logits until the step ends
+            # (found by the pipelined simulation: +b·L·V·a bytes per micro-batch on the last stage)
+            schedule.step(*args, **kwargs, return_outputs=False)
+        else:
+            schedule.eval(*args, **kwargs)  # forwards only, in the same order and shapes
         loss_sum = torch.stack(self._losses).sum() if self._losses else torch.zeros((), device=self.device)
         dist.all_reduce(loss_sum, group=self.mesh.dp_group)
         dist.all_reduce(loss_sum, group=self.pp_group)  # from the last stage's ranks (zero elsewhere) to all
         return loss_sum
+
+    def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
+        return self._run_schedule(micro_batches, self._gradient_factor(loss_factor), train=True)
+
+    def eval_loss_sum(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+        with self._evaluating():
+            return self._run_schedule(micro_batches, 1.0, train=False)
 
     def _clip(self, max_norm: float) -> torch.Tensor:
         return clip_global_grad_norm(self.params, max_norm, stages_group=self.pp_group)

@@ -9,7 +9,7 @@ global fp16 overflow), schedule.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -116,6 +116,31 @@ class TorchNativeEngine(Engine):
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
             loss_sum += self._micro_step(batch, i == len(micro_batches) - 1, factor)
+        dist.all_reduce(loss_sum, group=self.mesh.dp_group)
+        return loss_sum
+
+    @contextlib.contextmanager
+    def _evaluating(self) -> Iterator[None]:
+        """Eval mode (no dropout) and no autograd graph, then back to training."""
+        for part in self.parts:
+            part.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            for part in self.parts:
+                part.train()
+
+    def eval_loss_sum(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+        loss_context = loss_parallel() if self.model.plan.loss_parallel else contextlib.nullcontext()
+        loss_sum = torch.zeros((), device=self.device)
+        with self._evaluating():
+            for batch in micro_batches:
+                with self._autocast():
+                    logits = self.model.module(**batch.model_inputs()).logits
+                with loss_context:
+                    loss = labeled_loss_sum(logits, batch.labels)
+                loss_sum += loss.to_local() if isinstance(loss, DTensor) else loss
         dist.all_reduce(loss_sum, group=self.mesh.dp_group)
         return loss_sum
 

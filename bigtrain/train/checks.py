@@ -24,23 +24,27 @@ def learned_position_rows(model: nn.Module) -> int | None:
     return None
 
 
-def check_sequence_length(hf_config: Any, probe: nn.Module, seq_len: int, is_main: bool) -> None:
+def check_sequence_length(
+    hf_config: Any, probe: nn.Module, seq_len: int, is_main: bool, key: str = "data.seq_len"
+) -> None:
     """A sequence longer than a learned position table cannot be embedded (GPT-2 fails with an IndexError deep in
     the forward): refused. Rotary models run past ``max_position_embeddings`` but were not trained there: a
     warning."""
     rows = learned_position_rows(probe)
     if rows is not None and seq_len > rows:
         raise ConfigError(
-            f"data.seq_len={seq_len} exceeds the model's {rows} learned positions ({hf_config.model_type}); use "
-            f"data.seq_len <= {rows}"
+            f"{key}={seq_len} exceeds the model's {rows} learned positions ({hf_config.model_type}); use "
+            f"{key} <= {rows}"
         )
     limit = getattr(hf_config, "max_position_embeddings", None)
     if rows is None and limit is not None and seq_len > limit and is_main:
         log.warning(
-            "data.seq_len=%d is beyond the model's max_position_embeddings=%d: rotary positions run there, but the "
-            "model was not trained on them; extend the context deliberately (rope scaling) or shorten data.seq_len",
+            "%s=%d is beyond the model's max_position_embeddings=%d: rotary positions run there, but the model was "
+            "not trained on them; extend the context deliberately (rope scaling) or shorten %s",
+            key,
             seq_len,
             limit,
+            key,
         )
 
 

@@ -2,7 +2,8 @@
 
 Each optimizer step: this rank's micro-batches from the loader -> the predicted-token count of the whole global
 batch (summed over data-parallel ranks before any backward, because it scales every token's loss) -> the engine's
-``train_step`` -> log -> checkpoint when due, at the end, or when SIGTERM asks the run to stop.
+``train_step`` -> evaluation on the held-out rows when due -> log -> checkpoint when due, at the end, or when SIGTERM
+asks the run to stop.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch.distributed as dist
 from bigtrain.checkpoint.saver import Checkpointer
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
-from bigtrain.data.loader import StepLoader
+from bigtrain.data.loader import EvalLoader, StepLoader
 from bigtrain.engine.base import Engine, train_step
 from bigtrain.errors import TrainingDiverged
 from bigtrain.train.metrics import MetricsWriter, Progress, peak_memory_bytes
@@ -77,6 +78,7 @@ class TrainLoop:
         device: torch.device,
         checkpointer: Checkpointer,
         start: StartPoint,
+        eval_loader: EvalLoader | None = None,
     ) -> None:
         self.cfg = cfg
         self.plan = plan
@@ -86,6 +88,7 @@ class TrainLoop:
         self.device = device
         self.checkpointer = checkpointer
         self.start = start
+        self.eval_loader = eval_loader
         self.is_main = dist.get_rank() == 0
 
     def run_step(self, step: int) -> dict:
@@ -107,10 +110,30 @@ class TrainLoop:
                 )
         return record
 
+    def eval_due(self, step: int) -> bool:
+        """After every ``train.eval_every`` steps and after the last (``step`` counts steps done)."""
+        every = self.cfg.train.eval_every
+        return self.eval_loader is not None and (step == self.cfg.train.steps or (every > 0 and step % every == 0))
+
+    def evaluate(self) -> dict:
+        """Loss per labelled held-out token (all of them, every rank's share) and its perplexity."""
+        assert self.eval_loader is not None
+        loss_sum, tokens = 0.0, 0
+        for batch in self.eval_loader:
+            tokens += self.engine.data_parallel_sum(batch.tokens)
+            loss_sum += float(self.engine.eval_loss_sum(batch.micro_batches))
+        loss = loss_sum / max(tokens, 1)
+        return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0)), "eval_tokens": tokens}
+
     def run(self) -> TrainResult:
         cfg, checkpointer = self.cfg, self.checkpointer
         total = cfg.train.steps
-        writer = MetricsWriter(cfg.output_dir, enabled=self.is_main, keep_through_step=self.start.step)
+        writer = MetricsWriter(
+            cfg.output_dir,
+            enabled=self.is_main,
+            keep_through_step=self.start.step,
+            tensorboard=cfg.train.log_to == "tensorboard",
+        )
         writer.write_plan(self.plan)
         progress = Progress(total, self.start.step, enabled=self.is_main)
         tokens_per_step = cfg.train.global_batch_size * self.seq_len
@@ -126,15 +149,13 @@ class TrainLoop:
                     step += 1
                     tokens += tokens_per_step
                     peak, _ = peak_memory_bytes(self.device)
-                    record.update(
-                        tokens_per_s=tokens_per_step / dt,
-                        peak_mem_bytes=peak,
-                        tokens=tokens,
-                        elapsed_s=time.perf_counter() - start,
-                    )
+                    record.update(tokens_per_s=tokens_per_step / dt, peak_mem_bytes=peak, tokens=tokens)
+                    if self.eval_due(step):
+                        record.update(self.evaluate())
+                    record["elapsed_s"] = time.perf_counter() - start
                     writer.log_step(record)
                     check_finite(record, cfg.train.lr)
-                    progress.update(record["loss"], record["tokens_per_s"])
+                    progress.update(record["loss"], record["tokens_per_s"], record.get("eval_loss"))
                     checkpointer.poll()
                     stopped = stop.requested()
                     if stopped or step == total or checkpointer.due(step):

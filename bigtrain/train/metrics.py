@@ -1,4 +1,5 @@
-"""What a run reports: ``metrics.jsonl`` (one object per optimizer step), ``plan.json``, progress bar and summary."""
+"""What a run reports: ``metrics.jsonl`` (one object per optimizer step), TensorBoard events when asked, ``plan.json``,
+progress bar and summary."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from typing import Any
 import torch
 
 from bigtrain.config.plan import Plan
+from bigtrain.errors import ConfigError
+
+TENSORBOARD_DIR = "tensorboard"  # under output_dir
 
 
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
@@ -29,10 +33,18 @@ class MetricsWriter:
     checkpoint (trained, then lost with the crash) are dropped, so every step appears once.
     """
 
-    def __init__(self, output_dir: str, enabled: bool, keep_through_step: int = 0) -> None:
+    def __init__(self, output_dir: str, enabled: bool, keep_through_step: int = 0, tensorboard: bool = False) -> None:
         self.enabled = enabled
         self.dir = Path(output_dir)
         self._file = None
+        self._tensorboard: Any = None
+        if enabled and tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step: a resumed run's event file drops what an earlier start logged after its checkpoint
+            self._tensorboard = SummaryWriter(
+                str(self.dir / TENSORBOARD_DIR), purge_step=keep_through_step + 1 if keep_through_step else None
+            )
         if enabled:
             self.dir.mkdir(parents=True, exist_ok=True)
             path = self.dir / "metrics.jsonl"
@@ -52,10 +64,32 @@ class MetricsWriter:
             clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
             self._file.write(json.dumps(clean, allow_nan=False) + "\n")
             self._file.flush()
+        if self._tensorboard is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tensorboard.add_scalar(tensorboard_tag(key), value, record["step"])
+            self._tensorboard.flush()
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+
+
+def tensorboard_tag(key: str) -> str:
+    """metrics.jsonl key -> TensorBoard tag: held-out numbers under eval/, the rest under train/."""
+    return f"eval/{key.removeprefix('eval_')}" if key.startswith("eval_") else f"train/{key}"
+
+
+def check_tensorboard() -> None:
+    """train.log_to: tensorboard needs the tensorboard package: found before any process group starts."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(
+            "train.log_to=tensorboard needs the tensorboard package: pip install tensorboard (or bigtrain[tensorboard])"
+        ) from e
 
 
 def _records_through(path: Path, step: int) -> list[str]:
@@ -77,6 +111,7 @@ class Progress:
 
     def __init__(self, total: int, initial: int, enabled: bool) -> None:
         self._bar = None
+        self._eval: str | None = None
         if enabled:
             from tqdm import tqdm
 
@@ -90,9 +125,14 @@ class Progress:
                 dynamic_ncols=True,
             )
 
-    def update(self, loss: float, tokens_per_s: float) -> None:
+    def update(self, loss: float, tokens_per_s: float, eval_loss: float | None = None) -> None:
         if self._bar is not None:
-            self._bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+            if eval_loss is not None:
+                self._eval = f"{eval_loss:.4f}"
+            shown = {"loss": f"{loss:.4f}", "tok_s": f"{tokens_per_s:,.0f}"}
+            if self._eval is not None:  # the latest evaluation stays in view until the next
+                shown["eval_loss"] = self._eval
+            self._bar.set_postfix(shown, refresh=False)
             self._bar.update(1)
 
     def close(self) -> None:

@@ -28,10 +28,11 @@ from bigtrain.config.load import dump_recipe, recipe_warnings
 from bigtrain.config.pipeline import check_pipeline_parallel
 from bigtrain.config.plan import Plan, resolve_plan
 from bigtrain.config.schema import ParallelConfig, RecipeConfig
-from bigtrain.data.loader import StepLoader
+from bigtrain.data.loader import EvalLoader, StepLoader
 from bigtrain.data.order import GlobalOrder
-from bigtrain.data.sources import TokenRows, check_vocabulary, load_token_rows
+from bigtrain.data.sources import TokenRows, check_vocabulary, hold_out, load_token_rows
 from bigtrain.engine import Engine, build_engine, check_engine_inputs
+from bigtrain.errors import ConfigError
 from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes
 from bigtrain.planner.auto import choose_plan
 from bigtrain.planner.profile import load_profile
@@ -46,7 +47,7 @@ from bigtrain.runtime import (
 )
 from bigtrain.train.checks import check_enough_rows, check_sequence_length, check_writable
 from bigtrain.train.loop import StartPoint, TrainLoop, TrainResult
-from bigtrain.train.metrics import format_bytes
+from bigtrain.train.metrics import check_tensorboard, format_bytes
 from bigtrain.train.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger("bigtrain")
@@ -84,11 +85,12 @@ class TrainingJob:
             self._check_model_split(self.plan)
         # one block on meta: a bad attn_implementation fails here, and it shows the position embedding
         probe = build_meta_model(one_block(self.hf_config), cfg.model.attn_implementation)
-        self.data: TokenRows = load_token_rows(cfg.data)
-        check_vocabulary(self.data, self.hf_config.vocab_size, cfg.data.path)
+        self.data, self.eval_data = self._load_data()
         check_sequence_length(self.hf_config, probe, self.data.seq_len, is_main=self.env.rank == 0)
-        check_enough_rows(len(self.data.rows), self._batch, cfg.data.path)
+        check_enough_rows(self.data.num_rows, self._batch, cfg.data.path)
         check_writable(cfg.output_dir)
+        if cfg.train.log_to == "tensorboard":
+            check_tensorboard()
         if self.env.rank == 0:
             for warning in recipe_warnings(cfg):
                 log.warning("%s", warning)
@@ -101,6 +103,29 @@ class TrainingJob:
     @property
     def _batch(self) -> int:
         return self.cfg.train.global_batch_size
+
+    def _load_data(self) -> tuple[TokenRows, TokenRows | None]:
+        """The training rows and the held-out rows (data.eval_path, or data.eval_fraction of data.path)."""
+        data_cfg, vocab = self.cfg.data, self.hf_config.vocab_size
+        data = load_token_rows(data_cfg)
+        check_vocabulary(data, vocab, data_cfg.path)
+        held: TokenRows | None = None
+        if data_cfg.eval_path is not None:
+            held = load_token_rows(data_cfg, "data.eval_path", data_cfg.eval_path)
+            check_vocabulary(held, vocab, data_cfg.eval_path)
+            if held.seq_len != data.seq_len:
+                raise ConfigError(
+                    f"data.eval_path={data_cfg.eval_path!r} has rows of {held.seq_len} tokens but data.path of "
+                    f"{data.seq_len}; evaluate on rows of the training length"
+                )
+        elif data_cfg.eval_fraction > 0:
+            data, held = hold_out(data, data_cfg.eval_fraction, self.cfg.train.seed)
+        if self.cfg.train.eval_every > 0 and held is None:
+            raise ConfigError(
+                f"train.eval_every={self.cfg.train.eval_every} needs held-out data: set data.eval_path or "
+                "data.eval_fraction (e.g. 0.05)"
+            )
+        return data, held
 
     def __enter__(self) -> TrainingJob:
         init_process_group(self.env, self.device, self.cfg.train.collective_timeout_s)
@@ -123,7 +148,7 @@ class TrainingJob:
             )
             data_info = {
                 "path": self.cfg.data.path,
-                "rows": len(self.data.rows),
+                "rows": self.data.num_rows,
                 "seq_len": self.data.seq_len,
                 "shuffle": self.cfg.data.shuffle,
                 "seed": train.seed,
@@ -155,12 +180,23 @@ class TrainingJob:
     def fit(self) -> TrainResult:
         assert self.engine is not None and self.plan is not None, "use TrainingJob as a context manager"
         cfg = self.cfg
-        order = GlobalOrder(len(self.data.rows), self._batch, cfg.data.shuffle, cfg.train.seed)
-        loader = StepLoader(
-            self.data, order, self.engine.dp_rank, self.engine.dp_size, self.plan.micro_batch_size, self.device
+        order = GlobalOrder(self.data.num_rows, self._batch, cfg.data.shuffle, cfg.train.seed)
+        engine, micro = self.engine, self.plan.micro_batch_size
+        loader = StepLoader(self.data, order, engine.dp_rank, engine.dp_size, micro, self.device)
+        held = self.eval_data
+        evaluation = (
+            None if held is None else EvalLoader(held, self._batch, engine.dp_rank, engine.dp_size, micro, self.device)
         )
         loop = TrainLoop(
-            cfg, self.plan, self.engine, loader, self.data.seq_len, self.device, self.checkpointer, self.start_point
+            cfg,
+            self.plan,
+            engine,
+            loader,
+            self.data.seq_len,
+            self.device,
+            self.checkpointer,
+            self.start_point,
+            evaluation,
         )
         result = loop.run()
         if self.env.rank == 0:
@@ -241,6 +277,7 @@ class TrainingJob:
             f"plan {plan.to_dict()} | {self.env.world_size} rank(s) on {self.device.type} | global batch "
             f"{self._batch} = micro {plan.micro_batch_size} x dp {plan.dp} x accum {plan.grad_accum_steps(self._batch)}"
             f" | {self.data.description}"
+            + (f" | eval: {self.eval_data.description}" if self.eval_data is not None else "")
         )
 
     def dry_run(self) -> str:

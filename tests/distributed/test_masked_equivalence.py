@@ -4,19 +4,19 @@ The data: chat conversations rendered with a ChatML template, packed two to a ro
 reference knows nothing of bigtrain's packing or masks: it runs every conversation *alone* (its own forward, positions
 from 0) and takes the cross-entropy over the tokens transformers' own ``return_assistant_tokens_mask`` marks (the
 template's ``{% generation %}`` blocks), summed over the global batch and divided by the number of those tokens.
-bigtrain's runs (1 rank, FSDP2 x 2 ranks, pipeline 2 stages; each with accumulation) must give the same loss,
-gradient norm and parameters: a prompt token in the loss, a wrong count, a document attending to its neighbour or a
+bigtrain's runs (1 rank, FSDP2 x 2 ranks, pipeline 2 stages, DeepSpeed ZeRO-2 x 2; each with accumulation) must give the same loss,
+gradient norm, held-out loss (every 2 steps, over conversations fewer than a global batch) and parameters: a prompt token in the loss, a wrong count, a document attending to its neighbour or a
 position not restarting would each show.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
 import torch
-from cases import TINY_LLAMA
 from helpers import (
     REPO,
     hf_assistant_mask,
@@ -30,6 +30,8 @@ from helpers import (
 STEPS = 4
 GLOBAL_BATCH = 8  # rows of two conversations each
 CONVERSATIONS = 32  # 16 rows: the run crosses an epoch
+EVAL_CONVERSATIONS = 6  # 3 rows: less than a global batch, so the evaluation pads with label-less rows
+EVAL_EVERY = 2
 CONV_TOKENS = 40  # every conversation renders to exactly 40 byte tokens, so two fill a row of 80
 LR, CLIP = 5e-3, 1.0
 LOSS_RTOL = 1e-6
@@ -38,10 +40,10 @@ PARAM_ATOL = 1e-5  # Adam noise on near-zero gradients: measured 2.4e-6 after 4 
 WORKER = REPO / "tests" / "distributed" / "train_and_save.py"
 
 
-def conversations() -> list[list[dict]]:
-    rng = random.Random(0)
+def conversations(count: int, seed: int) -> list[list[dict]]:
+    rng = random.Random(seed)
     out = []
-    for _ in range(CONVERSATIONS):
+    for _ in range(count):
         u = rng.randint(4, 12)  # ChatML costs 21 tokens for a user and an assistant turn: u + a = 19
         user = "".join(rng.choice("abcdefghij") for _ in range(u))
         answer = (user[::-1] + "klmnopqrstuvwxyz")[: 19 - u]
@@ -54,14 +56,24 @@ def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("chat")
     tok = save_chat_tokenizer(root / "model")
     model_dir = save_tiny_model(root / "model", vocab_size=259, tie_word_embeddings=False)  # untied: pp can split it
-    convs = conversations()
-    (root / "chat.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
-    encoded = [hf_assistant_mask(tok, c) for c in convs]
-    assert all(len(ids) == CONV_TOKENS for ids, _ in encoded)
-    return root, model_dir, encoded, reference_run(model_dir, encoded)
+    encoded = {}
+    for name, count, seed in (("chat", CONVERSATIONS, 0), ("eval", EVAL_CONVERSATIONS, 1)):
+        convs = conversations(count, seed)
+        (root / f"{name}.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
+        encoded[name] = [hf_assistant_mask(tok, c) for c in convs]
+        assert all(len(ids) == CONV_TOKENS for ids, _ in encoded[name])
+    return root, model_dir, encoded["chat"], reference_run(model_dir, encoded["chat"], encoded["eval"])
 
 
-def reference_run(model_dir, encoded):
+def assistant_loss_sum(model, ids, mask) -> tuple[torch.Tensor, int]:
+    """One conversation alone: summed cross-entropy over the tokens transformers marks as the assistant's."""
+    logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+    keep = torch.tensor(mask[1:], dtype=torch.bool)
+    loss = torch.nn.functional.cross_entropy(logits[keep], torch.tensor(ids[1:])[keep], reduction="sum")
+    return loss, int(keep.sum())
+
+
+def reference_run(model_dir, encoded, held_out=()):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -75,18 +87,20 @@ def reference_run(model_dir, encoded):
         for position in range(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH):
             row = position % rows  # data.shuffle: false, file order
             for ids, mask in encoded[2 * row : 2 * row + 2]:
-                logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
-                keep = torch.tensor(mask[1:], dtype=torch.bool)
-                total = total + torch.nn.functional.cross_entropy(
-                    logits[keep], torch.tensor(ids[1:])[keep], reduction="sum"
-                )
-                count += int(keep.sum())
+                loss, n = assistant_loss_sum(model, ids, mask)
+                total, count = total + loss, count + n
         loss = total / count
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         opt.zero_grad()
         metrics.append({"loss": loss.item(), "grad_norm": norm.item()})
+        if held_out and (step + 1) % EVAL_EVERY == 0:
+            model.eval()
+            with torch.no_grad():
+                sums = [assistant_loss_sum(model, ids, mask) for ids, mask in held_out]
+            model.train()
+            metrics[-1]["eval_loss"] = float(sum(s for s, _ in sums)) / sum(n for _, n in sums)
     return metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -94,6 +108,7 @@ PLANS = {
     "1rank-accum2": (1, dict(backend="fsdp2", micro_batch_size=4)),
     "fsdp2-2ranks-accum2": (2, dict(backend="fsdp2", micro_batch_size=2)),
     "pp2-1f1b-accum4": (2, dict(backend="fsdp2", pp=2, pp_schedule="1f1b", micro_batch_size=2)),
+    "deepspeed-zero2-accum2": (2, dict(backend="deepspeed", zero_stage=2, micro_batch_size=2)),
 }
 
 
@@ -103,7 +118,12 @@ def test_chat_plan_matches_assistant_only_loop(name, setup, tmp_path):
     nproc, parallel = PLANS[name]
     recipe = {
         "model": {"name_or_path": str(model_dir)},
-        "data": {"path": str(root / "chat.jsonl"), "seq_len": 2 * CONV_TOKENS, "shuffle": False},
+        "data": {
+            "path": str(root / "chat.jsonl"),
+            "eval_path": str(root / "eval.jsonl"),
+            "seq_len": 2 * CONV_TOKENS,
+            "shuffle": False,
+        },
         "train": {
             "steps": STEPS,
             "global_batch_size": GLOBAL_BATCH,
@@ -111,6 +131,7 @@ def test_chat_plan_matches_assistant_only_loop(name, setup, tmp_path):
             "lr_schedule": "constant",
             "adam_eps": 1e-6,
             "grad_clip": CLIP,
+            "eval_every": EVAL_EVERY,
         },
         "parallel": parallel,
         "checkpoint": {"save_final_model": False},
@@ -123,6 +144,10 @@ def test_chat_plan_matches_assistant_only_loop(name, setup, tmp_path):
     for step, (mine, ref) in enumerate(zip(got, reference, strict=True), 1):
         assert mine["loss"] == pytest.approx(ref["loss"], rel=LOSS_RTOL), f"step {step} loss"
         assert mine["grad_norm"] == pytest.approx(ref["grad_norm"], rel=NORM_RTOL), f"step {step} grad_norm"
+        assert ("eval_loss" in mine) == ("eval_loss" in ref), f"step {step}: evaluated when due, only then"
+        if "eval_loss" in ref:
+            assert mine["eval_loss"] == pytest.approx(ref["eval_loss"], rel=LOSS_RTOL), f"step {step} eval_loss"
+            assert mine["eval_perplexity"] == pytest.approx(math.exp(ref["eval_loss"]), rel=LOSS_RTOL * 10)
     params = torch.load(tmp_path / "params.pt")
     for key, ref in reference_params.items():
         torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")

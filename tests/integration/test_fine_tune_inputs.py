@@ -140,7 +140,28 @@ BAD = {
         ("docs.jsonl", b'{"text": "caf\xe9"}\n'),
         "is not UTF-8 text (byte 13, line 1)",
     ),
-    "a directory as data.path": ({"data": {"path": "DIR"}}, None, "is a directory; give a .npy, .jsonl or .txt file"),
+    "a directory as data.path": ({"data": {"path": "DIR"}}, None, "is a folder with neither a saved dataset"),
+    "eval_every without held-out data": (
+        {"train": {"eval_every": 5}},
+        None,
+        "train.eval_every=5 needs held-out data: set data.eval_path or data.eval_fraction",
+    ),
+    "eval_fraction that leaves nothing": ({"data": {"eval_fraction": 1.0}}, None, "must be below 1 (e.g. 0.05)"),
+    "eval rows of another length": (
+        {"data": {"eval_path": "EVAL"}},
+        None,
+        "has rows of 9 tokens but data.path of 17; evaluate on rows of the training length",
+    ),
+    "chat data without a chat template": (
+        {"data": {"seq_len": 64}},
+        ("chat.jsonl", b'{"messages": [{"role": "user", "content": "hi"}]}\n'),
+        "built-in byte tokenizer has none; set data.tokenizer to a local HF tokenizer folder with a chat template",
+    ),
+    "a format that does not apply to token ids": (
+        {"data": {"format": "chat"}},
+        None,
+        "is tokenised already; data.format=chat applies to records only",
+    ),
     "unknown pp_schedule": (
         {"parallel": {"pp_schedule": "zigzag"}},
         None,
@@ -162,6 +183,9 @@ def test_bad_input_is_one_line(case, tmp_path, rows_file, cli_in_process):
             np.save(data_path, content)
     if sections.get("data", {}).get("path") == "DIR":
         sections = {"data": {"path": str(tmp_path)}}
+    if sections.get("data", {}).get("eval_path") == "EVAL":
+        np.save(tmp_path / "eval.npy", np.zeros((4, 9), dtype=np.int64))
+        sections = {"data": {"eval_path": str(tmp_path / "eval.npy")}}
     one_line(cli_in_process(["train", str(recipe(tmp_path, data_path, **sections))]), expected)
 
 
@@ -219,12 +243,21 @@ def test_a_tokenizer_folder_without_a_tokenizer_says_so(tmp_path, cli_in_process
         (["--gpus", "0", "--gpu", "H100"], "--gpus 0 must be at least 1"),
         (["--gpus", "8", "--gpu", "H100", "--seq-len", "0"], "--seq-len 0 must be at least 2"),
         (["--gpus", "8", "--gpu", "H100", "--global-batch-size", "0"], "--global-batch-size 0 must be at least 1"),
-        (["--gpus", "8", "--gpu", "H100", "--seq-len", "16384"], "exceeds the model's maximum of 8192 positions"),
         (["--gpus", "12", "--gpus-per-node", "8", "--gpu", "H100"], "--gpus 12 is not a whole number of nodes"),
     ],
 )
 def test_plan_input_is_checked(args, expected, cli_in_process):
     one_line(cli_in_process(["plan", "--model", "llama-3-8b", *args]), expected)
+
+
+def test_plan_and_train_share_one_rule_for_positions(cli_in_process, caplog):
+    """Beyond a learned position table (GPT-2: 1024) refused; beyond a rotary model's max_position_embeddings
+    (Llama-3: 8192) a warning, as bigtrain train does."""
+    proc = cli_in_process(["plan", "--model", "gpt2", "--gpus", "8", "--gpu", "H100", "--seq-len", "2048"])
+    one_line(proc, "--seq-len=2048 exceeds the model's 1024 learned positions (gpt2); use --seq-len <= 1024")
+    proc = cli_in_process(["plan", "--model", "llama-3-8b", "--gpus", "8", "--gpu", "H100", "--seq-len", "16384"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--seq-len=16384 is beyond the model's max_position_embeddings=8192" in caplog.text
 
 
 def test_version(cli_in_process):

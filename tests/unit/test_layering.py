@@ -30,6 +30,7 @@ LAYERS = {
     "launch": 6,
     "simulate": 7,
     "probe": 7,
+    "report": 7,
     "cli": 8,
     "__main__": 9,
 }

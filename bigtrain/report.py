@@ -1,0 +1,84 @@
+"""``bigtrain report OUTPUT_DIR``: a run's ``metrics.jsonl`` drawn as PNG plots, one per quantity, against the step.
+
+- loss.png: training loss per step and, where the run evaluated, the held-out loss;
+- lr.png: the learning rate the schedule applied;
+- tokens_per_s.png: throughput of each step (the whole job's tokens per second);
+- memory.png: rank 0's peak memory after each step (CUDA allocator peak on GPU, process peak RSS on CPU).
+
+A resumed run's file holds each step once (see train/metrics.py), so the curves are continuous across restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from bigtrain.errors import ConfigError
+
+# file name -> (title, y label, [(metrics key, legend label)], scale applied to the values)
+PLOTS: dict[str, tuple[str, str, list[tuple[str, str]], float]] = {
+    "loss.png": ("Loss", "cross-entropy per predicted token", [("loss", "train"), ("eval_loss", "eval")], 1.0),
+    "lr.png": ("Learning rate", "lr", [("lr", "lr")], 1.0),
+    "tokens_per_s.png": ("Throughput", "tokens / s", [("tokens_per_s", "tokens/s")], 1.0),
+    "memory.png": ("Peak memory (rank 0)", "GiB", [("peak_mem_bytes", "peak")], 1 / 2**30),
+}
+
+
+def read_run_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(output_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"{output_dir!s} has no metrics.jsonl; give the output_dir of a bigtrain train run")
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by a crash
+    if not records:
+        raise ConfigError(f"{path} holds no step yet; run at least one step first")
+    return records
+
+
+def series(records: list[dict[str, Any]], key: str, scale: float = 1.0) -> tuple[list[int], list[float]]:
+    """(steps, values) of one key, skipping steps without it (evaluations) and non-finite values (written as null)."""
+    steps, values = [], []
+    for r in records:
+        value = r.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            steps.append(int(r["step"]))
+            values.append(float(value) * scale)
+    return steps, values
+
+
+def write_report(output_dir: str | Path, out: str | Path | None = None) -> list[Path]:
+    """Draw the plots into ``out`` (default OUTPUT_DIR/report); returns the files written."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only, no display
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ConfigError("bigtrain report needs matplotlib: pip install matplotlib (or bigtrain[report])") from e
+    records = read_run_metrics(output_dir)
+    folder = Path(out) if out is not None else Path(output_dir) / "report"
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, (title, ylabel, keys, scale) in PLOTS.items():
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        for key, label in keys:
+            steps, values = series(records, key, scale)
+            if steps:
+                ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if len(keys) > 1:
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(folder / name, dpi=100)
+        plt.close(fig)
+        written.append(folder / name)
+    return written
