@@ -1,7 +1,8 @@
 """The command line: ``bigtrain train RECIPE [--set a.b=v ...] [--nproc N]``, ``bigtrain plan ...``,
 ``bigtrain export RECIPE --to accelerate|deepspeed|hf-trainer -o FILE``,
-``bigtrain export-model CHECKPOINT -o HF_DIR``, ``bigtrain probe [-o FILE] [--nproc N]`` and ``bigtrain report OUTPUT_DIR`` (also as
-``python -m bigtrain``). Turns every ConfigError into one ``bigtrain: error: ...`` line and exit code 2."""
+``bigtrain export-model CHECKPOINT -o HF_DIR``, ``bigtrain probe [-o FILE] [--nproc N]`` and
+``bigtrain report OUTPUT_DIR`` (also as ``python -m bigtrain``). Turns every ConfigError into one
+``bigtrain: error: ...`` line and exit code 2."""
 
 from __future__ import annotations
 
