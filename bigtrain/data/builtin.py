@@ -1,4 +1,4 @@
-"""The built-in corpus: short, grammatical stories generated from a seeded template grammar.
+"""The built-in corpora: short, grammatical stories generated from a seeded template grammar, and chats about them.
 
 It exists so that ``bigtrain train recipes/quickstart.yaml`` works on a fresh machine with no download. The text has
 real structure (recurring names, pronouns that agree with an earlier character, fixed phrase shapes) so a tiny
@@ -31,7 +31,8 @@ FEELINGS = ["happy", "sad", "surprised", "excited", "scared", "proud", "tired", 
 VERBS = ["found", "saw", "lost", "made", "gave away", "painted", "carried", "hid"]
 
 
-def _story(rng: random.Random) -> str:
+def _story_parts(rng: random.Random) -> tuple[list[str], dict[str, str]]:
+    """A story's sentences and the facts it states (for questions about it)."""
     name, pronoun = rng.choice(NAMES)
     friend, _ = rng.choice([n for n in NAMES if n[0] != name])
     animal, color, place = rng.choice(ANIMALS), rng.choice(COLORS), rng.choice(PLACES)
@@ -57,14 +58,44 @@ def _story(rng: random.Random) -> str:
             ]
         ),
     ]
-    return " ".join(sentences)
+    facts = {"name": name, "friend": friend, "animal": animal, "place": place, "thing": thing, "feeling": feeling}
+    return sentences, facts
 
 
-def builtin_documents(name: str, num_documents: int = 20000, seed: int = 1234) -> list[str]:
-    """The documents of built-in corpus ``name`` (only 'stories' exists); deterministic for a given seed."""
-    if name != "stories":
+def _story(rng: random.Random) -> str:
+    return " ".join(_story_parts(rng)[0])
+
+
+def _conversation(rng: random.Random) -> list[dict[str, str]]:
+    """A story, then one or two questions about it whose answers are in the story (a model learns to look back)."""
+    sentences, f = _story_parts(rng)
+    questions = [
+        (f"Who went to {f['place']} with {f['name']}?", f"{f['friend']} did."),
+        (f"Where did {f['name']} go?", f"{f['name']} went to {f['place']}."),
+        (f"What kind of animal is {f['name']}?", f"{f['name']} is a {f['animal']}."),
+        (f"How did {f['name']} feel?", f"{f['name']} felt {f['feeling']}."),
+    ]
+    first, second = rng.sample(questions, 2)
+    messages = [
+        {"role": "user", "content": " ".join(sentences) + " " + first[0]},
+        {"role": "assistant", "content": first[1]},
+    ]
+    if rng.random() < 0.5:
+        messages += [{"role": "user", "content": second[0]}, {"role": "assistant", "content": second[1]}]
+    return messages
+
+
+BUILTIN = ("stories", "chat")
+
+
+def builtin_records(name: str, num_records: int = 20000, seed: int = 1234) -> list[dict]:
+    """The records of built-in corpus ``name``, deterministic for a given seed: 'stories' (text) or 'chat' (a story
+    and questions about it, as ``messages``)."""
+    if name not in BUILTIN:
         from bigtrain.errors import ConfigError
 
-        raise ConfigError(f"data.path=builtin:{name} is not a built-in corpus; use builtin:stories")
+        raise ConfigError(f"data.path=builtin:{name} is not a built-in corpus; use builtin:stories or builtin:chat")
     rng = random.Random(seed)
-    return [_story(rng) for _ in range(num_documents)]
+    if name == "chat":
+        return [{"messages": _conversation(rng)} for _ in range(num_records)]
+    return [{"text": _story(rng)} for _ in range(num_records)]

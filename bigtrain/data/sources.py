@@ -8,7 +8,7 @@ local HF datasets, built-in) are tokenised by format (data/formats.py: text, cha
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 
 import numpy as np
@@ -16,7 +16,7 @@ import torch
 
 from bigtrain.config.schema import DataConfig
 from bigtrain.data.batch import MicroBatch
-from bigtrain.data.builtin import builtin_documents
+from bigtrain.data.builtin import builtin_records
 from bigtrain.data.formats import detect_format, examples
 from bigtrain.data.labels import masked_next_token_labels, next_token_labels
 from bigtrain.data.packing import pack
@@ -37,6 +37,8 @@ class TokenRows:
     targets: np.ndarray | None = None  # [num_sequences, seq_len] bool, which tokens are predicted; None: all
     positions: np.ndarray | None = None  # [num_sequences, seq_len] position ids restarting per packed document
     index: np.ndarray | None = None  # the rows of ``rows`` these are (a split of them), in order; None: all
+    truncated: int = 0  # records longer than seq_len, cut (packing documents or pad)
+    examples: int = 0  # records read (0 for a tokenised .npy)
 
     @property
     def seq_len(self) -> int:
@@ -66,18 +68,15 @@ def hold_out(data: TokenRows, fraction: float, seed: int) -> tuple[TokenRows, To
         )
     held = np.sort(np.random.default_rng(seed).choice(data.num_rows, size=count, replace=False))
     kept = np.setdiff1d(np.arange(data.num_rows), held)
-    train = TokenRows(
-        data.rows, data.vocab_size, f"{data.description}, {len(kept)} for training", data.targets, data.positions, kept
-    )
-    evaluation = TokenRows(data.rows, data.vocab_size, f"{count} held-out rows", data.targets, data.positions, held)
-    return train, evaluation
+    train = replace(data, description=f"{data.description}, {len(kept)} for training", index=kept)
+    return train, replace(data, description=f"{count} held-out rows", index=held)
 
 
 def check_data_config(cfg: DataConfig, key: str = "data.path", path: str | None = None) -> None:
     """Fail early, on every rank, for a data path that cannot work."""
     path = cfg.path if path is None else path
     if path.startswith(BUILTIN_PREFIX):
-        builtin_documents(path.removeprefix(BUILTIN_PREFIX), num_documents=0)
+        builtin_records(path.removeprefix(BUILTIN_PREFIX), num_records=0)
     else:
         check_records_path(key, path)
     is_npy = path.endswith(".npy") and not is_glob(path)
@@ -98,8 +97,9 @@ def load_token_rows(cfg: DataConfig, key: str = "data.path", path: str | None = 
     tokenizer = load_tokenizer(cfg.tokenizer)
     records: Iterable[Record]
     if path.startswith(BUILTIN_PREFIX):
-        docs = builtin_documents(path.removeprefix(BUILTIN_PREFIX))
-        records = ((f"document {i}", {cfg.text_field: d}) for i, d in enumerate(docs))
+        built = builtin_records(path.removeprefix(BUILTIN_PREFIX))
+        text = cfg.text_field  # the stories' text goes where the recipe reads text from
+        records = ((f"record {i}", {text: r["text"]} if "text" in r else r) for i, r in enumerate(built))
     else:
         records = read_records(key, path, cfg.text_field, cfg.split)
     first = next(iter(records), None)
@@ -127,7 +127,15 @@ def load_token_rows(cfg: DataConfig, key: str = "data.path", path: str | None = 
     cut = f", {packed.truncated} truncated to seq_len" if packed.truncated else ""
     rows = f"{num_rows} {mode}-packed rows of {cfg.seq_len}{cut}"
     description = f"{path} ({fmt}: {packed.examples} examples, {rows}, {which})"
-    return TokenRows(packed.rows, tokenizer.vocab_size, description, packed.targets, packed.positions)
+    return TokenRows(
+        packed.rows,
+        tokenizer.vocab_size,
+        description,
+        packed.targets,
+        packed.positions,
+        truncated=packed.truncated,
+        examples=packed.examples,
+    )
 
 
 def _load_npy(cfg: DataConfig, key: str, path: str) -> TokenRows:

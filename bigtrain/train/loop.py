@@ -98,7 +98,7 @@ class TrainLoop:
         loss_sum, result = train_step(self.engine, batch.micro_batches, global_tokens, self.cfg.train.grad_clip)
         record = {
             "step": step + 1,
-            "loss": float(loss_sum) / global_tokens,
+            "loss": float(loss_sum) / max(global_tokens, 1),  # a batch without labels: 0, as train_step computes
             "grad_norm": float(result.grad_norm),
             "lr": result.lr,
         }

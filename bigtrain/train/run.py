@@ -92,7 +92,7 @@ class TrainingJob:
         if cfg.train.log_to == "tensorboard":
             check_tensorboard()
         if self.env.rank == 0:
-            for warning in recipe_warnings(cfg):
+            for warning in recipe_warnings(cfg) + self._data_warnings():
                 log.warning("%s", warning)
         self.start = plan_start(cfg)
         self.device = pick_device(self.env)
@@ -103,6 +103,16 @@ class TrainingJob:
     @property
     def _batch(self) -> int:
         return self.cfg.train.global_batch_size
+
+    def _data_warnings(self) -> list[str]:
+        out = []
+        for key, data in (("data.path", self.data), ("data.eval_path", self.eval_data)):
+            if data is not None and data.truncated:
+                out.append(
+                    f"{key}: {data.truncated} of {data.examples} records are longer than data.seq_len="
+                    f"{data.seq_len} and were cut; what follows the cut is never trained on (raise data.seq_len)"
+                )
+        return out
 
     def _load_data(self) -> tuple[TokenRows, TokenRows | None]:
         """The training rows and the held-out rows (data.eval_path, or data.eval_fraction of data.path)."""
