@@ -41,7 +41,7 @@ MAY_CHANGE_ON_RESUME = (
     "model.name_or_path",
     "data.path",
 )
-RUN_OUTPUTS = ("metrics.jsonl", "plan.json", RECIPE, CHECKPOINTS, "model")
+RUN_OUTPUTS = ("metrics.jsonl", "plan.json", RECIPE, CHECKPOINTS, "model", "tensorboard", "report")
 FINAL_MODEL = "model"
 
 
@@ -69,8 +69,12 @@ def plan_start(cfg: RecipeConfig) -> Start:
         )
     folder = newest_checkpoint(checkpoints_dir(out)) if resume == "auto" else resolve_checkpoint(resume)
     if folder is None:
-        note = f"{out} holds an earlier start of this run but no complete checkpoint: starting again at step 0"
-        return Start(None, 0, False, note if earlier else "")
+        # nothing to resume: a fresh start, but the earlier start's metrics are kept, not overwritten
+        note = (
+            f"{out} holds an earlier start of this run but no complete checkpoint: starting again at step 0; its "
+            f"outputs move to {out}/replaced-<time>/"
+        )
+        return Start(None, 0, bool(earlier), note if earlier else "")
     _require_same_run(_read_recipe(folder / RECIPE), cfg, f"checkpoint {folder}")
     step = Manifest.read(folder).step
     if step >= cfg.train.steps:
@@ -88,7 +92,10 @@ def prepare_output_dir(start: Start, cfg: RecipeConfig) -> None:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if start.set_aside:
-        aside = out / time.strftime("replaced-%Y%m%d-%H%M%S")
+        stamp = time.strftime("replaced-%Y%m%d-%H%M%S")
+        aside, n = out / stamp, 1
+        while aside.exists():  # two starts within a second
+            aside, n = out / f"{stamp}-{n}", n + 1
         aside.mkdir()
         for name in RUN_OUTPUTS:
             if (out / name).exists():

@@ -280,3 +280,23 @@ def test_dry_run_checks_everything_and_trains_nothing(tmp_path, rows_file, cli_i
     assert auto.returncode == 0 and "1 rank(s)" in auto.stdout, auto.stderr[-2000:]
     one_line(cli_in_process(["train", str(path), "--dry-run", "--set", "train.lr=0"]), "train.lr=0 would leave")
     one_line(cli_in_process(["train", str(path), "--dry-run", "--nproc", "0"]), "--nproc=0 must be at least 1")
+
+
+def test_a_restart_without_a_checkpoint_keeps_the_earlier_metrics(tmp_path, rows_file):
+    """The same recipe again, after a start that saved no checkpoint: training restarts at step 0 (nothing to resume)
+    and the earlier start's metrics move aside instead of being overwritten."""
+    from bigtrain.checkpoint.run_dir import plan_start, prepare_output_dir
+    from bigtrain.config.load import dump_recipe, load_recipe
+
+    cfg = load_recipe(recipe(tmp_path, rows_file))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "recipe.yaml").write_text(dump_recipe(cfg))
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
+    for _ in range(2):  # twice within a second: two folders
+        start = plan_start(cfg)
+        assert start.resume_from is None and "starting again at step 0; its outputs move to" in start.note
+        prepare_output_dir(start, cfg)
+        (out / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
+    aside = sorted(out.glob("replaced-*"))
+    assert len(aside) == 2 and all((a / "metrics.jsonl").read_text().startswith('{"step": 1') for a in aside)
