@@ -45,7 +45,12 @@ from bigtrain.runtime import (
     smallest_free_memory,
     warn_if_accelerate_started_one_process,
 )
-from bigtrain.train.checks import check_enough_rows, check_sequence_length, check_writable
+from bigtrain.train.checks import (
+    check_enough_rows,
+    check_packed_attention,
+    check_sequence_length,
+    check_writable,
+)
 from bigtrain.train.loop import StartPoint, TrainLoop, TrainResult
 from bigtrain.train.metrics import check_tensorboard, format_bytes
 from bigtrain.train.optim import build_optimizer, build_scheduler
@@ -88,11 +93,14 @@ class TrainingJob:
         self.data, self.eval_data = self._load_data()
         check_sequence_length(self.hf_config, probe, self.data.seq_len, is_main=self.env.rank == 0)
         check_enough_rows(self.data.num_rows, self._batch, cfg.data.path)
+        packing_note = None
+        if self.data.positions is not None or (self.eval_data is not None and self.eval_data.positions is not None):
+            packing_note = check_packed_attention(self.hf_config, cfg.model.attn_implementation)
         check_writable(cfg.output_dir)
         if cfg.train.log_to == "tensorboard":
             check_tensorboard()
         if self.env.rank == 0:
-            for warning in recipe_warnings(cfg) + self._data_warnings():
+            for warning in recipe_warnings(cfg) + self._data_warnings() + ([packing_note] if packing_note else []):
                 log.warning("%s", warning)
         self.start = plan_start(cfg)
         self.device = pick_device(self.env)

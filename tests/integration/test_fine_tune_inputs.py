@@ -162,6 +162,23 @@ BAD = {
         None,
         "is tokenised already; data.format=chat applies to records only",
     ),
+    "packed documents on a model that lets them see each other": (
+        {
+            "model": {
+                "config": {
+                    "model_type": "opt",
+                    "vocab_size": 300,
+                    "hidden_size": 32,
+                    "ffn_dim": 64,
+                    "num_hidden_layers": 2,
+                    "num_attention_heads": 2,
+                }
+            },
+            "data": {"seq_len": 16},
+        },
+        ("inst.jsonl", b'{"prompt": "a", "completion": "b"}\n' * 60),
+        "opt with attn_implementation=sdpa lets a packed record attend to the one before it",
+    ),
     "unknown pp_schedule": (
         {"parallel": {"pp_schedule": "zigzag"}},
         None,

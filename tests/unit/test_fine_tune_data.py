@@ -153,3 +153,19 @@ def test_local_hf_datasets_give_the_same_rows_as_jsonl(tmp_path, tok):
     write_jsonl(tmp_path / "mixed" / "b.jsonl", records)
     with pytest.raises(ConfigError, match="must hold one kind"):
         load_token_rows(DataConfig(path=str(tmp_path / "mixed"), **cfg))
+
+
+def test_the_packing_check_measures_each_family():
+    """Llama, Qwen2 and GPT-2 keep packed records apart (the restarted position ids reach their masks); OPT's
+    attention does not, so documents packing is refused for it; flash attention cannot be checked on a CPU."""
+    from cases import TINY_MODELS
+
+    from bigtrain.config.hf import hf_config_from_dict
+    from bigtrain.train.checks import check_packed_attention
+
+    for arch in ("llama-tied", "qwen2-untied", "gpt2"):
+        assert check_packed_attention(hf_config_from_dict(dict(TINY_MODELS[arch])), "sdpa") is None, arch
+    opt = hf_config_from_dict({"model_type": "opt", "vocab_size": 128})
+    with pytest.raises(ConfigError, match="lets a packed record attend to the one before it"):
+        check_packed_attention(opt, "eager")
+    assert "not checked on this machine" in check_packed_attention(opt, "flash_attention_2")
