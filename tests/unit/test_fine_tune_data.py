@@ -138,7 +138,7 @@ def test_local_hf_datasets_give_the_same_rows_as_jsonl(tmp_path, tok):
     (tmp_path / "pq").mkdir()
     ds.select([0, 1]).to_parquet(str(tmp_path / "pq" / "part-0.parquet"))
     ds.select([2]).to_parquet(str(tmp_path / "pq" / "part-1.parquet"))
-    for path in ("saved", "dict", "pq", "pq/*.parquet", "pq/part-0.parquet"):
+    for path in ("saved", "saved/*.arrow", "dict", "pq", "pq/*.parquet", "pq/part-0.parquet"):
         got = load_token_rows(DataConfig(path=str(tmp_path / path), **cfg))
         n = 2 if path.endswith("part-0.parquet") else 3
         assert f": {n} examples" in got.description, path
