@@ -4,7 +4,7 @@ predicted-token count."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -21,32 +21,41 @@ class StepBatch:
     tokens: int  # labelled positions in them (counted on the host: no device sync)
 
 
-class StepLoader:
-    """Reads the rows the global order assigns to data-parallel rank ``dp_rank`` at each step."""
+@dataclass
+class RankReader:
+    """Reads rows for data-parallel rank ``dp_rank`` of ``dp_size``, in micro-batches of ``micro_batch_size``."""
 
-    def __init__(
-        self,
-        data: TokenRows,
-        order: GlobalOrder,
-        dp_rank: int,
-        dp_size: int,
-        micro_batch_size: int,
-        device: torch.device,
-    ) -> None:
-        self.data = data
-        self.order = order
-        self.dp_rank = dp_rank
-        self.dp_size = dp_size
-        self.micro_batch_size = micro_batch_size
-        self.device = device
+    data: TokenRows
+    dp_rank: int
+    dp_size: int
+    micro_batch_size: int
+    device: torch.device
+
+    def _read(self, index: np.ndarray, filler: np.ndarray | None = None) -> StepBatch:
+        """Rows ``index`` ([micro-batches, micro_batch_size]); rows marked in ``filler`` are read, but predict
+        nothing (their labels are all ignored)."""
+        micro = []
+        for i, rows in enumerate(index):
+            batch = self.data.micro_batch(rows)
+            if filler is not None and filler[i].any():
+                fill = torch.from_numpy(filler[i])[:, None]
+                batch = replace(batch, labels=batch.labels.masked_fill(fill, IGNORE_INDEX))
+            micro.append(batch)
+        return StepBatch([m.to(self.device) for m in micro], sum(m.predicted_tokens() for m in micro))
+
+
+@dataclass
+class StepLoader(RankReader):
+    """The rows the global order assigns to this rank at each optimizer step."""
+
+    order: GlobalOrder = field(kw_only=True)
 
     def __call__(self, step: int) -> StepBatch:
-        index = self.order.micro_batches(step, self.dp_rank, self.dp_size, self.micro_batch_size)
-        host = [self.data.micro_batch(rows) for rows in index]
-        return StepBatch([m.to(self.device) for m in host], sum(m.predicted_tokens() for m in host))
+        return self._read(self.order.micro_batches(step, self.dp_rank, self.dp_size, self.micro_batch_size))
 
 
-class EvalLoader:
+@dataclass
+class EvalLoader(RankReader):
     """The held-out rows in global-batch-sized chunks, each cut for this rank exactly as a training step is.
 
     Every rank runs the same number of forwards of the training step's shape (FSDP2's gathers and a pipeline
@@ -54,30 +63,12 @@ class EvalLoader:
     nothing to the loss or the count. The sum over ranks of each chunk is therefore the same for every plan.
     """
 
-    def __init__(
-        self,
-        data: TokenRows,
-        global_batch_size: int,
-        dp_rank: int,
-        dp_size: int,
-        micro_batch_size: int,
-        device: torch.device,
-    ) -> None:
-        self.data = data
-        self.global_batch_size = global_batch_size
-        self.dp_rank = dp_rank
-        self.dp_size = dp_size
-        self.micro_batch_size = micro_batch_size
-        self.device = device
+    global_batch_size: int = field(kw_only=True)
 
     def __iter__(self) -> Iterator[StepBatch]:
         rows = self.data.num_rows
         per_rank = self.global_batch_size // self.dp_size
         for start in range(0, rows, self.global_batch_size):
-            positions = np.arange(start, start + self.global_batch_size)[self.dp_rank * per_rank :][:per_rank]
-            micro = []
-            for chunk in positions.reshape(-1, self.micro_batch_size):
-                batch = self.data.micro_batch(np.where(chunk < rows, chunk, 0))
-                filler = torch.from_numpy(chunk >= rows)
-                micro.append(replace(batch, labels=batch.labels.masked_fill(filler[:, None], IGNORE_INDEX)))
-            yield StepBatch([m.to(self.device) for m in micro], sum(m.predicted_tokens() for m in micro))
+            mine = np.arange(start, start + self.global_batch_size)[self.dp_rank * per_rank :][:per_rank]
+            index = mine.reshape(-1, self.micro_batch_size)
+            yield self._read(np.where(index < rows, index, 0), index >= rows)

@@ -200,11 +200,12 @@ class TrainingJob:
         cfg = self.cfg
         order = GlobalOrder(self.data.num_rows, self._batch, cfg.data.shuffle, cfg.train.seed)
         engine, micro = self.engine, self.plan.micro_batch_size
-        loader = StepLoader(self.data, order, engine.dp_rank, engine.dp_size, micro, self.device)
-        held = self.eval_data
-        evaluation = (
-            None if held is None else EvalLoader(held, self._batch, engine.dp_rank, engine.dp_size, micro, self.device)
-        )
+        loader = StepLoader(self.data, engine.dp_rank, engine.dp_size, micro, self.device, order=order)
+        evaluation = None
+        if self.eval_data is not None:
+            evaluation = EvalLoader(
+                self.eval_data, engine.dp_rank, engine.dp_size, micro, self.device, global_batch_size=self._batch
+            )
         loop = TrainLoop(
             cfg,
             self.plan,

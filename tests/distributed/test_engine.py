@@ -56,7 +56,7 @@ def _worker(rank: int, world: int, port: int, rows_path: str, parallel: list[str
 
         a = make(seed=0)
         order = GlobalOrder(len(rows.rows), cfg.train.global_batch_size, True, 0)
-        loader = StepLoader(rows, order, a.dp_rank, a.dp_size, plan.micro_batch_size, device)
+        loader = StepLoader(rows, a.dp_rank, a.dp_size, plan.micro_batch_size, device, order=order)
 
         def step(engine, k):
             batch = loader(k)
