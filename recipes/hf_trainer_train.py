@@ -14,11 +14,13 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
 from bigtrain.config.load import load_recipe
-from bigtrain.data import load_token_rows
+from bigtrain.data import TokenRows, load_token_rows
+from bigtrain.data.labels import IGNORE_INDEX
 from bigtrain.models.build import load_hf_config
 
 
@@ -29,6 +31,21 @@ def training_arguments(path: str) -> TrainingArguments:
 
         kwargs["parallelism_config"] = ParallelismConfig(**kwargs["parallelism_config"])
     return TrainingArguments(**kwargs)
+
+
+def trainer_examples(data: TokenRows) -> list[dict[str, torch.Tensor]]:
+    """bigtrain's rows as the Trainer's examples, with the same labels: HF's loss shifts labels by one itself, so
+    bigtrain's already-shifted labels (IGNORE_INDEX on prompts, padding, ...) move one position right; packed
+    documents keep their restarting position ids."""
+    out = []
+    for i in range(data.num_rows):
+        batch = data.micro_batch(np.array([i]))
+        labels = torch.cat([torch.tensor([IGNORE_INDEX]), batch.labels[0, :-1]])
+        example = {"input_ids": batch.input_ids[0], "labels": labels}
+        if batch.position_ids is not None:
+            example["position_ids"] = batch.position_ids[0]
+        out.append(example)
+    return out
 
 
 def main() -> None:
@@ -45,8 +62,7 @@ def main() -> None:
         model = AutoModelForCausalLM.from_pretrained(cfg.model.name_or_path)
     else:
         model = AutoModelForCausalLM.from_config(load_hf_config(cfg.model))
-    rows = torch.from_numpy(load_token_rows(cfg.data).rows)
-    dataset = [{"input_ids": row, "labels": row} for row in rows]
+    dataset = trainer_examples(load_token_rows(cfg.data))
     trainer = Trainer(model=model, args=args, train_dataset=dataset)
     trainer.train()
     if trainer.is_world_process_zero():
