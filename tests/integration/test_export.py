@@ -29,8 +29,8 @@ def recipe_args(name: str, tmp_path: Path) -> tuple[list[str], int]:
     if name == "auto_quickstart":
         return ["--gpus", "2", "--gpu-memory", "80GB"], 2
     args = ["--gpus", "4"]
-    if name == "finetune_local":  # its model is the README walk-through's folder
-        args += ["--set", f"model.name_or_path={save_tiny_model(tmp_path / 'base')}"]
+    if name in ("finetune_local", "chat_finetune"):  # their models are the README walk-throughs' folders
+        args += ["--set", f"model.name_or_path={save_tiny_model(tmp_path / name)}"]
     return args, 4
 
 
