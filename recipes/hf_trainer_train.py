@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 from bigtrain.config.load import load_recipe
 from bigtrain.data import TokenRows, load_token_rows
 from bigtrain.data.labels import IGNORE_INDEX
+from bigtrain.data.sources import hold_out
 from bigtrain.models.build import load_hf_config
 
 
@@ -62,7 +63,10 @@ def main() -> None:
         model = AutoModelForCausalLM.from_pretrained(cfg.model.name_or_path)
     else:
         model = AutoModelForCausalLM.from_config(load_hf_config(cfg.model))
-    dataset = trainer_examples(load_token_rows(cfg.data))
+    data = load_token_rows(cfg.data)
+    if cfg.data.eval_fraction > 0:  # train on the rows bigtrain trains on, not its held-out ones
+        data, _ = hold_out(data, cfg.data.eval_fraction, cfg.train.seed)
+    dataset = trainer_examples(data)
     trainer = Trainer(model=model, args=args, train_dataset=dataset)
     trainer.train()
     if trainer.is_world_process_zero():

@@ -40,6 +40,9 @@ MAY_CHANGE_ON_RESUME = (
     "output_dir",
     "model.name_or_path",
     "data.path",
+    "data.eval_path",  # what is evaluated and logged does not change what is trained
+    "train.eval_every",
+    "train.log_to",
 )
 RUN_OUTPUTS = ("metrics.jsonl", "plan.json", RECIPE, CHECKPOINTS, "model", "tensorboard", "report")
 FINAL_MODEL = "model"
@@ -126,7 +129,9 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def recipe_differences(saved: dict[str, Any], cfg: RecipeConfig) -> list[str]:
     """``key: saved -> now`` for every recipe key that differs and that a resume may not change."""
-    old, new = _flatten(saved), _flatten(recipe_to_dict(cfg))
+    # a key the saved recipe lacks (written before the key existed) had its default
+    old = {**_flatten(recipe_to_dict(RecipeConfig())), **_flatten(saved)}
+    new = _flatten(recipe_to_dict(cfg))
     out = []
     for key in sorted(set(old) | set(new)):
         if key.startswith(MAY_CHANGE_ON_RESUME) or old.get(key) == new.get(key):

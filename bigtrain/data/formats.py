@@ -25,7 +25,7 @@ class Example:
     targets: list[bool] | None  # None: every token is a target (text)
 
 
-def detect_format(first: dict[str, Any], text_field: str) -> str:
+def detect_format(first: dict[str, Any]) -> str:
     """``data.format: auto``: what the first record looks like."""
     if "messages" in first:
         return "chat"
@@ -55,7 +55,10 @@ def examples(records: Iterable[Record], fmt: str, tokenizer: Tokenizer, text_fie
             yield Example(head + tail, [False] * len(head) + [True] * len(tail))
         else:
             messages = _check_messages(record.get("messages"), where, key)
-            ids, targets = tokenizer.render_chat(messages)
+            try:
+                ids, targets = tokenizer.render_chat(messages)
+            except ConfigError as e:
+                raise ConfigError(f"{key} {where}: {e}") from e
             yield Example(ids, targets)
 
 

@@ -71,16 +71,16 @@ def pack(examples: Iterable[Example], seq_len: int, mode: str, pad_id: int) -> P
 
 def _stream(examples: Iterable[Example], seq_len: int) -> PackedRows:
     ids: list[int] = []
-    marks: list[bool] = []
-    masked = False
+    marks: list[bool] | None = None  # built only once some example is masked (text alone needs none)
     count = 0
     for ex in examples:
         count += 1
+        if ex.targets is not None and marks is None:
+            marks = [True] * len(ids)
+        if marks is not None:
+            marks.extend(ex.targets if ex.targets is not None else [True] * len(ex.ids))
         ids.extend(ex.ids)
-        if ex.targets is not None:
-            masked = True
-        marks.extend(ex.targets if ex.targets is not None else [True] * len(ex.ids))
     n = len(ids) // seq_len
     rows = np.asarray(ids[: n * seq_len], dtype=np.int64).reshape(n, seq_len)
-    targets = np.asarray(marks[: n * seq_len], dtype=bool).reshape(n, seq_len) if masked else None
+    targets = None if marks is None else np.asarray(marks[: n * seq_len], dtype=bool).reshape(n, seq_len)
     return PackedRows(rows, targets, None, count, 0)

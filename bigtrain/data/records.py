@@ -91,10 +91,15 @@ def _data_files(key: str, path: str) -> tuple[str, list[str]]:
 def _hf_dataset(key: str, path: str, split: str) -> Iterator[Record]:
     import datasets
 
-    try:
+    try:  # (every rank reads the files itself; datasets' file locks serialise building its cache)
         if not is_glob(path) and Path(path).is_dir() and _is_saved_dataset(Path(path)):
             data = datasets.load_from_disk(path)
         else:
+            if split != "train":
+                raise ConfigError(
+                    f"data.split={split!r} applies to a saved DatasetDict folder; {key}={path!r} is data files, "
+                    "which are one split: point at the split's files instead"
+                )
             builder, files = _data_files(key, path)
             data = datasets.load_dataset(builder, data_files=files, split="train")
     except (OSError, ValueError, datasets.exceptions.DatasetGenerationError) as e:  # type: ignore[attr-defined]
@@ -121,13 +126,19 @@ def _read_utf8(key: str, path: Path) -> str:
 
 
 def _read_jsonl(key: str, path: Path) -> Iterator[Record]:
-    for lineno, line in enumerate(_read_utf8(key, path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{key}={str(path)!r} line {lineno} is not JSON ({e.msg})") from e
-        if not isinstance(obj, dict):
-            raise ConfigError(f"{key}={str(path)!r} line {lineno} is not a JSON object")
-        yield f"line {lineno}", obj
+    # the file's own lines (newline-separated), not str.splitlines: JSON strings may hold U+2028 and friends raw
+    try:
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ConfigError(f"{key}={str(path)!r} line {lineno} is not JSON ({e.msg})") from e
+                if not isinstance(obj, dict):
+                    raise ConfigError(f"{key}={str(path)!r} line {lineno} is not a JSON object")
+                yield f"line {lineno}", obj
+    except UnicodeDecodeError:
+        _read_utf8(key, path)  # raises with the byte and line of the first bad character
+        raise

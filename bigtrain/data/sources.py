@@ -105,7 +105,7 @@ def load_token_rows(cfg: DataConfig, key: str = "data.path", path: str | None = 
     first = next(iter(records), None)
     if first is None:
         raise ConfigError(f"{key}={path!r} holds no records; give {describe_sources()}")
-    fmt = detect_format(first[1], cfg.text_field) if cfg.format == "auto" else cfg.format
+    fmt = detect_format(first[1]) if cfg.format == "auto" else cfg.format
     mode = cfg.packing or ("stream" if fmt == "text" else "documents")
     assert cfg.seq_len is not None
     packed = pack(
@@ -171,7 +171,7 @@ def _load_npy(cfg: DataConfig, key: str, path: str) -> TokenRows:
 CHECK_CHUNK_ROWS = 1 << 16  # rows scanned at a time: bounded memory for any file size
 
 
-def check_vocabulary(data: TokenRows, vocab_size: int, data_path: str) -> None:
+def check_vocabulary(data: TokenRows, vocab_size: int, data_path: str, key: str = "data.path") -> None:
     """Every token id must index the model's embedding: checked once, before training, on every rank.
 
     Text was tokenised by a tokenizer of known size; a tokenised .npy is scanned whole (memory-mapped, a chunk of
@@ -191,7 +191,7 @@ def check_vocabulary(data: TokenRows, vocab_size: int, data_path: str) -> None:
         if bad.any():
             row, col = np.argwhere(bad)[0]
             raise ConfigError(
-                f"data.path={data_path!r} has token id {int(block[row, col])} (row {start + int(row)}, position "
+                f"{key}={data_path!r} has token id {int(block[row, col])} (row {start + int(row)}, position "
                 f"{int(col)}) outside the model's vocabulary of {vocab_size}; use a tokenizer that matches the "
                 "model or a larger vocab_size"
             )

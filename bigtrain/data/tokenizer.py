@@ -86,12 +86,31 @@ class HFTokenizer:
                 f"data.tokenizer={self.path!r} has no chat template to render chat data; use the tokenizer of an "
                 "instruct/chat model, or convert the data to prompt/completion records"
             )
+        if not tok.is_fast:
+            raise ConfigError(
+                f"data.tokenizer={self.path!r} is a slow (Python) tokenizer; locating the assistant's tokens needs "
+                "a fast one (a tokenizer.json in the folder)"
+            )
+        import jinja2
+
+        try:
+            return self._render_chat(tok, messages)
+        except jinja2.TemplateError as e:
+            raise ConfigError(f"the chat template refuses this conversation ({e})") from e
+
+    @staticmethod
+    def _render_chat(tok: Any, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
         text = tok.apply_chat_template(messages, tokenize=False)
         spans = []
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
             before = tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
+            if not i:  # a conversation that opens with the assistant: the template's preamble is not its text
+                try:
+                    before = tok.apply_chat_template([], tokenize=False, add_generation_prompt=True)
+                except Exception:  # noqa: BLE001 - a template that needs a message: no preamble to skip
+                    before = ""
             through = tok.apply_chat_template(messages[: i + 1], tokenize=False)
             if not (text.startswith(through) and through.startswith(before)):
                 raise ConfigError(

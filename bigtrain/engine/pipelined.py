@@ -60,6 +60,15 @@ class PipelinedEngine(TorchNativeEngine):
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         loss = labeled_loss_sum(logits, labels)
         self._losses.append(loss.detach())
+        if not torch.is_grad_enabled():
+            # evaluation: the stage keeps each micro-batch's output for a backward that never comes (its
+            # fwd_cache); the last stage's outputs are logits, so drop the earlier micro-batches' (the schedule
+            # still reads the current one's entry after this loss)
+            for stage in self.pipeline_stages:
+                if stage.is_last and stage.fwd_cache:
+                    latest = max(stage.fwd_cache)
+                    for chunk in [c for c in stage.fwd_cache if c != latest]:
+                        del stage.fwd_cache[chunk]
         return loss * self._factor
 
     def _schedule_for(self, micro_batches: list[MicroBatch]) -> Any:
@@ -118,7 +127,7 @@ class PipelinedEngine(TorchNativeEngine):
             # (found by the pipelined simulation: +b·L·V·a bytes per micro-batch on the last stage)
             schedule.step(*args, **kwargs, return_outputs=False)
         else:
-            schedule.eval(*args, **kwargs)  # forwards only, in the same order and shapes
+            schedule.eval(*args, **kwargs, return_outputs=False)  # forwards only, in the same order and shapes
         loss_sum = torch.stack(self._losses).sum() if self._losses else torch.zeros((), device=self.device)
         dist.all_reduce(loss_sum, group=self.mesh.dp_group)
         dist.all_reduce(loss_sum, group=self.pp_group)  # from the last stage's ranks (zero elsewhere) to all

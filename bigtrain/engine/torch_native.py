@@ -92,19 +92,25 @@ class TorchNativeEngine(Engine):
         dtype = self.model.autocast_dtype
         return contextlib.nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
 
-    def _micro_step(self, batch: MicroBatch, last: bool, factor: float) -> torch.Tensor:
+    def _forward_loss(self, batch: MicroBatch) -> torch.Tensor:
+        """Summed token loss of one micro-batch (a DTensor under loss_parallel). The compute-dtype logits are not
+        kept: the loss holds what backward needs."""
         # Vocabulary-sharded logits (parallel.loss_parallel): torch's loss_parallel computes the cross-entropy on the
         # shards, in forward and in backward.
-        loss_context = loss_parallel() if self.model.plan.loss_parallel else contextlib.nullcontext()
+        with self._autocast():
+            logits = self.model.module(**batch.model_inputs()).logits
+        with self._loss_context():
+            return labeled_loss_sum(logits, batch.labels)
+
+    def _loss_context(self) -> contextlib.AbstractContextManager:
+        return loss_parallel() if self.model.plan.loss_parallel else contextlib.nullcontext()
+
+    def _micro_step(self, batch: MicroBatch, last: bool, factor: float) -> torch.Tensor:
         with self.model.grad_sync(last):
-            with self._autocast():
-                logits = self.model.module(**batch.model_inputs()).logits
-            with loss_context:
-                loss = labeled_loss_sum(logits, batch.labels)
-                del logits  # the loss keeps what backward needs; the compute-dtype logits can go now
+            loss = self._forward_loss(batch)
+            with self._loss_context():
                 (loss * factor).backward()
-        loss = loss.detach()
-        return loss.to_local() if isinstance(loss, DTensor) else loss  # replicated over tp: every rank has it
+        return _local(loss.detach())
 
     def _gradient_factor(self, loss_factor: float) -> float:
         # DDP and FSDP2 average gradients over the data-parallel ranks; multiplying by dp turns that average back
@@ -132,15 +138,10 @@ class TorchNativeEngine(Engine):
                 part.train()
 
     def eval_loss_sum(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
-        loss_context = loss_parallel() if self.model.plan.loss_parallel else contextlib.nullcontext()
         loss_sum = torch.zeros((), device=self.device)
         with self._evaluating():
             for batch in micro_batches:
-                with self._autocast():
-                    logits = self.model.module(**batch.model_inputs()).logits
-                with loss_context:
-                    loss = labeled_loss_sum(logits, batch.labels)
-                loss_sum += loss.to_local() if isinstance(loss, DTensor) else loss
+                loss_sum += _local(self._forward_loss(batch))
         dist.all_reduce(loss_sum, group=self.mesh.dp_group)
         return loss_sum
 
@@ -197,6 +198,11 @@ class TorchNativeEngine(Engine):
             scheduler.load_state_dict(state["scheduler"])
         if self.loss_scaler:
             self.loss_scaler.load_state_dict(state["loss_scaler"])
+
+
+def _local(loss: torch.Tensor) -> torch.Tensor:
+    """The loss as a plain tensor: under tp it is replicated, so every rank's local value is the whole loss."""
+    return loss.to_local() if isinstance(loss, DTensor) else loss
 
 
 def optimize_parts(

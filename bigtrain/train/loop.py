@@ -122,7 +122,10 @@ class TrainLoop:
         for batch in self.eval_loader:
             tokens += self.engine.data_parallel_sum(batch.tokens)
             loss_sum += float(self.engine.eval_loss_sum(batch.micro_batches))
-        loss = loss_sum / max(tokens, 1)
+        if tokens == 0:  # every held-out row's labels are ignored (prompts cut by seq_len): no number to report
+            log.warning("evaluation: the held-out rows hold no labelled token; eval_loss is null")
+            return {"eval_loss": math.nan, "eval_perplexity": math.nan, "eval_tokens": 0}
+        loss = loss_sum / tokens
         return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0)), "eval_tokens": tokens}
 
     def run(self) -> TrainResult:
@@ -150,7 +153,7 @@ class TrainLoop:
                     tokens += tokens_per_step
                     peak, _ = peak_memory_bytes(self.device)
                     record.update(tokens_per_s=tokens_per_step / dt, peak_mem_bytes=peak, tokens=tokens)
-                    if self.eval_due(step):
+                    if self.eval_due(step) and math.isfinite(record["loss"]):  # a diverged step stops below
                         record.update(self.evaluate())
                     record["elapsed_s"] = time.perf_counter() - start
                     writer.log_step(record)

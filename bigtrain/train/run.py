@@ -114,7 +114,8 @@ class TrainingJob:
 
     def _data_warnings(self) -> list[str]:
         out = []
-        for key, data in (("data.path", self.data), ("data.eval_path", self.eval_data)):
+        held = self.eval_data if self.cfg.data.eval_path is not None else None  # a held-out fraction: counted once
+        for key, data in (("data.path", self.data), ("data.eval_path", held)):
             if data is not None and data.truncated:
                 out.append(
                     f"{key}: {data.truncated} of {data.examples} records are longer than data.seq_len="
@@ -130,7 +131,7 @@ class TrainingJob:
         held: TokenRows | None = None
         if data_cfg.eval_path is not None:
             held = load_token_rows(data_cfg, "data.eval_path", data_cfg.eval_path)
-            check_vocabulary(held, vocab, data_cfg.eval_path)
+            check_vocabulary(held, vocab, data_cfg.eval_path, key="data.eval_path")
             if held.seq_len != data.seq_len:
                 raise ConfigError(
                     f"data.eval_path={data_cfg.eval_path!r} has rows of {held.seq_len} tokens but data.path of "

@@ -169,3 +169,50 @@ def test_the_packing_check_measures_each_family():
     with pytest.raises(ConfigError, match="lets a packed record attend to the one before it"):
         check_packed_attention(opt, "eager")
     assert "not checked on this machine" in check_packed_attention(opt, "flash_attention_2")
+
+
+def test_review_cases_jsonl_lines_template_errors_split_and_old_recipes(tmp_path, tok):
+    # a JSON string may hold U+2028 raw (json.dumps(ensure_ascii=False) writes it): still one record, one line
+    path = tmp_path / "sep.jsonl"
+    path.write_text(json.dumps({"text": "a\u2028b"}, ensure_ascii=False) + "\n" + json.dumps({"text": "c"}) + "\n")
+    assert "text: 2 examples" in load_token_rows(DataConfig(path=str(path), seq_len=4)).description
+    # a template that refuses a conversation is one line naming the record
+    from transformers import AutoTokenizer
+
+    strict = tmp_path / "strict"
+    hf = AutoTokenizer.from_pretrained(tok)
+    hf.chat_template = (
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversations must start with a user turn') }}"
+        "{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    hf.save_pretrained(strict)
+    bad = write_jsonl(tmp_path / "b.jsonl", [{"messages": CONVERSATIONS[0]}, {"messages": CONVERSATIONS[0][1:]}])
+    with pytest.raises(
+        ConfigError, match="line 2: the chat template refuses this conversation .*must start with a user"
+    ):
+        load_token_rows(DataConfig(path=str(bad), seq_len=64, tokenizer=str(strict)))
+    # data.split names a split of a saved DatasetDict; data files are one split
+    import datasets
+
+    datasets.Dataset.from_list([{"text": "hello"}] * 4).to_parquet(str(tmp_path / "d.parquet"))
+    with pytest.raises(ConfigError, match="data.split='test' applies to a saved DatasetDict folder"):
+        load_token_rows(DataConfig(path=str(tmp_path / "d.parquet"), seq_len=4, split="test"))
+
+
+def test_a_recipe_saved_before_the_fine_tuning_keys_still_resumes():
+    """A checkpoint's recipe.yaml written before data.format, train.eval_every, ... existed holds none of them: they
+    had their defaults, so the same recipe resumes; evaluation and logging settings may change on resume."""
+    from bigtrain.checkpoint.run_dir import recipe_differences
+    from bigtrain.config.load import recipe_to_dict
+    from bigtrain.config.schema import RecipeConfig
+
+    cfg = RecipeConfig()
+    saved = recipe_to_dict(cfg)
+    for key in ("format", "packing", "split", "eval_path", "eval_fraction"):
+        del saved["data"][key]
+    del saved["train"]["eval_every"], saved["train"]["log_to"]
+    assert recipe_differences(saved, cfg) == []
+    cfg.train.eval_every, cfg.train.log_to, cfg.data.eval_path = 5, "tensorboard", "held.jsonl"
+    assert recipe_differences(saved, cfg) == []
+    cfg.data.packing = "pad"  # changes the rows trained on: not a resume
+    assert recipe_differences(saved, cfg) == ["data.packing: None -> 'pad'"]
