@@ -118,13 +118,17 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_nproc(args: argparse.Namespace) -> None:
+    if args.nproc is not None and args.nproc < 1:
+        raise ConfigError(f"--nproc={args.nproc} must be at least 1")
+
+
 def _probe(args: argparse.Namespace, env: LaunchEnv) -> int:
     from pathlib import Path
 
     output = Path(args.output).resolve() if args.output else None
+    _check_nproc(args)
     if args.nproc is not None:
-        if args.nproc < 1:
-            raise ConfigError(f"--nproc={args.nproc} must be at least 1")
         from bigtrain.launch import launch_local
 
         return launch_local(args.nproc, ["probe"] + (["-o", str(output)] if output else []))
@@ -140,21 +144,18 @@ def _train(args: argparse.Namespace, env: LaunchEnv) -> int:
     from bigtrain.config.load import load_recipe
 
     cfg = load_recipe(args.recipe, args.overrides)
+    _check_nproc(args)
     if args.dry_run:
         from dataclasses import replace
 
         from bigtrain.train.run import TrainingJob
 
         world = args.nproc if args.nproc is not None else env.world_size
-        if world < 1:
-            raise ConfigError(f"--nproc={world} must be at least 1")
         ranks = replace(env, world_size=world, local_world_size=world if not env.launched else env.local_world_size)
         if env.rank == 0:
             print(TrainingJob(cfg, ranks).dry_run())
         return 0
     if args.nproc is not None:
-        if args.nproc < 1:
-            raise ConfigError(f"--nproc={args.nproc} must be at least 1")
         if env.launched:
             raise ConfigError(
                 "--nproc starts its own workers; drop it when running under torchrun or accelerate launch"

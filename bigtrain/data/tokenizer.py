@@ -105,8 +105,9 @@ class HFTokenizer:
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            before = tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
-            if not i:  # a conversation that opens with the assistant: the template's preamble is not its text
+            if i:
+                before = tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+            else:  # a conversation that opens with the assistant: the template's preamble is not its text
                 try:
                     before = tok.apply_chat_template([], tokenize=False, add_generation_prompt=True)
                 except Exception:  # noqa: BLE001 - a template that needs a message: no preamble to skip
