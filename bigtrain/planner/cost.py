@@ -67,7 +67,7 @@ def model_flops_per_token(stats: ModelStats, seq_len: int) -> float:
     return 6.0 * matmul_params + 12.0 * stats.layers * seq_len * stats.q_width
 
 
-def memory_bound_bytes(stats: ModelStats, plan: Plan, seq_len: int, tokens: float, a: int) -> float:
+def memory_bound_bytes(stats: ModelStats, plan: Plan, tokens: float, a: int) -> float:
     """Bytes one rank's element-wise work moves in one step (reads + writes), for ``tokens`` tokens of that rank.
 
     Per token and block, counted pass by pass over HF's Llama block in eager mode, in units of a (the compute
@@ -128,7 +128,7 @@ def estimate_time(
     if measured is not None and cluster.gpu.copy_gbps > 0:
         # tokens per rank: the dp ranks split the batch; tp ranks see the same tokens, pp stages each see all of them
         rank_tokens = tokens / plan.dp
-        compute += memory_bound_bytes(stats, plan, seq_len, rank_tokens, a) / (cluster.gpu.copy_gbps * 1e9)
+        compute += memory_bound_bytes(stats, plan, rank_tokens, a) / (cluster.gpu.copy_gbps * 1e9)
     # the floor: every micro-step launches each block's operators, whatever their size
     layers = stage_layers(stats, plan.pp)
     compute += micro_batches * layers * OPS_PER_BLOCK * cluster.gpu.op_overhead_s
