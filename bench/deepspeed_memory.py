@@ -98,10 +98,11 @@ CASES = [
 def measure(case: DeepSpeedCase) -> dict[str, Any]:
     """This rank's measured peak and the planner's prediction for ``case`` (call on every rank)."""
     from bigtrain.config.hf import hf_config_from_dict
-    from bigtrain.config.plan import resolve_plan
+    from bigtrain.config.resolve import resolve_plan
     from bigtrain.config.schema import ModelConfig, ParallelConfig, RecipeConfig, TrainConfig
+    from bigtrain.config.workload import Workload
     from bigtrain.data.batch import MicroBatch
-    from bigtrain.engine.deepspeed_engine import DeepSpeedZeroEngine
+    from bigtrain.engine import build_engine, build_options
     from bigtrain.planner.memory import estimate_memory
     from bigtrain.planner.model_stats import ModelStats
     from bigtrain.train.loop import train_step
@@ -119,17 +120,15 @@ def measure(case: DeepSpeedCase) -> dict[str, Any]:
             activation_checkpointing=case.activation_checkpointing,
         ),
     )
-    plan = resolve_plan(cfg.parallel, world, global_batch)
+    plan = resolve_plan(cfg.parallel, world, cfg.train)
     hf_config = hf_config_from_dict(case.model_config(), key="model.config")
     accum = plan.grad_accum_steps(global_batch)
     gen = torch.Generator().manual_seed(dist.get_rank())
     tokens = float(global_batch * (case.seq_len - 1))
     with LiveTensorBytes() as live:
-        engine = DeepSpeedZeroEngine.create(
-            cfg,
-            hf_config,
-            plan,
-            torch.device("cpu"),
+        engine = build_engine(
+            build_options(cfg, hf_config, plan, torch.device("cpu")),
+            cfg.train,
             lambda params: build_optimizer(params, cfg.train),
             lambda optimizer: build_scheduler(optimizer, cfg.train),
         )
@@ -143,7 +142,8 @@ def measure(case: DeepSpeedCase) -> dict[str, Any]:
         peak = torch.tensor([live.peak], dtype=torch.int64)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     stats = ModelStats.from_config(case.model_config())
-    predicted = estimate_memory(stats, plan, case.seq_len, "fp32", global_batch)
+    workload = Workload(seq_len=case.seq_len, global_batch_size=global_batch, mixed_precision="fp32")
+    predicted = estimate_memory(stats, plan, workload)
     del engine
     gc.collect()
     return {"measured": int(peak.item()), "predicted": predicted.total_bytes, "accum": accum, "world": world}

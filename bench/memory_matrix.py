@@ -29,10 +29,10 @@ def run_case(case: MemoryCase) -> tuple[int, int]:
     """(predicted peak bytes, simulated peak bytes)."""
     config = arch_config(case.arch)
     stats = ModelStats.from_config(config)
-    predicted = estimate_memory(stats, case.plan(), case.seq_len, case.precision, case.global_batch).total_bytes
+    predicted = estimate_memory(stats, case.plan(), case.workload()).total_bytes
     # loss_parallel: real tensors (fake ones over-count torch's vocabulary-parallel cross-entropy, see simulate.py)
     real = case.loss_parallel
-    simulated = simulate(config, case.plan(), case.seq_len, case.precision, case.global_batch, real_tensors=real)
+    simulated = simulate(config, case.plan(), case.workload(), real_tensors=real)
     simulated = simulated["Total"]
     return predicted, simulated
 

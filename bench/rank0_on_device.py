@@ -116,9 +116,9 @@ def run_one(case: Rank0Case) -> dict[str, Any]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from bigtrain.config.load import build_dataclass
-    from bigtrain.config.plan import resolve_plan
+    from bigtrain.config.resolve import resolve_plan
     from bigtrain.config.schema import RecipeConfig
-    from bigtrain.engine import build_engine, train_step
+    from bigtrain.engine import build_engine, build_options, train_step
     from bigtrain.models.build import load_hf_config
     from bigtrain.train.optim import build_optimizer, build_scheduler
 
@@ -136,21 +136,19 @@ def run_one(case: Rank0Case) -> dict[str, Any]:
     cfg: RecipeConfig = build_dataclass(RecipeConfig, raw, "")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=case.world)
     try:
-        plan = resolve_plan(cfg.parallel, case.world, case.global_batch)
+        plan = resolve_plan(cfg.parallel, case.world, cfg.train)
         hf_config = load_hf_config(cfg.model)
         start = time.perf_counter()
         engine = build_engine(
-            cfg,
-            hf_config,
-            plan,
-            device,
+            build_options(cfg, hf_config, plan, device),
+            cfg.train,
             lambda params: build_optimizer(params, cfg.train),
             lambda optimizer: build_scheduler(optimizer, cfg.train),
         )
         if plan.backend == "ddp":
             # The fake group's all-reduce completes with no value, which DDP's reducer refuses: a comm hook that
             # leaves each bucket as it is (what a one-rank all-reduce would return) stands in for it.
-            engine.model.module.register_comm_hook(None, _bucket_unchanged)
+            engine.built.forward_module.register_comm_hook(None, _bucket_unchanged)
         sync()
         build_s = time.perf_counter() - start
         build_peak = torch.cuda.max_memory_allocated(device) if cuda else 0
@@ -206,7 +204,7 @@ def predict(case: Rank0Case, plan: dict[str, Any], profile: str | None = None) -
 
     stats = ModelStats.from_config(MODELS[case.model])
     p = Plan(**plan)
-    memory = estimate_memory(stats, p, case.seq_len, case.precision, case.global_batch)
+    memory = estimate_memory(stats, p, case.workload())
     cluster = make_cluster(case.world, None, "H200")
     if profile:  # the time model with this machine's measured rates (bigtrain probe) instead of the datasheet's
         from dataclasses import replace
@@ -214,7 +212,7 @@ def predict(case: Rank0Case, plan: dict[str, Any], profile: str | None = None) -
         from bigtrain.planner.profile import gpu_from_profile, load_profile
 
         cluster = replace(cluster, gpu=gpu_from_profile(load_profile(profile), cluster.gpu))
-    t = estimate_time(stats, p, cluster, case.seq_len, case.global_batch, case.precision)
+    t = estimate_time(stats, p, cluster, case.workload())
     return {"predicted_bytes": memory.total_bytes, "predicted_compute_s": t.compute_s}
 
 

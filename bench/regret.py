@@ -36,8 +36,9 @@ def main() -> int:
     parser.add_argument("--gpu-memory", default="1.81GiB", help="memory budget per rank (default 1.81GiB)")
     parser.add_argument("--profile", default=str(RESULTS / "cpu_probe.json"))
     args = parser.parse_args()
-    from bigtrain.config.plan import resolve_plan
-    from bigtrain.config.schema import ParallelConfig
+    from bigtrain.config.resolve import resolve_plan
+    from bigtrain.config.schema import ParallelConfig, TrainConfig
+    from bigtrain.config.workload import Workload
     from bigtrain.planner.auto import CPU
     from bigtrain.planner.hardware import Cluster, parse_memory
     from bigtrain.planner.model_stats import ModelStats
@@ -51,9 +52,9 @@ def main() -> int:
     grid = []
     for (backend, stage), micro, ac in itertools.product(BACKENDS, (1, 4), ("none", "full")):
         parallel = {"backend": backend, "zero_stage": stage, "micro_batch_size": micro, "activation_checkpointing": ac}
-        grid.append((parallel, resolve_plan(ParallelConfig(**parallel), 2, BATCH)))
+        grid.append((parallel, resolve_plan(ParallelConfig(**parallel), 2, TrainConfig(global_batch_size=BATCH))))
     # the planner's view of exactly this grid: its predictions and its ranking (plan: auto's rule, near ties included)
-    ranked = search(stats, cluster, SEQ, BATCH, "fp32")
+    ranked = search(stats, cluster, Workload(seq_len=SEQ, global_batch_size=BATCH, mixed_precision="fp32"))
     by_plan = {c.plan: c for c in ranked}
     candidates = [(parallel, by_plan[plan]) for parallel, plan in grid]
     fitting = [(p, c) for p, c in candidates if c.fits]
@@ -78,7 +79,8 @@ def main() -> int:
         name += f" ac={parallel['activation_checkpointing']}"
         sim = "-"
         if parallel["backend"] != "deepspeed":
-            sim = f"{simulate(MODEL, c.plan, SEQ, 'fp32', BATCH)['Total'] / 2**20:,.0f}"
+            peak = simulate(MODEL, c.plan, Workload(seq_len=SEQ, global_batch_size=BATCH, mixed_precision="fp32"))
+            sim = f"{peak['Total'] / 2**20:,.0f}"
         mark = " **(pick)**" if c is pick[1] else ""
         print(
             f"| {name}{mark} | {c.memory.total_bytes / 2**20:,.0f} | {sim} | {c.time.step_s:.3f} "

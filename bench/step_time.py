@@ -76,8 +76,9 @@ def run(parallel: dict, folder: Path) -> float:
 def predict(name: str, profile_path: str | None) -> float:
     """The planner's seconds per step for plan ``name`` on 2 ranks: with a probe profile, or (None) with the built-in
     CPU stand-in of ``plan: auto``."""
-    from bigtrain.config.plan import resolve_plan
-    from bigtrain.config.schema import ParallelConfig
+    from bigtrain.config.resolve import resolve_plan
+    from bigtrain.config.schema import ParallelConfig, TrainConfig
+    from bigtrain.config.workload import Workload
     from bigtrain.planner.auto import CPU
     from bigtrain.planner.cost import estimate_time
     from bigtrain.planner.hardware import Cluster
@@ -87,8 +88,9 @@ def predict(name: str, profile_path: str | None) -> float:
     gpu = CPU
     if profile_path is not None:
         gpu = gpu_from_profile(load_profile(profile_path), replace(CPU, memory_bytes=8 * 2**30))
-    plan = resolve_plan(ParallelConfig(**PLANS[name]), 2, BATCH)
-    return estimate_time(ModelStats.from_config(MODEL), plan, Cluster(gpu, 2, 2), SEQ, BATCH, "fp32").step_s
+    plan = resolve_plan(ParallelConfig(**PLANS[name]), 2, TrainConfig(global_batch_size=BATCH))
+    workload = Workload(seq_len=SEQ, global_batch_size=BATCH, mixed_precision="fp32")
+    return estimate_time(ModelStats.from_config(MODEL), plan, Cluster(gpu, 2, 2), workload).step_s
 
 
 def main() -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, Plan
+from bigtrain.config.workload import Workload
 from bigtrain.planner.model_stats import load_model_config
 
 TINY_LLAMA: dict[str, Any] = dict(
@@ -179,6 +180,9 @@ class MemoryCase:
             f"{self.arch}-{self.backend}{self.zero_stage}-N{dp}-{self.ac}-mb{self.micro_batch}-L{self.seq_len}-"
             f"B{self.global_batch}-{self.precision}{reduce}"
         )
+
+    def workload(self) -> Workload:
+        return Workload(seq_len=self.seq_len, global_batch_size=self.global_batch, mixed_precision=self.precision)
 
     def plan(self) -> Plan:
         if self.backend == "ddp":

@@ -34,6 +34,35 @@ def save_tiny_model(folder: Path, seed: int = 0, spec: dict[str, Any] | None = N
     return folder
 
 
+def make_plan(**fields: Any):
+    """A Plan with FSDP2 defaults and ``fields`` changed, unresolved (for asking the capability table directly)."""
+    from bigtrain.config.plan import Plan
+
+    base = dict(
+        backend="fsdp2",
+        zero_stage=3,
+        grad_reduce="once_per_step" if fields.get("pp", 1) > 1 else "every_micro_step",
+        dp_replicate=1,
+        dp_shard=1,
+        tp=1,
+        pp=1,
+        pp_schedule="1f1b",
+        activation_checkpointing="none",
+        micro_batch_size=1,
+        offload_optimizer=False,
+        offload_params=False,
+    )
+    return Plan(**{**base, **fields})
+
+
+def check_fit(hf_config: Any, plan: Any, global_batch_size: int = 8) -> None:
+    """What start-up asks of the capability table for this model, plan and batch (raises its ConfigError)."""
+    from bigtrain.config.capabilities import ModelFacts, Setup, check
+    from bigtrain.config.schema import TrainConfig
+
+    check(Setup(plan, TrainConfig(global_batch_size=global_batch_size), ModelFacts.of(hf_config)))
+
+
 def learnable_rows(num_rows: int, seq_len: int, vocab: int = 128) -> np.ndarray:
     """Token rows from a sparse random bigram chain (each token has 3 possible successors): a corpus a tiny model
     learns, so the loss keeps falling over a few steps and the late updates matter too."""

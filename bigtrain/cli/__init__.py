@@ -160,11 +160,11 @@ def _train(args: argparse.Namespace, env: LaunchEnv) -> int:
             raise ConfigError(
                 "--nproc starts its own workers; drop it when running under torchrun or accelerate launch"
             )
-        from bigtrain.config.plan import resolve_plan
+        from bigtrain.config.resolve import resolve_plan
         from bigtrain.launch import launch_local
 
         if cfg.parallel.plan != "auto":  # fail here, before starting workers
-            resolve_plan(cfg.parallel, args.nproc, cfg.train.global_batch_size)
+            resolve_plan(cfg.parallel, args.nproc, cfg.train)
         worker_args = ["train", args.recipe] + [a for o in args.overrides for a in ("--set", o)]
         return launch_local(args.nproc, worker_args)
     from bigtrain.train.run import run_training

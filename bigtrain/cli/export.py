@@ -18,9 +18,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bigtrain.config.capabilities import ModelFacts, Setup, check
 from bigtrain.config.load import load_recipe
-from bigtrain.config.plan import Plan, resolve_plan
+from bigtrain.config.plan import Plan
+from bigtrain.config.resolve import resolve_plan
 from bigtrain.config.schema import RecipeConfig
+from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.integrations import TARGETS, Export
 
@@ -69,7 +72,7 @@ def _auto_plan(cfg: RecipeConfig, args: argparse.Namespace) -> Plan:
     model_config = load_model_config(cfg.model.config or cfg.model.name_or_path or "")
     seq_len = cfg.data.seq_len or default_seq_len(model_config)
     stats = ModelStats.from_config(model_config)
-    best = search(stats, cluster, seq_len, cfg.train.global_batch_size, cfg.train.mixed_precision)[0]
+    best = search(stats, cluster, Workload.of_train(cfg.train, seq_len))[0]
     if not (best.fits and best.runnable):
         raise ConfigError(
             f"parallel.plan=auto found no plan that fits {gpus} x {cluster.gpu.name} "
@@ -97,11 +100,12 @@ def export_plan(cfg: RecipeConfig, args: argparse.Namespace) -> tuple[Plan, Expo
                 "the recipe's plan fills the world with parallel.dp_shard (or dp_replicate for ddp): give the job's "
                 "size with --gpus N"
             )
-        plan = resolve_plan(cfg.parallel, world, cfg.train.global_batch_size)
+        plan = resolve_plan(cfg.parallel, world, cfg.train)
+    hf_config = load_hf_config(cfg.model)
+    check(Setup(plan, cfg.train, ModelFacts.of(hf_config)))  # the rows that read the model, as start-up asks them
     per_node = args.gpus_per_node or min(plan.world_size, 8)
     if per_node < 1:
         raise ConfigError(f"--gpus-per-node {per_node} must be at least 1")
-    hf_config = load_hf_config(cfg.model)
     if args.to == "accelerate":
         return plan, export_accelerate(cfg, plan, block_class_names(hf_config), per_node)
     if args.to == "deepspeed":

@@ -18,6 +18,7 @@ import yaml
 from bigtrain.config.load import check_minimum, coerce
 from bigtrain.config.plan import ZERO_STAGES
 from bigtrain.config.schema import PRECISIONS, ParallelConfig
+from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.explain import render_table, to_json, what_would_fit
 from bigtrain.planner.hardware import Cluster, detect_local, make_cluster
@@ -38,6 +39,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, help="sequence length")
     parser.add_argument("--global-batch-size", type=int, help="sequences per optimizer step")
     parser.add_argument("--mixed-precision", choices=PRECISIONS, help="compute dtype")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        default=None,
+        help="plan for train.compile: true (default: the recipe's train.compile): plans it cannot run are not offered",
+    )
     parser.add_argument(
         "--hardware-profile",
         metavar="FILE",
@@ -85,9 +92,7 @@ class PlanRequest:
     stats: ModelStats
     model_config: dict[str, Any]
     cluster: Cluster
-    seq_len: int
-    global_batch_size: int
-    mixed_precision: str
+    workload: Workload
     fixed: dict[str, Any]
 
 
@@ -121,7 +126,9 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
     else:
         batch = max(1, DEFAULT_TOKENS_PER_STEP // seq_len // gpus) * gpus
     precision = args.mixed_precision or (recipe.train.mixed_precision if recipe else "bf16")
-    return PlanRequest(stats, model_config, cluster, seq_len, batch, precision, parse_fix(args.fix))
+    compile_blocks = args.compile if args.compile is not None else bool(recipe and recipe.train.compile)
+    workload = Workload(seq_len=seq_len, global_batch_size=batch, mixed_precision=precision, compile=compile_blocks)
+    return PlanRequest(stats, model_config, cluster, workload, parse_fix(args.fix))
 
 
 def cluster_from_args(args: argparse.Namespace, no_gpu: str, profile: str | None = None) -> Cluster:
@@ -198,8 +205,10 @@ def _job_hardware() -> tuple[int, int, int] | None:
 
 
 def _search(req: PlanRequest, **changes: Any) -> list[Candidate]:
-    r = replace(req, **changes)
-    return search(r.stats, r.cluster, r.seq_len, r.global_batch_size, r.mixed_precision, r.fixed)
+    """The search for ``req`` with some of its parts changed (``cluster``, ``fixed``, or the workload's fields)."""
+    workload_fields = {k: changes.pop(k) for k in ("seq_len", "global_batch_size") if k in changes}
+    r = replace(req, workload=replace(req.workload, **workload_fields), **changes)
+    return search(r.stats, r.cluster, r.workload, r.fixed)
 
 
 def _fits(candidates: list[Candidate]) -> bool:
@@ -212,7 +221,7 @@ def alternatives_that_fit(req: PlanRequest) -> dict[str, str]:
     found: dict[str, str] = {}
     for factor in (2, 4, 8, 16, 32, 64):
         gpus = req.cluster.num_gpus * factor
-        batch = max(req.global_batch_size, gpus) // gpus * gpus
+        batch = max(req.workload.global_batch_size, gpus) // gpus * gpus
         more = replace(req.cluster, num_gpus=gpus)
         if _fits(_search(req, cluster=more, global_batch_size=batch)):
             found["gpus"] = f"{gpus} GPUs (--gpus {gpus})"
@@ -229,7 +238,7 @@ def alternatives_that_fit(req: PlanRequest) -> dict[str, str]:
             except ConfigError:  # no plan of that kind meets the pins
                 continue
     for div in (2, 4, 8, 16):
-        seq = req.seq_len // div
+        seq = req.workload.seq_len // div
         if seq >= 2 and _fits(_search(req, seq_len=seq)):
             found["seq"] = f"a shorter sequence (--seq-len {seq})"
             break
@@ -255,7 +264,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     elif args.simulate and best.runnable:
         from bigtrain.simulate import simulate
 
-        peak = simulate(req.model_config, best.plan, req.seq_len, req.mixed_precision, req.global_batch_size)
+        peak = simulate(req.model_config, best.plan, req.workload)
         result["simulated"] = {"peak_bytes": peak["Total"], "world_size": best.plan.world_size}
         if "pp_rank" in peak:  # pipelined: every pp rank was simulated, this is the busiest
             result["simulated"]["pp_rank"] = peak["pp_rank"]
@@ -264,9 +273,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         print(
-            render_table(
-                candidates, req.stats, req.cluster, req.seq_len, req.global_batch_size, show_unrunnable=args.all
-            )
+            render_table(candidates, req.stats, req.cluster, req.workload, show_unrunnable=args.all)
         )
         if "simulated" in result:
             simulated = result["simulated"]["peak_bytes"]

@@ -3,10 +3,8 @@ config (recipes' ``model.config``, planner presets, config.json files, the simul
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from bigtrain.config.plan import divisor_hint
 from bigtrain.errors import ConfigError
 
 
@@ -65,11 +63,9 @@ def require_causal_attention(hf_config: Any, key: str) -> None:
         )
 
 
-def hf_config_from_dict(spec: dict[str, Any], key: str = "model.config") -> Any:
-    """A ``PretrainedConfig`` from a dict that names its ``model_type``; transformers fills every field left out.
-
-    ``key`` names where the dict came from, for the error message.
-    """
+def config_object(spec: dict[str, Any], key: str = "model.config") -> Any:
+    """The ``PretrainedConfig`` of a dict that names its ``model_type`` (transformers fills every field left out),
+    without the checks of ``hf_config_from_dict``: for a dict that already passed them (the planner's)."""
     from transformers import AutoConfig
 
     fields = dict(spec)
@@ -78,53 +74,25 @@ def hf_config_from_dict(spec: dict[str, Any], key: str = "model.config") -> Any:
         raise ConfigError(f"{key} needs model_type (e.g. llama, qwen2, mistral, gpt2)")
     require_causal_lm(model_type, key)
     try:
-        config = AutoConfig.for_model(model_type, **fields)
+        return AutoConfig.for_model(model_type, **fields)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"{key}: the {model_type} config does not load ({e})") from e
+
+
+def hf_config_from_dict(spec: dict[str, Any], key: str = "model.config") -> Any:
+    """A ``PretrainedConfig`` from a dict that names its ``model_type``; transformers fills every field left out.
+    Encoders and other models that are not causal LMs are refused. ``key`` names where the dict came from."""
+    config = config_object(spec, key)
     require_causal_attention(config, key)
     return config
 
 
-# The tensor-parallel styles bigtrain maps to torch's (parallel/tensor_parallel.py). Layouts using others (Qwen3's
-# per-head norms need "replicated_with_grad_allreduce") are refused rather than run wrong.
+# The tensor-parallel styles bigtrain maps to torch's (parallel/transforms/tensor_parallel.py). Layouts using others
+# (Qwen3's per-head norms need "replicated_with_grad_allreduce") are refused by the capability table.
 TP_STYLES = ("colwise", "rowwise")
 
 
 def tp_layout(hf_config: Any) -> dict[str, str]:
-    """The model's own tensor-parallel layout (``base_model_tp_plan``: module pattern -> style), or a ConfigError
-    naming why it cannot be split."""
-    layout = getattr(hf_config, "base_model_tp_plan", None) or {}
-    others = sorted({style for style in layout.values() if style not in TP_STYLES})
-    if not layout or others:
-        why = f"uses the style(s) {', '.join(others)}" if others else "ships no tensor-parallel layout"
-        raise ConfigError(
-            f"parallel.tp > 1: model_type {hf_config.model_type!r} {why} in transformers' base_model_tp_plan; "
-            "tensor parallelism supports llama, mistral, qwen2 and their relatives: use parallel.tp=1"
-        )
-    return dict(layout)
-
-
-def check_tensor_parallel(hf_config: Any, tp: int, loss_parallel: bool = False) -> None:
-    """tp must split the model's layout and both head counts evenly (checked on every rank before any group); a
-    vocabulary-parallel head must be untied and split the vocabulary evenly."""
-    if tp == 1:
-        return
-    tp_layout(hf_config)
-    heads = hf_config.num_attention_heads
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    for key, n in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
-        if n % tp:
-            fits_both = divisor_hint(math.gcd(heads, kv_heads))  # what divides both head counts divides their gcd
-            raise ConfigError(f"parallel.tp={tp} does not divide {key}={n}; try {fits_both}")
-    if loss_parallel:
-        if getattr(hf_config, "tie_word_embeddings", False):
-            raise ConfigError(
-                "parallel.loss_parallel=true shards the LM head over the vocabulary, but this model ties it to the "
-                "input embeddings (tie_word_embeddings=true), which stay whole; set parallel.loss_parallel=false"
-            )
-        vocab = hf_config.vocab_size
-        if vocab % tp:
-            raise ConfigError(
-                f"parallel.loss_parallel=true: parallel.tp={tp} does not divide vocab_size={vocab}; "
-                f"use a tp in {divisor_hint(math.gcd(vocab, 1 << 20))} or pad the vocabulary to a multiple of {tp}"
-            )
+    """The model's own tensor-parallel layout (``base_model_tp_plan``: module pattern -> style); the capability
+    table has checked that it exists and uses only ``TP_STYLES``."""
+    return dict(getattr(hf_config, "base_model_tp_plan", None) or {})

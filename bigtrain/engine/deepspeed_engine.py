@@ -3,11 +3,11 @@ interface, so that the loop, the metrics and the loss normalisation are those of
 
 - Config: the plan's template from ``deepspeed_configs/`` (or ``parallel.deepspeed_config``), filled and checked
   against the recipe by ``config/deepspeed.py``.
-- Model: ZeRO-1/2 hold the whole model on every rank, so it is materialised as for DDP (same values as every other
-  plan: ``models/materialize.py``). ZeRO-3 builds it under ``deepspeed.zero.Init``, which partitions each parameter
-  as its module is constructed (a meta model cannot be handed to DeepSpeed), then writes the values one parameter
-  at a time through ``GatheredParameters``: no rank ever holds more than one full parameter, and pretrained weights
-  are read one module at a time from their safetensors.
+- Model: from the one build path (``parallel/build.py``). ZeRO-1/2 hold the whole model on every rank, so it is
+  materialised as for DDP (same values as every other plan). ZeRO-3 builds it under ``deepspeed.zero.Init``, which
+  partitions each parameter as its module is constructed (a meta model cannot be handed to DeepSpeed), then writes
+  the values one parameter at a time through ``GatheredParameters``: no rank ever holds more than one full
+  parameter, and pretrained weights are read one module at a time from their safetensors.
 - Optimizer and schedule: the recipe's AdamW and warmup/cosine, passed as objects (DeepSpeed wraps the AdamW in its
   ZeRO optimizer, which steps it on the fp32 partitions; offloaded, on the host).
 - Step: DeepSpeed owns backward, accumulation, clipping and fp16 loss scaling. Its ``backward`` would divide the
@@ -25,22 +25,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bigtrain.config.deepspeed import deepspeed_config
-from bigtrain.config.plan import Plan
-from bigtrain.config.schema import RecipeConfig
 from bigtrain.data.batch import MicroBatch
 from bigtrain.engine.base import Engine, StepResult
 from bigtrain.engine.loss import labeled_loss_sum
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory
-from bigtrain.models.build import build_meta_model, decoder_blocks
-from bigtrain.models.materialize import clean_fqn, full_values, materialize
-from bigtrain.parallel.activation_checkpoint import apply_activation_checkpoint
+from bigtrain.parallel.transforms.base import BuiltModel
 
 
 class DeepSpeedZeroEngine(Engine):
-    def __init__(self, ds_engine: Any, plan: Plan, scheduler: Any, device: torch.device, config: dict) -> None:
+    def __init__(self, ds_engine: Any, built: BuiltModel, scheduler: Any, device: torch.device, config: dict) -> None:
         self.ds = ds_engine
-        self.plan = plan
+        self.built = built
+        self.plan = built.plan
         self.scheduler = scheduler
         self.device = device
         self.config = config
@@ -49,33 +45,24 @@ class DeepSpeedZeroEngine(Engine):
     @classmethod
     def create(
         cls,
-        cfg: RecipeConfig,
-        hf_config: Any,
-        plan: Plan,
-        device: torch.device,
+        built: BuiltModel,
+        config: dict[str, Any],
         make_optimizer: OptimizerFactory,
         make_scheduler: SchedulerFactory,
+        device: torch.device,
     ) -> DeepSpeedZeroEngine:
+        """``deepspeed.initialize`` over the built model with the recipe's AdamW and schedule and the plan's JSON."""
         import deepspeed
 
-        config = deepspeed_config(cfg, plan, hf_config.hidden_size)
-        # DeepSpeed's communication layer over the process group the runtime already started (zero.Init reads the
-        # world size from it)
+        # DeepSpeed's communication layer over the process group the runtime already started
         deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
-        if plan.zero_stage == 3:
-            model = _build_partitioned(cfg, hf_config, config)
-        else:
-            model = build_meta_model(hf_config, cfg.model.attn_implementation)
-            twin = build_meta_model(hf_config, cfg.model.attn_implementation)
-            materialize([model], twin, device, cfg.model.name_or_path, cfg.train.seed)
-        apply_activation_checkpoint(decoder_blocks(model), plan.activation_checkpointing)
-        model.train()
+        model = built.parts[0]
         optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad])
         scheduler = make_scheduler(optimizer)
         ds_engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False
         )
-        return cls(ds_engine, plan, scheduler, device, config)
+        return cls(ds_engine, built, scheduler, device, config)
 
     @property
     def dp_rank(self) -> int:
@@ -127,6 +114,8 @@ class DeepSpeedZeroEngine(Engine):
         scale = self._loss_scale()
         self.ds.step()  # clip (gradient_clipping = train.grad_clip), AdamW, schedule
         skipped = bool(getattr(optimizer, "overflow", False)) if self.fp16 else False
+        if not skipped:
+            self.built.after_optimizer_step()
         norm = self.ds.get_global_grad_norm()
         grad_norm = torch.as_tensor(float("nan") if norm is None else norm, dtype=torch.float32).reshape(())
         return StepResult(grad_norm=grad_norm, lr=lr, skipped=skipped, loss_scale=scale)
@@ -136,7 +125,7 @@ class DeepSpeedZeroEngine(Engine):
 
     def _named_params(self) -> list[tuple[str, nn.Parameter]]:
         """Every parameter under each of its HF names (a tied weight under both), in a fixed order."""
-        return [(clean_fqn(n), p) for n, p in self.ds.module.named_parameters(remove_duplicate=False)]
+        return [(self.built.hf_name(n), p) for n, p in self.ds.module.named_parameters(remove_duplicate=False)]
 
     def state_dict(self) -> dict[str, Any]:
         """The state as the torch-native engines key it (``state.<name>.exp_avg``, ``param_groups.<name>.lr``, ...),
@@ -252,33 +241,3 @@ class DeepSpeedZeroEngine(Engine):
         step = states[0]["step"] if states and "step" in states[0] else 0.0
         return torch.as_tensor(step, dtype=torch.float32).detach().cpu().reshape(())
 
-
-def _build_partitioned(cfg: RecipeConfig, hf_config: Any, config: dict) -> nn.Module:
-    """ZeRO-3: construct under ``zero.Init`` (partitioned as built), then fill each parameter from the same walk
-    that gives every other plan its values, one gathered parameter at a time."""
-    import deepspeed
-    from transformers import AutoModelForCausalLM
-
-    hf_config.use_cache = False
-    # zero.Init replaces torch's tensor constructors while it is open; torch._dynamo, if first imported inside it (a
-    # model's code may import it), then fails to register its polyfills against them ("Signature mismatch")
-    import torch._dynamo  # noqa: F401
-
-    # dtype from the config (fp32 unless bf16/fp16 is enabled): DeepSpeed 0.19.8 ignores an explicit dtype= on an
-    # accelerator without fp16 support (the CPU) and partitions in bf16 (an operator-precedence slip in
-    # Init._set_dtype), which rounds every weight
-    with deepspeed.zero.Init(config_dict_or_path=config):
-        model = AutoModelForCausalLM.from_config(
-            hf_config, dtype=torch.float32, attn_implementation=cfg.model.attn_implementation
-        )
-    targets = {clean_fqn(n): t for n, t in [*model.named_parameters(), *model.named_buffers()]}
-    twin = build_meta_model(hf_config, cfg.model.attn_implementation)
-    for fqn, value, _ in full_values(twin, targets.keys(), cfg.model.name_or_path, cfg.train.seed):
-        target = targets[fqn]
-        if hasattr(target, "ds_id"):  # a partitioned parameter: gathered, written (the same on every rank), split
-            with deepspeed.zero.GatheredParameters([target], modifier_rank=0), torch.no_grad():
-                target.copy_(value.to(target.dtype))
-        else:
-            with torch.no_grad():
-                target.copy_(value.to(device=target.device, dtype=target.dtype))
-    return model

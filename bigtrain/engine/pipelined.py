@@ -28,17 +28,16 @@ from bigtrain.engine.torch_native import (
     loss_scaler_for,
     optimize_parts,
 )
-from bigtrain.parallel.apply import PipelineParts
+from bigtrain.parallel.transforms.base import BuiltModel
 
 
 class PipelinedEngine(TorchNativeEngine):
-    def __init__(self, pipeline: PipelineParts, *args: Any, **kwargs: Any) -> None:
-        super().__init__(None, pipeline.stages, pipeline.mesh, *args, **kwargs)
-        self.pipeline = pipeline
-        self.num_stages = num_stages(pipeline.plan)
-        self.pp_group = pipeline.mesh.mesh["pp"].get_group()
-        self.has_first = 0 in pipeline.stage_ids
-        self.has_last = self.num_stages - 1 in pipeline.stage_ids
+    def __init__(self, built: BuiltModel, *args: Any, **kwargs: Any) -> None:
+        super().__init__(built, *args, **kwargs)
+        self.num_stages = num_stages(built.plan)
+        self.pp_group = built.mesh.mesh["pp"].get_group()
+        self.has_first = 0 in built.stage_ids
+        self.has_last = self.num_stages - 1 in built.stage_ids
         self._schedule: Any = None
         self.pipeline_stages: list[Any] = []  # torch's PipelineStage objects of this rank (their receive buffers)
         self._schedule_shape: tuple[int, ...] | None = None
@@ -48,14 +47,15 @@ class PipelinedEngine(TorchNativeEngine):
     @classmethod
     def create_pipelined(
         cls,
-        pipeline: PipelineParts,
+        built: BuiltModel,
         train: TrainConfig,
         make_optimizer: OptimizerFactory,
         make_scheduler: SchedulerFactory,
         device: torch.device,
     ) -> PipelinedEngine:
-        optimizers, schedulers = optimize_parts(pipeline.stages, make_optimizer, make_scheduler)
-        return cls(pipeline, optimizers, schedulers, loss_scaler_for(train), device)
+        """The engine for this rank's stages (``built.parts``): an optimizer and schedule per stage."""
+        optimizers, schedulers = optimize_parts(built.parts, make_optimizer, make_scheduler)
+        return cls(built, optimizers, schedulers, loss_scaler_for(train), device)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         loss = labeled_loss_sum(logits, labels)
@@ -80,10 +80,10 @@ class PipelinedEngine(TorchNativeEngine):
         from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
         n, micro, seq = shape
-        config = self.pipeline.stages[0].config
-        dtype = self.pipeline.compute_dtype
+        config = self.built.parts[0].config
+        dtype = self.built.compute_dtype
         stages = []
-        for model, index in zip(self.pipeline.stages, self.pipeline.stage_ids, strict=True):
+        for model, index in zip(self.built.parts, self.built.stage_ids, strict=True):
             first, last = index == 0, index == self.num_stages - 1
             # example tensors declare shape, dtype and whether a gradient flows back (activations: yes)
             inputs = (
@@ -105,7 +105,7 @@ class PipelinedEngine(TorchNativeEngine):
                 )
             )
         self.pipeline_stages = stages
-        schedule_class = get_schedule_class(TORCH_SCHEDULES[self.pipeline.plan.pp_schedule])
+        schedule_class = get_schedule_class(TORCH_SCHEDULES[self.built.plan.pp_schedule])
         single = issubclass(schedule_class, PipelineScheduleSingle)
         self._schedule = schedule_class(
             stages[0] if single else stages, n_microbatches=n, loss_fn=self._loss, scale_grads=False

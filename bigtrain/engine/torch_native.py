@@ -25,8 +25,7 @@ from bigtrain.engine.base import Engine, StepResult
 from bigtrain.engine.grad_norm import clip_global_grad_norm
 from bigtrain.engine.loss import labeled_loss_sum
 from bigtrain.engine.loss_scale import DynamicLossScaler
-from bigtrain.parallel.apply import ParallelModel
-from bigtrain.parallel.mesh import WorldMesh
+from bigtrain.parallel.transforms.base import BuiltModel
 
 # Optimizer state keyed by parameter name (not by position), so it follows the parameters to another plan.
 STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -36,23 +35,21 @@ SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LR
 
 
 class TorchNativeEngine(Engine):
-    """Also the base of the pipelined engine: ``parts`` are the HF models this rank trains (one, or its pipeline
-    stages), each with its own optimizer and schedule (torch's distributed state dicts pair a module with the
-    optimizer of exactly its parameters); one loss scaler and one clip span them all."""
+    """Also the base of the pipelined engine: ``built.parts`` are the HF models this rank trains (one, or its
+    pipeline stages), each with its own optimizer and schedule (torch's distributed state dicts pair a module with
+    the optimizer of exactly its parameters); one loss scaler and one clip span them all."""
 
     def __init__(
         self,
-        model: ParallelModel | None,
-        parts: list[torch.nn.Module],
-        mesh: WorldMesh,
+        built: BuiltModel,
         optimizers: list[torch.optim.Optimizer],
         schedulers: list[torch.optim.lr_scheduler.LRScheduler],
         loss_scaler: DynamicLossScaler | None,
         device: torch.device,
     ) -> None:
-        self.model = model  # what forward_backward calls (None for the pipelined engine, which runs a schedule)
-        self.parts = parts
-        self.mesh = mesh
+        self.built = built
+        self.parts = built.parts
+        self.mesh = built.mesh
         self.optimizers = optimizers
         self.schedulers = schedulers
         self.loss_scaler = loss_scaler
@@ -63,17 +60,16 @@ class TorchNativeEngine(Engine):
     @classmethod
     def create(
         cls,
-        model: ParallelModel,
+        built: BuiltModel,
         train: TrainConfig,
         make_optimizer: OptimizerFactory,
         make_scheduler: SchedulerFactory,
         device: torch.device,
     ) -> TorchNativeEngine:
-        """The engine for a parallelised model: optimizer over its trainable parameters, schedule, and fp16 loss
-        scaling when ``train.mixed_precision`` asks for it (the trainer and the simulator both build it here)."""
-        optimizers, schedulers = optimize_parts([model.model], make_optimizer, make_scheduler)
-        scaler = loss_scaler_for(train)
-        return cls(model, [model.model], model.mesh, optimizers, schedulers, scaler, device)
+        """The engine for a built model: optimizer over its trainable parameters, schedule, and fp16 loss scaling
+        when ``train.mixed_precision`` asks for it."""
+        optimizers, schedulers = optimize_parts(built.parts, make_optimizer, make_scheduler)
+        return cls(built, optimizers, schedulers, loss_scaler_for(train), device)
 
     @property
     def dp_rank(self) -> int:
@@ -89,7 +85,7 @@ class TorchNativeEngine(Engine):
         return int(total.item())
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        dtype = self.model.autocast_dtype
+        dtype = self.built.autocast_dtype
         return contextlib.nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
 
     def _forward_loss(self, batch: MicroBatch) -> torch.Tensor:
@@ -98,15 +94,15 @@ class TorchNativeEngine(Engine):
         # Vocabulary-sharded logits (parallel.loss_parallel): torch's loss_parallel computes the cross-entropy on the
         # shards, in forward and in backward.
         with self._autocast():
-            logits = self.model.module(**batch.model_inputs()).logits
+            logits = self.built.forward_module(**batch.model_inputs()).logits
         with self._loss_context():
             return labeled_loss_sum(logits, batch.labels)
 
     def _loss_context(self) -> contextlib.AbstractContextManager:
-        return loss_parallel() if self.model.plan.loss_parallel else contextlib.nullcontext()
+        return loss_parallel() if self.built.plan.loss_parallel else contextlib.nullcontext()
 
     def _micro_step(self, batch: MicroBatch, last: bool, factor: float) -> torch.Tensor:
-        with self.model.grad_sync(last):
+        with self.built.grad_sync(last):
             loss = self._forward_loss(batch)
             with self._loss_context():
                 (loss * factor).backward()
@@ -163,13 +159,15 @@ class TorchNativeEngine(Engine):
             if not skipped:
                 optimizer.step()
             scheduler.step()
+        if not skipped:
+            self.built.after_optimizer_step()
         return StepResult(grad_norm=grad_norm, lr=lr, skipped=skipped, loss_scale=scale)
 
     def zero_grad(self) -> None:
         # DDP's gradients are views into its communication buckets: zero them in place. Set to None, the next step's
         # first micro-step (under no_sync) would allocate a second full set of gradients beside the buckets (4
         # bytes per parameter, measured on an H200: bench/results/rank0_h200.md).
-        keep_buckets = self.model is not None and isinstance(self.model.module, DistributedDataParallel)
+        keep_buckets = isinstance(self.built.module, DistributedDataParallel)
         for optimizer in self.optimizers:
             optimizer.zero_grad(set_to_none=not keep_buckets)
 

@@ -61,6 +61,27 @@ def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:
     return model
 
 
+def build_partitioned_model(hf_config: Any, attn_implementation: str, deepspeed_config: dict[str, Any]) -> nn.Module:
+    """DeepSpeed ZeRO-3: the model constructed under ``deepspeed.zero.Init``, each parameter partitioned over the
+    ranks as its module is built (DeepSpeed cannot take a meta model); its values are written afterwards."""
+    import deepspeed
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    # DeepSpeed's communication layer over the process group the runtime already started (zero.Init reads it)
+    deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
+    hf_config.use_cache = False
+    # zero.Init replaces torch's tensor constructors while it is open; torch._dynamo, if first imported inside it (a
+    # model's code may import it), then fails to register its polyfills against them ("Signature mismatch")
+    import torch._dynamo  # noqa: F401
+
+    # dtype from the config (fp32 unless bf16/fp16 is enabled): DeepSpeed 0.19.8 ignores an explicit dtype= on an
+    # accelerator without fp16 support (the CPU) and partitions in bf16 (an operator-precedence slip in
+    # Init._set_dtype), which rounds every weight
+    with deepspeed.zero.Init(config_dict_or_path=deepspeed_config):
+        return AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32, attn_implementation=attn_implementation)
+
+
 def model_shapes(hf_config: Any, attn_implementation: str) -> dict[str, tuple[int, ...]]:
     """Every entry of the whole model's state dict (parameters and persistent buffers) by name and shape."""
     return {name: tuple(t.shape) for name, t in build_meta_model(hf_config, attn_implementation).state_dict().items()}

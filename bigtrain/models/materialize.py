@@ -12,13 +12,12 @@ Non-persistent buffers (rotary ``inv_freq``) are never in checkpoints; the same 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from bigtrain.errors import ConfigError
@@ -84,11 +83,6 @@ class SafetensorsReader:
         return str(self._folder / self._where.get(key, "?"))
 
 
-def clean_fqn(name: str) -> str:
-    """The HF name of a parameter, without the wrapper prefix activation checkpointing inserts."""
-    return name.replace(_CHECKPOINT_PREFIX, "")
-
-
 def _tied_groups(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
     """Places that share one Parameter object (e.g. tied embeddings and LM head)."""
     places: dict[int, list[tuple[nn.Module, str]]] = {}
@@ -121,13 +115,13 @@ def to_empty_keeping_ties(model: nn.Module, device: torch.device, param_device: 
                 module._buffers[name] = torch.empty_like(buffer, device=device)
 
 
-def _targets(models: list[nn.Module]) -> dict[str, list[torch.Tensor]]:
+def _targets(models: list[nn.Module], hf_name: Callable[[str], str]) -> dict[str, list[torch.Tensor]]:
     """Every parameter and buffer by HF name; a name may have several places (the rotary buffers of each pipeline
     stage one rank runs)."""
     out: dict[str, list[torch.Tensor]] = {}
     for model in models:
         for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-            out.setdefault(clean_fqn(name), []).append(tensor)
+            out.setdefault(hf_name(name), []).append(tensor)
     return out
 
 
@@ -147,6 +141,18 @@ def copy_full_into(target: torch.Tensor, full: torch.Tensor, name: str, source: 
         target.copy_(full.to(device=target.device, dtype=target.dtype))
 
 
+def write_full(target: torch.Tensor, full: torch.Tensor, name: str, source: str) -> None:
+    """``copy_full_into``, also for a DeepSpeed ZeRO-3 partition: gathered, written (the same value on every rank),
+    split again, so no rank holds more than this one parameter whole."""
+    if hasattr(target, "ds_id"):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([target], modifier_rank=0):
+            copy_full_into(target, full, name, source)
+    else:
+        copy_full_into(target, full, name, source)
+
+
 @torch.no_grad()
 def materialize(
     models: list[nn.Module],
@@ -155,19 +161,24 @@ def materialize(
     checkpoint: str | None,
     seed: int,
     param_device: torch.device | None = None,
+    hf_name: Callable[[str], str] = str,
+    allocate: bool = True,
 ) -> None:
     """Allocate ``models`` (already sharded, on meta) on ``device`` and fill every parameter and buffer.
 
     ``models`` is ``[model]``, or the pipeline stages one rank runs (each holding part of it under the HF names);
     ``meta_twin`` is an unsharded meta copy of the whole HF model; ``checkpoint`` is a HF folder or None (init);
-    ``param_device``: where parameters live if not on ``device`` (see ``to_empty_keeping_ties``).
+    ``param_device``: where parameters live if not on ``device`` (see ``to_empty_keeping_ties``); ``hf_name``: the
+    HF name of a parameter of ``models`` (wrappers may have changed it); ``allocate=False``: the models already hold
+    memory (DeepSpeed's partitioned construction) and only their values are written.
     """
-    for model in models:
-        to_empty_keeping_ties(model, device, param_device)
-    targets = _targets(models)
+    if allocate:
+        for model in models:
+            to_empty_keeping_ties(model, device, param_device)
+    targets = _targets(models, hf_name)
     for fqn, value, source in full_values(meta_twin, targets.keys(), checkpoint, seed):
         for target in targets[fqn]:
-            copy_full_into(target, value, fqn, source)
+            write_full(target, value, fqn, source)
 
 
 @torch.no_grad()

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from bigtrain.config.plan import Plan
+from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.explain import render_table
 from bigtrain.planner.hardware import GPU, Cluster, lookup_gpu
@@ -27,13 +28,12 @@ def choose_plan(
     ranks_per_node: int,
     device_name: str | None,
     free_bytes: int,
-    seq_len: int,
-    global_batch_size: int,
-    mixed_precision: str,
+    workload: Workload,
     profile: dict[str, Any] | None = None,
 ) -> tuple[Plan, str]:
-    """The best plan and the table explaining it; ConfigError with the reason when none fits. ``profile``: a
-    ``bigtrain probe`` profile whose measured rates replace the table's (``profile.py``)."""
+    """The best plan and the table explaining it; ConfigError with the reason when none fits. ``workload`` carries
+    the train options that decide what may run (``train.compile``); ``profile``: a ``bigtrain probe`` profile whose
+    measured rates replace the table's (``profile.py``)."""
     stats = ModelStats.from_config(model_config)
     if device_name is None:
         gpu = CPU
@@ -46,8 +46,8 @@ def choose_plan(
     if profile is not None:
         gpu = gpu_from_profile(profile, gpu, memory_bytes=free_bytes)
     cluster = Cluster(gpu, world_size, max(1, min(ranks_per_node, world_size)))
-    candidates = search(stats, cluster, seq_len, global_batch_size, mixed_precision)
-    table = render_table(candidates, stats, cluster, seq_len, global_batch_size)
+    candidates = search(stats, cluster, workload)
+    table = render_table(candidates, stats, cluster, workload)
     best = candidates[0]  # the search ranks the plans the trainer can run first
     if not (best.fits and best.runnable):
         raise ConfigError(

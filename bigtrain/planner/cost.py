@@ -37,8 +37,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bigtrain.config.plan import Plan
+from bigtrain.config.workload import Workload
 from bigtrain.planner.hardware import Cluster
-from bigtrain.planner.memory import DTYPE_BYTES, stage_layers, stage_params, state_shards
+from bigtrain.planner.memory_terms import stage_layers, stage_params, state_shards
 from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.profile import measured_rate
 
@@ -102,13 +103,12 @@ def _bandwidth(cluster: Cluster, group: int, stride: int) -> float:
     return (cluster.gpu.inter_node_gbps if spans_nodes and group > 1 else cluster.gpu.intra_node_gbps) * 1e9
 
 
-def estimate_time(
-    stats: ModelStats, plan: Plan, cluster: Cluster, seq_len: int, global_batch_size: int, mixed_precision: str
-) -> TimeEstimate:
-    a = DTYPE_BYTES[mixed_precision]
+def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Workload) -> TimeEstimate:
+    """The predicted step time of ``plan`` on ``cluster`` for ``workload`` (module docstring)."""
+    seq_len, mixed_precision, a = workload.seq_len, workload.mixed_precision, workload.dtype_bytes
     world = plan.world_size
-    micro_batches = plan.grad_accum_steps(global_batch_size)
-    tokens = global_batch_size * seq_len
+    micro_batches = plan.grad_accum_steps(workload.global_batch_size)
+    tokens = workload.tokens
     per_token = model_flops_per_token(stats, seq_len)
     extra = 0.0
     attention_fwd = 4.0 * stats.layers * seq_len * stats.q_width

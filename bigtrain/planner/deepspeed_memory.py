@@ -2,7 +2,7 @@
 on its real step (``bench/deepspeed_memory.py``: every tensor storage from before ``deepspeed.initialize`` on,
 fp32 on CPU gloo ranks, the busiest rank of 2 and 4; ``bench/results/deepspeed_memory.md``).
 
-Symbols as in ``memory.py``: Ψ parameters, dp data-parallel ranks, a bytes of the compute dtype, h hidden size,
+Symbols as in ``memory_terms.py``: Ψ parameters, dp data-parallel ranks, a bytes of the compute dtype, h hidden size,
 V·h the LM head (the largest parameter of every model we plan for, with the embedding).
 
 At rest:
@@ -11,7 +11,7 @@ At rest:
 - All stages keep the fp32 master copy and AdamW's m and v as partitions (12Ψ/dp) unless ``offload_optimizer``
   moves them to the host; ``offload_params`` moves ZeRO-3's parameter partition there.
 During the step, the largest of these moments:
-- the loss backward's start: activations and logits (``memory.py``'s terms), one reduction bucket (a·h², the
+- the loss backward's start: activations and logits (``memory_terms.py``), one reduction bucket (a·h², the
   templates' reduce_bucket_size), and for ZeRO-1/2 the gradient partition of earlier micro-steps. That partition is
   allocated for the whole parameters touching this rank's slice, so the busiest rank holds a·(Ψ/dp + V·h)
   (a large parameter straddling its boundary is copied whole);
@@ -28,8 +28,8 @@ During the step, the largest of these moments:
 from __future__ import annotations
 
 from bigtrain.config.plan import Plan
-from bigtrain.planner.memory import (
-    DTYPE_BYTES,
+from bigtrain.config.workload import Workload
+from bigtrain.planner.memory_terms import (
     MemoryEstimate,
     activation_bytes,
     device_margin,
@@ -41,13 +41,11 @@ from bigtrain.planner.model_stats import ModelStats
 DEEPSPEED_MAX_LIVE_PARAMETERS = 10**9
 
 
-def estimate_deepspeed_memory(
-    stats: ModelStats, plan: Plan, seq_len: int, mixed_precision: str, global_batch_size: int
-) -> MemoryEstimate:
+def estimate_deepspeed_memory(stats: ModelStats, plan: Plan, workload: Workload) -> MemoryEstimate:
     """The predicted peak of the busiest rank and its parts at that moment."""
-    a = DTYPE_BYTES[mixed_precision]
+    seq_len, a = workload.seq_len, workload.dtype_bytes
     psi, dp = stats.params, plan.dp
-    accum = plan.grad_accum_steps(global_batch_size)
+    accum = plan.grad_accum_steps(workload.global_batch_size)
     head = stats.head_params
     logits = logits_bytes(stats, plan, seq_len, a)
     activations = activation_bytes(stats, plan, seq_len, a) + logits

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from bigtrain.config.plan import Plan
+from bigtrain.config.workload import Workload
 from bigtrain.planner.hardware import Cluster, GiB
-from bigtrain.planner.memory import host_offload_bytes
+from bigtrain.planner.memory_terms import host_offload_bytes
 from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.search import Candidate
 
@@ -47,12 +48,7 @@ def _row(c: Candidate) -> str:
 
 
 def render_table(
-    candidates: list[Candidate],
-    stats: ModelStats,
-    cluster: Cluster,
-    seq_len: int,
-    batch: int,
-    show_unrunnable: bool = False,
+    candidates: list[Candidate], stats: ModelStats, cluster: Cluster, workload: Workload, show_unrunnable: bool = False
 ) -> str:
     """The best runnable plans ("*" marks the choice), the best rejected ones with why, and with
     ``show_unrunnable`` the plans the trainer cannot run yet with the reason."""
@@ -60,7 +56,8 @@ def render_table(
     lines = [
         f"model {stats.model_type}: {stats.params / 1e9:.2f}B params, {stats.layers} layers, hidden {stats.hidden}, "
         f"vocab {stats.vocab} | {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpu.memory_bytes / GiB:.1f} GiB, "
-        f"{cluster.gpus_per_node} per node) | global batch {batch} x seq {seq_len}",
+        f"{cluster.gpus_per_node} per node) | global batch {workload.global_batch_size} x seq {workload.seq_len}"
+        + (" | train.compile" if workload.compile else ""),
         "",
         head,
     ]

@@ -15,16 +15,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from bigtrain.config.hf import hf_config_from_dict
+from bigtrain.config.capabilities import ModelFacts
+from bigtrain.config.hf import config_object, hf_config_from_dict
 from bigtrain.errors import ConfigError
 
 ROPE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 MODELLED = (*ROPE_FAMILIES, "gpt2")
-# Families whose transformers tensor-parallel layout the trainer runs (config.hf.tp_layout; a unit test keeps the
-# two in step): Qwen3's per-head q/k norms need a style the trainer does not map yet, GPT-2 ships no layout.
-TP_FAMILIES = ("llama", "mistral", "qwen2")
-# Families whose transformers pipeline layout (base_model_pp_plan) the trainer cuts into stages (config.pipeline)
-PP_FAMILIES = ROPE_FAMILIES
 
 
 @dataclass(frozen=True)
@@ -43,6 +39,7 @@ class ModelStats:
     linear_bias: bool  # o_proj and MLP projections carry biases (GPT-2)
     norm_bias: bool  # LayerNorm (weight + bias) rather than RMSNorm (weight)
     positions: int  # rows of a learned position embedding (GPT-2), 0 with RoPE
+    facts: ModelFacts  # what the capability table reads (heads, layers, tying, the layouts transformers ships)
     qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3)
 
     # ---- parameter counts (cached: the search asks for them once per candidate, tens of thousands of times) -----
@@ -104,6 +101,11 @@ class ModelStats:
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> ModelStats:
         model_type = cfg.get("model_type")
+        if model_type not in MODELLED:
+            raise ConfigError(
+                f"model_type {model_type!r} is not modelled by the planner; supported: {', '.join(MODELLED)}"
+            )
+        facts = ModelFacts.of(config_object(cfg))
         if model_type == "gpt2":
             hidden, heads = cfg["n_embd"], cfg["n_head"]
             return cls(
@@ -121,27 +123,27 @@ class ModelStats:
                 linear_bias=True,
                 norm_bias=True,
                 positions=cfg["n_positions"],
+                facts=facts,
             )
-        if model_type in ROPE_FAMILIES:
-            hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-            return cls(
-                model_type=model_type,
-                hidden=hidden,
-                layers=cfg["num_hidden_layers"],
-                heads=heads,
-                kv_heads=cfg.get("num_key_value_heads") or heads,
-                head_dim=cfg.get("head_dim") or hidden // heads,
-                ffn=cfg["intermediate_size"],
-                vocab=cfg["vocab_size"],
-                tied=bool(cfg.get("tie_word_embeddings")),
-                gated_mlp=True,
-                qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias")),
-                linear_bias=False,
-                norm_bias=False,
-                positions=0,
-                qk_norm=model_type == "qwen3",
-            )
-        raise ConfigError(f"model_type {model_type!r} is not modelled by the planner; supported: {', '.join(MODELLED)}")
+        hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+        return cls(
+            model_type=model_type,
+            hidden=hidden,
+            layers=cfg["num_hidden_layers"],
+            heads=heads,
+            kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or hidden // heads,
+            ffn=cfg["intermediate_size"],
+            vocab=cfg["vocab_size"],
+            tied=bool(cfg.get("tie_word_embeddings")),
+            gated_mlp=True,
+            qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias")),
+            linear_bias=False,
+            norm_bias=False,
+            positions=0,
+            qk_norm=model_type == "qwen3",
+            facts=facts,
+        )
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -4,15 +4,15 @@ The ranks of a pipeline differ: the first holds the embeddings and keeps the mos
 last holds the head and the loss, middle ranks receive activations and gradients from both sides, and a multi-stage
 schedule gives one rank several stages. Per pp rank, with P its stages' parameters (per tp rank), S = dp_shard,
 a = compute-dtype bytes, m = micro-batches per step, t = b·L tokens per micro-batch, h = hidden size:
-- model states as FSDP2's (``memory.py``): 4P/S parameters, 8P/S AdamW states;
+- model states as FSDP2's (``data_parallel_memory.py``): 4P/S parameters, 8P/S AdamW states;
 - during the micro-batches: the *unsharded* fp32 gradients 4P (torch's schedules turn gradient reduction off
   until the last micro-batch, which is ``grad_reduce: once_per_step``) and the stages' parameters in the compute
   dtype, aP: the schedules also stop FSDP2 from resharding after each backward, so from the first backward on a
   stage stays gathered;
 - activations of the micro-batches in flight (below) times the blocks each holds, as for one device
-  (``memory.micro_batch_activations``), plus the stage's output a·h·t per micro-batch in flight on every stage but
+  (``memory_terms.micro_batch_activations``), plus the stage's output a·h·t per micro-batch in flight on every stage but
   the last (kept by the schedule for its backward);
-- the loss on the last stage: 12 bytes per logit of one micro-batch at its backward (``memory.logits_bytes``);
+- the loss on the last stage: 12 bytes per logit of one micro-batch at its backward (``memory_terms.logits_bytes``);
 - receive buffers, allocated at the first step for every micro-batch and kept: a·h·t per micro-batch for the
   activations of each stage that is not first and for the gradients of each stage that is not last;
 - at the optimizer step the sharded gradients and the AdamW temporary (4P/S each) replace all the above but the
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from bigtrain.config.pipeline import num_stages, stages_of_rank
 from bigtrain.config.plan import Plan
-from bigtrain.planner.memory import (
-    DTYPE_BYTES,
+from bigtrain.config.workload import Workload
+from bigtrain.planner.memory_terms import (
     MemoryEstimate,
     device_margin,
     micro_batch_activations,
@@ -52,11 +52,10 @@ def stages_in_flight(plan: Plan, pp_rank: int, micro_batches: int) -> float:
     return min((v - 1) * p + 2 * (p - 1 - pp_rank) + 1, m * v)
 
 
-def estimate_pipeline_rank(
-    stats: ModelStats, plan: Plan, pp_rank: int, seq_len: int, mixed_precision: str, global_batch_size: int
-) -> MemoryEstimate:
-    a = DTYPE_BYTES[mixed_precision]
-    m = plan.grad_accum_steps(global_batch_size)
+def estimate_pipeline_rank(stats: ModelStats, plan: Plan, pp_rank: int, workload: Workload) -> MemoryEstimate:
+    """The predicted peak of pp rank ``pp_rank`` and its parts at that moment."""
+    seq_len, a = workload.seq_len, workload.dtype_bytes
+    m = plan.grad_accum_steps(workload.global_batch_size)
     total = num_stages(plan)
     stages = stages_of_rank(pp_rank, plan)
     base, extra = divmod(stats.layers, total)  # as config.pipeline.stage_layer_ranges splits them
@@ -84,7 +83,7 @@ def estimate_pipeline_rank(
     if last:
         # per micro-batch in flight on the last stage: the final norm's saved tensors (as a block's norm), the logits
         # the schedule keeps for the stage's backward (a bytes each) and the fp32 log-softmax its loss saved (4);
-        # the backward of one loss needs 12 bytes per logit in all (see memory.py), and frees that micro-batch's
+        # the backward of one loss needs 12 bytes per logit in all (see memory_terms.py), and frees that micro-batch's
         per_micro_batch = (4 * stats.hidden + 2 * a * stats.hidden + 4) * tokens + (a + 4) * tokens * stats.vocab
         fixed_start += last_in_flight * per_micro_batch + 8 * tokens * stats.vocab
         fixed_end += (last_in_flight - 1) * per_micro_batch
@@ -111,12 +110,10 @@ def estimate_pipeline_rank(
     return MemoryEstimate(params, peak[0], optim, peak[1], peak[2], margin)
 
 
-def estimate_pipeline_memory(
-    stats: ModelStats, plan: Plan, seq_len: int, mixed_precision: str, global_batch_size: int
-) -> MemoryEstimate:
+def estimate_pipeline_memory(stats: ModelStats, plan: Plan, workload: Workload) -> MemoryEstimate:
     """The busiest pp rank's estimate. Only three ranks can be it: the first (embeddings, most micro-batches in
     flight), the second (the most of both among the inner ranks: in-flight counts fall with the rank, and the first
     stages take the layers that do not divide evenly) and the last (head and loss)."""
     ranks = sorted({0, min(1, plan.pp - 1), plan.pp - 1})
-    estimates = (estimate_pipeline_rank(stats, plan, r, seq_len, mixed_precision, global_batch_size) for r in ranks)
+    estimates = (estimate_pipeline_rank(stats, plan, r, workload) for r in ranks)
     return max(estimates, key=lambda e: e.total_bytes)

@@ -4,9 +4,13 @@ Search space: backend (ddp, fsdp2 ZeRO-2/3, deepspeed ZeRO-1/2/3) x gradient red
 every micro-step or once per step) x dp_replicate/dp_shard (HSDP) x tp (dividing the attention and KV heads, within
 a node) x pp (dividing the layers; 1F1B or GPipe) x activation checkpointing x micro-batch (powers of two) x offload.
 
-Every candidate is predicted, including plans the trainer cannot run yet (``unsupported``): they are ranked apart,
-so that the best plan offered is always one ``bigtrain train`` accepts, and ``bigtrain plan --all`` can still show
-what the rest would cost. Ranked by predicted step time; among plans within NEAR_TIE of the fastest the simplest wins
+Every candidate is judged by the capability table (``config/capabilities.py``) with the workload's train options
+(``train.compile``) and the model's facts, as ``bigtrain train`` judges a recipe: a plan that does not fit the model
+or the batch is rejected with the table's message; a plan the trainer cannot run yet is still predicted but ranked
+apart, so that the best plan offered is always one ``bigtrain train`` accepts, and ``bigtrain plan --all`` can show
+what the rest would cost. Pins (``fixed``) that no enumerated plan meets are resolved as a recipe would be, so a
+contradiction among them gets the table's words too.
+Ranked by predicted step time; among plans within NEAR_TIE of the fastest the simplest wins
 (fewer dimensions and engines to go wrong).
 """
 
@@ -18,14 +22,17 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
-from bigtrain.config.pipeline import min_micro_batches
-from bigtrain.config.plan import CHOOSES_GRAD_REDUCE, DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan, unsupported
-from bigtrain.config.schema import BACKENDS, CHECKPOINTING, GRAD_REDUCE
+from bigtrain.config.capabilities import Setup, check, problems
+from bigtrain.config.plan import CHOOSES_GRAD_REDUCE, DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan
+from bigtrain.config.resolve import resolve_plan
+from bigtrain.config.schema import BACKENDS, CHECKPOINTING, GRAD_REDUCE, ParallelConfig, TrainConfig
+from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.cost import TimeEstimate, estimate_time
 from bigtrain.planner.hardware import Cluster, GiB
-from bigtrain.planner.memory import MemoryEstimate, estimate_memory
-from bigtrain.planner.model_stats import PP_FAMILIES, TP_FAMILIES, ModelStats
+from bigtrain.planner.memory import estimate_memory
+from bigtrain.planner.memory_terms import MemoryEstimate
+from bigtrain.planner.model_stats import ModelStats
 
 NEAR_TIE = 0.02
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -40,7 +47,7 @@ class Candidate:
     memory: MemoryEstimate
     fits: bool  # structurally valid and within the memory budget
     rejected_because: str | None  # why it does not fit
-    unsupported: str | None  # why the trainer cannot run it yet (config.plan.unsupported)
+    unsupported: str | None  # why it is not offered: the trainer cannot run it yet, or its terms are unchecked
     predict_time: Callable[[Plan], TimeEstimate] = field(repr=False, compare=False)
 
     @cached_property
@@ -101,28 +108,19 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _structural_problem(stats: ModelStats, plan: Plan, cluster: Cluster, global_batch_size: int) -> str | None:
+def judge(stats: ModelStats, plan: Plan, cluster: Cluster, train: TrainConfig) -> tuple[str | None, str | None]:
+    """(why the plan cannot work here, why it is not offered): the capability table's rows for this model and
+    workload, and the planner's own rule that tensor parallelism stays inside a node."""
+    rejected = None
     if plan.tp > cluster.gpus_per_node:
-        return f"tp={plan.tp} crosses node boundary ({cluster.gpus_per_node} GPUs per node)"
-    if plan.tp > 1 and stats.model_type not in TP_FAMILIES:
-        return f"tp={plan.tp}: the trainer has no tensor-parallel layout for model_type {stats.model_type}"
-    if stats.heads % plan.tp or stats.kv_heads % plan.tp:
-        return (
-            f"tp={plan.tp} does not divide num_attention_heads={stats.heads} and num_key_value_heads={stats.kv_heads}"
-        )
-    if plan.loss_parallel and stats.tied:
-        return "loss_parallel needs an untied LM head (this model ties it to the input embeddings)"
-    if plan.loss_parallel and stats.vocab % plan.tp:
-        return f"loss_parallel: tp={plan.tp} does not divide the vocabulary of {stats.vocab}"
-    if plan.pp > stats.layers:
-        return f"pp={plan.pp} exceeds the {stats.layers} layers"
-    if plan.pp > 1 and stats.model_type not in PP_FAMILIES:
-        return f"pp={plan.pp}: transformers ships no pipeline layout for model_type {stats.model_type}"
-    if plan.pp > 1 and stats.tied:
-        return f"pp={plan.pp}: the LM head is tied to the embeddings, which pipeline stages put on different ranks"
-    if plan.pp > 1 and plan.grad_accum_steps(global_batch_size) < min_micro_batches(plan):
-        return f"pp_schedule={plan.pp_schedule} needs at least {min_micro_batches(plan)} micro-batches per step"
-    return None
+        rejected = f"tp={plan.tp} crosses node boundary ({cluster.gpus_per_node} GPUs per node)"
+    not_offered = None
+    for problem in problems(Setup(plan, train, stats.facts)):
+        if problem.rule.kind == "not_built":
+            not_offered = not_offered or problem.message
+        else:
+            rejected = rejected or problem.message
+    return rejected, not_offered or not_weighed_yet(plan)
 
 
 def _layouts(stats: ModelStats, cluster: Cluster, backend: str) -> Iterator[tuple[int, int, int, int]]:
@@ -193,34 +191,31 @@ def enumerate_plans(
 
 
 def search(
-    stats: ModelStats,
-    cluster: Cluster,
-    seq_len: int,
-    global_batch_size: int,
-    mixed_precision: str,
-    fixed: dict[str, Any] | None = None,
+    stats: ModelStats, cluster: Cluster, workload: Workload, fixed: dict[str, Any] | None = None
 ) -> list[Candidate]:
     """All candidates, best first: runnable plans that fit, by predicted step time (simplest on near ties); then
     runnable plans that do not fit; then the plans the trainer cannot run yet, ranked the same way among themselves."""
     fixed = fixed or {}
     budget = cluster.gpu.memory_bytes
+    train = workload.train_config()
     out = []
 
     def predict_time(plan: Plan) -> TimeEstimate:
-        return estimate_time(stats, plan, cluster, seq_len, global_batch_size, mixed_precision)
+        return estimate_time(stats, plan, cluster, workload)
 
-    for plan in enumerate_plans(stats, cluster, global_batch_size, fixed):
-        mem = estimate_memory(stats, plan, seq_len, mixed_precision, global_batch_size)
-        reason = _structural_problem(stats, plan, cluster, global_batch_size)
+    for plan in enumerate_plans(stats, cluster, workload.global_batch_size, fixed):
+        mem = estimate_memory(stats, plan, workload)
+        reason, not_offered = judge(stats, plan, cluster, train)
         if reason is None and mem.budget_bytes > budget:
             reason = f"needs {mem.budget_bytes / GiB:.1f} GiB > {budget / GiB:.1f} GiB budget"
-        out.append(
-            Candidate(plan, mem, reason is None, reason, unsupported(plan) or not_weighed_yet(plan), predict_time)
-        )
+        out.append(Candidate(plan, mem, reason is None, reason, not_offered, predict_time))
     if not out:
+        if fixed:  # pins that contradict each other, the batch or the model: the words a recipe would get
+            plan = resolve_plan(ParallelConfig(**fixed), cluster.num_gpus, train)
+            check(Setup(plan, train, stats.facts))
         pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "none"
         raise ConfigError(
-            f"no plan meets global batch {global_batch_size} on {cluster.num_gpus} GPUs with pins ({pins}); "
+            f"no plan meets global batch {workload.global_batch_size} on {cluster.num_gpus} GPUs with pins ({pins}); "
             "use a global batch that is a multiple of the GPU count, or fewer pins"
         )
     return _rank([c for c in out if c.runnable]) + _rank([c for c in out if not c.runnable])

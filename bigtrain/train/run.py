@@ -23,17 +23,20 @@ from bigtrain.checkpoint.export import export_model
 from bigtrain.checkpoint.loader import load_checkpoint
 from bigtrain.checkpoint.run_dir import FINAL_MODEL, plan_start, prepare_output_dir
 from bigtrain.checkpoint.saver import Checkpointer
-from bigtrain.config.hf import check_tensor_parallel, one_block
+from bigtrain.config.capabilities import ModelFacts, Setup, check
+from bigtrain.config.hf import one_block
 from bigtrain.config.load import dump_recipe, recipe_warnings
-from bigtrain.config.pipeline import check_pipeline_parallel
-from bigtrain.config.plan import Plan, resolve_plan
+from bigtrain.config.plan import Plan
+from bigtrain.config.resolve import resolve_plan
 from bigtrain.config.schema import ParallelConfig, RecipeConfig
+from bigtrain.config.workload import Workload
 from bigtrain.data.loader import EvalLoader, StepLoader
 from bigtrain.data.order import GlobalOrder
 from bigtrain.data.sources import TokenRows, check_vocabulary, hold_out, load_token_rows
-from bigtrain.engine import Engine, build_engine, check_engine_inputs
+from bigtrain.engine import Engine, build_engine, build_options
 from bigtrain.errors import ConfigError
 from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes
+from bigtrain.parallel.transforms.base import BuildOptions
 from bigtrain.planner.auto import choose_plan
 from bigtrain.planner.profile import load_profile
 from bigtrain.runtime import (
@@ -85,9 +88,9 @@ class TrainingJob:
         warn_if_accelerate_started_one_process(self.env)
         self.hf_config = load_hf_config(cfg.model)
         auto = cfg.parallel.plan == "auto"
-        self.plan: Plan | None = None if auto else resolve_plan(cfg.parallel, self.env.world_size, self._batch)
-        if self.plan is not None:
-            self._check_model_split(self.plan)
+        self.device = pick_device(self.env)
+        self.plan: Plan | None = None if auto else resolve_plan(cfg.parallel, self.env.world_size, cfg.train)
+        self.options: BuildOptions | None = None if self.plan is None else self._build_options(self.plan)
         # one block on meta: a bad attn_implementation fails here, and it shows the position embedding
         probe = build_meta_model(one_block(self.hf_config), cfg.model.attn_implementation)
         self.data, self.eval_data = self._load_data()
@@ -103,7 +106,6 @@ class TrainingJob:
             for warning in recipe_warnings(cfg) + self._data_warnings() + ([packing_note] if packing_note else []):
                 log.warning("%s", warning)
         self.start = plan_start(cfg)
-        self.device = pick_device(self.env)
         self.engine: Engine | None = None
         self.checkpointer: Checkpointer | None = None
         self.start_point = StartPoint()
@@ -155,13 +157,13 @@ class TrainingJob:
                     log.info("%s", self.start.note)
             if self.plan is None:
                 self.plan = self._auto_plan(smallest_free_memory(self.env, self.device))
+                self.options = self._build_options(self.plan)
+            assert self.options is not None
             self._log_plan()
             train = self.cfg.train
             self.engine = build_engine(
-                self.cfg,
-                self.hf_config,
-                self.plan,
-                self.device,
+                self.options,
+                train,
                 make_optimizer=lambda params: build_optimizer(params, train),
                 make_scheduler=lambda optimizer: build_scheduler(optimizer, train),
             )
@@ -267,24 +269,19 @@ class TrainingJob:
             self.env.local_world_size,
             name,
             free,
-            self.data.seq_len,
-            self._batch,
-            self.cfg.train.mixed_precision,
+            Workload.of_train(self.cfg.train, self.data.seq_len),
             load_profile(self.cfg.parallel.hardware_profile) if self.cfg.parallel.hardware_profile else None,
         )
         if self.env.rank == 0:
             log.info("parallel.plan=auto chose:\n%s", table)
-        # validate it as if the user had written it
-        plan = resolve_plan(ParallelConfig(**chosen.to_dict()), self.env.world_size, self._batch)
-        self._check_model_split(plan)
-        return plan
+        # validated as if the user had written it
+        return resolve_plan(ParallelConfig(**chosen.to_dict()), self.env.world_size, self.cfg.train)
 
-    def _check_model_split(self, plan: Plan) -> None:
-        """tp and pp must fit this model and batch, the engine's own inputs the recipe (every rank, before any group
-        for a written plan)."""
-        check_tensor_parallel(self.hf_config, plan.tp, plan.loss_parallel)
-        check_pipeline_parallel(self.hf_config, plan, self._batch)
-        check_engine_inputs(self.cfg, self.hf_config, plan)
+    def _build_options(self, plan: Plan) -> BuildOptions:
+        """The capability table's rows for this model and the engine's own inputs (its config files), checked on
+        every rank before any process group for a written plan; then what the build reads."""
+        check(Setup(plan, self.cfg.train, ModelFacts.of(self.hf_config)))
+        return build_options(self.cfg, self.hf_config, plan, self.device)
 
     def _log_plan(self) -> None:
         if self.env.rank == 0:
@@ -305,4 +302,5 @@ class TrainingJob:
         the plan (``plan: auto`` plans for this machine's free memory, as every rank of a real start would)."""
         if self.plan is None:
             self.plan = self._auto_plan(local_free_memory(self.env, self.device))
+            self.options = self._build_options(self.plan)
         return f"{dump_recipe(self.cfg)}\n{self.plan_line()}\nnothing trained (--dry-run)"

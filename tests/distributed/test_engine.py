@@ -25,11 +25,11 @@ def _worker(rank: int, world: int, port: int, rows_path: str, parallel: list[str
 
     from bigtrain.config.hf import hf_config_from_dict
     from bigtrain.config.load import load_recipe
-    from bigtrain.config.plan import resolve_plan
+    from bigtrain.config.resolve import resolve_plan
     from bigtrain.data.loader import StepLoader
     from bigtrain.data.order import GlobalOrder
     from bigtrain.data.sources import load_token_rows
-    from bigtrain.engine import build_engine, train_step
+    from bigtrain.engine import build_engine, build_options, train_step
     from bigtrain.runtime import init_process_group, read_launch_env
     from bigtrain.train.optim import build_optimizer, build_scheduler
 
@@ -39,17 +39,15 @@ def _worker(rank: int, world: int, port: int, rows_path: str, parallel: list[str
     device = torch.device("cpu")
     init_process_group(read_launch_env(), device, timeout_s=60)
     try:
-        plan = resolve_plan(cfg.parallel, world, cfg.train.global_batch_size)
+        plan = resolve_plan(cfg.parallel, world, cfg.train)
         hf_config = hf_config_from_dict(cfg.model.config)
         rows = load_token_rows(cfg.data)
 
         def make(seed: int):
             job = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed))
             return build_engine(
-                job,
-                hf_config,
-                plan,
-                device,
+                build_options(job, hf_config, plan, device),
+                job.train,
                 lambda params: build_optimizer(params, cfg.train),
                 lambda optimizer: build_scheduler(optimizer, cfg.train),
             )

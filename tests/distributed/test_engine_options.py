@@ -18,9 +18,9 @@ from helpers import free_port
 
 from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.load import load_recipe
-from bigtrain.config.plan import resolve_plan
+from bigtrain.config.resolve import resolve_plan
 from bigtrain.data.batch import MicroBatch
-from bigtrain.engine import build_engine, train_step
+from bigtrain.engine import build_engine, build_options, train_step
 from bigtrain.train.optim import build_optimizer, build_scheduler
 
 
@@ -36,12 +36,10 @@ def one_rank_group() -> Iterator[None]:
 def make_engine(overrides: list[str]):
     cfg = load_recipe(None, ["train.global_batch_size=4", *overrides])
     cfg.model.config = dict(TINY_LLAMA)
-    plan = resolve_plan(cfg.parallel, 1, cfg.train.global_batch_size)
+    plan = resolve_plan(cfg.parallel, 1, cfg.train)
     engine = build_engine(
-        cfg,
-        hf_config_from_dict(cfg.model.config),
-        plan,
-        torch.device("cpu"),
+        build_options(cfg, hf_config_from_dict(cfg.model.config), plan, torch.device("cpu")),
+        cfg.train,
         lambda params: build_optimizer(params, cfg.train),
         lambda optimizer: build_scheduler(optimizer, cfg.train),
     )
@@ -53,7 +51,7 @@ def test_ddp_gradients_stay_in_its_buckets_between_steps():
         engine, plan = make_engine(["parallel.backend=ddp", "parallel.micro_batch_size=2"])
         assert plan.grad_accum_steps(4) == 2  # the first micro-step runs under no_sync
         batches = [MicroBatch.of_ids(torch.randint(0, TINY_LLAMA["vocab_size"], (2, 16))) for _ in range(2)]
-        params = [p for p in engine.model.module.parameters() if p.requires_grad]
+        params = [p for p in engine.built.forward_module.parameters() if p.requires_grad]
         for _ in range(2):  # DDP rebuilds its buckets (in gradient-ready order) after the first step
             train_step(engine, batches, 64.0, 1.0)
         buckets = {p.grad.untyped_storage().data_ptr() for p in params}

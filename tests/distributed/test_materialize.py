@@ -22,29 +22,29 @@ def _shard_worker(rank: int, world: int, port: int, model_dir: str, overrides: l
     from torch.distributed.tensor import DTensor
 
     from bigtrain.config.load import load_recipe
-    from bigtrain.config.plan import resolve_plan
+    from bigtrain.config.resolve import resolve_plan
+    from bigtrain.config.schema import TrainConfig
     from bigtrain.models.build import load_hf_config
-    from bigtrain.models.materialize import clean_fqn
-    from bigtrain.parallel.apply import build_parallel_model
-    from bigtrain.parallel.mesh import build_world_mesh
+    from bigtrain.parallel.build import build_model
+    from bigtrain.parallel.transforms.base import BuildOptions
     from bigtrain.runtime import init_process_group, read_launch_env
 
     cfg = load_recipe(None, [f"model.name_or_path={model_dir}", "parallel.activation_checkpointing=full", *overrides])
     device = torch.device("cpu")
     init_process_group(read_launch_env(), device, timeout_s=60)
     try:
-        plan = resolve_plan(cfg.parallel, world, global_batch_size=world)
-        mesh = build_world_mesh(plan, device.type)
-        model = build_parallel_model(
-            load_hf_config(cfg.model), "sdpa", plan, mesh, device, "fp32", model_dir, cfg.train.seed
+        plan = resolve_plan(cfg.parallel, world, TrainConfig(global_batch_size=world))
+        options = BuildOptions(
+            hf_config=load_hf_config(cfg.model), plan=plan, device=device, pretrained=model_dir, seed=cfg.train.seed
         )
+        model = build_model(options)
         saved = load_file(os.path.join(model_dir, "model.safetensors"))
         sizes = {}  # name -> (local elements, global elements)
         mismatched = []
-        for name, param in model.module.named_parameters():
+        for name, param in model.forward_module.named_parameters():
             assert isinstance(param, DTensor), name
-            sizes[clean_fqn(name)] = (param.to_local().numel(), param.numel())
-            if not torch.equal(param.full_tensor(), saved[clean_fqn(name)]):
+            sizes[model.hf_name(name)] = (param.to_local().numel(), param.numel())
+            if not torch.equal(param.full_tensor(), saved[model.hf_name(name)]):
                 mismatched.append(name)
         results.put((rank, sizes, mismatched))
         # as TrainingJob does: free the sharded model (its gloo work) and let every rank finish before teardown;

@@ -9,6 +9,9 @@ import pytest
 from cases import MEMORY_ARCHS, MEMORY_CASES
 from helpers import REPO
 
+from bigtrain.config.schema import TrainConfig
+from bigtrain.config.workload import Workload
+
 sys.path.insert(0, str(REPO / "bench"))
 from memory_matrix import run_case  # noqa: E402
 
@@ -42,13 +45,14 @@ def test_the_simulator_runs_the_tensor_parallel_step_and_its_shards_divide():
     from cases import TINY_LLAMA
 
     from bigtrain.config.hf import hf_config_from_dict
-    from bigtrain.config.plan import resolve_plan
+    from bigtrain.config.resolve import resolve_plan
     from bigtrain.config.schema import ParallelConfig
     from bigtrain.models.build import build_meta_model
     from bigtrain.simulate import simulate
 
     config = {**TINY_LLAMA, "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 1024, "vocab_size": 256}
-    got = simulate(config, resolve_plan(ParallelConfig(tp=2, dp_shard=2), 4, 4), 64, "fp32", 4)
+    plan = resolve_plan(ParallelConfig(tp=2, dp_shard=2), 4, TrainConfig(global_batch_size=4))
+    got = simulate(config, plan, Workload(seq_len=64, global_batch_size=4, mixed_precision="fp32"))
     model = build_meta_model(hf_config_from_dict(config), "sdpa")
     sliced = sum(p.numel() for n, p in model.named_parameters() if n.endswith("proj.weight"))
     rest = sum(p.numel() for p in model.parameters()) - sliced
@@ -57,13 +61,13 @@ def test_the_simulator_runs_the_tensor_parallel_step_and_its_shards_divide():
 
 def test_fake_tensors_are_not_trusted_with_loss_parallel():
     """They over-count torch's vocabulary-parallel cross-entropy (see simulate.py): refused, not misreported."""
-    from bigtrain.config.plan import resolve_plan
+    from bigtrain.config.resolve import resolve_plan
     from bigtrain.config.schema import ParallelConfig
     from bigtrain.errors import ConfigError
     from bigtrain.planner.model_stats import load_model_config
     from bigtrain.simulate import simulate
 
     config = load_model_config(MEMORY_ARCHS["llama-dense"])
-    plan = resolve_plan(ParallelConfig(tp=2, dp_shard=2, loss_parallel=True), 4, 4)
+    plan = resolve_plan(ParallelConfig(tp=2, dp_shard=2, loss_parallel=True), 4, TrainConfig(global_batch_size=4))
     with pytest.raises(ConfigError, match="fake tensors over-count torch's vocabulary-parallel cross-entropy"):
-        simulate(config, plan, 64, "bf16", 4)
+        simulate(config, plan, Workload(seq_len=64, global_batch_size=4, mixed_precision="bf16"))

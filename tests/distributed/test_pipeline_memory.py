@@ -9,8 +9,9 @@ import pytest
 from cases import MEMORY_ARCHS, PIPELINE_MEMORY_CASES
 from helpers import REPO
 
-from bigtrain.config.plan import resolve_plan
-from bigtrain.config.schema import ParallelConfig
+from bigtrain.config.resolve import resolve_plan
+from bigtrain.config.schema import ParallelConfig, TrainConfig
+from bigtrain.config.workload import Workload
 from bigtrain.simulate import simulate
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -29,9 +30,9 @@ def test_the_last_stage_does_not_keep_every_micro_batchs_logits():
     vocabulary that was b·L·V compute-dtype bytes more per micro-batch. The engine asks for no outputs, so the last
     stage's peak does not grow with the micro-batches of a 1F1B step."""
     config = {**MEMORY_ARCHS["qwen2-bigvocab"], "num_hidden_layers": 2}
-    plan = resolve_plan(ParallelConfig(pp=2), 2, 2)
-    few = simulate(config, plan, 256, "bf16", 2)  # 2 micro-batches
-    many = simulate(config, plan, 256, "bf16", 8)  # 8 micro-batches
+    plan = resolve_plan(ParallelConfig(pp=2), 2, TrainConfig(global_batch_size=2))
+    few = simulate(config, plan, Workload(seq_len=256, global_batch_size=2, mixed_precision="bf16"))  # 2 micro-batches
+    many = simulate(config, plan, Workload(seq_len=256, global_batch_size=8, mixed_precision="bf16"))  # 8 micro-batches
     assert few["pp_rank"] == many["pp_rank"] == 1  # the head's stage is the busiest
     logits_of_one = 256 * config["vocab_size"] * 2
     assert many["Total"] - few["Total"] < logits_of_one / 4, (few["Total"], many["Total"])

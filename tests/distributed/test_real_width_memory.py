@@ -14,7 +14,7 @@ import pytest
 from cases import REAL_WIDTH_CASES, MemoryCase, arch_config
 from helpers import REPO
 
-from bigtrain.planner import deepspeed_memory, memory, pipeline_memory
+from bigtrain.planner import data_parallel_memory, deepspeed_memory, memory, memory_terms, pipeline_memory
 from bigtrain.planner.model_stats import ModelStats
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -31,7 +31,7 @@ def simulated() -> dict[str, int]:
 
 def predicted(case: MemoryCase) -> int:
     stats = ModelStats.from_config(arch_config(case.arch))
-    return memory.estimate_memory(stats, case.plan(), case.seq_len, case.precision, case.global_batch).total_bytes
+    return memory.estimate_memory(stats, case.plan(), case.workload()).total_bytes
 
 
 def errors(simulated: dict[str, int]) -> dict[str, float]:
@@ -71,8 +71,8 @@ def _scaled(fn: Callable[..., Any], factor: float) -> Callable[..., Any]:
     return wrapper
 
 
-# The planner's terms, each one function of planner/memory.py (also where pipeline_memory and deepspeed_memory
-# imported it). Not listed: the final norm's and embedding output's activations and the optimizer's temporary, each
+# The planner's terms, each one function of planner/memory_terms.py or data_parallel_memory.py (and wherever another
+# estimate imported it). Not listed: the final norm's and embedding output's activations and the optimizer's temporary, each
 # at most a fifth of any peak here, so that 25% of them moves no prediction by more than 5%.
 TERMS = [
     "stage_params",  # the parameters a rank holds: every model-state term and the gathered copies
@@ -86,8 +86,9 @@ TERMS = [
 @pytest.mark.parametrize("factor", [0.75, 1.25])
 @pytest.mark.parametrize("term", TERMS)
 def test_a_25_percent_error_in_any_term_is_noticed(simulated, monkeypatch, term, factor):
-    original = getattr(memory, term)
-    for module in (memory, pipeline_memory, deepspeed_memory):
+    modules = (memory_terms, data_parallel_memory, pipeline_memory, deepspeed_memory)
+    original = next(getattr(m, term) for m in modules if hasattr(m, term))
+    for module in modules:
         if getattr(module, term, None) is original:
             monkeypatch.setattr(module, term, _scaled(original, factor))
     worst = max(abs(e) for e in errors(simulated).values())
@@ -100,7 +101,7 @@ def test_fields_of_the_peak_are_each_noticed(simulated):
         worst = 0.0
         for c in REAL_WIDTH_CASES:
             stats = ModelStats.from_config(arch_config(c.arch))
-            m = memory.estimate_memory(stats, c.plan(), c.seq_len, c.precision, c.global_batch)
+            m = memory.estimate_memory(stats, c.plan(), c.workload())
             m = replace(m, **{field: int(getattr(m, field) * 1.25)})
             worst = max(worst, abs(m.total_bytes / simulated[c.name] - 1))
         assert worst > 0.10, f"{field} x1.25 leaves every case within 10% (worst {worst:.1%})"

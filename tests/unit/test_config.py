@@ -1,12 +1,11 @@
 import re
 
 import pytest
-from helpers import REPO
+from helpers import REPO, check_fit
 
-from bigtrain.config.hf import check_tensor_parallel, hf_config_from_dict
+from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.load import load_recipe
-from bigtrain.config.pipeline import check_pipeline_parallel
-from bigtrain.config.plan import resolve_plan
+from bigtrain.config.resolve import resolve_plan
 from bigtrain.errors import ConfigError
 
 
@@ -74,7 +73,6 @@ def test_every_shipped_recipe_resolves_for_the_workers_its_header_names(recipe):
     cfg = load_recipe(REPO / "recipes" / recipe)
     if cfg.parallel.plan == "auto":
         return
-    plan = resolve_plan(cfg.parallel, nproc, cfg.train.global_batch_size)
+    plan = resolve_plan(cfg.parallel, nproc, cfg.train)
     if cfg.model.config is not None:
-        check_tensor_parallel(hf_config_from_dict(cfg.model.config), plan.tp, plan.loss_parallel)
-        check_pipeline_parallel(hf_config_from_dict(cfg.model.config), plan, cfg.train.global_batch_size)
+        check_fit(hf_config_from_dict(cfg.model.config), plan, cfg.train.global_batch_size)

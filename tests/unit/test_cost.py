@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from bigtrain.config.plan import resolve_plan
-from bigtrain.config.schema import ParallelConfig
+from bigtrain.config.resolve import resolve_plan
+from bigtrain.config.schema import ParallelConfig, TrainConfig
+from bigtrain.config.workload import Workload
 from bigtrain.planner.cost import CPU_ADAM_PARAMS_PER_S, estimate_time, model_flops_per_token
 from bigtrain.planner.hardware import GPU, Cluster
 from bigtrain.planner.model_stats import ModelStats, load_model_config
@@ -25,11 +26,11 @@ LINKS = GPU("test", 2**40, 100.0, 1.0, 0.5, 2.0, measured_tflops=(("bf16", 1024,
 
 
 def plan(world: int, batch: int, **parallel):
-    return resolve_plan(ParallelConfig(**parallel), world, batch)
+    return resolve_plan(ParallelConfig(**parallel), world, TrainConfig(global_batch_size=batch))
 
 
 def step(p, gpus: int = 4, per_node: int = 4, batch: int = 4, gpu: GPU = LINKS) -> float:
-    return estimate_time(GPT2, p, Cluster(gpu, gpus, per_node), 1024, batch, "bf16").step_s
+    return estimate_time(GPT2, p, Cluster(gpu, gpus, per_node), Workload(seq_len=1024, global_batch_size=batch, mixed_precision="bf16")).step_s
 
 
 def test_flops_per_token_is_6n_plus_attention():
@@ -41,10 +42,10 @@ def test_flops_per_token_is_6n_plus_attention():
 def test_compute_time_is_flops_over_the_rate_and_full_checkpointing_adds_a_forward():
     gpu = replace(LINKS, measured_tflops=(("bf16", 1024, 1.0),), intra_node_gbps=1e12)
     p = plan(1, 1, backend="ddp", micro_batch_size=1)
-    t = estimate_time(GPT2, p, Cluster(gpu, 1, 1), 1024, 1, "bf16")
+    t = estimate_time(GPT2, p, Cluster(gpu, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="bf16"))
     assert t.compute_s == pytest.approx(model_flops_per_token(GPT2, 1024) * 1024 / 1e12)
     full = plan(1, 1, backend="ddp", micro_batch_size=1, activation_checkpointing="full")
-    assert estimate_time(GPT2, full, Cluster(gpu, 1, 1), 1024, 1, "bf16").compute_s == pytest.approx(
+    assert estimate_time(GPT2, full, Cluster(gpu, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="bf16")).compute_s == pytest.approx(
         t.compute_s * 4 / 3
     )
 
@@ -92,8 +93,8 @@ def test_pipeline_bubble(schedule, virtual):
     gpu = replace(LINKS, measured_tflops=(("bf16", 1024, 1.0),), intra_node_gbps=1e12)
     flat = plan(2, 8, backend="fsdp2", dp_shard=1, dp_replicate=2, micro_batch_size=1)
     piped = plan(2, 4, backend="fsdp2", pp=2, pp_schedule=schedule, pp_virtual_stages=virtual, micro_batch_size=1)
-    t_flat = estimate_time(GPT2, flat, Cluster(gpu, 2, 2), 1024, 8, "bf16").compute_s
-    t_pipe = estimate_time(GPT2, piped, Cluster(gpu, 2, 2), 1024, 4, "bf16").compute_s
+    t_flat = estimate_time(GPT2, flat, Cluster(gpu, 2, 2), Workload(seq_len=1024, global_batch_size=8, mixed_precision="bf16")).compute_s
+    t_pipe = estimate_time(GPT2, piped, Cluster(gpu, 2, 2), Workload(seq_len=1024, global_batch_size=4, mixed_precision="bf16")).compute_s
     # the pp plan runs half the tokens (4 sequences, all on one pipeline) over the same 2 ranks
     assert t_pipe == pytest.approx(t_flat / 2 * (virtual * 4 + 1) / (virtual * 4))
 
@@ -120,20 +121,13 @@ def test_with_a_measured_memory_bandwidth_element_wise_work_loss_and_adamw_are_t
     elementwise = 3 * (61 * a * h + 5 * a * f) * 12 * 1024  # forward + backward, 12 blocks, 1024 tokens
     loss = 40 * 50257 * 1024
     adamw = 28 * PSI
-    t = estimate_time(GPT2, p, Cluster(gpu, 1, 1), 1024, 1, "bf16")
+    t = estimate_time(GPT2, p, Cluster(gpu, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="bf16"))
     assert t.compute_s == pytest.approx(matmuls + (elementwise + loss + adamw) / 1e9)
     # full checkpointing repeats the forward's element-wise work; FSDP2 steps AdamW on its shard only
-    full = estimate_time(
-        GPT2,
-        plan(1, 1, backend="ddp", micro_batch_size=1, activation_checkpointing="full"),
-        Cluster(gpu, 1, 1),
-        1024,
-        1,
-        "bf16",
-    )
+    full = estimate_time(GPT2, plan(1, 1, backend="ddp", micro_batch_size=1, activation_checkpointing="full"), Cluster(gpu, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="bf16"))
     assert full.compute_s - t.compute_s == pytest.approx(matmuls / 3 + elementwise / 3 / 1e9)
     sharded = plan(4, 4, backend="fsdp2", zero_stage=3, micro_batch_size=1)
-    s = estimate_time(GPT2, sharded, Cluster(replace(gpu, intra_node_gbps=1e12), 4, 4), 1024, 4, "bf16")
+    s = estimate_time(GPT2, sharded, Cluster(replace(gpu, intra_node_gbps=1e12), 4, 4), Workload(seq_len=1024, global_batch_size=4, mixed_precision="bf16"))
     assert s.compute_s == pytest.approx(matmuls + (elementwise + loss + adamw / 4) / 1e9, rel=1e-6)
 
 
@@ -141,8 +135,8 @@ def test_a_cpu_profile_hides_no_communication():
     # gloo runs on the cores that compute: DDP's all-reduce adds in full even when compute could have covered it
     slow = replace(LINKS, measured_tflops=(("bf16", 1024, 1e-3),))
     p = plan(4, 8, backend="ddp", micro_batch_size=1)
-    overlapped = estimate_time(GPT2, p, Cluster(slow, 4, 4), 1024, 8, "bf16")
-    serial = estimate_time(GPT2, p, Cluster(replace(slow, overlaps_comm=False), 4, 4), 1024, 8, "bf16")
+    overlapped = estimate_time(GPT2, p, Cluster(slow, 4, 4), Workload(seq_len=1024, global_batch_size=8, mixed_precision="bf16"))
+    serial = estimate_time(GPT2, p, Cluster(replace(slow, overlaps_comm=False), 4, 4), Workload(seq_len=1024, global_batch_size=8, mixed_precision="bf16"))
     all_reduce = 2 * 0.75 * 4 * PSI / 1e9
     assert overlapped.compute_s > all_reduce and overlapped.comm_s == pytest.approx(0.1 * all_reduce)
     assert serial.comm_s == pytest.approx(all_reduce)
@@ -152,6 +146,6 @@ def test_a_tiny_model_is_not_predicted_at_microseconds_per_step():
     # 60 operators per block and micro-step at 5 us each: GPT-2's 12 blocks x 4 micro-steps = 14.4 ms at least
     gpu = replace(LINKS, op_overhead_s=5e-6, intra_node_gbps=1e12)
     p = plan(1, 4, backend="ddp", micro_batch_size=1)
-    assert estimate_time(GPT2, p, Cluster(gpu, 1, 1), 8, 4, "bf16").step_s == pytest.approx(
+    assert estimate_time(GPT2, p, Cluster(gpu, 1, 1), Workload(seq_len=8, global_batch_size=4, mixed_precision="bf16")).step_s == pytest.approx(
         4 * 12 * 60 * 5e-6, rel=1e-3
     )

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bigtrain.config.deepspeed import TEMPLATES, TEMPLATES_DIR, deepspeed_config, template_name
-from bigtrain.config.plan import resolve_plan
+from bigtrain.config.resolve import resolve_plan
 from bigtrain.config.schema import ParallelConfig, RecipeConfig, TrainConfig
 from bigtrain.errors import ConfigError
 
@@ -19,7 +19,7 @@ def recipe(**parallel) -> RecipeConfig:
 
 
 def filled(cfg: RecipeConfig, world: int = 4) -> dict:
-    plan = resolve_plan(cfg.parallel, world, cfg.train.global_batch_size)
+    plan = resolve_plan(cfg.parallel, world, cfg.train)
     return deepspeed_config(cfg, plan, hidden_size=64)
 
 
@@ -42,13 +42,13 @@ def test_every_template_exists_and_is_filled_completely():
         assert out["bf16"]["enabled"] is True and out["fp16"]["enabled"] is False
         zero = out["zero_optimization"]
         assert zero["stage"] == parallel["zero_stage"] and zero["reduce_bucket_size"] == 64 * 64
-        plan = resolve_plan(cfg.parallel, 4, 32)
+        plan = resolve_plan(cfg.parallel, 4, TrainConfig(global_batch_size=32))
         offloads = zero.get("offload_optimizer", {}).get("device", "none")
         assert offloads == ("cpu" if plan.offload_optimizer else "none")
         if plan.zero_stage == 3:
             assert zero["stage3_prefetch_bucket_size"] == int(0.9 * 64 * 64)
             assert zero["stage3_param_persistence_threshold"] == 640
-    assert template_name(resolve_plan(recipe(zero_stage=3, offload_optimizer=True).parallel, 4, 32)) == "zero3-offload"
+    assert template_name(resolve_plan(recipe(zero_stage=3, offload_optimizer=True).parallel, 4, TrainConfig(global_batch_size=32))) == "zero3-offload"
 
 
 def test_a_user_file_keeps_what_agrees_and_names_both_sides_of_a_contradiction(tmp_path):
@@ -92,14 +92,17 @@ def test_a_missing_or_broken_file_is_named(tmp_path):
 
 
 def test_what_the_deepspeed_engine_does_not_take_is_refused_before_it_starts():
+    import torch
+
     from bigtrain.config.hf import hf_config_from_dict
-    from bigtrain.engine import check_engine_inputs
+    from bigtrain.engine import build_options
 
     cfg = recipe(zero_stage=2)
     cfg.train.compile = True
-    plan = resolve_plan(cfg.parallel, 4, 32)
-    hf_config = hf_config_from_dict({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4})
     with pytest.raises(ConfigError, match="train.compile=true .* set train.compile=false or use backend fsdp2"):
-        check_engine_inputs(cfg, hf_config, plan)
+        resolve_plan(cfg.parallel, 4, cfg.train)
     cfg.train.compile = False
-    check_engine_inputs(cfg, hf_config, plan)  # the filled template is fine
+    plan = resolve_plan(cfg.parallel, 4, cfg.train)
+    hf_config = hf_config_from_dict({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4})
+    options = build_options(cfg, hf_config, plan, torch.device("cpu"))  # the filled template is fine
+    assert options.deepspeed_config["zero_optimization"]["stage"] == 2

@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from bigtrain.config.plan import resolve_plan
-from bigtrain.config.schema import ParallelConfig
+from bigtrain.config.resolve import resolve_plan
+from bigtrain.config.schema import ParallelConfig, TrainConfig
+from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.auto import CPU, choose_plan
 from bigtrain.planner.cost import estimate_time
@@ -52,14 +53,14 @@ def test_rates_are_read_at_the_nearest_shape_and_links_from_the_largest_collecti
 def test_the_profile_sets_the_predicted_step_time():
     # compute time is FLOPs over the measured rate: the hand-computed 6·N·tokens + attention at 0.10 TFLOP/s
     stats = ModelStats.from_config(load_model_config("gpt2"))
-    plan = resolve_plan(ParallelConfig(backend="ddp", micro_batch_size=1), 1, 1)
+    plan = resolve_plan(ParallelConfig(backend="ddp", micro_batch_size=1), 1, TrainConfig(global_batch_size=1))
     gpu = gpu_from_profile(PROFILE, replace(CPU, memory_bytes=2**33))
-    t = estimate_time(stats, plan, Cluster(gpu, 1, 1), 1024, 1, "fp32")
+    t = estimate_time(stats, plan, Cluster(gpu, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="fp32"))
     flops = 6 * (stats.layers * stats.block_params + stats.vocab * stats.hidden) + 12 * stats.layers * 1024 * 768
     floor = 12 * 60 * 5e-6  # the launch floor: 12 blocks x 60 operators x 5 us (the profile measured none)
     assert t.compute_s == pytest.approx(flops * 1024 / 0.10e12 + floor, rel=1e-9)
     faster = gpu_from_profile({**PROFILE, "matmul": [{"dtype": "fp32", "m": 1024, "tflops": 0.20}]}, CPU)
-    assert estimate_time(stats, plan, Cluster(faster, 1, 1), 1024, 1, "fp32").compute_s == pytest.approx(
+    assert estimate_time(stats, plan, Cluster(faster, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="fp32")).compute_s == pytest.approx(
         (t.compute_s - floor) / 2 + floor
     )
 
@@ -72,8 +73,8 @@ def test_a_known_gpu_keeps_its_datasheet_peak_for_mfu():
 
 def test_plan_auto_ranks_with_the_profile():
     config = load_model_config("gpt2")
-    _, plain = choose_plan(config, 2, 2, None, 2**34, 256, 8, "fp32")
-    _, probed = choose_plan(config, 2, 2, None, 2**34, 256, 8, "fp32", PROFILE)
+    _, plain = choose_plan(config, 2, 2, None, 2**34, Workload(seq_len=256, global_batch_size=8, mixed_precision="fp32"))
+    _, probed = choose_plan(config, 2, 2, None, 2**34, Workload(seq_len=256, global_batch_size=8, mixed_precision="fp32"), PROFILE)
     assert "cpu (x86_64)" in probed and plain != probed
 
 

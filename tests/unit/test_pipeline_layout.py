@@ -9,19 +9,20 @@ import re
 import pytest
 import torch
 from cases import TINY_LLAMA
+from helpers import check_fit
 
 from bigtrain.config.hf import hf_config_from_dict
-from bigtrain.config.pipeline import check_pipeline_parallel, stage_layer_ranges, stages_of_rank
-from bigtrain.config.plan import resolve_plan
-from bigtrain.config.schema import ParallelConfig
+from bigtrain.config.pipeline import stage_layer_ranges, stages_of_rank
+from bigtrain.config.resolve import resolve_plan
+from bigtrain.config.schema import ParallelConfig, TrainConfig
 from bigtrain.errors import ConfigError
-from bigtrain.parallel.pipeline import build_stages
+from bigtrain.parallel.transforms.pipeline_split import build_stages
 
 LLAMA_4 = {**TINY_LLAMA, "num_hidden_layers": 4, "tie_word_embeddings": False}
 
 
 def plan(world=2, batch=8, **parallel):
-    return resolve_plan(ParallelConfig(**parallel), world_size=world, global_batch_size=batch)
+    return resolve_plan(ParallelConfig(**parallel), world, TrainConfig(global_batch_size=batch))
 
 
 def test_layers_split_evenly_with_the_remainder_on_the_first_stages():
@@ -55,14 +56,14 @@ def test_pipelined_plans_reduce_gradients_once_per_step():
 )  # fmt: skip
 def test_pipelines_that_cannot_run_are_refused_by_key(model, parallel, batch, expected):
     with pytest.raises(ConfigError, match=re.escape(expected)):
-        check_pipeline_parallel(hf_config_from_dict(model), plan(batch=batch, **parallel), batch)
+        check_fit(hf_config_from_dict(model), plan(batch=batch, **parallel), batch)
 
 
 def test_pipelines_that_fit_are_accepted():
     config = hf_config_from_dict(LLAMA_4)
-    check_pipeline_parallel(config, plan(pp=2, pp_schedule="gpipe", micro_batch_size=4), 4)
-    check_pipeline_parallel(config, plan(pp=2, pp_virtual_stages=2, pp_schedule="interleaved_1f1b"), 8)
-    check_pipeline_parallel(config, plan(pp=2, pp_virtual_stages=2, pp_schedule="looped_bfs"), 8)
+    check_fit(config, plan(pp=2, pp_schedule="gpipe", micro_batch_size=4), 4)
+    check_fit(config, plan(pp=2, pp_virtual_stages=2, pp_schedule="interleaved_1f1b"), 8)
+    check_fit(config, plan(pp=2, pp_virtual_stages=2, pp_schedule="looped_bfs"), 8)
 
 
 @pytest.mark.parametrize("schedule", ["interleaved_zero_bubble", "zbv_zero_bubble", "dual_pipe_v"])

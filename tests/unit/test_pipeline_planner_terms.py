@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
-from bigtrain.config.plan import resolve_plan
-from bigtrain.config.schema import ParallelConfig
+from bigtrain.config.resolve import resolve_plan
+from bigtrain.config.schema import ParallelConfig, TrainConfig
+from bigtrain.config.workload import Workload
 from bigtrain.planner.cost import estimate_time
 from bigtrain.planner.hardware import make_cluster
 from bigtrain.planner.memory import estimate_memory
@@ -17,7 +18,7 @@ from bigtrain.planner.search import search
 
 
 def _plan(**kw):
-    return resolve_plan(ParallelConfig(**kw), kw.get("pp", 1) * kw.get("dp_shard", 1), 64)
+    return resolve_plan(ParallelConfig(**kw), kw.get("pp", 1) * kw.get("dp_shard", 1), TrainConfig(global_batch_size=64))
 
 
 def test_micro_batches_in_flight_follow_each_schedule():
@@ -35,7 +36,7 @@ def test_micro_batches_in_flight_follow_each_schedule():
 def test_each_rank_holds_its_own_stage_and_the_busiest_is_returned():
     stats = ModelStats.from_config(load_model_config("llama-3-8b"))  # untied, 32 layers
     plan = _plan(pp=4, dp_shard=2)
-    ranks = [estimate_pipeline_rank(stats, plan, r, 2048, "bf16", 64) for r in range(4)]
+    ranks = [estimate_pipeline_rank(stats, plan, r, Workload(seq_len=2048, global_batch_size=64, mixed_precision="bf16")) for r in range(4)]
     blocks = 8 * stats.block_params
     # 4 bytes of sharded fp32 parameters per parameter, over dp_shard=2
     assert ranks[0].params_bytes == 4 * (blocks + stats.embed_params) // 2
@@ -43,13 +44,13 @@ def test_each_rank_holds_its_own_stage_and_the_busiest_is_returned():
     assert ranks[3].params_bytes == 4 * (blocks + stats.head_params + stats.norm_params) // 2
     # the first rank keeps 4 micro-batches in flight, the inner ones fewer
     assert ranks[0].activations_bytes > ranks[1].activations_bytes > ranks[2].activations_bytes
-    assert estimate_memory(stats, plan, 2048, "bf16", 64) == max(ranks, key=lambda e: e.total_bytes)
+    assert estimate_memory(stats, plan, Workload(seq_len=2048, global_batch_size=64, mixed_precision="bf16")) == max(ranks, key=lambda e: e.total_bytes)
 
 
 def test_pipelined_plans_are_offered_by_the_planner():
     """pp's memory terms are checked against the simulator: its plans are runnable candidates, ranked by time."""
     stats = ModelStats.from_config(load_model_config("llama-3-8b"))
-    candidates = search(stats, make_cluster(16, 8, "H100", "80GB"), 2048, 512, "bf16", fixed={"pp": 2})
+    candidates = search(stats, make_cluster(16, 8, "H100", "80GB"), Workload(seq_len=2048, global_batch_size=512, mixed_precision="bf16"), fixed={"pp": 2})
     assert candidates[0].runnable and candidates[0].fits and candidates[0].plan.pp == 2
     gpipe = [c for c in candidates if c.plan.pp_schedule == "gpipe"]
     same_1f1b = {
@@ -64,10 +65,10 @@ def test_the_pipeline_bubble_is_p_minus_1_slots_of_a_stage_chunk():
     interleaved 1F1B with v = 2 stages per rank, whose slots are half as long."""
     stats = ModelStats.from_config(load_model_config("llama-3-8b"))
     cluster = make_cluster(4, 8, "H100", "80GB")
-    no_pp = estimate_time(stats, _plan(dp_shard=4), cluster, 2048, 64, "bf16").compute_s
-    one_f_one_b = estimate_time(stats, _plan(pp=4), cluster, 2048, 64, "bf16").compute_s
+    no_pp = estimate_time(stats, _plan(dp_shard=4), cluster, Workload(seq_len=2048, global_batch_size=64, mixed_precision="bf16")).compute_s
+    one_f_one_b = estimate_time(stats, _plan(pp=4), cluster, Workload(seq_len=2048, global_batch_size=64, mixed_precision="bf16")).compute_s
     interleaved = _plan(pp=4, pp_schedule="interleaved_1f1b", pp_virtual_stages=2)
-    looped = estimate_time(stats, interleaved, cluster, 2048, 64, "bf16").compute_s
+    looped = estimate_time(stats, interleaved, cluster, Workload(seq_len=2048, global_batch_size=64, mixed_precision="bf16")).compute_s
     # dp_shard=4 runs 16 micro-batches of the same size per rank, pp=4 runs 64 micro-batches through 1/4 of the model
     assert one_f_one_b / no_pp == pytest.approx(67 / 64)
     assert looped / no_pp == pytest.approx(131 / 128)

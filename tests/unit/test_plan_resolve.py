@@ -2,30 +2,32 @@ import dataclasses
 
 import pytest
 
-from bigtrain.config.plan import Plan, resolve_plan, unsupported
-from bigtrain.config.schema import ParallelConfig
+from bigtrain.config.capabilities import Setup, first_problem
+from bigtrain.config.plan import Plan
+from bigtrain.config.resolve import resolve_plan
+from bigtrain.config.schema import ParallelConfig, TrainConfig
 from bigtrain.errors import ConfigError
 
 
 def test_fsdp2_fills_dp_shard():
-    plan = resolve_plan(ParallelConfig(), world_size=8, global_batch_size=16)
+    plan = resolve_plan(ParallelConfig(), 8, TrainConfig(global_batch_size=16))
     assert (plan.backend, plan.zero_stage, plan.dp_replicate, plan.dp_shard) == ("fsdp2", 3, 1, 8)
     assert plan.grad_accum_steps(16) == 2
 
 
 def test_hsdp_and_ddp():
-    plan = resolve_plan(ParallelConfig(dp_replicate=2), world_size=8, global_batch_size=8)
+    plan = resolve_plan(ParallelConfig(dp_replicate=2), 8, TrainConfig(global_batch_size=8))
     assert (plan.dp_replicate, plan.dp_shard, plan.dp) == (2, 4, 8)
-    ddp = resolve_plan(ParallelConfig(backend="ddp", micro_batch_size=2), world_size=4, global_batch_size=16)
+    ddp = resolve_plan(ParallelConfig(backend="ddp", micro_batch_size=2), 4, TrainConfig(global_batch_size=16))
     assert (ddp.zero_stage, ddp.dp_replicate, ddp.dp_shard, ddp.grad_accum_steps(16)) == (0, 4, 1, 2)
 
 
 def test_grad_reduce_defaults_per_backend():
-    fsdp = resolve_plan(ParallelConfig(), world_size=2, global_batch_size=8)
+    fsdp = resolve_plan(ParallelConfig(), 2, TrainConfig(global_batch_size=8))
     assert fsdp.grad_reduce == "every_micro_step"  # sharded gradients between micro-steps
-    once = resolve_plan(ParallelConfig(grad_reduce="once_per_step"), world_size=2, global_batch_size=8)
+    once = resolve_plan(ParallelConfig(grad_reduce="once_per_step"), 2, TrainConfig(global_batch_size=8))
     assert once.grad_reduce == "once_per_step"
-    assert resolve_plan(ParallelConfig(backend="ddp"), world_size=2, global_batch_size=8).grad_reduce == "once_per_step"
+    assert resolve_plan(ParallelConfig(backend="ddp"), 2, TrainConfig(global_batch_size=8)).grad_reduce == "once_per_step"
 
 
 def test_plan_is_keyword_only():
@@ -33,24 +35,33 @@ def test_plan_is_keyword_only():
         Plan("fsdp2", 3, "every_micro_step", 1, 2, 1, 1, "1f1b", "none", 1, False, False)
 
 
-def test_unsupported_is_the_one_list_resolve_plan_enforces():
-    ok = resolve_plan(ParallelConfig(), world_size=4, global_batch_size=8)
+ONCE = "once_per_step"
+
+
+def unsupported(plan: Plan) -> str | None:
+    """The capability table's first refusal of a plan, before the model is known (what resolution enforces)."""
+    problem = first_problem(Setup(plan))
+    return None if problem is None else problem.message
+
+
+def test_the_capability_table_is_what_resolve_plan_enforces():
+    ok = resolve_plan(ParallelConfig(), 4, TrainConfig(global_batch_size=8))
     assert unsupported(ok) is None
     assert unsupported(dataclasses.replace(ok, backend="deepspeed", zero_stage=2)) is None  # ZeRO runs
     for change in ({"backend": "deepspeed", "zero_stage": 2, "offload_params": True}, {"offload_optimizer": True}):
         reason = unsupported(dataclasses.replace(ok, **change))
         assert reason is not None and ("needs zero_stage=3" in reason or "needs backend deepspeed" in reason)
     assert unsupported(dataclasses.replace(ok, tp=2, dp_shard=2)) is None  # tensor parallel runs under fsdp2
-    ddp_tp = dataclasses.replace(ok, backend="ddp", zero_stage=0, tp=2, dp_shard=1, dp_replicate=2)
+    ddp_tp = dataclasses.replace(ok, backend="ddp", zero_stage=0, tp=2, dp_shard=1, dp_replicate=2, grad_reduce=ONCE)
     assert "runs with backend fsdp2" in unsupported(ddp_tp)
     assert unsupported(dataclasses.replace(ok, pp=2, dp_shard=2, grad_reduce="once_per_step")) is None
-    ddp_pp = dataclasses.replace(ok, backend="ddp", zero_stage=0, pp=2, dp_shard=1, dp_replicate=2)
+    ddp_pp = dataclasses.replace(ok, backend="ddp", zero_stage=0, pp=2, dp_shard=1, dp_replicate=2, grad_reduce=ONCE)
     assert "parallel.pp=2 runs with backend fsdp2" in unsupported(ddp_pp)
 
 
 def test_plan_round_trips_into_a_recipe_section():
-    plan = resolve_plan(ParallelConfig(zero_stage=2), world_size=2, global_batch_size=2)
-    assert resolve_plan(ParallelConfig(**plan.to_dict()), world_size=2, global_batch_size=2) == plan
+    plan = resolve_plan(ParallelConfig(zero_stage=2), 2, TrainConfig(global_batch_size=2))
+    assert resolve_plan(ParallelConfig(**plan.to_dict()), 2, TrainConfig(global_batch_size=2)) == plan
 
 
 @pytest.mark.parametrize(
@@ -129,5 +140,5 @@ def test_plan_round_trips_into_a_recipe_section():
 )
 def test_bad_plans(cfg, world, batch, expected):
     with pytest.raises(ConfigError) as e:
-        resolve_plan(cfg, world, batch)
+        resolve_plan(cfg, world, TrainConfig(global_batch_size=batch))
     assert expected in str(e.value)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 from cases import LLAMA_3_2_1B
 
+from bigtrain.config.workload import Workload
 from bigtrain.planner.explain import render_table
 from bigtrain.planner.hardware import GiB, make_cluster
-from bigtrain.planner.memory import host_offload_bytes
+from bigtrain.planner.memory_terms import host_offload_bytes
 from bigtrain.planner.model_stats import ModelStats, load_model_config
 from bigtrain.planner.search import NEAR_TIE, search
 from bigtrain.simulate import simulate
@@ -32,11 +33,11 @@ def test_the_picks_simulated_peak_fits_the_gpu(backend, budgets_gib):
     peaks: dict = {}  # a plan picked under several budgets is simulated once
     for gib in budgets_gib:
         cluster = make_cluster(8, 8, "H100", f"{gib}GiB")
-        best = search(stats, cluster, 2048, 64, "bf16", fixed={"backend": backend})[0]
+        best = search(stats, cluster, Workload(seq_len=2048, global_batch_size=64, mixed_precision="bf16"), fixed={"backend": backend})[0]
         if not best.fits or offloads(best.plan):  # offloaded states live on the host, which fake tensors do not tell
             continue
         if best.plan not in peaks:
-            peaks[best.plan] = simulate(config, best.plan, 2048, "bf16", 64)["Total"]
+            peaks[best.plan] = simulate(config, best.plan, Workload(seq_len=2048, global_batch_size=64, mixed_precision="bf16"))["Total"]
         assert peaks[best.plan] <= cluster.gpu.memory_bytes, (gib, best.plan, peaks[best.plan] / GiB)
     assert len(peaks) >= 2  # the property was exercised on different picks, not skipped
 
@@ -56,7 +57,7 @@ def test_more_memory_never_gives_a_slower_pick(model, gpus, seq, batch):
     stats = ModelStats.from_config(load_model_config(model))
     previous = None
     for gib in BUDGETS_GIB:
-        best = search(stats, make_cluster(gpus, 8, "H100", f"{gib}GiB"), seq, batch, "bf16")[0]
+        best = search(stats, make_cluster(gpus, 8, "H100", f"{gib}GiB"), Workload(seq_len=seq, global_batch_size=batch, mixed_precision="bf16"))[0]
         if previous is not None:
             assert best.fits or not previous.fits, f"fits at less memory than {gib} GiB but not at {gib} GiB"
             if previous.fits:
@@ -70,12 +71,12 @@ def test_more_memory_never_gives_a_slower_pick(model, gpus, seq, batch):
 def test_a_pick_that_offloads_says_so(model, gpus, gib):
     stats = ModelStats.from_config(load_model_config(model))
     cluster = make_cluster(gpus, 8, "H100", f"{gib}GiB")
-    cands = search(stats, cluster, 2048, 8 * gpus, "bf16")
+    cands = search(stats, cluster, Workload(seq_len=2048, global_batch_size=8 * gpus, mixed_precision="bf16"))
     best = cands[0]
     assert best.fits and offloads(best.plan)
     host = host_offload_bytes(stats, best.plan)
     assert host >= 16 * stats.params // (best.plan.dp * 1.01)  # fp32 parameters, gradients and AdamW's states
-    table = render_table(cands, stats, cluster, 2048, 8 * gpus)
+    table = render_table(cands, stats, cluster, Workload(seq_len=2048, global_batch_size=8 * gpus))
     chosen = next(line for line in table.splitlines() if line.startswith("* "))
     assert "offload=" in chosen
     note = next(line for line in table.splitlines() if line.strip().startswith("offload:"))
@@ -87,6 +88,6 @@ def test_a_pick_that_offloads_says_so(model, gpus, gib):
 def test_a_pick_without_offload_says_nothing_of_it():
     stats = ModelStats.from_config(load_model_config("llama-3-8b"))
     cluster = make_cluster(8, 8, "H100", "80GiB")
-    cands = search(stats, cluster, 2048, 64, "bf16")
+    cands = search(stats, cluster, Workload(seq_len=2048, global_batch_size=64, mixed_precision="bf16"))
     assert not offloads(cands[0].plan) and host_offload_bytes(stats, cands[0].plan) == 0
-    assert "offload:" not in render_table(cands, stats, cluster, 2048, 64)
+    assert "offload:" not in render_table(cands, stats, cluster, Workload(seq_len=2048, global_batch_size=64))

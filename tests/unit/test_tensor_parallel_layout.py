@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 from cases import TINY_LLAMA
+from helpers import check_fit, make_plan
 
-from bigtrain.config.hf import check_tensor_parallel, hf_config_from_dict, tp_layout
+from bigtrain.config.capabilities import ModelFacts
+from bigtrain.config.hf import hf_config_from_dict, tp_layout
 from bigtrain.errors import ConfigError
 from bigtrain.models.build import build_meta_model
-from bigtrain.parallel.tensor_parallel import tp_module_plan
-from bigtrain.planner.model_stats import MODELLED, TP_FAMILIES
+from bigtrain.parallel.transforms.tensor_parallel import tp_module_plan
+from bigtrain.planner.model_stats import MODELLED, ModelStats, load_model_config
 
 
 def config(**overrides):
@@ -27,7 +29,7 @@ def config(**overrides):
 )
 def test_tp_that_cannot_split_the_model_is_refused_by_name(overrides, tp, expected):
     with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
-        check_tensor_parallel(config(**overrides), tp)
+        check_fit(config(**overrides), make_plan(tp=tp))
 
 
 @pytest.mark.parametrize(
@@ -49,25 +51,22 @@ def test_tp_that_cannot_split_the_model_is_refused_by_name(overrides, tp, expect
 )
 def test_a_vocabulary_parallel_head_must_be_untied_and_split_evenly(overrides, tp, expected):
     with pytest.raises(ConfigError) as e:
-        check_tensor_parallel(config(**overrides), tp, loss_parallel=True)
+        check_fit(config(**overrides), make_plan(tp=tp, loss_parallel=True))
     assert str(e.value) == expected
-    check_tensor_parallel(config(tie_word_embeddings=False), 2, loss_parallel=True)
+    check_fit(config(tie_word_embeddings=False), make_plan(tp=2, loss_parallel=True))
 
 
 def test_tp_that_divides_the_heads_is_accepted():
-    check_tensor_parallel(config(), 2)
-    check_tensor_parallel(config(model_type="gpt2"), 1)  # no layout needed without tensor parallelism
+    check_fit(config(), make_plan(tp=2))
+    check_fit(config(model_type="gpt2"), make_plan(tp=1))  # no layout needed without tensor parallelism
 
 
-def test_the_planner_offers_tp_for_exactly_the_families_the_trainer_splits():
-    splittable = []
-    for model_type in MODELLED:
-        try:
-            tp_layout(hf_config_from_dict({"model_type": model_type}))
-            splittable.append(model_type)
-        except ConfigError:
-            pass
-    assert sorted(splittable) == sorted(TP_FAMILIES)
+@pytest.mark.parametrize("model_type", MODELLED)
+def test_the_planner_and_the_trainer_read_the_same_facts_of_every_family(model_type):
+    """The capability table gets the planner's facts from its statistics and the trainer's from the HF config: the
+    same layouts, heads, layers and tying, so both refuse the same plans."""
+    config = load_model_config({"model_type": model_type})
+    assert ModelStats.from_config(config).facts == ModelFacts.of(hf_config_from_dict({"model_type": model_type}))
 
 
 def test_the_layout_expands_to_every_projection_of_every_block():
@@ -87,7 +86,7 @@ def test_sequence_parallel_puts_every_norm_on_the_tp_mesh_and_ends_row_wise_proj
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from bigtrain.parallel.tensor_parallel import apply_tensor_parallel
+    from bigtrain.parallel.transforms.tensor_parallel import apply_tensor_parallel
 
     cfg = config(num_hidden_layers=2)
     model = build_meta_model(cfg, "sdpa")

@@ -7,8 +7,8 @@ row-wise output). HF's attention reshapes with -1, so the local head count needs
 key/value heads must both divide by tp. Embeddings, norms and the LM head stay replicated over tp: every tp rank
 computes them on identical inputs, so their gradients are identical too and need no tp reduction.
 
-Applied on the meta model before activation checkpointing and FSDP2 (``parallel/apply.py``), so FSDP2 shards the
-already-sliced weights over the data-parallel dimensions (2-D DTensors) and no rank ever holds a whole matrix.
+Applied on the meta model before activation checkpointing and FSDP2 (the order: ``transforms/__init__.py``), so FSDP2
+shards the already-sliced weights over the data-parallel dimensions (2-D DTensors) and no rank holds a whole matrix.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from bigtrain.config.hf import TP_STYLES, tp_layout
+from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transform
 
 _STYLE_CLASSES: dict[str, type[ParallelStyle]] = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 assert set(_STYLE_CLASSES) == set(TP_STYLES)
@@ -134,3 +135,24 @@ def apply_tensor_parallel(
         )
     elif sequence_parallel:
         head.register_forward_pre_hook(_whole_sequence)
+
+
+def _slice(built: BuiltModel, ctx: BuildContext) -> None:
+    plan = built.plan
+    for part in built.parts:
+        apply_tensor_parallel(
+            part, ctx.options.hf_config, ctx.mesh.mesh["tp"], plan.loss_parallel, plan.sequence_parallel
+        )
+
+
+TRANSFORM = Transform(
+    name="tensor_parallel",
+    wanted=lambda options: options.plan.tp > 1,
+    apply=_slice,
+    planner_terms=(
+        "memory_terms.stage_params",
+        "memory_terms.block_activation_bytes_per_token",
+        "memory_terms.logits_bytes",
+        "cost.estimate_time",
+    ),
+)

@@ -7,7 +7,7 @@ parameter names, checkpoints and HF exports are those of the unsplit model, and 
 pp and FSDP-only plans. The first stage keeps the embeddings (later stages are fed ``inputs_embeds``), the last the
 final norm and the LM head (earlier stages pass the last hidden state through); every stage computes its own rotary
 embeddings and causal mask from the sequence, as HF's model does. Which modules these are comes from the model's
-own ``base_model_pp_plan`` (embed_tokens, layers, norm), checked in ``config/pipeline.py``.
+own ``base_model_pp_plan`` (embed_tokens, layers, norm), which the capability table requires.
 
 ``torch.distributed.pipelining`` calls a stage with one tensor and wants one tensor back; two forward hooks turn the
 HF call convention into that (the hooks, not a wrapper module, so that the stage model itself stays the FSDP root
@@ -21,8 +21,9 @@ from typing import Any
 
 from torch import nn
 
-from bigtrain.config.pipeline import num_stages, stage_layer_ranges
+from bigtrain.config.pipeline import num_stages, stage_layer_ranges, stages_of_rank
 from bigtrain.config.plan import Plan
+from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transform
 
 
 class SkippedLayer(nn.Module):
@@ -76,3 +77,18 @@ def build_stages(meta_model: nn.Module, hf_config: Any, plan: Plan, stage_ids: l
     stages = num_stages(plan)
     ranges = stage_layer_ranges(hf_config.num_hidden_layers, stages)
     return [build_stage(meta_model, s, stages, ranges[s]) for s in stage_ids]
+
+
+def _split(built: BuiltModel, ctx: BuildContext) -> None:
+    """The whole meta model becomes this rank's stages (copies: the model they were cut from is dropped)."""
+    stage_ids = stages_of_rank(ctx.mesh.coordinate("pp"), built.plan)
+    built.parts = build_stages(built.parts[0], ctx.options.hf_config, built.plan, stage_ids)
+    built.stage_ids = stage_ids
+
+
+TRANSFORM = Transform(
+    name="pipeline_split",
+    wanted=lambda options: options.plan.pp > 1,
+    apply=_split,
+    planner_terms=("pipeline_memory.estimate_pipeline_memory", "cost.estimate_time"),
+)

@@ -27,6 +27,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from bigtrain.config.plan import Plan
 from bigtrain.parallel.mesh import WorldMesh
 from bigtrain.parallel.precision import COMPUTE_DTYPES
+from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transform
 
 log = logging.getLogger("bigtrain")
 
@@ -61,3 +62,25 @@ def fsdp_grad_sync(
         yield
 
     return sync
+
+
+def _shard(built: BuiltModel, ctx: BuildContext) -> None:
+    """Every part sharded on meta (nothing is allocated); FSDP2 casts parameters itself, so nothing is autocast."""
+    for index, part in enumerate(built.parts):
+        apply_fsdp(part, built.blocks(index), built.plan, ctx.mesh, ctx.options.mixed_precision)
+    built.autocast_dtype = None
+    if built.plan.pp == 1:  # pipeline schedules drive the stages' gradient sync themselves
+        built.grad_sync = fsdp_grad_sync(built.parts[0], built.plan, ctx.mesh)
+
+
+TRANSFORM = Transform(
+    name="fsdp",
+    wanted=lambda options: options.plan.backend == "fsdp2",
+    apply=_shard,
+    planner_terms=(
+        "data_parallel_memory.estimate_data_parallel_memory",
+        "data_parallel_memory.fsdp2_block_backward",
+        "data_parallel_memory.fsdp2_embedding_backward",
+        "cost.estimate_time",
+    ),
+)

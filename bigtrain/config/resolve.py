@@ -1,0 +1,93 @@
+"""A recipe's ``parallel`` section made into a complete :class:`Plan` for a world size.
+
+Resolution fills what the recipe leaves unset (the data-parallel degrees that fill the world, the backend's ZeRO
+stage and gradient-reduction mode), checks the arithmetic (degrees that multiply to the world size), and asks the
+capability table (``capabilities.py``) whether the plan runs with the recipe's ``train`` options; the rows that need
+the model are asked again at start-up, once its config is read.
+"""
+
+from __future__ import annotations
+
+from bigtrain.config.capabilities import Setup, check
+from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan, divisor_hint
+from bigtrain.config.schema import ParallelConfig, TrainConfig
+from bigtrain.errors import ConfigError
+
+
+def _data_parallel(cfg: ParallelConfig, dp_total: int) -> tuple[int, int]:
+    """(dp_replicate, dp_shard): ddp replicates over all of dp, the sharded backends fill dp_shard. A degree the
+    recipe states is kept as stated (the capability table judges it against the backend)."""
+    replicate = None if cfg.dp_replicate in (None, -1) else cfg.dp_replicate
+    shard = None if cfg.dp_shard in (None, -1) else cfg.dp_shard
+    if cfg.backend == "ddp":
+        shard = 1 if shard is None else shard
+        return (dp_total // shard if replicate is None else replicate), shard
+    replicate = 1 if replicate is None else replicate
+    if shard is None:
+        if dp_total % replicate:
+            raise ConfigError(
+                f"parallel.dp_replicate={replicate} does not divide the data-parallel world {dp_total}; "
+                f"use one of {divisor_hint(dp_total)}"
+            )
+        shard = dp_total // replicate
+    return replicate, shard
+
+
+def _grad_reduce(cfg: ParallelConfig) -> str:
+    if cfg.grad_reduce is not None:
+        return cfg.grad_reduce
+    # torch's PipelineStage turns FSDP's gradient sync off for every micro-batch and reduces once after the last
+    return "once_per_step" if cfg.pp > 1 else DEFAULT_GRAD_REDUCE[cfg.backend]
+
+
+def _check_ranges(cfg: ParallelConfig) -> None:
+    for key in ("micro_batch_size", "tp", "pp", "pp_virtual_stages"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"parallel.{key}={getattr(cfg, key)} must be at least 1")
+    for key in ("dp_replicate", "dp_shard"):
+        value = getattr(cfg, key)
+        if value is not None and value < 1 and value != -1:
+            raise ConfigError(f"parallel.{key}={value} must be at least 1, or unset to fill the world")
+
+
+def resolve_plan(cfg: ParallelConfig, world_size: int, train: TrainConfig) -> Plan:
+    """The recipe's ``parallel`` section as a complete Plan for ``world_size`` ranks, or a ConfigError naming the key.
+
+    ``train`` is the recipe's train section: its global batch must split into the plan's micro-batches, and its
+    options (``compile``) take part in what may run."""
+    if cfg.plan == "auto":
+        raise ConfigError("parallel.plan=auto is chosen at start-up by the trainer (bigtrain/planner/auto.py)")
+    _check_ranges(cfg)
+    model_parallel = cfg.tp * cfg.pp
+    if world_size % model_parallel:
+        raise ConfigError(
+            f"parallel.tp={cfg.tp} x parallel.pp={cfg.pp} = {model_parallel} does not divide the world size "
+            f"{world_size}; use degrees whose product divides it ({divisor_hint(world_size)})"
+        )
+    replicate, shard = _data_parallel(cfg, world_size // model_parallel)
+    product = replicate * shard * cfg.tp * cfg.pp
+    if product != world_size:
+        raise ConfigError(
+            f"parallel degrees dp_replicate={replicate} x dp_shard={shard} x tp={cfg.tp} x pp={cfg.pp} = {product} "
+            f"do not match the world size {world_size}; make them multiply to {world_size} "
+            "(or leave parallel.dp_shard unset to fill it)"
+        )
+    plan = Plan(
+        backend=cfg.backend,
+        zero_stage=ZERO_STAGES[cfg.backend][-1] if cfg.zero_stage is None else cfg.zero_stage,
+        grad_reduce=_grad_reduce(cfg),
+        dp_replicate=replicate,
+        dp_shard=shard,
+        tp=cfg.tp,
+        pp=cfg.pp,
+        pp_schedule=cfg.pp_schedule,
+        pp_virtual_stages=cfg.pp_virtual_stages,
+        activation_checkpointing=cfg.activation_checkpointing,
+        micro_batch_size=cfg.micro_batch_size,
+        offload_optimizer=cfg.offload_optimizer,
+        offload_params=cfg.offload_params,
+        loss_parallel=cfg.loss_parallel,
+        sequence_parallel=cfg.sequence_parallel,
+    )
+    check(Setup(plan, train))
+    return plan

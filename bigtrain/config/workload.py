@@ -1,0 +1,55 @@
+"""The workload: what one optimizer step processes and how, apart from the model and the plan.
+
+The planner's estimates, its search, ``plan: auto`` and the simulator take this one value instead of loose
+arguments, so that a new train-level option that changes memory or time (adapters, FP8) is one new field here, not a
+new parameter of every function. The capability table (``capabilities.py``) reads the same options from the recipe's
+``train`` section (``train_config``): a workload and a recipe ask the same questions of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bigtrain.config.schema import PRECISIONS, TrainConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    seq_len: int  # tokens per sequence
+    global_batch_size: int  # sequences per optimizer step, over every data-parallel rank and micro-step
+    mixed_precision: str = "bf16"  # compute dtype: fp32, bf16 or fp16 (train.mixed_precision)
+    compile: bool = False  # train.compile: torch.compile each decoder block
+
+    def __post_init__(self) -> None:
+        if self.mixed_precision not in PRECISIONS:
+            raise ValueError(f"mixed_precision {self.mixed_precision!r} is not one of {PRECISIONS}")
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes of one value in the compute dtype (fp16 and bf16: 2, fp32: 4)."""
+        return 4 if self.mixed_precision == "fp32" else 2
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per optimizer step."""
+        return self.seq_len * self.global_batch_size
+
+    @classmethod
+    def of_train(cls, train: TrainConfig, seq_len: int) -> Workload:
+        """A recipe's workload: its ``train`` section and the sequence length its data has."""
+        return cls(
+            seq_len=seq_len,
+            global_batch_size=train.global_batch_size,
+            mixed_precision=train.mixed_precision,
+            compile=train.compile,
+        )
+
+    def train_config(self, **fields: Any) -> TrainConfig:
+        """The recipe ``train`` section this workload stands for (other keys at their defaults, or ``fields``)."""
+        return TrainConfig(
+            global_batch_size=self.global_batch_size,
+            mixed_precision=self.mixed_precision,
+            compile=self.compile,
+            **fields,
+        )

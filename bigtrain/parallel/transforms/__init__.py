@@ -1,0 +1,37 @@
+"""The model transforms, one file each, and the one order in which ``parallel/build.py`` applies them.
+
+Why this order (torchtitan's, extended):
+- the pipeline split first: every later step works on this rank's stages only, and each stage is a HF model of its
+  own under the unsplit model's parameter names;
+- tensor parallelism slices the projections before anything wraps or shards them, so FSDP2 shards the slices
+  (2-D DTensors over dp x tp) and no rank holds a whole matrix;
+- activation checkpointing wraps the sliced blocks, and compile compiles the wrapped ones, both before FSDP2, so
+  FSDP2's all-gather hooks sit outside the recomputed and the compiled region;
+- FSDP2 shards on meta: nothing of the unsharded model is ever allocated;
+- then the values are allocated and loaded, each rank writing only its shards;
+- DDP last: it broadcasts real values.
+Adding a capability is one new file here and its line in ``ORDER`` (``docs/architecture.md``).
+"""
+
+from __future__ import annotations
+
+from bigtrain.parallel.transforms import (
+    activation_checkpoint,
+    compile_blocks,
+    ddp,
+    fsdp,
+    load_values,
+    pipeline_split,
+    tensor_parallel,
+)
+from bigtrain.parallel.transforms.base import Transform
+
+ORDER: tuple[Transform, ...] = (
+    pipeline_split.TRANSFORM,
+    tensor_parallel.TRANSFORM,
+    activation_checkpoint.TRANSFORM,
+    compile_blocks.TRANSFORM,
+    fsdp.TRANSFORM,
+    load_values.TRANSFORM,
+    ddp.TRANSFORM,
+)

@@ -1,0 +1,67 @@
+"""The values: every parameter and buffer allocated on the device and filled, after the model has been sharded.
+
+From the pretrained safetensors (``model.name_or_path``) or HF's own initialisation under ``train.seed``, one module
+at a time, each rank keeping only its shard (``models/materialize.py``), so that no rank holds the whole model
+unless the plan replicates it. FSDP2's CPU offload allocates the parameters in host memory. A model DeepSpeed
+constructed partitioned already holds its memory: only its values are written, one gathered parameter at a time.
+In the simulator the values stay undefined (``values: empty``), on shape-only tensors when it gives a fake mode.
+Every part is then put in training mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from bigtrain.models.build import build_meta_model
+from bigtrain.models.materialize import materialize, to_empty_keeping_ties
+from bigtrain.parallel.transforms.base import BuildContext, BuildOptions, BuiltModel, Transform
+
+
+@contextlib.contextmanager
+def _allocating_under(fake_mode: Any) -> Iterator[None]:
+    """Inside ``fake_mode``, taking the meta tensors to_empty reads as inputs."""
+    if fake_mode is None:
+        yield
+        return
+    with fake_mode:
+        fake_mode.allow_non_fake_inputs = True
+        try:
+            yield
+        finally:
+            fake_mode.allow_non_fake_inputs = False
+
+
+def _param_device(options: BuildOptions) -> torch.device | None:
+    """FSDP2's CPU offload wants the sharded parameters in host memory from the start."""
+    plan = options.plan
+    offloading = plan.backend == "fsdp2" and plan.offload_params and options.device.type == "cuda"
+    return torch.device("cpu") if offloading else None
+
+
+def _load(built: BuiltModel, ctx: BuildContext) -> None:
+    options = ctx.options
+    if options.values == "empty":
+        with _allocating_under(options.fake_mode):
+            for part in built.parts:
+                to_empty_keeping_ties(part, options.device)
+    else:
+        twin = build_meta_model(options.hf_config, options.attn_implementation)  # walked for the values, whole
+        materialize(
+            built.parts,
+            twin,
+            options.device,
+            options.pretrained,
+            options.seed,
+            param_device=_param_device(options),
+            hf_name=built.hf_name,
+            allocate=not options.partitioned_construction,
+        )
+    for part in built.parts:
+        part.train()
+
+
+TRANSFORM = Transform(name="load_values", wanted=lambda options: True, apply=_load)

@@ -1,0 +1,174 @@
+"""The memory terms every estimate shares: model states per rank, activations, logits, the device margin.
+
+``data_parallel_memory.py`` (FSDP2, DDP), ``deepspeed_memory.py`` and ``pipeline_memory.py`` build their peaks from
+these terms; ``memory.py`` picks the estimate for a plan. Every term says where its bytes come from. Symbols: Ψ =
+parameters held by the device's pipeline stage and tensor-parallel rank (``stage_params``), S = dp_shard, b =
+micro_batch_size, L = seq_len, a = bytes of the compute dtype (2 for bf16/fp16, 4 for fp32).
+
+Activations: per decoder block and token, the tensors autograd saves in HF's implementation (listed in
+``block_activation_bytes_per_token``), times b·L, times the blocks whose activations are alive at the peak.
+Loss: the logits' backward holds the log-softmax output, its gradient and the input gradient, all fp32 (the
+compute-dtype logits are not saved by the upcast): 12 bytes per logit, b·L·V logits (also with tp: the head is
+replicated). With ``loss_parallel`` each tp rank holds b·L·V/tp logits, but torch's vocabulary-parallel
+cross-entropy runs log-softmax and its backward as separate element-wise ops on the shards: 16 bytes per local
+logit at the peak in bf16 and in fp32 (measured on real tensors for three models; as if four fp32 tensors of the
+local size were alive together; fake tensors over-count it, see simulate.py), i.e. 16/tp against 12 per full logit.
+Margin (reported apart, added only against the budget; ``device_margin``): the CUDA context and NCCL's buffers, 1.5
+GiB (context ~0.5 GiB, NCCL channels/workspace ~1 GiB on H100-class systems: torchtitan and DeepSpeed issue
+reports), plus what the caching allocator reserves beyond the allocated peak. That was measured on an H200 for 18
+plans (bench/results/rank0_h200.md): 1.9 to 11.2 GiB, 9-72% of the peak, largest where big transient buffers of
+varying sizes come and go (the fp32 logits of a micro-batch, a block's fp32 gradients for the reduce-scatter). It
+follows neither the peak nor those buffers alone; the larger of 10% of the peak and twice (fp32 logits + one block's
+fp32 gradients) covers 17 of the 18 (not an fp32 Qwen2.5-7B plan whose attention fell back to CUDA's math kernel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from bigtrain.config.plan import Plan
+from bigtrain.planner.model_stats import ModelStats
+
+GiB = 1024**3
+MARGIN_FRACTION = 0.10
+MARGIN_FIXED = int(1.5 * GiB)
+FRAGMENTATION = 2.0  # allocator reserve, in units of the largest transient buffers (see the module docstring)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int
+    other_bytes: int
+    margin_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        """Predicted peak of tensor memory (the margin is not part of it)."""
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.activations_bytes + self.other_bytes
+
+    @property
+    def budget_bytes(self) -> int:
+        """What must fit into the device: the peak plus the margin."""
+        return self.total_bytes + self.margin_bytes
+
+    def to_dict(self) -> dict[str, int]:
+        return {"total_bytes": self.total_bytes, **asdict(self)}
+
+
+def stage_layers(stats: ModelStats, pp: int) -> int:
+    """Blocks on the most loaded pipeline stage."""
+    return -(-stats.layers // pp)
+
+
+def state_shards(plan: Plan) -> int:
+    """Ranks the parameters, gradients and optimizer states are sharded over: dp_shard for FSDP2 (HSDP replicates
+    over dp_replicate), every data-parallel rank for DeepSpeed ZeRO, none for DDP."""
+    return {"fsdp2": plan.dp_shard, "deepspeed": plan.dp}.get(plan.backend, 1)
+
+
+def stage_params(stats: ModelStats, plan: Plan) -> tuple[int, int]:
+    """(block parameters, root parameters) on the busiest stage, per tensor-parallel rank.
+
+    With pp > 1 the first stage holds the embeddings and the last the head; the larger of the two is taken.
+    Tensor parallelism splits every projection of the blocks (their norms are replicated: negligible, ignored); the
+    embeddings and final norm stay whole on every tp rank, and so does the LM head unless ``loss_parallel`` splits
+    it over the vocabulary.
+    """
+    blocks = stage_layers(stats, plan.pp) * stats.block_params
+    head = stats.head_params // plan.tp if plan.loss_parallel else stats.head_params
+    root = stats.root_params - stats.head_params + head
+    if plan.pp > 1:
+        root = max(stats.embed_params, head + stats.norm_params)
+    return blocks // plan.tp, root
+
+
+def block_activation_bytes_per_token(stats: ModelStats, a: int, tp: int = 1, sequence_parallel: bool = False) -> int:
+    """Bytes autograd keeps for one decoder block per token, no checkpointing.
+
+    Llama family (HF modeling_llama with SDPA; listed with saved-tensor hooks): each RMSNorm saves its input upcast
+    to fp32 (4h), its rsqrt (4), the normalised input in the compute dtype (ah) and its output, which the next
+    projection saves (ah); RoPE saves nothing of size q (cos and sin need no gradient); SDPA saves q and k after RoPE,
+    v (a·q_width + 2a·kv_width), its output, which o_proj saves as a view (a·q_width), and the log-sum-exp (4 bytes
+    per head); SwiGLU saves gate, silu(gate), up and their product (4a·ffn).
+    GPT-2: two LayerNorms save input and normalised output (2ah each), SDPA q, k, v as views of c_attn's output
+    (3ah) and its output (ah), the MLP saves c_fc's output and the tanh-GELU intermediates (counted as 5a·ffn).
+    Tensor parallelism (no sequence parallel) splits what lies between a column-wise and a row-wise projection
+    (heads, MLP units) over tp; the norms and the projections' inputs see the whole hidden state on every tp rank.
+    Sequence parallelism splits the norms' own tensors over tp too (4h + ah + 4 per norm, measured 13.5 MiB less
+    against 14 MiB predicted on the simulated step); the projections still save their all-gathered input (ah).
+    """
+    h, f = stats.hidden, stats.ffn
+    if stats.gated_mlp:
+        norm_own = 4 * h + a * h + 4  # fp32 input, rsqrt, normalised input: on the sequence shard under sp
+        norms = 2 * (norm_own // (tp if sequence_parallel else 1) + a * h)
+        attn = 2 * a * stats.q_width + 2 * a * stats.kv_width + 4 * stats.heads
+        return norms + (attn + 4 * a * f) // tp
+    return (2 * (2 * a * h) + 4 * a * h + 4 * stats.heads + 5 * a * f) // tp  # (no tp layout: tp is 1)
+
+
+def root_activation_bytes_per_token(stats: ModelStats, a: int, tp: int = 1, sequence_parallel: bool = False) -> int:
+    """Outside the blocks: the final norm (as a block norm) and the embedding output; under sequence parallelism
+    the norm's own tensors and the embedding output are this rank's sequence shard."""
+    split = tp if sequence_parallel else 1
+    return (4 * stats.hidden + a * stats.hidden + 4) // split + a * stats.hidden + a * stats.hidden // split
+
+
+def micro_batch_activations(
+    stats: ModelStats, plan: Plan, seq_len: int, a: int, layers: float, has_loss: bool = True
+) -> tuple[int, int]:
+    """(bytes one micro-batch keeps in ``layers`` decoder blocks from its forward to its backward, bytes alive for one
+    block at a time during the backward), excluding the logits and what lies outside the blocks. ``has_loss``: the
+    device also computes the loss (a pipeline's inner stages do not)."""
+    tokens = plan.micro_batch_size * seq_len
+    per_block = block_activation_bytes_per_token(stats, a, plan.tp, plan.sequence_parallel) * tokens
+    if plan.activation_checkpointing == "full":
+        # only each block's input survives (a sequence shard under sp); one block is recomputed at a time during
+        # backward, after the loss's buffers are gone: the larger of the two counts
+        loss = logits_bytes(stats, plan, seq_len, a) if has_loss else 0
+        block_input = a * stats.hidden * tokens // (plan.tp if plan.sequence_parallel else 1)
+        return int(layers * block_input), max(per_block - loss, 0)
+    if plan.activation_checkpointing == "selective":
+        # attention internals (q/k/v after RoPE, SDPA output) are recomputed, MLP and norms kept
+        attn = (3 * stats.q_width + 4 * stats.kv_width + 2 * stats.q_width) * a * tokens // plan.tp
+        return int(layers * (per_block - attn)), attn
+    return int(layers * per_block), 0
+
+
+def activation_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:
+    """Activations alive at the peak of one device without pipeline (excluding the logits, counted apart)."""
+    kept, transient = micro_batch_activations(stats, plan, seq_len, a, stats.layers)
+    outside = root_activation_bytes_per_token(stats, a, plan.tp, plan.sequence_parallel)
+    return kept + transient + outside * plan.micro_batch_size * seq_len
+
+
+def logits_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:
+    """Peak of the loss backward: 12 bytes per logit (see the module docstring); the LM head is replicated over tp,
+    so every tp rank computes the whole vocabulary's logits, unless ``loss_parallel`` shards them."""
+    tokens = plan.micro_batch_size * seq_len
+    if plan.loss_parallel:
+        return tokens * (stats.vocab // plan.tp) * 16
+    return tokens * stats.vocab * 12
+
+
+def device_margin(stats: ModelStats, plan: Plan, seq_len: int, peak: int) -> int:
+    """CUDA context and NCCL, plus the allocator's reserve beyond the allocated ``peak`` (module docstring)."""
+    vocab = stats.vocab // (plan.tp if plan.loss_parallel else 1)
+    transient = 4 * plan.micro_batch_size * seq_len * vocab + 4 * stats.block_params // plan.tp
+    return MARGIN_FIXED + int(max(MARGIN_FRACTION * peak, FRAGMENTATION * transient))
+
+
+def host_offload_bytes(stats: ModelStats, plan: Plan) -> int:
+    """Host memory per GPU that an offloading plan moves there: fp32 parameters (FSDP2) or DeepSpeed's fp32 master
+    copy, fp32 gradients and AdamW's two states, each a 1/S shard (16 bytes per parameter over S), plus ZeRO-3's
+    compute-dtype parameter partition when DeepSpeed offloads parameters too. 0 without offload."""
+    if not (plan.offload_params or plan.offload_optimizer):
+        return 0
+    blocks, root = stage_params(stats, plan)
+    shard = state_shards(plan)
+    states = 16 * (blocks + root) // shard
+    if plan.backend == "deepspeed" and plan.offload_params:
+        states += 2 * (blocks + root) // shard
+    return states

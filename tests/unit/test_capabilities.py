@@ -1,0 +1,188 @@
+"""The capability table (``config/capabilities.py``): every row tripped by an example, and every consumer refuses the
+example with the row's own message: recipe resolution, start-up (``TrainingJob``), the planner's search (pins as
+``bigtrain plan --fix`` gives them), the simulator and ``bigtrain export``. ``plan: auto`` never picks a plan a row
+refuses, with ``train.compile`` as with any option."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from cases import TINY_LLAMA
+from helpers import make_plan
+
+from bigtrain.config.capabilities import RULES, ModelFacts, Setup, check, first_problem
+from bigtrain.config.hf import hf_config_from_dict
+from bigtrain.config.load import build_dataclass
+from bigtrain.config.resolve import resolve_plan
+from bigtrain.config.schema import ParallelConfig, RecipeConfig, TrainConfig
+from bigtrain.config.workload import Workload
+from bigtrain.errors import ConfigError
+from bigtrain.planner.hardware import make_cluster
+from bigtrain.planner.model_stats import ModelStats, load_model_config
+from bigtrain.planner.search import search
+
+UNTIED_4 = {**TINY_LLAMA, "num_hidden_layers": 4, "tie_word_embeddings": False}
+ONCE, EVERY = "once_per_step", "every_micro_step"
+PP2 = dict(pp=2, grad_reduce=ONCE)
+GPT2 = dict(model_type="gpt2", vocab_size=128, n_embd=64, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)
+
+
+@dataclass(frozen=True)
+class Example:
+    world: int
+    plan: dict[str, Any]  # every Plan field that differs from helpers.make_plan's (degrees multiply to ``world``)
+    model: dict[str, Any] = field(default_factory=lambda: dict(TINY_LLAMA))
+    batch: int = 8
+    compile: bool = False
+
+
+EXAMPLES: dict[str, Example] = {
+    "zero_stage_of_backend": Example(2, dict(backend="ddp", zero_stage=3, dp_replicate=2, grad_reduce=ONCE)),
+    "ddp_does_not_shard": Example(2, dict(backend="ddp", zero_stage=0, dp_shard=2, grad_reduce=ONCE)),
+    "hybrid_sharding_is_fsdp2": Example(4, dict(backend="deepspeed", dp_replicate=2, dp_shard=2)),
+    "offload_params_needs_sharding": Example(
+        2, dict(backend="ddp", zero_stage=0, dp_replicate=2, grad_reduce=ONCE, offload_params=True)
+    ),
+    "deepspeed_offloads_parameters_in_zero3": Example(
+        2, dict(backend="deepspeed", zero_stage=2, dp_shard=2, offload_params=True)
+    ),
+    "offload_optimizer_needs_deepspeed": Example(2, dict(dp_shard=2, offload_optimizer=True)),
+    "grad_reduce_of_backend": Example(2, dict(backend="ddp", zero_stage=0, dp_replicate=2, grad_reduce=EVERY)),
+    "pipeline_reduces_once": Example(2, dict(pp=2, grad_reduce=EVERY), UNTIED_4),
+    "loss_parallel_needs_tp": Example(2, dict(dp_shard=2, loss_parallel=True)),
+    "sequence_parallel_needs_tp": Example(2, dict(dp_shard=2, sequence_parallel=True)),
+    "virtual_stages_need_pp": Example(2, dict(dp_shard=2, pp_virtual_stages=2)),
+    "single_stage_schedules": Example(2, dict(**PP2, pp_virtual_stages=2), UNTIED_4),
+    "v_shaped_schedules": Example(2, dict(**PP2, pp_schedule="zbv_zero_bubble"), UNTIED_4),
+    "tp_needs_fsdp2": Example(2, dict(backend="ddp", zero_stage=0, tp=2, grad_reduce=ONCE)),
+    "pp_needs_fsdp2": Example(2, dict(backend="deepspeed", **PP2), UNTIED_4),
+    "split_backward_schedules": Example(
+        2, dict(**PP2, pp_schedule="interleaved_zero_bubble", pp_virtual_stages=2), UNTIED_4
+    ),
+    "loss_parallel_with_pp": Example(4, dict(**PP2, tp=2, loss_parallel=True), UNTIED_4),
+    "sequence_parallel_with_pp": Example(4, dict(**PP2, tp=2, sequence_parallel=True), UNTIED_4),
+    "selective_checkpointing": Example(2, dict(dp_shard=2, activation_checkpointing="selective")),
+    "compile_with_deepspeed": Example(2, dict(backend="deepspeed", zero_stage=2, dp_shard=2), compile=True),
+    "batch_splits_into_micro_batches": Example(2, dict(dp_shard=2, micro_batch_size=2), batch=6),
+    "tp_layout_shipped": Example(2, dict(tp=2), GPT2),
+    "tp_style_not_mapped": Example(2, dict(tp=2), {**TINY_LLAMA, "model_type": "qwen3"}),
+    "tp_divides_heads": Example(4, dict(tp=4)),
+    "loss_parallel_untied": Example(2, dict(tp=2, loss_parallel=True)),
+    "loss_parallel_divides_vocab": Example(
+        4, dict(tp=4, loss_parallel=True), {**UNTIED_4, "vocab_size": 130, "num_key_value_heads": 4}
+    ),
+    "pp_layout_shipped": Example(2, PP2, GPT2),
+    "pp_untied": Example(2, PP2),
+    "pp_stages_within_layers": Example(
+        2, dict(**PP2, pp_schedule="interleaved_1f1b", pp_virtual_stages=2), {**UNTIED_4, "num_hidden_layers": 2}
+    ),
+    "interleaved_rounds": Example(
+        2, dict(**PP2, pp_schedule="interleaved_1f1b", pp_virtual_stages=2), UNTIED_4, batch=5
+    ),
+    "pp_enough_micro_batches": Example(2, dict(**PP2, micro_batch_size=4), UNTIED_4, batch=4),
+}
+ROWS = {rule.name: rule for rule in RULES}
+
+
+def test_every_row_has_an_example_and_every_example_a_row():
+    assert set(EXAMPLES) == set(ROWS)
+
+
+def expected_message(name: str) -> str:
+    """The row's message for its example; the example trips this row first (and no row above it)."""
+    ex = EXAMPLES[name]
+    setup = Setup(make_plan(**ex.plan), train_of(ex), ModelFacts.of(hf_config_from_dict(ex.model)))
+    problem = first_problem(setup)
+    assert problem is not None and problem.rule.name == name, problem
+    return problem.message
+
+
+def train_of(ex: Example) -> TrainConfig:
+    return TrainConfig(global_batch_size=ex.batch, compile=ex.compile)
+
+
+def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
+    rows = tmp_path / "rows.npy"
+    np.save(rows, np.random.default_rng(0).integers(0, 128, size=(32, 17)))
+    raw = {
+        "model": {"config": ex.model},
+        "data": {"path": str(rows)},
+        "train": {"global_batch_size": ex.batch, "compile": ex.compile},
+        "parallel": make_plan(**ex.plan).to_dict(),
+        "output_dir": str(tmp_path / "out"),
+    }
+    return build_dataclass(RecipeConfig, raw, "")
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_path):
+    from bigtrain.cli.export import export_plan
+    from bigtrain.runtime import LaunchEnv
+    from bigtrain.simulate import simulate
+    from bigtrain.train.run import TrainingJob
+
+    ex, message = EXAMPLES[name], expected_message(name)
+    cfg = recipe_of(ex, tmp_path)
+    plan = make_plan(**ex.plan)
+
+    if not ROWS[name].reads_model:  # recipe resolution, before the model is read
+        with pytest.raises(ConfigError) as e:
+            resolve_plan(ParallelConfig(**plan.to_dict()), ex.world, train_of(ex))
+        assert str(e.value) == message
+
+    env = LaunchEnv(rank=0, world_size=ex.world, local_rank=0, local_world_size=ex.world, launched=True)
+    with pytest.raises(ConfigError) as e:  # start-up, on every rank, before any process group
+        TrainingJob(cfg, env)
+    assert str(e.value) == message
+
+    with pytest.raises(ConfigError) as e:
+        export_plan(cfg, argparse.Namespace(gpus=ex.world, gpus_per_node=None, to="accelerate"))
+    assert str(e.value) == message
+
+    workload = Workload(seq_len=16, global_batch_size=ex.batch, mixed_precision="fp32", compile=ex.compile)
+    with pytest.raises(ConfigError) as e:
+        simulate(ex.model, plan, workload)
+    assert str(e.value) == message
+
+    # the planner with every plan field pinned (bigtrain plan --fix ...): the candidate says why, or the pins do
+    stats = ModelStats.from_config(load_model_config(ex.model))
+    try:
+        candidates = search(stats, make_cluster(ex.world, None, "H100", "80GB"), workload, fixed=plan.to_dict())
+    except ConfigError as e:
+        assert str(e) == message
+    else:
+        assert [c.plan for c in candidates] == [plan]
+        assert message in (candidates[0].rejected_because, candidates[0].unsupported)
+
+
+def test_a_plan_no_row_refuses_passes_every_consumer_s_check(tmp_path):
+    """The control: the table's first example with its offending key set back runs the same checks cleanly."""
+    ex = Example(2, dict(dp_shard=2, micro_batch_size=2), UNTIED_4, batch=8)
+    plan = make_plan(**ex.plan)
+    assert first_problem(Setup(plan, train_of(ex), ModelFacts.of(hf_config_from_dict(ex.model)))) is None
+    assert resolve_plan(ParallelConfig(**plan.to_dict()), 2, train_of(ex)) == plan
+
+
+def test_plan_auto_never_picks_a_plan_start_up_refuses_with_train_compile():
+    """With train.compile the DeepSpeed plans are predicted but not offered; the choice passes start-up's check."""
+    from bigtrain.planner.auto import choose_plan
+
+    config = load_model_config("llama-3-8b")
+    stats = ModelStats.from_config(config)
+    facts = stats.facts
+    for gpus, memory in ((1, "80GB"), (8, "24GB"), (16, "40GB")):
+        cluster = make_cluster(gpus, None, "H100", memory)
+        for compile_blocks in (False, True):
+            workload = Workload(seq_len=2048, global_batch_size=8 * gpus, compile=compile_blocks)
+            candidates = search(stats, cluster, workload)
+            offered = [c.plan.backend for c in candidates if c.runnable]
+            assert ("deepspeed" in offered) != compile_blocks, (gpus, memory, compile_blocks)
+            try:
+                plan, _ = choose_plan(config, gpus, gpus, "H100", cluster.gpu.memory_bytes, workload)
+            except ConfigError:
+                continue  # nothing fits: nothing is picked
+            check(Setup(plan, workload.train_config(), facts))
