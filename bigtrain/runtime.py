@@ -47,6 +47,13 @@ def warn_if_accelerate_started_one_process(env: LaunchEnv) -> None:
         )
 
 
+def export_local_rank_for_deepspeed() -> None:
+    """DeepSpeed reads the launcher's LOCAL_RANK from the environment (``deepspeed.initialize`` asserts it is set,
+    ``zero.Init`` reads it): a process started without a launcher is the one rank of its job, which torchrun would
+    have called 0. A launcher's own value is kept."""
+    os.environ.setdefault("LOCAL_RANK", "0")
+
+
 def pick_device(env: LaunchEnv) -> torch.device:
     if torch.cuda.is_available():
         torch.cuda.set_device(env.local_rank)

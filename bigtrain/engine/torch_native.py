@@ -176,8 +176,8 @@ class TorchNativeEngine(Engine):
         optim: dict[str, Any] = {}
         for part, optimizer in zip(self.parts, self.optimizers, strict=True):  # the parts' parameter names are disjoint
             part_model, part_optim = get_state_dict(part, optimizer, options=STATE_DICT_OPTIONS)
-            model.update(part_model)
-            optim.update(part_optim)
+            model.update({self.built.hf_name(k): v for k, v in part_model.items()})
+            optim.update({hf_optimizer_key(k, self.built.hf_name): v for k, v in part_optim.items()})
         return {
             "model": model,
             "optimizer": optim,
@@ -186,16 +186,24 @@ class TorchNativeEngine(Engine):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Each part takes its own keys, found under their HF names (the transforms' renames)."""
+        hf_name = self.built.hf_name
         for part, optimizer, scheduler in zip(self.parts, self.optimizers, self.schedulers, strict=True):
-            model, optim = state["model"], state["optimizer"]
-            if len(self.parts) > 1:  # each part takes its own keys
-                own_model, own_optim = get_state_dict(part, optimizer, options=STATE_DICT_OPTIONS)
-                model = {k: model[k] for k in own_model}
-                optim = {k: optim[k] for k in own_optim}
+            own_model, own_optim = get_state_dict(part, optimizer, options=STATE_DICT_OPTIONS)
+            model = {k: state["model"][hf_name(k)] for k in own_model}
+            optim = {k: state["optimizer"][hf_optimizer_key(k, hf_name)] for k in own_optim}
             set_state_dict(part, optimizer, model_state_dict=model, optim_state_dict=optim, options=STATE_DICT_OPTIONS)
             scheduler.load_state_dict(state["scheduler"])
         if self.loss_scaler:
             self.loss_scaler.load_state_dict(state["loss_scaler"])
+
+
+def hf_optimizer_key(key: str, hf_name: Callable[[str], str]) -> str:
+    """A flattened optimizer-state key (``state.<parameter>.exp_avg``, ``param_groups.<parameter>.lr``) with the
+    parameter under its HF name."""
+    section, rest = key.split(".", 1)
+    parameter, leaf = rest.rsplit(".", 1)
+    return f"{section}.{hf_name(parameter)}.{leaf}"
 
 
 def _local(loss: torch.Tensor) -> torch.Tensor:

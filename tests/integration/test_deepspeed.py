@@ -42,3 +42,13 @@ def test_a_deepspeed_json_that_contradicts_the_recipe_is_one_line_on_every_rank(
     assert len(lines) == 2, proc.stderr[-2000:]  # one per rank
     assert all("the recipe and plan give 4" in line and "Traceback" not in proc.stderr for line in lines)
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+def test_zero3_runs_in_one_process_without_a_launcher(tmp_path):
+    """No torchrun, no --nproc: the process is the job's one rank (DeepSpeed needs LOCAL_RANK, which no launcher
+    exported; it failed with a KeyError before)."""
+    out = tmp_path / "out"
+    args = ["train", str(REPO / "recipes" / "deepspeed_zero3.yaml"), "--set", "train.steps=2"]
+    proc = run_cli([*args, "--set", f"output_dir={out}"], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]
