@@ -55,7 +55,6 @@ def tied_aliases(hf_config: Any) -> set[str]:
 def export_model(checkpoint: str | Path, out: str | Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Write checkpoint ``checkpoint`` (a step_N folder, or a run's output_dir: its newest) as an HF folder ``out``
     (replaced atomically if it exists); returns the checkpoint folder used."""
-    from safetensors.torch import save_file
     from transformers import AutoConfig
 
     folder = resolve_checkpoint(checkpoint)
@@ -69,6 +68,22 @@ def export_model(checkpoint: str | Path, out: str | Path, max_shard_bytes: int =
     out = Path(out)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
+    try:
+        _write_folder(folder, partial, names, tensors, shards)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)  # a failed export (a full disk) leaves nothing half-written
+        raise
+    out.parent.mkdir(parents=True, exist_ok=True)
+    publish(partial, out)
+    return folder
+
+
+def _write_folder(
+    folder: Path, partial: Path, names: list[str], tensors: dict[str, TensorStorageMetadata], shards: list[list[str]]
+) -> None:
+    """The HF folder in ``partial``: the checkpoint's hf/ files and the weights, one safetensors shard at a time."""
+    from safetensors.torch import save_file
+
     shutil.copytree(folder / HF_FILES, partial)
     weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards):
@@ -84,9 +99,6 @@ def export_model(checkpoint: str | Path, out: str | Path, max_shard_bytes: int =
         total = sum(_nbytes(tensors[n]) for n in names)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (partial / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    publish(partial, out)
-    return folder
 
 
 def _model_tensors(folder: Path) -> dict[str, TensorStorageMetadata]:

@@ -27,7 +27,7 @@ from bigtrain.checkpoint.layout import (
 )
 from bigtrain.config.load import dump_recipe, recipe_to_dict
 from bigtrain.config.schema import RecipeConfig
-from bigtrain.errors import ConfigError
+from bigtrain.errors import ConfigError, RunFinished
 
 # Recipe keys a resumed run may change: they do not change what the model has learnt so far. The model and data
 # paths may move (another machine); the loader checks the model's names and shapes against the checkpoint, and
@@ -57,6 +57,8 @@ class Start:
 
 
 def plan_start(cfg: RecipeConfig) -> Start:
+    """What this start does with ``output_dir``; RunFinished when its run has already reached ``train.steps`` (job
+    schedulers re-queue and torchrun restarts on a non-zero exit: a finished run started again must exit 0)."""
     out = Path(cfg.output_dir)
     earlier = [name for name in RUN_OUTPUTS if (out / name).exists()]
     resume = cfg.checkpoint.resume
@@ -83,7 +85,7 @@ def plan_start(cfg: RecipeConfig) -> Start:
     if step >= cfg.train.steps:
         model = out / FINAL_MODEL
         where = f"its model is in {model}" if model.is_dir() else f"export it with: bigtrain export-model {folder}"
-        raise ConfigError(
+        raise RunFinished(
             f"the run is finished: {folder} is at step {step} and train.steps={cfg.train.steps}; {where}. Raise "
             "train.steps to train on, or --set checkpoint.resume=false to start over"
         )

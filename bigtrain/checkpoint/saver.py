@@ -11,14 +11,16 @@ coordinator writes ``.metadata`` only after gathering every rank's write results
 from __future__ import annotations
 
 import logging
+import shutil
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from bigtrain.checkpoint.export import write_hf_files
 from bigtrain.checkpoint.layout import (
@@ -27,16 +29,19 @@ from bigtrain.checkpoint.layout import (
     Manifest,
     checkpoints_dir,
     list_files,
+    newest_checkpoint,
     partial_dir,
     prune,
     publish,
     step_dir,
 )
 from bigtrain.checkpoint.state import capture
+from bigtrain.checkpoint.storage import storage_problem
 from bigtrain.config.load import dump_recipe
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.engine.base import Engine
+from bigtrain.errors import CheckpointNotWritten
 
 log = logging.getLogger("bigtrain")
 
@@ -82,12 +87,16 @@ class Checkpointer:
         state = capture(self.engine, step, tokens, self.rank, self.device)
         partial = partial_dir(self.root, step)
         self.saved_step = step
-        if self._group is None:
-            dcp.save(state, checkpoint_id=partial)
-            self._finished(step, tokens)
-        else:
-            future = dcp.async_save(state, checkpoint_id=partial, process_group=self._group)
-            self._pending = _Pending(future, step, tokens)
+        try:
+            if self._group is None:
+                dcp.save(state, checkpoint_id=partial)
+            else:
+                future = dcp.async_save(state, checkpoint_id=partial, process_group=self._group)
+                self._pending = _Pending(future, step, tokens)
+                return
+        except (Exception, CheckpointException) as e:  # DCP gathers every rank's write result: every rank is here
+            self._not_written(step, e)
+        self._finished(step, tokens)
 
     def poll(self) -> None:
         """Publish a background save that has finished (cheap; called at every step boundary)."""
@@ -98,8 +107,25 @@ class Checkpointer:
         """Block until the save in flight, if any, is written and published; re-raises its error."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending.future.result()
+            try:
+                pending.future.result()
+            except (Exception, CheckpointException) as e:  # as in save: every rank's background write failed together
+                self._not_written(pending.step, e)
             self._finished(pending.step, pending.tokens)
+
+    def _not_written(self, step: int, error: BaseException) -> NoReturn:
+        """One line instead of DCP's traceback (its CheckpointException, a BaseException, holds each rank's error):
+        which checkpoint failed and why, the partial folder removed (rank 0), and the last good checkpoint, which
+        stays intact and resumable."""
+        partial = partial_dir(self.root, step)
+        if self.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        last = newest_checkpoint(self.root)
+        raise CheckpointNotWritten(
+            f"the checkpoint of step {step} could not be written to {partial}: {storage_problem(error, self.root)}; "
+            f"its partial folder is removed. The last good checkpoint is "
+            + (f"{last}: free space and start again to resume from it" if last else "none (no save completed yet)")
+        ) from error
 
     def _finished(self, step: int, tokens: int) -> None:
         if self.rank != 0:

@@ -15,11 +15,17 @@ import sys
 from bigtrain import __version__
 from bigtrain.cli.export import add_export_arguments, run_export_command
 from bigtrain.cli.plan import add_plan_arguments, run_plan_command
-from bigtrain.errors import ConfigError, TrainingDiverged
+from bigtrain.errors import CheckpointNotWritten, ConfigError, RunFinished, TrainingDiverged
 from bigtrain.runtime import LaunchEnv, read_launch_env
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 4  # the loss or gradient norm became NaN or infinite (3 is bigtrain plan's "nothing fits")
+EXIT_CHECKPOINT_NOT_WRITTEN = 5  # a checkpoint (or the final model) could not be written, e.g. the disk is full
+EXIT_CODES = {
+    ConfigError: EXIT_BAD_INPUT,
+    TrainingDiverged: EXIT_DIVERGED,
+    CheckpointNotWritten: EXIT_CHECKPOINT_NOT_WRITTEN,
+}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,11 +100,16 @@ def main(argv: list[str] | None = None) -> int:
             return _probe(args, env)
         if args.command == "report":
             return _report(args)
-    except (ConfigError, TrainingDiverged) as e:
+    except RunFinished as e:
+        if env.rank == 0:  # nothing is wrong: said once, and exit 0 (schedulers re-queue a non-zero exit)
+            sys.stderr.flush()
+            os.write(2, f"bigtrain: {e}\n".encode())
+        return 0
+    except (ConfigError, TrainingDiverged, CheckpointNotWritten) as e:
         # One write(2) call: ranks share the launcher's stderr, and a single short write is never interleaved.
         sys.stderr.flush()
         os.write(2, f"bigtrain: error{_rank_tag(env)}: {e}\n".encode())
-        return EXIT_BAD_INPUT if isinstance(e, ConfigError) else EXIT_DIVERGED
+        return next(code for kind, code in EXIT_CODES.items() if isinstance(e, kind))
     return 1
 
 
@@ -160,11 +171,13 @@ def _train(args: argparse.Namespace, env: LaunchEnv) -> int:
             raise ConfigError(
                 "--nproc starts its own workers; drop it when running under torchrun or accelerate launch"
             )
+        from bigtrain.checkpoint.run_dir import plan_start
         from bigtrain.config.resolve import resolve_plan
         from bigtrain.launch import launch_local
 
         if cfg.parallel.plan != "auto":  # fail here, before starting workers
             resolve_plan(cfg.parallel, args.nproc, cfg.train)
+        plan_start(cfg)  # a finished run (RunFinished) starts no workers
         worker_args = ["train", args.recipe] + [a for o in args.overrides for a in ("--set", o)]
         return launch_local(args.nproc, worker_args)
     from bigtrain.train.run import run_training

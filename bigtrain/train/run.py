@@ -21,8 +21,10 @@ import torch.distributed as dist
 
 from bigtrain.checkpoint.export import export_model
 from bigtrain.checkpoint.loader import load_checkpoint
+from bigtrain.checkpoint.lock import OutputDirLock
 from bigtrain.checkpoint.run_dir import FINAL_MODEL, plan_start, prepare_output_dir
 from bigtrain.checkpoint.saver import Checkpointer
+from bigtrain.checkpoint.storage import storage_problem
 from bigtrain.config.capabilities import ModelFacts, Setup, check
 from bigtrain.config.hf import one_block
 from bigtrain.config.load import dump_recipe, recipe_warnings
@@ -34,7 +36,7 @@ from bigtrain.data.loader import EvalLoader, StepLoader
 from bigtrain.data.order import GlobalOrder
 from bigtrain.data.sources import TokenRows, check_vocabulary, hold_out, load_token_rows
 from bigtrain.engine import Engine, build_engine, build_options
-from bigtrain.errors import ConfigError
+from bigtrain.errors import CheckpointNotWritten, ConfigError
 from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes
 from bigtrain.parallel.transforms.base import BuildOptions
 from bigtrain.planner.auto import choose_plan
@@ -62,10 +64,14 @@ log = logging.getLogger("bigtrain")
 
 
 def run_training(cfg: RecipeConfig) -> TrainResult:
-    with TrainingJob(cfg) as job:
-        result = job.fit()
-    if job.env.rank == 0:
-        write_final_model(cfg, result)
+    job = TrainingJob(cfg)
+    try:
+        with job:
+            result = job.fit()
+        if job.env.rank == 0:
+            write_final_model(cfg, result)
+    finally:
+        job.output_lock.release()  # output_dir is the run's until its final model is written
     return result
 
 
@@ -74,7 +80,13 @@ def write_final_model(cfg: RecipeConfig, result: TrainResult) -> None:
     if not cfg.checkpoint.save_final_model or result.stopped or result.checkpoint is None:
         return
     out = Path(cfg.output_dir) / FINAL_MODEL
-    export_model(result.checkpoint, out)
+    try:
+        export_model(result.checkpoint, out)
+    except OSError as e:
+        raise CheckpointNotWritten(
+            f"the final model could not be written to {out}: {storage_problem(e, out)}; the last checkpoint "
+            f"{result.checkpoint} holds it: free space, then bigtrain export-model {result.checkpoint} -o {out}"
+        ) from e
     log.info("final model (step %d) written to %s", result.last_step, out)
 
 
@@ -106,6 +118,7 @@ class TrainingJob:
             for warning in recipe_warnings(cfg) + self._data_warnings() + ([packing_note] if packing_note else []):
                 log.warning("%s", warning)
         self.start = plan_start(cfg)
+        self.output_lock = OutputDirLock(cfg.output_dir)
         self.engine: Engine | None = None
         self.checkpointer: Checkpointer | None = None
         self.start_point = StartPoint()
@@ -151,6 +164,7 @@ class TrainingJob:
     def __enter__(self) -> TrainingJob:
         init_process_group(self.env, self.device, self.cfg.train.collective_timeout_s)
         try:
+            self._hold_output_dir()
             if self.env.rank == 0:
                 prepare_output_dir(self.start, self.cfg)
                 if self.start.note:
@@ -183,8 +197,20 @@ class TrainingJob:
             self.engine = self.checkpointer = None
             gc.collect()
             dist.destroy_process_group()
+            self.output_lock.release()
             raise
         return self
+
+    def _hold_output_dir(self) -> None:
+        """Rank 0 takes output_dir for the run's whole life before anything in it is touched; every rank hears
+        whether another run holds it, and all refuse together (nothing of the other run is moved or written)."""
+        holder = [self.output_lock.acquire() if self.env.rank == 0 else None]
+        dist.broadcast_object_list(holder, src=0)
+        if holder[0] is not None:
+            raise ConfigError(
+                f"output_dir {self.cfg.output_dir} is in use by another run ({holder[0]}); wait for it to finish or "
+                "stop it, or use another output_dir"
+            )
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.engine = self.checkpointer = None

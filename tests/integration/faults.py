@@ -4,6 +4,8 @@
   rank's DCP files are written and half of the manifest is, before the rename: a save killed half-way.
 - ``crash-once MARKER``: rank 1 exits with code 1 at the start of its third optimizer step of this start, unless
   file MARKER exists (it creates it first): the first attempt crashes, the attempt torchrun restarts does not.
+- ``disk-full STEP``: the disk is full when the checkpoint of step STEP is written: each rank's DCP data file of
+  that save is made a link to /dev/full, so the kernel answers its writes with ENOSPC, as a full disk does.
 """
 
 from __future__ import annotations
@@ -44,6 +46,20 @@ elif fault == "crash-once":
         return run_step(self, step)
 
     TrainLoop.run_step = crash_on_third_step
+elif fault == "disk-full":
+    from bigtrain.checkpoint.saver import Checkpointer
+
+    full_at = int(arg)
+    save = Checkpointer.save
+
+    def save_onto_a_full_disk(self, step, tokens):
+        if step == full_at:
+            partial = layout.partial_dir(self.root, step)
+            partial.mkdir(parents=True, exist_ok=True)
+            (partial / f"__{self.rank}_0.distcp").symlink_to("/dev/full")
+        save(self, step, tokens)
+
+    Checkpointer.save = save_onto_a_full_disk
 else:
     raise SystemExit(f"unknown fault {fault!r}")
 sys.exit(main(sys.argv[3:]))

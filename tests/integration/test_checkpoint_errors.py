@@ -112,3 +112,16 @@ def test_a_different_recipe_into_a_run_s_output_dir_is_refused_unless_asked(run,
     (aside,) = out.glob("replaced-*")
     assert (aside / "checkpoints" / "step_2").is_dir()  # the earlier run is kept, not deleted
     assert [line.count('"step"') for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 1]
+
+
+def test_a_finished_run_started_again_says_so_and_exits_0(run):
+    """Job schedulers re-queue and torchrun restarts on a non-zero exit: nothing is wrong, so exit 0, on every rank,
+    starting no worker and changing nothing."""
+    root, recipe = run
+    before = (root / "out" / "metrics.jsonl").read_text()
+    for proc in (run_torchrun(["train", str(recipe)], timeout=120), run_cli(["train", str(recipe), "--nproc", "2"])):
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        said = [line for line in proc.stderr.splitlines() if line.startswith("bigtrain: the run is finished")]
+        assert len(said) == 1 and "step_2 is at step 2 and train.steps=2" in said[0], proc.stderr[-2000:]
+        assert "bigtrain: error" not in proc.stderr
+    assert (root / "out" / "metrics.jsonl").read_text() == before

@@ -6,6 +6,7 @@ end with the same metrics, each step logged once.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -133,3 +134,55 @@ def test_sigterm_saves_at_the_step_boundary_exits_0_and_the_next_start_resumes(i
     assert f"resuming from {out / 'checkpoints' / f'step_{stopped_at}'}" in proc.stderr
     assert [r["step"] for r in read_metrics(out)] == list(range(1, stopped_at + 3))
     assert (out / "model" / "model.safetensors").is_file()
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_the_last_good_checkpoint_resumes(inputs, straight, tmp_path):
+    """The kernel's ENOSPC (each rank's data file of the step-4 save is /dev/full): every rank says which checkpoint
+    failed, that the disk is full and which is the last good one; the partial folder is gone; the run resumes from
+    the last good checkpoint and ends as the uninterrupted run."""
+    path = recipe(inputs, tmp_path)
+    checkpoints = tmp_path / "out" / "checkpoints"
+    full = run_torchrun([str(FAULTS), "disk-full", "4", "train", str(path)], module=False)
+    assert full.returncode != 0
+    lines = [line for line in full.stderr.splitlines() if line.startswith("bigtrain: error")]
+    expected = (
+        f"the checkpoint of step 4 could not be written to {checkpoints / '.step_4.partial'}: no space left on "
+        f"device; its partial folder is removed. The last good checkpoint is {checkpoints / 'step_2'}: free space "
+        "and start again to resume from it"
+    )
+    assert sorted(lines) == [f"bigtrain: error (rank {r}/2): {expected}" for r in (0, 1)], full.stderr[-3000:]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_2"]
+
+    proc = run_torchrun(["train", str(path)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resuming from {checkpoints / 'step_2'}" in proc.stderr
+    assert_same_run(tmp_path / "out", straight)
+
+
+def test_a_second_start_into_a_running_run_s_output_dir_is_refused_and_touches_nothing(inputs, tmp_path):
+    """Launched twice by mistake: the second start is one line per rank naming the first (its pid), exits non-zero,
+    and the first trains on undisturbed: same outputs, nothing moved aside, and it finishes cleanly."""
+    path = recipe(inputs, tmp_path, steps=100_000, every=0)
+    out = tmp_path / "out"
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(torchrun_command(["train", str(path)]), stdout=subprocess.DEVNULL, stderr=log, cwd=REPO)
+        try:
+            deadline = time.monotonic() + 120
+            while not ((out / "metrics.jsonl").is_file() and len(read_metrics(out)) >= 2):
+                assert time.monotonic() < deadline and first.poll() is None, "training did not start"
+                time.sleep(0.2)
+            holder = json.loads((out / ".bigtrain.lock").read_text())
+            second = run_torchrun(["train", str(path)], timeout=120)
+            assert second.returncode != 0
+            lines = [line for line in second.stderr.splitlines() if line.startswith("bigtrain: error")]
+            assert len(lines) == 2 and all(
+                f"output_dir {out} is in use by another run (pid {holder['pid']} on host" in line for line in lines
+            ), second.stderr[-3000:]
+            assert first.poll() is None  # still training
+            os.kill(_children(first.pid)[0], signal.SIGTERM)
+            assert first.wait(timeout=120) == 0, (tmp_path / "first.log").read_text()[-3000:]
+        finally:
+            first.kill()
+    steps = [r["step"] for r in read_metrics(out)]
+    assert steps == list(range(1, len(steps) + 1))  # one run's records, none lost or repeated
+    assert not [p for p in out.iterdir() if p.name.startswith("replaced-")]  # nothing of the first moved aside

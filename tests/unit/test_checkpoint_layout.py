@@ -22,7 +22,7 @@ from bigtrain.checkpoint.layout import (
 )
 from bigtrain.checkpoint.run_dir import plan_start, prepare_output_dir, recipe_differences
 from bigtrain.config.load import load_recipe, recipe_to_dict
-from bigtrain.errors import ConfigError
+from bigtrain.errors import ConfigError, RunFinished
 from bigtrain.train.metrics import MetricsWriter
 
 
@@ -93,7 +93,7 @@ def test_start_decisions(tmp_path):
     with pytest.raises(ConfigError, match=r"another recipe \(train.lr: 0.0003 -> 0.1\)"):
         plan_start(recipe_in(out, "train.lr=0.1"))
     fake_checkpoint(out / "checkpoints", 4)
-    with pytest.raises(ConfigError, match="the run is finished: .*step_4 is at step 4 and train.steps=4"):
+    with pytest.raises(RunFinished, match="the run is finished: .*step_4 is at step 4 and train.steps=4"):
         plan_start(recipe_in(out))
     fresh = plan_start(recipe_in(out, "train.lr=0.1", "checkpoint.resume=false"))
     assert fresh.set_aside and fresh.resume_from is None
