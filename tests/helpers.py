@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -118,6 +119,32 @@ def hf_assistant_mask(tokenizer_dir: Path, messages: list[dict]) -> tuple[list[i
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     return list(out["input_ids"]), list(out["assistant_masks"])
+
+
+DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
+COMMANDS_BLOCK = re.compile(r"<!-- commands:([\w-]+) -->\s*```bash\n(.*?)```", re.S)
+
+
+def docs_blocks() -> dict[str, tuple[Path, list[str]]]:
+    """Every named command block of README.md and docs/*.md (``<!-- commands:NAME -->`` before a bash fence): its
+    file and its commands, a backslash-continued line joined, comments dropped."""
+    found: dict[str, tuple[Path, list[str]]] = {}
+    for path in DOCS:
+        for name, body in COMMANDS_BLOCK.findall(path.read_text()):
+            assert name not in found, f"commands:{name} is named twice"
+            found[name] = (path, commands_of(body))
+    return found
+
+
+def commands_of(body: str) -> list[str]:
+    joined = body.replace("\\\n", " ")
+    lines = [line.split(" # ")[0].strip() for line in joined.splitlines()]
+    return [re.sub(r"\s+", " ", line) for line in lines if line and not line.startswith("#")]
+
+
+def docs_commands(name: str) -> list[str]:
+    """The commands of the docs' block ``name``: what a test runs as the docs show it."""
+    return docs_blocks()[name][1]
 
 
 def write_recipe(path: Path, recipe: dict[str, Any]) -> Path:

@@ -316,8 +316,13 @@ class TrainingJob:
     def plan_line(self) -> str:
         plan = self.plan
         assert plan is not None
+        env = self.env
+        nodes = max(1, env.world_size // max(1, env.local_world_size))
+        where = f"{env.world_size} rank(s) on {self.device.type}" + (
+            f", {nodes} nodes x {env.local_world_size}" if nodes > 1 else ""
+        )
         return (
-            f"plan {plan.to_dict()} | {self.env.world_size} rank(s) on {self.device.type} | global batch "
+            f"plan {plan.to_dict()} | {where} | global batch "
             f"{self._batch} = micro {plan.micro_batch_size} x dp {plan.dp} x accum {plan.grad_accum_steps(self._batch)}"
             f" | {self.data.description}"
             + (f" | eval: {self.eval_data.description}" if self.eval_data is not None else "")
