@@ -18,7 +18,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from cases import MEMORY_CASES, PIPELINE_MEMORY_CASES, REAL_WIDTH_CASES, MemoryCase, arch_config  # noqa: E402
+from cases import (  # noqa: E402
+    BF16_REAL_TENSOR_CASES,
+    MEMORY_CASES,
+    PIPELINE_MEMORY_CASES,
+    REAL_WIDTH_CASES,
+    MemoryCase,
+    arch_config,
+)
 
 from bigtrain.planner.memory import estimate_memory  # noqa: E402
 from bigtrain.planner.model_stats import ModelStats  # noqa: E402
@@ -45,7 +52,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     worst = 0.0
     start = time.perf_counter()
-    cases = REAL_WIDTH_CASES + MEMORY_CASES + PIPELINE_MEMORY_CASES
+    cases = REAL_WIDTH_CASES + MEMORY_CASES + PIPELINE_MEMORY_CASES + BF16_REAL_TENSOR_CASES
     for c in cases:
         predicted, simulated = run_case(c)
         err = predicted / simulated - 1

@@ -31,6 +31,7 @@ GPU_SHAPES = [(2048, 2048, 2048), (8192, 4096, 4096), (16384, 4096, 14336), (163
 CPU_SHAPES = [(256, 256, 256), (1024, 1024, 1024)]
 GPU_COLLECTIVE_MIB = [1, 16, 256]
 CPU_COLLECTIVE_MIB = [1, 16]
+MAX_CALL_S = 0.25  # a shape whose product would take longer than this at the rate just measured is not timed
 
 
 def _timer(device: torch.device) -> Callable[[], None]:
@@ -52,7 +53,12 @@ def median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int = 1
     return statistics.median(times)
 
 
-def matmul_rates(device: torch.device, shapes: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
+def matmul_rates(
+    device: torch.device, shapes: list[tuple[int, int, int]], max_call_s: float = MAX_CALL_S
+) -> list[dict[str, Any]]:
+    """TFLOP/s per dtype and shape, smallest shape first. A larger shape that the rate just measured says would take
+    over ``max_call_s`` per product is left out: on a CPU without AVX-512, bf16 runs a reference kernel ~160x slower
+    than fp32, and 13 timed products of 1024^3 would take half a minute to say what the small shape said already."""
     out = []
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # training in fp32 means fp32 here (bigtrain leaves TF32 off)
@@ -60,12 +66,16 @@ def matmul_rates(device: torch.device, shapes: list[tuple[int, int, int]]) -> li
         for name, dtype in DTYPES.items():
             if device.type == "cpu" and dtype == torch.float16:
                 continue  # no fast fp16 path on CPUs; bf16 is what a CPU run would use
-            for m, k, n in shapes:
+            rate = None
+            for m, k, n in sorted(shapes, key=lambda shape: shape[0] * shape[1] * shape[2]):
+                flops = 2 * m * k * n
+                if rate is not None and flops / rate > max_call_s:
+                    break
                 # random data (products of zeros run faster than real ones)
                 a = torch.randn(m, k, device=device, dtype=dtype)
                 b = torch.randn(k, n, device=device, dtype=dtype)
-                seconds = median_seconds(lambda a=a, b=b: torch.mm(a, b), device)
-                out.append({"dtype": name, "m": m, "k": k, "n": n, "tflops": 2 * m * k * n / seconds / 1e12})
+                rate = flops / median_seconds(lambda a=a, b=b: torch.mm(a, b), device)
+                out.append({"dtype": name, "m": m, "k": k, "n": n, "tflops": rate / 1e12})
                 del a, b
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32

@@ -237,13 +237,21 @@ MEMORY_CASES = [
     MemoryCase("qwen2-tied", "fsdp2", 2, 8, "full", 4, 256, 32, "bf16", tp=2),
     MemoryCase("qwen2-bigvocab", "fsdp2", 3, 64, "full", 2, 1024, 128, "bf16", tp=2),
     # ... and with the LM head and the loss sharded over the vocabulary (loss_parallel)
-    MemoryCase("qwen2-bigvocab", "fsdp2", 3, 64, "full", 2, 1024, 128, "bf16", tp=2, loss_parallel=True),
+    MemoryCase("qwen2-bigvocab", "fsdp2", 3, 64, "full", 2, 1024, 128, "fp32", tp=2, loss_parallel=True),
     MemoryCase("mistral-gqa", "fsdp2", 2, 8, "none", 2, 1024, 32, "fp32", tp=2, loss_parallel=True),
-    MemoryCase("llama-dense", "fsdp2", 3, 8, "none", 2, 512, 16, "bf16", tp=4, loss_parallel=True),
+    MemoryCase("llama-dense", "fsdp2", 3, 8, "none", 2, 512, 16, "fp32", tp=4, loss_parallel=True),
     # ... and with sequence parallelism (norms, residual stream and the embeddings' output on sequence shards)
     MemoryCase("llama-dense", "fsdp2", 3, 8, "none", 2, 512, 16, "bf16", tp=4, sequence_parallel=True),
     MemoryCase("mistral-gqa", "fsdp2", 3, 8, "full", 2, 1024, 32, "bf16", tp=2, sequence_parallel=True),
     MemoryCase("qwen2-tied", "fsdp2", 3, 8, "none", 4, 256, 32, "fp32", tp=2, sequence_parallel=True),
+]
+
+# loss_parallel cases run on real tensors (fake ones over-count torch's vocabulary-parallel cross-entropy), so the
+# suite's are fp32: on a CPU without AVX-512 a bf16 matmul runs a reference kernel ~160x slower (the first of these
+# took over 15 minutes there). The same two plans in bf16, measured by bench/memory_matrix.py only:
+BF16_REAL_TENSOR_CASES = [
+    MemoryCase("qwen2-bigvocab", "fsdp2", 3, 64, "full", 2, 1024, 128, "bf16", tp=2, loss_parallel=True),
+    MemoryCase("llama-dense", "fsdp2", 3, 8, "none", 2, 512, 16, "bf16", tp=4, loss_parallel=True),
 ]
 
 # Pipelined plans: the simulator runs torch's schedule on every pp rank and reports the busiest (untied models only:

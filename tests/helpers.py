@@ -76,6 +76,39 @@ def learnable_rows(num_rows: int, seq_len: int, vocab: int = 128) -> np.ndarray:
     return rows
 
 
+def save_rows(
+    path: Path, rows: np.ndarray | None = None, num_rows: int = 32, seq_len: int = 17, learnable: bool = False
+) -> Path:
+    """Token rows as the ``.npy`` that ``data.path`` reads: ``rows`` as given, else ``num_rows`` x ``seq_len`` ids
+    below 128 (TINY_LLAMA's vocabulary): a learnable bigram chain, or seeded random ids."""
+    if rows is None:
+        random_ids = np.random.default_rng(0).integers(0, 128, size=(num_rows, seq_len))
+        rows = learnable_rows(num_rows, seq_len) if learnable else random_ids
+    np.save(path, rows)
+    return Path(path)
+
+
+def recipe_dict(output_dir: Path, data: str | Path, model: str | Path | dict[str, Any] | None = None, **sections: Any):
+    """A recipe as the dict a test writes (``write_recipe``) or loads: ``model`` a local HF folder (a path), a
+    ``model.config`` dict, or None for TINY_LLAMA from scratch; ``data`` the ``data.path``; each further section
+    (``data``, ``train``, ``parallel``, ``checkpoint``) merged key by key over what is already there. Keys left out
+    keep the recipe's defaults."""
+    if model is None or isinstance(model, dict):
+        model_section: dict[str, Any] = {"config": dict(model if model is not None else TINY_LLAMA)}
+    else:
+        model_section = {"name_or_path": str(model)}
+    base = {"model": model_section, "data": {"path": str(data)}, "output_dir": str(output_dir)}
+    return with_sections(base, **sections)
+
+
+def with_sections(recipe: dict[str, Any], **sections: Any) -> dict[str, Any]:
+    """``recipe`` with each section's keys changed (a section given as a dict is merged into the one there)."""
+    out = dict(recipe)
+    for key, value in sections.items():
+        out[key] = {**out.get(key, {}), **value} if isinstance(value, dict) else value
+    return out
+
+
 def save_word_tokenizer(folder: Path) -> Path:
     """A tiny word-level HF tokenizer folder (4 ids, eos 0), made offline with the ``tokenizers`` library."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -12,11 +12,10 @@ did not leak into an async save.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from cases import TINY_LLAMA
-from helpers import learnable_rows, read_metrics, run_torchrun, save_tiny_model, write_recipe
+from helpers import read_metrics, recipe_dict, run_torchrun, save_rows, save_tiny_model, write_recipe
 
 STEPS = 4
 SAME_PLAN_RTOL = 1e-6  # resuming on the same plan continues exactly
@@ -26,7 +25,7 @@ RESHARD_RTOL = 1e-4  # another plan sums in another order: float noise only
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
-    np.save(root / "rows.npy", learnable_rows(32, 17))
+    save_rows(root / "rows.npy", learnable=True)
     untied = save_tiny_model(root / "untied", spec={**TINY_LLAMA, "tie_word_embeddings": False})
     models = {"ddp": save_tiny_model(root / "tied"), "fsdp2": untied, "deepspeed": untied}
     return models, root / "rows.npy"
@@ -35,10 +34,12 @@ def inputs(tmp_path_factory):
 def recipe(inputs, folder, backend: str, **parallel) -> dict:
     models, rows = inputs
     model_dir = models[backend]
-    return {
-        "model": {"name_or_path": str(model_dir)},
-        "data": {"path": str(rows), "shuffle": True},
-        "train": {
+    return recipe_dict(
+        folder / "out",
+        rows,
+        model_dir,
+        data={"shuffle": True},
+        train={
             "steps": STEPS,
             "global_batch_size": 8,
             "lr": 1e-2,
@@ -48,11 +49,10 @@ def recipe(inputs, folder, backend: str, **parallel) -> dict:
             "grad_clip": 0.5,
             "seed": 3,
         },
-        "parallel": {"backend": backend, "micro_batch_size": 2, **({"zero_stage": 2} if backend == "deepspeed" else {})}
+        parallel={"backend": backend, "micro_batch_size": 2, **({"zero_stage": 2} if backend == "deepspeed" else {})}
         | parallel,
-        "checkpoint": {"every": 2, "keep": 5, "async": backend == "fsdp2" and parallel.get("pp", 1) == 1},
-        "output_dir": str(folder / "out"),
-    }
+        checkpoint={"every": 2, "keep": 5, "async": backend == "fsdp2" and parallel.get("pp", 1) == 1},
+    )
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,11 @@ from __future__ import annotations
 import copy
 import os
 
-import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 from cases import TINY_LLAMA
-from helpers import free_port
+from helpers import free_port, save_rows
 
 
 def _worker(rank: int, world: int, port: int, rows_path: str, parallel: list[str], results) -> None:
@@ -87,7 +86,7 @@ def _worker(rank: int, world: int, port: int, rows_path: str, parallel: list[str
     ids=["fsdp2-ac-full", "ddp"],
 )
 def test_state_round_trip_continues_exactly(parallel, tmp_path):
-    np.save(tmp_path / "rows.npy", np.random.default_rng(0).integers(0, 128, size=(40, 17)))
+    save_rows(tmp_path / "rows.npy", num_rows=40)
     world = 2
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()

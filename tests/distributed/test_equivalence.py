@@ -19,7 +19,16 @@ import numpy as np
 import pytest
 import torch
 from cases import TINY_MODELS
-from helpers import REPO, learnable_rows, read_metrics, run_torchrun, save_tiny_model, write_recipe
+from helpers import (
+    REPO,
+    learnable_rows,
+    read_metrics,
+    recipe_dict,
+    run_torchrun,
+    save_rows,
+    save_tiny_model,
+    write_recipe,
+)
 
 STEPS = 10
 GLOBAL_BATCH = 8
@@ -80,7 +89,7 @@ def reference_run(model_dir, rows, betas=BETAS, clip=CLIP) -> tuple[list[dict], 
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("equiv")
     rows = learnable_rows(NUM_ROWS, SEQ_LEN)
-    np.save(root / "rows.npy", rows)
+    save_rows(root / "rows.npy", rows)
     return root, rows
 
 
@@ -178,10 +187,12 @@ CASES = [("llama-tied", plan) for plan in PLANS if plan not in TP_PLANS and plan
 
 
 def recipe_for(model_dir, rows_path, parallel, output_dir) -> dict:
-    return {
-        "model": {"name_or_path": str(model_dir)},
-        "data": {"path": str(rows_path), "shuffle": True},
-        "train": {
+    return recipe_dict(
+        output_dir,
+        rows_path,
+        model_dir,
+        data={"shuffle": True},
+        train={
             "steps": STEPS,
             "global_batch_size": GLOBAL_BATCH,
             "lr": LR,
@@ -196,10 +207,9 @@ def recipe_for(model_dir, rows_path, parallel, output_dir) -> dict:
             "mixed_precision": "fp32",
             "seed": SEED,
         },
-        "parallel": parallel,
-        "checkpoint": {"save_final_model": False},  # the export is tested on its own; here only training counts
-        "output_dir": str(output_dir),
-    }
+        parallel=parallel,
+        checkpoint={"save_final_model": False},  # the export is tested on its own; here only training counts
+    )
 
 
 @pytest.mark.parametrize("arch, name", CASES, ids=[f"{a}-{n}" for a, n in CASES])

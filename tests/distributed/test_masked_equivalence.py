@@ -21,6 +21,7 @@ from helpers import (
     REPO,
     hf_assistant_mask,
     read_metrics,
+    recipe_dict,
     run_torchrun,
     save_chat_tokenizer,
     save_tiny_model,
@@ -116,15 +117,12 @@ PLANS = {
 def test_chat_plan_matches_assistant_only_loop(name, setup, tmp_path):
     root, model_dir, _, (reference, reference_params) = setup
     nproc, parallel = PLANS[name]
-    recipe = {
-        "model": {"name_or_path": str(model_dir)},
-        "data": {
-            "path": str(root / "chat.jsonl"),
-            "eval_path": str(root / "eval.jsonl"),
-            "seq_len": 2 * CONV_TOKENS,
-            "shuffle": False,
-        },
-        "train": {
+    recipe = recipe_dict(
+        tmp_path / "out",
+        root / "chat.jsonl",
+        model_dir,
+        data={"eval_path": str(root / "eval.jsonl"), "seq_len": 2 * CONV_TOKENS, "shuffle": False},
+        train={
             "steps": STEPS,
             "global_batch_size": GLOBAL_BATCH,
             "lr": LR,
@@ -133,10 +131,9 @@ def test_chat_plan_matches_assistant_only_loop(name, setup, tmp_path):
             "grad_clip": CLIP,
             "eval_every": EVAL_EVERY,
         },
-        "parallel": parallel,
-        "checkpoint": {"save_final_model": False},
-        "output_dir": str(tmp_path / "out"),
-    }
+        parallel=parallel,
+        checkpoint={"save_final_model": False},
+    )
     path = write_recipe(tmp_path / "recipe.yaml", recipe)
     proc = run_torchrun([str(WORKER), str(path), str(tmp_path / "params.pt")], nproc=nproc, module=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

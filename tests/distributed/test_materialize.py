@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from cases import TINY_LLAMA
-from helpers import free_port, read_metrics, run_cli, save_tiny_model, write_recipe
+from helpers import free_port, read_metrics, recipe_dict, run_cli, save_rows, save_tiny_model, write_recipe
 
 
 def _shard_worker(rank: int, world: int, port: int, model_dir: str, overrides: list[str], results) -> None:
@@ -89,22 +89,21 @@ def test_ranks_hold_only_their_shard_of_the_checkpoint(world, overrides, tp, tmp
 
 
 def test_from_scratch_init_does_not_depend_on_the_plan(tmp_path):
-    np.save(tmp_path / "rows.npy", np.random.default_rng(0).integers(0, 128, size=(16, 17)))
+    rows = save_rows(tmp_path / "rows.npy", num_rows=16)
     # a pipeline rank initialises the modules of the other stage too (and drops them): the random stream is the same
     runs = {"fsdp2 x2": (2, {}), "pp x2": (2, {"pp": 2, "micro_batch_size": 1})}
     metrics = {}
     for name, (nproc, parallel) in runs.items():
         out = tmp_path / name.replace(" ", "_")
-        recipe = write_recipe(
-            tmp_path / "r.yaml",
-            {
-                "model": {"config": {**TINY_LLAMA, "tie_word_embeddings": False}},  # pp needs an untied head
-                "data": {"path": str(tmp_path / "rows.npy"), "shuffle": False},
-                "train": {"steps": 2, "global_batch_size": 4, "lr_schedule": "constant", "seed": 3},
-                "parallel": parallel,
-                "output_dir": str(out),
-            },
+        spec = recipe_dict(
+            out,
+            rows,
+            {**TINY_LLAMA, "tie_word_embeddings": False},  # pp needs an untied head
+            data={"shuffle": False},
+            train={"steps": 2, "global_batch_size": 4, "lr_schedule": "constant", "seed": 3},
+            parallel=parallel,
         )
+        recipe = write_recipe(tmp_path / "r.yaml", spec)
         proc = run_cli(["train", str(recipe)] + (["--nproc", str(nproc)] if nproc > 1 else []))
         assert proc.returncode == 0, proc.stderr[-3000:]
         metrics[name] = read_metrics(out)

@@ -9,27 +9,25 @@ import time
 
 import numpy as np
 import pytest
-from cases import TINY_LLAMA, TINY_MODELS
-from helpers import REPO, run_cli, run_torchrun, write_recipe
+from cases import TINY_MODELS
+from helpers import REPO, recipe_dict, run_cli, run_torchrun, save_rows, write_recipe
 
 SEQ = 17
 
 
 @pytest.fixture
 def rows_file(tmp_path):
-    path = tmp_path / "rows.npy"
-    np.save(path, np.random.default_rng(0).integers(0, 128, size=(64, SEQ)))
-    return path
+    return save_rows(tmp_path / "rows.npy", num_rows=64, seq_len=SEQ)
 
 
 def base_recipe(tmp_path, rows_file):
-    return {
-        "model": {"config": dict(TINY_LLAMA)},
-        "data": {"path": str(rows_file), "shuffle": False},
-        "train": {"steps": 2, "global_batch_size": 8},
-        "parallel": {"backend": "fsdp2"},
-        "output_dir": str(tmp_path / "out"),
-    }
+    return recipe_dict(
+        tmp_path / "out",
+        rows_file,
+        data={"shuffle": False},
+        train={"steps": 2, "global_batch_size": 8},
+        parallel={"backend": "fsdp2"},
+    )
 
 
 # (what is wrong, how to break the recipe, what the error line must say)
@@ -160,7 +158,7 @@ def test_token_ids_outside_the_vocabulary_fail_at_load_on_every_rank(tmp_path):
     # found when the data is loaded, on every rank, before any process group: not when its batch comes up
     rows = np.random.default_rng(0).integers(0, 128, size=(64, SEQ))
     rows[50, 3] = 500
-    np.save(tmp_path / "rows.npy", rows)
+    save_rows(tmp_path / "rows.npy", rows)
     path = write_recipe(tmp_path / "r.yaml", base_recipe(tmp_path, tmp_path / "rows.npy"))
     for rank, proc in enumerate(lone_ranks(["train", str(path)])):
         _, err = proc.communicate(timeout=60)

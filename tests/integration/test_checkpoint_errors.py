@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import shutil
 
-import numpy as np
 import pytest
-from helpers import learnable_rows, run_cli, run_torchrun, save_tiny_model, write_recipe
+from helpers import recipe_dict, run_cli, run_torchrun, save_rows, save_tiny_model, write_recipe
 
 EXIT_BAD_INPUT = 2
 
@@ -18,15 +17,14 @@ EXIT_BAD_INPUT = 2
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt-errors")
-    np.save(root / "rows.npy", learnable_rows(16, 17))
-    recipe = {
-        "model": {"name_or_path": str(save_tiny_model(root / "model"))},
-        "data": {"path": str(root / "rows.npy")},
-        "train": {"steps": 2, "global_batch_size": 4},
-        "checkpoint": {"every": 1, "save_final_model": False},
-        "output_dir": str(root / "out"),
-    }
-    path = write_recipe(root / "recipe.yaml", recipe)
+    spec = recipe_dict(
+        root / "out",
+        save_rows(root / "rows.npy", num_rows=16, learnable=True),
+        save_tiny_model(root / "model"),
+        train={"steps": 2, "global_batch_size": 4},
+        checkpoint={"every": 1, "save_final_model": False},
+    )
+    path = write_recipe(root / "recipe.yaml", spec)
     proc = run_torchrun(["train", str(path)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root, path

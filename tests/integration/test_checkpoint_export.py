@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 from cases import TINY_LLAMA, TINY_MODELS
 from helpers import (
     REPO,
     learnable_rows,
+    recipe_dict,
     run_cli,
     run_torchrun,
+    save_rows,
     save_tiny_model,
     save_word_tokenizer,
     write_recipe,
@@ -51,16 +52,15 @@ def test_final_model_and_export_give_the_trained_logits(arch, parallel, tmp_path
 
     base = save_tiny_model(tmp_path / "base", spec=TINY_MODELS[arch])
     rows = learnable_rows(16, 17)
-    np.save(tmp_path / "rows.npy", rows)
     out = tmp_path / "out"
-    recipe = {
-        "model": {"name_or_path": str(base)},
-        "data": {"path": str(tmp_path / "rows.npy")},
-        "train": {"steps": 3, "global_batch_size": 4, "lr": 1e-2},
-        "parallel": {"backend": "fsdp2", **parallel},
-        "checkpoint": {"every": 0},
-        "output_dir": str(out),
-    }
+    recipe = recipe_dict(
+        out,
+        save_rows(tmp_path / "rows.npy", rows),
+        base,
+        train={"steps": 3, "global_batch_size": 4, "lr": 1e-2},
+        parallel={"backend": "fsdp2", **parallel},
+        checkpoint={"every": 0},
+    )
     path = write_recipe(tmp_path / "recipe.yaml", recipe)
     proc = run_torchrun([str(WORKER), str(path), str(tmp_path / "trained.pt")], nproc=2, module=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -90,13 +90,14 @@ def test_export_writes_shards_with_an_index_and_the_tokenizer(tmp_path):
     save_word_tokenizer(tmp_path / "tok")
     (tmp_path / "d.jsonl").write_text('{"text": "hello world hello"}\n' * 64)
     out = tmp_path / "out"
-    recipe = {
-        "model": {"name_or_path": str(base)},
-        "data": {"path": str(tmp_path / "d.jsonl"), "tokenizer": str(tmp_path / "tok"), "seq_len": 8},
-        "train": {"steps": 2, "global_batch_size": 2},
-        "checkpoint": {"save_final_model": False},
-        "output_dir": str(out),
-    }
+    recipe = recipe_dict(
+        out,
+        tmp_path / "d.jsonl",
+        base,
+        data={"tokenizer": str(tmp_path / "tok"), "seq_len": 8},
+        train={"steps": 2, "global_batch_size": 2},
+        checkpoint={"save_final_model": False},
+    )
     proc = run_cli(["train", str(write_recipe(tmp_path / "recipe.yaml", recipe))])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not (out / "model").exists()  # opted out

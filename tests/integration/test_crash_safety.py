@@ -13,13 +13,13 @@ import subprocess
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from helpers import (
     REPO,
-    learnable_rows,
     read_metrics,
+    recipe_dict,
     run_torchrun,
+    save_rows,
     save_tiny_model,
     torchrun_command,
     write_recipe,
@@ -32,22 +32,21 @@ STEPS = 6
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("crash")
-    np.save(root / "rows.npy", learnable_rows(32, 17))
-    return save_tiny_model(root / "model"), root / "rows.npy"
+    return save_tiny_model(root / "model"), save_rows(root / "rows.npy", learnable=True)
 
 
 def recipe(inputs, folder: Path, steps: int = STEPS, every: int = 2) -> Path:
     model_dir, rows = inputs
     return write_recipe(
         folder / "recipe.yaml",
-        {
-            "model": {"name_or_path": str(model_dir)},
-            "data": {"path": str(rows)},
-            "train": {"steps": steps, "global_batch_size": 4, "lr": 1e-2, "warmup_steps": 1, "weight_decay": 0.1},
-            "parallel": {"backend": "fsdp2"},
-            "checkpoint": {"every": every, "keep": 2},
-            "output_dir": str(folder / "out"),
-        },
+        recipe_dict(
+            folder / "out",
+            rows,
+            model_dir,
+            train={"steps": steps, "global_batch_size": 4, "lr": 1e-2, "warmup_steps": 1, "weight_decay": 0.1},
+            parallel={"backend": "fsdp2"},
+            checkpoint={"every": every, "keep": 2},
+        ),
     )
 
 

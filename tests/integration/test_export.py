@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cases import TINY_LLAMA
-from helpers import REPO, run_torchrun, save_tiny_model, write_recipe
+from helpers import REPO, recipe_dict, run_torchrun, save_rows, save_tiny_model, write_recipe
 
 TARGETS = ("accelerate", "deepspeed", "hf-trainer")
 RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
@@ -131,17 +130,14 @@ def test_plan_auto_needs_the_gpus_it_is_planned_for(cli_in_process, tmp_path):
 
 def test_hf_trainer_script_trains_with_exported_arguments(cli_in_process, tmp_path):
     """The HF Trainer route on 2 CPU ranks (DDP: the Trainer's FSDP and DeepSpeed need GPUs, see the README)."""
-    rows = tmp_path / "rows.npy"
-    np.save(rows, np.random.default_rng(0).integers(0, 128, size=(32, 17)))
     recipe = write_recipe(
         tmp_path / "ddp.yaml",
-        {
-            "model": {"config": dict(TINY_LLAMA)},
-            "data": {"path": str(rows)},
-            "train": {"steps": 3, "global_batch_size": 8, "lr": 1e-2, "warmup_steps": 1},
-            "parallel": {"backend": "ddp", "micro_batch_size": 2},
-            "output_dir": str(tmp_path / "out"),
-        },
+        recipe_dict(
+            tmp_path / "out",
+            save_rows(tmp_path / "rows.npy"),
+            train={"steps": 3, "global_batch_size": 8, "lr": 1e-2, "warmup_steps": 1},
+            parallel={"backend": "ddp", "micro_batch_size": 2},
+        ),
     )
     args_json = tmp_path / "trainer_args.json"
     proc = cli_in_process(["export", str(recipe), "--to", "hf-trainer", "--gpus", "2", "-o", str(args_json)])

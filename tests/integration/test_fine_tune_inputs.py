@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 import pytest
-from cases import TINY_LLAMA, TINY_MODELS
-from helpers import run_cli, save_tiny_model, save_word_tokenizer, write_recipe
+from cases import TINY_MODELS
+from helpers import recipe_dict, run_cli, save_rows, save_tiny_model, save_word_tokenizer, with_sections, write_recipe
 
 SEQ = 17
 BERT = dict(
@@ -28,22 +28,15 @@ BERT = dict(
 
 @pytest.fixture
 def rows_file(tmp_path):
-    path = tmp_path / "rows.npy"
-    np.save(path, np.random.default_rng(0).integers(0, 128, size=(64, SEQ)))
-    return path
+    return save_rows(tmp_path / "rows.npy", num_rows=64, seq_len=SEQ)
 
 
 def recipe(tmp_path, data_path, **sections):
-    base = {
-        "model": {"config": dict(TINY_LLAMA)},
-        "data": {"path": str(data_path)},
-        "train": {"steps": 2, "global_batch_size": 8},
-        "parallel": {"backend": "fsdp2"},
-        "output_dir": str(tmp_path / "out"),
-    }
-    for key, value in sections.items():
-        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
-    return write_recipe(tmp_path / "recipe.yaml", base)
+    """The suite's recipe (2 steps of 8 sequences, fsdp2) with ``sections`` changed, written to a file."""
+    base = recipe_dict(
+        tmp_path / "out", data_path, train={"steps": 2, "global_batch_size": 8}, parallel={"backend": "fsdp2"}
+    )
+    return write_recipe(tmp_path / "recipe.yaml", with_sections(base, **sections))
 
 
 def one_line(proc, expected: str, code: int = 2) -> None:
@@ -58,16 +51,15 @@ def test_a_model_folder_trains_on_its_own_tokenizer(tmp_path):
     folder = save_word_tokenizer(save_tiny_model(tmp_path / "model"))
     text = tmp_path / "docs.jsonl"
     text.write_text("".join(json.dumps({"text": "hello world " * 20}) + "\n" for _ in range(20)))
-    path = write_recipe(
-        tmp_path / "r.yaml",
-        {
-            "model": {"name_or_path": str(folder)},
-            "data": {"path": str(text), "seq_len": SEQ},
-            "train": {"steps": 1, "global_batch_size": 8},
-            "checkpoint": {"save_final_model": False},
-            "output_dir": str(tmp_path / "out"),
-        },
+    spec = recipe_dict(
+        tmp_path / "out",
+        text,
+        folder,
+        data={"seq_len": SEQ},
+        train={"steps": 1, "global_batch_size": 8},
+        checkpoint={"save_final_model": False},
     )
+    path = write_recipe(tmp_path / "r.yaml", spec)
     proc = run_cli(["train", str(path)], timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"tokenizer {folder}" in proc.stderr  # the log says which tokenizer made the ids
@@ -87,10 +79,7 @@ def test_an_encoder_is_refused_up_front(where, tmp_path, rows_file, cli_in_proce
         fields = {k: v for k, v in BERT.items() if k != "model_type"}
         AutoModelForCausalLM.from_config(AutoConfig.for_model("bert", **fields)).save_pretrained(tmp_path / "bert")
         folder = tmp_path / "bert"
-        path = write_recipe(
-            tmp_path / "r.yaml",
-            {"model": {"name_or_path": str(folder)}, "data": {"path": str(rows_file)}, "output_dir": str(tmp_path)},
-        )
+        path = write_recipe(tmp_path / "r.yaml", recipe_dict(tmp_path, rows_file, folder))
     one_line(cli_in_process(["train", str(path)]), "model_type 'bert' is an encoder whose attention sees the whole")
     # a decoder-only model passes the same check, and so does BERT configured as a decoder
     from bigtrain.config.hf import hf_config_from_dict
@@ -197,11 +186,11 @@ def test_bad_input_is_one_line(case, tmp_path, rows_file, cli_in_process):
         if isinstance(content, bytes):
             data_path.write_bytes(content)
         else:
-            np.save(data_path, content)
+            save_rows(data_path, content)
     if sections.get("data", {}).get("path") == "DIR":
         sections = {"data": {"path": str(tmp_path)}}
     if sections.get("data", {}).get("eval_path") == "EVAL":
-        np.save(tmp_path / "eval.npy", np.zeros((4, 9), dtype=np.int64))
+        save_rows(tmp_path / "eval.npy", np.zeros((4, 9), dtype=np.int64))
         sections = {"data": {"eval_path": str(tmp_path / "eval.npy")}}
     one_line(cli_in_process(["train", str(recipe(tmp_path, data_path, **sections))]), expected)
 
@@ -218,15 +207,8 @@ def test_damaged_weights_and_mismatched_shapes_name_the_file(tmp_path, rows_file
     weights = folder / "model.safetensors"
     good = weights.read_bytes()
     weights.write_bytes(good[: len(good) // 2])  # truncated by a copy that did not finish
-    path = write_recipe(
-        tmp_path / "r.yaml",
-        {
-            "model": {"name_or_path": str(folder)},
-            "data": {"path": str(rows_file)},
-            "train": {"steps": 1, "global_batch_size": 8},
-            "output_dir": str(tmp_path / "out"),
-        },
-    )
+    spec = recipe_dict(tmp_path / "out", rows_file, folder, train={"steps": 1, "global_batch_size": 8})
+    path = write_recipe(tmp_path / "r.yaml", spec)
     proc = run_cli(["train", str(path)], timeout=180)
     one_line(proc, "model.safetensors is damaged or truncated")
     # weights of another width under this config: the parameter and the file are named

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cases import TINY_LLAMA
-from helpers import learnable_rows, read_metrics, run_cli, write_recipe
+from helpers import read_metrics, recipe_dict, run_cli, save_rows, write_recipe
 
 from bigtrain.data.sources import TokenRows, hold_out
 from bigtrain.errors import ConfigError
@@ -31,16 +30,15 @@ def test_hold_out_is_a_seeded_split_without_copies():
 def test_eval_tensorboard_and_report(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    np.save(tmp_path / "rows.npy", learnable_rows(48, 17))
     out = tmp_path / "out"
-    recipe = {
-        "model": {"config": dict(TINY_LLAMA)},
-        "data": {"path": str(tmp_path / "rows.npy"), "eval_fraction": 0.25},
-        "train": {"steps": 4, "global_batch_size": 8, "lr": 3e-3, "eval_every": 2, "log_to": "tensorboard"},
-        "parallel": {"backend": "fsdp2"},
-        "checkpoint": {"save_final_model": False},
-        "output_dir": str(out),
-    }
+    recipe = recipe_dict(
+        out,
+        save_rows(tmp_path / "rows.npy", num_rows=48, learnable=True),
+        data={"eval_fraction": 0.25},
+        train={"steps": 4, "global_batch_size": 8, "lr": 3e-3, "eval_every": 2, "log_to": "tensorboard"},
+        parallel={"backend": "fsdp2"},
+        checkpoint={"save_final_model": False},
+    )
     proc = run_cli(["train", str(write_recipe(tmp_path / "r.yaml", recipe))], timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "eval: 12 held-out rows" in proc.stderr and "36 for training" in proc.stderr

@@ -8,25 +8,16 @@ import shutil
 import subprocess
 import time
 
-import numpy as np
 import pytest
-from cases import TINY_LLAMA
-from helpers import REPO, free_port, read_metrics, run_cli, run_torchrun, write_recipe
+from helpers import REPO, free_port, read_metrics, recipe_dict, run_cli, run_torchrun, save_rows, write_recipe
 
 
 def write_tiny_recipe(folder, output_dir):
     rows = folder / "rows.npy"
     if not rows.exists():
-        np.save(rows, np.random.default_rng(0).integers(0, 128, size=(32, 17)))
-    return write_recipe(
-        folder / f"{output_dir.name}.yaml",
-        {
-            "model": {"config": dict(TINY_LLAMA)},
-            "data": {"path": str(rows)},
-            "train": {"steps": 3, "global_batch_size": 4, "lr": 1e-2},
-            "output_dir": str(output_dir),
-        },
-    )
+        save_rows(rows)
+    spec = recipe_dict(output_dir, rows, train={"steps": 3, "global_batch_size": 4, "lr": 1e-2})
+    return write_recipe(folder / f"{output_dir.name}.yaml", spec)
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,8 @@ import subprocess
 import sys
 import uuid
 
-import numpy as np
 import pytest
-from helpers import REPO, docs_commands, free_port, learnable_rows, read_metrics, run_torchrun, write_recipe
+from helpers import REPO, docs_commands, free_port, read_metrics, recipe_dict, run_torchrun, save_rows, write_recipe
 
 STEPS = 4
 
@@ -24,16 +23,13 @@ STEPS = 4
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     root = tmp_path_factory.mktemp("nodes")
-    np.save(root / "rows.npy", learnable_rows(32, 17))
-    recipe = {
-        "model": {"config": {"model_type": "llama", "vocab_size": 128, "hidden_size": 64, "intermediate_size": 128,
-                             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}},
-        "data": {"path": str(root / "rows.npy")},
-        "train": {"steps": STEPS, "global_batch_size": 8, "lr": 1e-2, "warmup_steps": 1},
-        "parallel": {"backend": "fsdp2"},
-        "checkpoint": {"every": 2, "save_final_model": False},
-        "output_dir": str(root / "two-nodes"),
-    }  # fmt: skip
+    recipe = recipe_dict(
+        root / "two-nodes",
+        save_rows(root / "rows.npy", learnable=True),
+        train={"steps": STEPS, "global_batch_size": 8, "lr": 1e-2, "warmup_steps": 1},
+        parallel={"backend": "fsdp2"},
+        checkpoint={"every": 2, "save_final_model": False},
+    )
     return root, write_recipe(root / "recipe.yaml", recipe)
 
 

@@ -9,10 +9,9 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pytest
 from cases import TINY_LLAMA
-from helpers import make_plan
+from helpers import make_plan, recipe_dict, save_rows
 
 from bigtrain.config.capabilities import RULES, ModelFacts, Setup, check, first_problem
 from bigtrain.config.hf import hf_config_from_dict
@@ -106,15 +105,13 @@ def train_of(ex: Example) -> TrainConfig:
 
 
 def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
-    rows = tmp_path / "rows.npy"
-    np.save(rows, np.random.default_rng(0).integers(0, 128, size=(32, 17)))
-    raw = {
-        "model": {"config": ex.model},
-        "data": {"path": str(rows)},
-        "train": {"global_batch_size": ex.batch, "compile": ex.compile},
-        "parallel": make_plan(**ex.plan).to_dict(),
-        "output_dir": str(tmp_path / "out"),
-    }
+    raw = recipe_dict(
+        tmp_path / "out",
+        save_rows(tmp_path / "rows.npy"),
+        ex.model,
+        train={"global_batch_size": ex.batch, "compile": ex.compile},
+        parallel=make_plan(**ex.plan).to_dict(),
+    )
     return build_dataclass(RecipeConfig, raw, "")
 
 

@@ -2,7 +2,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import save_word_tokenizer
+from helpers import save_rows, save_word_tokenizer
 
 from bigtrain.config.schema import DataConfig
 from bigtrain.data.order import GlobalOrder
@@ -76,9 +76,9 @@ def test_bad_data(cfg, expected):
 
 
 def test_npy_width_must_match_seq_len(tmp_path):
-    np.save(tmp_path / "r.npy", np.zeros((4, 9), dtype=np.int32))
+    save_rows(tmp_path / "r.npy", np.zeros((4, 9), dtype=np.int32))
     with pytest.raises(ConfigError, match="data.seq_len=8 does not match the width 9"):
         load_token_rows(DataConfig(path=str(tmp_path / "r.npy"), seq_len=8))
-    np.save(tmp_path / "f.npy", np.zeros((4, 9), dtype=np.float32))
+    save_rows(tmp_path / "f.npy", np.zeros((4, 9), dtype=np.float32))
     with pytest.raises(ConfigError, match="must be integer ids"):
         load_token_rows(DataConfig(path=str(tmp_path / "f.npy")))
