@@ -6,9 +6,11 @@ them we are a single process, and still build a one-rank gloo/nccl group so that
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -47,11 +49,20 @@ def warn_if_accelerate_started_one_process(env: LaunchEnv) -> None:
         )
 
 
-def export_local_rank_for_deepspeed() -> None:
-    """DeepSpeed reads the launcher's LOCAL_RANK from the environment (``deepspeed.initialize`` asserts it is set,
-    ``zero.Init`` reads it): a process started without a launcher is the one rank of its job, which torchrun would
-    have called 0. A launcher's own value is kept."""
-    os.environ.setdefault("LOCAL_RANK", "0")
+@contextlib.contextmanager
+def as_launched(env: LaunchEnv) -> Iterator[None]:
+    """For a process started without a launcher, the LOCAL_RANK torchrun would have given its one worker, for the
+    job's life (DeepSpeed reads it from the environment whenever it builds or steps, and asserts it is set); taken
+    away after, so that nothing else in the process (an HF Trainer started later, say) mistakes it for a
+    launcher's. Under a launcher nothing changes."""
+    if env.launched or "LOCAL_RANK" in os.environ:
+        yield
+        return
+    os.environ["LOCAL_RANK"] = str(env.local_rank)
+    try:
+        yield
+    finally:
+        os.environ.pop("LOCAL_RANK", None)
 
 
 def pick_device(env: LaunchEnv) -> torch.device:

@@ -88,16 +88,18 @@ def save_rows(
     return Path(path)
 
 
-def recipe_dict(output_dir: Path, data: str | Path, model: str | Path | dict[str, Any] | None = None, **sections: Any):
+def recipe_dict(
+    output_dir: Path, data_path: str | Path, model: str | Path | dict[str, Any] | None = None, /, **sections: Any
+) -> dict[str, Any]:
     """A recipe as the dict a test writes (``write_recipe``) or loads: ``model`` a local HF folder (a path), a
-    ``model.config`` dict, or None for TINY_LLAMA from scratch; ``data`` the ``data.path``; each further section
+    ``model.config`` dict, or None for TINY_LLAMA from scratch; ``data_path`` the ``data.path``; each section
     (``data``, ``train``, ``parallel``, ``checkpoint``) merged key by key over what is already there. Keys left out
     keep the recipe's defaults."""
     if model is None or isinstance(model, dict):
         model_section: dict[str, Any] = {"config": dict(model if model is not None else TINY_LLAMA)}
     else:
         model_section = {"name_or_path": str(model)}
-    base = {"model": model_section, "data": {"path": str(data)}, "output_dir": str(output_dir)}
+    base = {"model": model_section, "data": {"path": str(data_path)}, "output_dir": str(output_dir)}
     return with_sections(base, **sections)
 
 
@@ -169,10 +171,21 @@ def docs_blocks() -> dict[str, tuple[Path, list[str]]]:
     return found
 
 
-def commands_of(body: str) -> list[str]:
+NEEDS_MARK = re.compile(r"#\s*needs (a GPU|\d+ GPUs|several machines)\s*$")
+
+
+def commands_of(body: str, include_marked: bool = False) -> list[str]:
+    """The commands of a bash block, a backslash-continued line joined, comment lines dropped, and (unless
+    ``include_marked``) the lines marked ``# needs a GPU`` / ``# needs N GPUs`` / ``# needs several machines``,
+    which no test on this machine can run."""
     joined = body.replace("\\\n", " ")
-    lines = [line.split(" # ")[0].strip() for line in joined.splitlines()]
-    return [re.sub(r"\s+", " ", line) for line in lines if line and not line.startswith("#")]
+    out = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or (NEEDS_MARK.search(line) and not include_marked):
+            continue
+        out.append(re.sub(r"\s+", " ", line.split(" # ")[0].strip()))
+    return out
 
 
 def docs_commands(name: str) -> list[str]:

@@ -147,40 +147,64 @@ class ParallelConfig:
     plan: Literal["manual", "auto"] = doc(
         "'manual' uses the fields below; 'auto' lets the planner choose.", default="manual"
     )
-    backend: Backend = doc("Data-parallel engine: ddp, fsdp2 (torch fully_shard) or deepspeed (ZeRO).", default="fsdp2")
+    backend: Backend = doc(
+        "Data-parallel engine: ddp, fsdp2 (torch fully_shard) or deepspeed (ZeRO through deepspeed.initialize; "
+        "docs/running.md).",
+        default="fsdp2",
+    )
     zero_stage: int | None = doc(
-        "fsdp2: 3 reshards params after forward, 2 keeps them until backward ends. ddp: 0.", default=None
+        "fsdp2: 3 reshards parameters after forward, 2 keeps them until backward ends. deepspeed: ZeRO stage 1, 2 or "
+        "3. ddp: 0. Unset: 3 for fsdp2 and deepspeed, 0 for ddp.",
+        default=None,
     )
     grad_reduce: GradReduce | None = doc(
         "When gradients are reduced across data-parallel ranks during accumulation: every_micro_step "
-        "(reduce-scatter after each micro-batch, gradients stay sharded; the fsdp2 default) or once_per_step "
-        "(only after the last micro-batch: less traffic, but unsharded gradients in between; ddp always).",
+        "(reduce-scatter after each micro-batch, gradients stay sharded, 4 bytes/param / dp_shard between "
+        "micro-steps; the fsdp2 and deepspeed default) or once_per_step (only after the last micro-batch: 1/accum "
+        "of the traffic, but unsharded fp32 gradients in between, 4 bytes/param of the whole model; ddp and "
+        "pipeline stages always). HSDP defers its cross-replica all-reduce to the last micro-step either way.",
         default=None,
     )
     dp_replicate: int | None = doc(
-        "Replicated data-parallel degree (HSDP outer dim); unset: 1 for fsdp2, the world for ddp.", default=None
+        "Replicated data-parallel degree (HSDP's outer dimension: e.g. the number of nodes); unset: 1 for fsdp2, "
+        "the whole data-parallel world for ddp.",
+        default=None,
     )
     dp_shard: int | None = doc(
         "Sharded data-parallel degree; unset: whatever the other degrees leave of the world.", default=None
     )
-    tp: int = doc("Tensor-parallel degree.", default=1)
+    tp: int = doc(
+        "Tensor-parallel degree (backend fsdp2): every attention and MLP projection split over tp consecutive ranks "
+        "with the model's own transformers layout (base_model_tp_plan: Llama, Mistral, Qwen2 and relatives); must "
+        "divide the query and KV heads. See recipes/tp_fsdp.yaml.",
+        default=1,
+    )
     loss_parallel: bool = doc(
         "tp > 1: shard the LM head over the vocabulary on the tp ranks and compute the cross-entropy on the shards "
-        "(torch's loss_parallel), so each rank holds 1/tp of the logits; needs an untied LM head.",
+        "(torch's loss_parallel), so each rank holds 1/tp of the logits (16 bytes per local logit against 12 per "
+        "full logit without it: it saves memory from tp=2 on); needs an untied LM head and a vocabulary tp divides; "
+        "not with pp yet.",
         default=False,
     )
     sequence_parallel: bool = doc(
         "tp > 1: also split the sequence over the tp ranks between the projections (norms, residual stream; "
         "Megatron-LM's sequence parallelism with torch's SequenceParallel): their activations shrink by tp, and "
         "each block's all-reduces become an all-gather and a reduce-scatter (a seq_len that tp does not divide "
-        "is split unevenly, which DTensor pads).",
+        "is split unevenly, which DTensor pads). Combines with loss_parallel; not with pp yet.",
         default=False,
     )
-    pp: int = doc("Pipeline-parallel degree.", default=1)
+    pp: int = doc(
+        "Pipeline-parallel degree (backend fsdp2): the decoder layers cut into pp x pp_virtual_stages contiguous "
+        "stages (first: embeddings; last: final norm, head and loss), each a copy of the HF model holding only its "
+        "part under the original parameter names, with FSDP2 (and tp) inside each stage. Needs the model's "
+        "base_model_pp_plan and an untied LM head. See recipes/pp_tp_fsdp.yaml.",
+        default=1,
+    )
     pp_schedule: PipelineSchedule = doc(
-        "Pipeline schedule (torch.distributed.pipelining): 1f1b or gpipe (one stage per rank); interleaved_1f1b, "
-        "looped_bfs or interleaved_zero_bubble (pp_virtual_stages per rank); zbv_zero_bubble or dual_pipe_v (two "
-        "stages per rank in a V).",
+        "Pipeline schedule (torch.distributed.pipelining): 1f1b (needs at least pp micro-batches per step) or gpipe "
+        "(one stage per rank); interleaved_1f1b or looped_bfs (pp_virtual_stages per rank). The zero-bubble "
+        "schedules (interleaved_zero_bubble, zbv_zero_bubble, dual_pipe_v) are refused: with FSDP2 stages they did "
+        "not train the same model as a single-process loop.",
         default="1f1b",
     )
     pp_virtual_stages: int = doc(
@@ -188,14 +212,19 @@ class ParallelConfig:
         default=1,
     )
     activation_checkpointing: Checkpointing = doc(
-        "Recompute activations of decoder blocks: none, selective or full.", default="none"
+        "Recompute activations of decoder blocks in backward: none or full (selective is planned by the planner but "
+        "not run by the trainer yet).",
+        default="none",
     )
     micro_batch_size: int = doc("Sequences per forward pass on one data-parallel rank.", default=1)
     offload_optimizer: bool = doc(
-        "Keep optimizer states in host memory and step them there (backend deepspeed: ZeRO-Offload).", default=False
+        "Keep optimizer states in host memory and step them there (backend deepspeed: ZeRO-Offload; fsdp2 offloads "
+        "them with offload_params).",
+        default=False,
     )
     offload_params: bool = doc(
-        "Keep sharded parameters in host memory (fsdp2: CPUOffloadPolicy; deepspeed: ZeRO-3 offload_param).",
+        "Keep sharded parameters in host memory (fsdp2: CPUOffloadPolicy on CUDA, with their gradients and the AdamW "
+        "step; no effect on a CPU; deepspeed: ZeRO-3 offload_param).",
         default=False,
     )
     hardware_profile: str | None = doc(

@@ -30,7 +30,6 @@ from bigtrain.engine.base import Engine, StepResult
 from bigtrain.engine.loss import labeled_loss_sum
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory
 from bigtrain.parallel.transforms.base import BuiltModel
-from bigtrain.runtime import export_local_rank_for_deepspeed
 
 
 class DeepSpeedZeroEngine(Engine):
@@ -55,7 +54,6 @@ class DeepSpeedZeroEngine(Engine):
         """``deepspeed.initialize`` over the built model with the recipe's AdamW and schedule and the plan's JSON."""
         import deepspeed
 
-        export_local_rank_for_deepspeed()
         # DeepSpeed's communication layer over the process group the runtime already started
         deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
         model = built.parts[0]

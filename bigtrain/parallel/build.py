@@ -17,7 +17,6 @@ from bigtrain.parallel.mesh import build_world_mesh
 from bigtrain.parallel.precision import COMPUTE_DTYPES
 from bigtrain.parallel.transforms import ORDER
 from bigtrain.parallel.transforms.base import BuildContext, BuildOptions, BuiltModel, Transform
-from bigtrain.runtime import export_local_rank_for_deepspeed
 
 
 def build_model(options: BuildOptions, transforms: Sequence[Transform] = ORDER) -> BuiltModel:
@@ -25,7 +24,6 @@ def build_model(options: BuildOptions, transforms: Sequence[Transform] = ORDER) 
     mesh = build_world_mesh(options.plan, options.device.type)
     if options.partitioned_construction:
         assert options.deepspeed_config is not None, "ZeRO-3 construction reads the DeepSpeed config"
-        export_local_rank_for_deepspeed()
         model = build_partitioned_model(options.hf_config, options.attn_implementation, options.deepspeed_config)
     else:
         model = build_meta_model(options.hf_config, options.attn_implementation)

@@ -43,6 +43,7 @@ from bigtrain.planner.auto import choose_plan
 from bigtrain.planner.profile import load_profile
 from bigtrain.runtime import (
     LaunchEnv,
+    as_launched,
     init_process_group,
     local_free_memory,
     pick_device,
@@ -162,6 +163,8 @@ class TrainingJob:
         return data, held
 
     def __enter__(self) -> TrainingJob:
+        self._launched = as_launched(self.env)  # the launcher's variables a library may read, for the job's life
+        self._launched.__enter__()
         init_process_group(self.env, self.device, self.cfg.train.collective_timeout_s)
         try:
             self._hold_output_dir()
@@ -198,6 +201,7 @@ class TrainingJob:
             gc.collect()
             dist.destroy_process_group()
             self.output_lock.release()
+            self._launched.__exit__(None, None, None)
             raise
         return self
 
@@ -223,6 +227,7 @@ class TrainingJob:
                 dist.barrier()  # every rank finishes its last collective before any rank tears the group down
         finally:
             dist.destroy_process_group()
+            self._launched.__exit__(None, None, None)
 
     def fit(self) -> TrainResult:
         assert self.engine is not None and self.plan is not None, "use TrainingJob as a context manager"

@@ -25,6 +25,7 @@ from bigtrain.models.build import load_hf_config
 from bigtrain.parallel.build import build_model
 from bigtrain.parallel.transforms import ORDER
 from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transform
+from bigtrain.runtime import LaunchEnv, as_launched
 from bigtrain.train.optim import build_optimizer, build_scheduler
 
 
@@ -64,7 +65,8 @@ def one_rank_group() -> Iterator[None]:
     """One gloo group for every engine of the module: DeepSpeed keeps the groups it saw first for the process."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
-        yield
+        with as_launched(LaunchEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, launched=False)):
+            yield
     finally:
         dist.destroy_process_group()
 

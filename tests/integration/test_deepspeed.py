@@ -4,8 +4,9 @@ on every rank before anything starts, and the shipped recipe is valid."""
 from __future__ import annotations
 
 import json
+import shlex
 
-from helpers import REPO, read_metrics, run_cli
+from helpers import REPO, docs_commands, read_metrics, run_cli
 
 
 def test_zero_offload_trains_the_quickstart(tmp_path):
@@ -50,5 +51,15 @@ def test_zero3_runs_in_one_process_without_a_launcher(tmp_path):
     out = tmp_path / "out"
     args = ["train", str(REPO / "recipes" / "deepspeed_zero3.yaml"), "--set", "train.steps=2"]
     proc = run_cli([*args, "--set", f"output_dir={out}"], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]
+
+
+def test_the_docs_deepspeed_command_runs_as_written(tmp_path):
+    """docs/running.md's DeepSpeed command (ZeRO-3 on 2 workers), cut to two steps into a scratch output_dir."""
+    (command,) = docs_commands("deepspeed")
+    out = tmp_path / "out"
+    args = [*shlex.split(command)[1:], "--set", "train.steps=2", "--set", f"output_dir={out}"]
+    proc = run_cli(args, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out)] == [1, 2]

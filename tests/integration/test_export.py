@@ -4,13 +4,16 @@ library's parser, the HF Trainer route run for real, and the refusals."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import REPO, recipe_dict, run_torchrun, save_rows, save_tiny_model, write_recipe
+from helpers import REPO, docs_commands, free_port, recipe_dict, run_torchrun, save_rows, save_tiny_model, write_recipe
 
 TARGETS = ("accelerate", "deepspeed", "hf-trainer")
 RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
@@ -152,3 +155,23 @@ def test_hf_trainer_script_trains_with_exported_arguments(cli_in_process, tmp_pa
     result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
     assert result["world_size"] == 2 and result["distributed_type"] == "DistributedType.MULTI_CPU"
     assert len(result["losses"]) == 3 and all(np.isfinite(result["losses"]))
+
+
+def test_the_docs_export_commands_run_as_written(cli_in_process, tmp_path, monkeypatch):
+    """docs/running.md's export commands (those that need no GPU), in a scratch folder holding recipes/: the exports,
+    and accelerate launching the quickstart with the exported config (cut to two steps)."""
+    (tmp_path / "recipes").symlink_to(REPO / "recipes")
+    monkeypatch.chdir(tmp_path)
+    commands = docs_commands("export")
+    assert [c.split()[0] for c in commands] == ["bigtrain", "accelerate", "bigtrain", "bigtrain"]
+    for command in commands:
+        args = shlex.split(command)
+        if args[0] == "bigtrain":
+            proc = cli_in_process(args[1:])
+        else:  # accelerate launch ... -m bigtrain train recipes/quickstart.yaml
+            args = [shutil.which("accelerate"), *args[1:4], "--main_process_port", str(free_port()), *args[4:]]
+            args += ["--set", "train.steps=2", "--set", f"output_dir={tmp_path / 'out'}"]
+            env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home")}  # no accelerate config of this host
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, (command, proc.stderr[-2000:])
+    assert {p.name for p in tmp_path.iterdir()} >= {"accelerate.yaml", "ds_config.json", "trainer_args.json", "out"}

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
-from helpers import REPO, read_metrics, run_cli
+from helpers import REPO, docs_commands, read_metrics, run_cli
 
 
 @pytest.fixture
@@ -215,3 +216,17 @@ def test_simulate_says_it_does_not_simulate_a_deepspeed_choice(plan_cli):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["plan"]["backend"] == "deepspeed" and "simulated" not in json.loads(proc.stdout)
     assert "--simulate does not run DeepSpeed's step on fake tensors" in proc.stderr
+
+
+def test_the_docs_plan_commands_run_and_say_what_the_docs_say(cli_in_process):
+    """docs/planner.md's commands, as written; its worked example's choice and peak are the ones it quotes."""
+    outputs = {}
+    for command in docs_commands("plan"):
+        proc = cli_in_process(shlex.split(command)[1:])
+        assert proc.returncode == 0, (command, proc.stderr[-2000:])
+        outputs[command] = proc.stdout
+    example = outputs["bigtrain plan --model llama-3-8b --gpus 8 --gpu H100"]
+    chosen = next(line for line in example.splitlines() if line.startswith("* "))
+    assert chosen.split()[1:10] == "fsdp2 zero2 dp=8 tp=1 pp=1 ac=none mb=2 rs=micro 60.5".split()
+    text = (REPO / "docs" / "planner.md").read_text()
+    assert "chooses `fsdp2 zero2 dp=8 tp=1 pp=1 ac=none mb=2 rs=micro` at 60.5 GiB" in " ".join(text.split())

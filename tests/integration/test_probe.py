@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
-from helpers import run_cli
+from helpers import REPO, docs_commands, run_cli
 
 
 def test_probe_over_two_ranks_writes_a_profile_the_planner_uses(tmp_path: Path, cli_in_process):
@@ -37,3 +38,12 @@ def test_probe_rejects_zero_ranks():
     proc = run_cli(["probe", "--nproc", "0"])
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == "bigtrain: error: --nproc=0 must be at least 1"
+
+
+def test_the_docs_probe_commands_run_as_written(tmp_path):
+    """docs/planner.md's probe and plan-with-the-profile commands, in a scratch folder (the profile is written there)."""
+    (tmp_path / "recipes").symlink_to(REPO / "recipes")
+    for command in docs_commands("probe"):
+        proc = run_cli(shlex.split(command)[1:], timeout=180, cwd=tmp_path)
+        assert proc.returncode == 0, (command, proc.stderr[-2000:])
+    assert json.loads((tmp_path / "profile.json").read_text())["backend"] == "gloo"

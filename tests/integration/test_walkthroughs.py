@@ -1,23 +1,16 @@
-"""The README's walk-throughs ("fine-tune a local HF model and get it back", "fine-tune a chat model, evaluate it and
-plot the run"), run as written (in a scratch folder holding a link to ``recipes/``), each command of which must
-succeed; then their results are checked."""
+"""The walk-throughs of docs/fine-tuning.md ("fine-tune a local HF model and get it back", "fine-tune a chat model,
+evaluate it and plot the run"), read from the doc and run as written (in a scratch folder holding a link to
+``recipes/``), each command of which must succeed; then their results are checked."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-from helpers import REPO
-
-
-def walkthrough_commands(name: str) -> list[str]:
-    block = re.compile(rf"<!-- {name}:begin -->\s*```bash\n(.*?)```\s*<!-- {name}:end -->", re.S)
-    (text,) = block.findall((REPO / "README.md").read_text())
-    return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+from helpers import REPO, docs_commands
 
 
 def run_as_written(commands: list[str], folder: Path) -> list[subprocess.CompletedProcess]:
@@ -34,10 +27,10 @@ def run_as_written(commands: list[str], folder: Path) -> list[subprocess.Complet
     return outputs
 
 
-def test_readme_walkthrough_runs_as_written(tmp_path):
+def test_walkthrough_runs_as_written(tmp_path):
     from safetensors.torch import load_file
 
-    commands = walkthrough_commands("walkthrough")
+    commands = docs_commands("walkthrough")
     assert len(commands) == 5
     outputs = run_as_written(commands, tmp_path)
 
@@ -53,10 +46,10 @@ def test_readme_walkthrough_runs_as_written(tmp_path):
     assert any(not (exported[k] == final[k]).all() for k in final)  # step 20 and step 30 are different models
 
 
-def test_readme_chat_walkthrough_runs_as_written(tmp_path):
+def test_chat_walkthrough_runs_as_written(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    commands = walkthrough_commands("chat-walkthrough")
+    commands = docs_commands("chat-walkthrough")
     assert len(commands) == 4
     outputs = run_as_written(commands, tmp_path)
     run = tmp_path / "chat_demo" / "run"

@@ -1,0 +1,166 @@
+"""Write the generated parts of the docs from the code, so that they cannot drift from it.
+
+    python docs/generate.py           # rewrites the blocks between their markers in README.md and docs/recipes.md
+
+- the recipe key table (``docs/recipes.md``) from the dataclasses of ``bigtrain/config/schema.py``: every key, its
+  default and its documentation, as ``load_recipe`` reads them;
+- the capability matrix (``README.md``) from the capability table (``bigtrain/config/capabilities.py``) and the
+  planner's search: for every feature and engine, whether the trainer runs it, and whether ``plan: auto`` offers it.
+``tests/unit/test_docs.py`` fails when a file holds something else than what this script writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bigtrain.config.capabilities import ModelFacts, Setup, first_problem  # noqa: E402
+from bigtrain.config.hf import hf_config_from_dict  # noqa: E402
+from bigtrain.config.plan import Plan  # noqa: E402
+from bigtrain.config.schema import RecipeConfig, TrainConfig, recipe_key  # noqa: E402
+from bigtrain.config.workload import Workload  # noqa: E402
+
+SECTIONS = ("model", "data", "train", "parallel", "checkpoint")
+
+
+def _default(f: dataclasses.Field) -> str:
+    value = f.default if f.default is not dataclasses.MISSING else None
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, float):
+        return f"`{value:g}`"
+    return f"`{value}`"
+
+
+def key_table() -> str:
+    """Every recipe key with its default and meaning (``–``: unset; the meaning says what it then is)."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for section in SECTIONS:
+        cls = type(getattr(RecipeConfig(), section))
+        for f in dataclasses.fields(cls):
+            doc = f.metadata["doc"].replace("|", "\\|")
+            rows.append(f"| `{section}.{recipe_key(f)}` | {_default(f)} | {doc} |")
+    out_dir = next(f for f in dataclasses.fields(RecipeConfig) if f.name == "output_dir")
+    rows.append(f"| `output_dir` | {_default(out_dir)} | {out_dir.metadata['doc']} |")
+    return "\n".join(rows)
+
+
+# ---- the capability matrix ------------------------------------------------------------------------------------------
+ONCE = "once_per_step"
+ENGINES = {  # the base plan of each engine column, on 2 ranks
+    "DDP": dict(backend="ddp", zero_stage=0, dp_replicate=2, grad_reduce=ONCE),
+    "FSDP2": dict(backend="fsdp2", zero_stage=3, dp_shard=2, grad_reduce="every_micro_step"),
+    "DeepSpeed ZeRO": dict(backend="deepspeed", zero_stage=3, dp_shard=2, grad_reduce="every_micro_step"),
+}
+FEATURES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [  # (row, plan fields, train fields)
+    ("gradient accumulation", dict(micro_batch_size=1), {}),
+    ("hybrid sharding (HSDP: dp_replicate × dp_shard)", dict(dp_replicate=2, dp_shard=2), {}),
+    ("tensor parallel (tp)", dict(tp=2), {}),
+    ("+ sequence parallel", dict(tp=2, sequence_parallel=True), {}),
+    ("+ loss parallel", dict(tp=2, loss_parallel=True), {}),
+    ("pipeline parallel (pp; GPipe, 1F1B, interleaved, looped BFS)", dict(pp=2, grad_reduce=ONCE), {}),
+    ("activation checkpointing: full", dict(activation_checkpointing="full"), {}),
+    ("activation checkpointing: selective", dict(activation_checkpointing="selective"), {}),
+    ("offload parameters", dict(offload_params=True), {}),
+    ("offload optimizer states", dict(offload_optimizer=True), {}),
+    ("`train.compile`", {}, dict(compile=True)),
+]
+MODEL = dict(
+    model_type="llama",
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=False,
+)
+
+
+def _plan(base: dict[str, Any], fields: dict[str, Any]) -> Plan:
+    merged = {**base, **fields}
+    if base["backend"] == "deepspeed" and fields.get("offload_params"):
+        merged["zero_stage"] = 3
+    if base["backend"] == "deepspeed" and fields.get("pp", 1) > 1:
+        merged["grad_reduce"] = ONCE
+    defaults = dict(
+        dp_replicate=1, dp_shard=1, tp=1, pp=1, pp_schedule="1f1b", activation_checkpointing="none",
+        micro_batch_size=1, offload_optimizer=False, offload_params=False,
+    )  # fmt: skip
+    return Plan(**{**defaults, **merged})
+
+
+def _cell(plan: Plan, train: TrainConfig, facts: ModelFacts) -> str:
+    problem = first_problem(Setup(plan, train, facts))
+    if problem is None:
+        return "yes"
+    return "not yet" if problem.rule.kind == "not_built" else "–"
+
+
+def _planner_offers(fields: dict[str, Any], train_fields: dict[str, Any]) -> str:
+    """Whether ``plan: auto`` can choose a plan with the feature (8 H100s, Llama-3-8B): a runnable candidate."""
+    from bigtrain.planner.hardware import make_cluster
+    from bigtrain.planner.model_stats import ModelStats, load_model_config
+    from bigtrain.planner.search import search
+
+    if train_fields:
+        return "plans for it"  # a recipe option, not a choice: the planner keeps to it
+    stats = ModelStats.from_config(load_model_config("llama-3-8b"))
+    workload = Workload(seq_len=2048, global_batch_size=64)
+    pins = {k: v for k, v in fields.items() if k not in ("grad_reduce", "dp_shard")}
+    candidates = search(stats, make_cluster(8, 8, "H100", "80GB"), workload, fixed=pins)
+    return "yes" if any(c.runnable for c in candidates) else "no"
+
+
+def capability_matrix() -> str:
+    facts = ModelFacts.of(hf_config_from_dict(MODEL))
+    rows = [
+        "| feature | " + " | ".join(ENGINES) + " | `plan: auto` |",
+        "|---|" + "---|" * (len(ENGINES) + 1),
+    ]
+    for name, fields, train_fields in FEATURES:
+        train = TrainConfig(global_batch_size=8, **train_fields)
+        cells = [_cell(_plan(base, fields), train, facts) for base in ENGINES.values()]
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {_planner_offers(fields, train_fields)} |")
+    return "\n".join(rows)
+
+
+# ---- writing them ---------------------------------------------------------------------------------------------------
+BLOCKS = {
+    ROOT / "docs" / "recipes.md": {"key-table": key_table},
+    ROOT / "README.md": {"capability-matrix": capability_matrix},
+}
+
+
+def block_pattern(name: str) -> re.Pattern[str]:
+    return re.compile(rf"(<!-- generated:{name}:begin -->\n)(.*?)(<!-- generated:{name}:end -->)", re.S)
+
+
+def rendered(path: Path) -> str:
+    """The file as this script would write it."""
+    text = path.read_text()
+    for name, make in BLOCKS[path].items():
+        pattern = block_pattern(name)
+        if not pattern.search(text):
+            raise SystemExit(f"{path}: no <!-- generated:{name}:begin/end --> markers")
+        text = pattern.sub(lambda m, make=make: m.group(1) + make() + "\n" + m.group(3), text)
+    return text
+
+
+def main() -> int:
+    for path in BLOCKS:
+        path.write_text(rendered(path))
+        print(f"wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
