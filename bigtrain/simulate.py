@@ -79,14 +79,7 @@ def simulate(
     """
     hf_config = hf_config_from_dict(model_config)
     check(Setup(plan, workload.train_config(), ModelFacts.of(hf_config)))  # what the trainer would refuse
-    reason = None
-    if plan.backend == "deepspeed":
-        reason = (
-            "DeepSpeed's own step does not run on fake tensors (its ZeRO memory terms are checked against its real "
-            "step instead: bench/deepspeed_memory.py)"
-        )
-    elif plan.loss_parallel and not real_tensors:
-        reason = "parallel.loss_parallel=true: fake tensors over-count torch's vocabulary-parallel cross-entropy"
+    reason = not_simulated(plan, real_tensors)
     if reason is not None:
         raise ConfigError(f"--simulate runs bigtrain's own training step, which cannot simulate this plan: {reason}")
     if dist.is_initialized():
@@ -101,6 +94,18 @@ def simulate(
         if peak["Total"] > worst.get("Total", -1):
             worst = {**peak, "pp_rank": pp_rank}
     return worst
+
+
+def not_simulated(plan: Plan, real_tensors: bool = False) -> str | None:
+    """Why the simulator cannot measure a plan the trainer runs, or None: its own limits, not the trainer's."""
+    if plan.backend == "deepspeed":
+        return (
+            "DeepSpeed's own step does not run on fake tensors (its ZeRO memory terms are checked against its real "
+            "step instead: bench/deepspeed_memory.py)"
+        )
+    if plan.loss_parallel and not real_tensors:
+        return "parallel.loss_parallel=true: fake tensors over-count torch's vocabulary-parallel cross-entropy"
+    return None
 
 
 def _simulate_rank(

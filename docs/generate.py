@@ -66,7 +66,7 @@ FEATURES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [  # (row, plan fie
     ("tensor parallel (tp)", dict(tp=2), {}),
     ("+ sequence parallel", dict(tp=2, sequence_parallel=True), {}),
     ("+ loss parallel", dict(tp=2, loss_parallel=True), {}),
-    ("pipeline parallel (pp; GPipe, 1F1B, interleaved, looped BFS)", dict(pp=2, grad_reduce=ONCE), {}),
+    ("pipeline parallel (GPipe, 1F1B, interleaved, looped BFS; planned: GPipe, 1F1B)", dict(pp=2, grad_reduce=ONCE), {}),  # noqa: E501
     ("activation checkpointing: full", dict(activation_checkpointing="full"), {}),
     ("activation checkpointing: selective", dict(activation_checkpointing="selective"), {}),
     ("offload parameters", dict(offload_params=True), {}),

@@ -84,6 +84,7 @@ COUNT_CHECK_MODELS: list[dict[str, Any]] = [
         vocab_size=128,
     ),
     dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, n_positions=32, vocab_size=100),
+    dict(model_type="gpt2", n_embd=64, n_layer=2, n_head=4, n_positions=32, vocab_size=100, tie_word_embeddings=False),
     dict(
         model_type="qwen3",
         hidden_size=64,

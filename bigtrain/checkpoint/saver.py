@@ -128,8 +128,19 @@ class Checkpointer:
         ) from error
 
     def _finished(self, step: int, tokens: int) -> None:
+        """Rank 0 completes the save every rank wrote: recipe, HF files, manifest, then the publishing rename."""
         if self.rank != 0:
             return
+        try:
+            final = self._publish(step, tokens)
+        except Exception as e:  # noqa: BLE001 - a full disk while writing the small files, said in one line too
+            self._not_written(step, e)
+        prune(self.root, self.cfg.checkpoint.keep)
+        self.last_published = final
+        log.info("checkpoint: step %d saved to %s", step, final)
+
+    def _publish(self, step: int, tokens: int) -> Path:
+        """The small files and the manifest into the partial folder, then its rename: the checkpoint exists."""
         partial, final = partial_dir(self.root, step), step_dir(self.root, step)
         (partial / RECIPE).write_text(dump_recipe(self.cfg))
         write_hf_files(partial / HF_FILES, self.hf_config, self.cfg.model.name_or_path, self.cfg.data.tokenizer)
@@ -144,6 +155,4 @@ class Checkpointer:
             torch_version=torch.__version__,
         ).write(partial)
         publish(partial, final)
-        prune(self.root, self.cfg.checkpoint.keep)
-        self.last_published = final
-        log.info("checkpoint: step %d saved to %s", step, final)
+        return final

@@ -41,9 +41,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mixed-precision", choices=PRECISIONS, help="compute dtype")
     parser.add_argument(
         "--compile",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=None,
-        help="plan for train.compile: true (default: the recipe's train.compile): plans it cannot run are not offered",
+        help="plan for train.compile true or false (default: the recipe's): plans it cannot run are not offered",
     )
     parser.add_argument(
         "--hardware-profile",
@@ -245,6 +245,20 @@ def alternatives_that_fit(req: PlanRequest) -> dict[str, str]:
     return found
 
 
+def _simulate_into(result: dict[str, Any], req: PlanRequest, best: Candidate) -> None:
+    """``--simulate``: the chosen plan's simulated peak into ``result``, or a note why it cannot be simulated."""
+    from bigtrain.simulate import not_simulated, simulate
+
+    reason = not_simulated(best.plan)
+    if reason is not None:
+        print(f"bigtrain: note: --simulate cannot simulate the chosen plan: {reason}", file=sys.stderr)
+        return
+    peak = simulate(req.model_config, best.plan, req.workload)
+    result["simulated"] = {"peak_bytes": peak["Total"], "world_size": best.plan.world_size}
+    if "pp_rank" in peak:  # pipelined: every pp rank was simulated, this is the busiest
+        result["simulated"]["pp_rank"] = peak["pp_rank"]
+
+
 def run_plan_command(args: argparse.Namespace) -> int:
     req = build_request(args)
     candidates = _search(req)
@@ -255,19 +269,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
             "add --all to see such plans predicted anyway"
         )
     result = to_json(candidates, req.stats, include_unrunnable=args.all)
-    if args.simulate and best.runnable and best.plan.backend == "deepspeed":
-        print(
-            "bigtrain: note: --simulate does not run DeepSpeed's step on fake tensors; its memory terms are checked "
-            "against its real step (bench/deepspeed_memory.py)",
-            file=sys.stderr,
-        )
-    elif args.simulate and best.runnable:
-        from bigtrain.simulate import simulate
-
-        peak = simulate(req.model_config, best.plan, req.workload)
-        result["simulated"] = {"peak_bytes": peak["Total"], "world_size": best.plan.world_size}
-        if "pp_rank" in peak:  # pipelined: every pp rank was simulated, this is the busiest
-            result["simulated"]["pp_rank"] = peak["pp_rank"]
+    if args.simulate and best.runnable:
+        _simulate_into(result, req, best)
     sentence = None if best.fits and best.runnable else what_would_fit(alternatives_that_fit(req))
     if args.json:
         print(json.dumps(result, indent=2))

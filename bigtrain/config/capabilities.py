@@ -440,22 +440,23 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def problems(setup: Setup) -> Iterator[Problem]:
-    """Every row that trips for ``setup``, in table order (rows that read the model only once it is known)."""
+def problems(setup: Setup, kinds: tuple[Kind, ...] = ("invalid", "fit", "not_built")) -> Iterator[Problem]:
+    """Every row of the given ``kinds`` that trips for ``setup``, in table order (rows that read the model only once
+    it is known)."""
     for rule in RULES:
-        if rule.reads_model and setup.model is None:
+        if rule.kind not in kinds or (rule.reads_model and setup.model is None):
             continue
         message = rule.says(setup)
         if message is not None:
             yield Problem(rule, message)
 
 
-def first_problem(setup: Setup) -> Problem | None:
-    return next(problems(setup), None)
+def first_problem(setup: Setup, kinds: tuple[Kind, ...] = ("invalid", "fit", "not_built")) -> Problem | None:
+    return next(problems(setup, kinds), None)
 
 
-def check(setup: Setup) -> None:
+def check(setup: Setup, kinds: tuple[Kind, ...] = ("invalid", "fit", "not_built")) -> None:
     """Raise the first tripped row's message as a ConfigError (what a recipe gets at resolution and start-up)."""
-    problem = first_problem(setup)
+    problem = first_problem(setup, kinds)
     if problem is not None:
         raise ConfigError(problem.message)

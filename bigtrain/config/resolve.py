@@ -50,29 +50,8 @@ def _check_ranges(cfg: ParallelConfig) -> None:
             raise ConfigError(f"parallel.{key}={value} must be at least 1, or unset to fill the world")
 
 
-def resolve_plan(cfg: ParallelConfig, world_size: int, train: TrainConfig) -> Plan:
-    """The recipe's ``parallel`` section as a complete Plan for ``world_size`` ranks, or a ConfigError naming the key.
-
-    ``train`` is the recipe's train section: its global batch must split into the plan's micro-batches, and its
-    options (``compile``) take part in what may run."""
-    if cfg.plan == "auto":
-        raise ConfigError("parallel.plan=auto is chosen at start-up by the trainer (bigtrain/planner/auto.py)")
-    _check_ranges(cfg)
-    model_parallel = cfg.tp * cfg.pp
-    if world_size % model_parallel:
-        raise ConfigError(
-            f"parallel.tp={cfg.tp} x parallel.pp={cfg.pp} = {model_parallel} does not divide the world size "
-            f"{world_size}; use degrees whose product divides it ({divisor_hint(world_size)})"
-        )
-    replicate, shard = _data_parallel(cfg, world_size // model_parallel)
-    product = replicate * shard * cfg.tp * cfg.pp
-    if product != world_size:
-        raise ConfigError(
-            f"parallel degrees dp_replicate={replicate} x dp_shard={shard} x tp={cfg.tp} x pp={cfg.pp} = {product} "
-            f"do not match the world size {world_size}; make them multiply to {world_size} "
-            "(or leave parallel.dp_shard unset to fill it)"
-        )
-    plan = Plan(
+def _plan(cfg: ParallelConfig, replicate: int, shard: int) -> Plan:
+    return Plan(
         backend=cfg.backend,
         zero_stage=ZERO_STAGES[cfg.backend][-1] if cfg.zero_stage is None else cfg.zero_stage,
         grad_reduce=_grad_reduce(cfg),
@@ -89,5 +68,38 @@ def resolve_plan(cfg: ParallelConfig, world_size: int, train: TrainConfig) -> Pl
         loss_parallel=cfg.loss_parallel,
         sequence_parallel=cfg.sequence_parallel,
     )
+
+
+def resolve_plan(cfg: ParallelConfig, world_size: int, train: TrainConfig) -> Plan:
+    """The recipe's ``parallel`` section as a complete Plan for ``world_size`` ranks, or a ConfigError naming the key.
+
+    ``train`` is the recipe's train section: its global batch must split into the plan's micro-batches, and its
+    options (``compile``) take part in what may run. What the recipe states contradicting itself (ddp with dp_shard,
+    deepspeed with dp_replicate, ...) is said before the degrees' arithmetic, which it would only confuse."""
+    if cfg.plan == "auto":
+        raise ConfigError("parallel.plan=auto is chosen at start-up by the trainer (bigtrain/planner/auto.py)")
+    _check_ranges(cfg)
+    stated = _plan(cfg, _stated(cfg.dp_replicate), _stated(cfg.dp_shard))
+    check(Setup(stated, train), kinds=("invalid", "not_built"))
+    model_parallel = cfg.tp * cfg.pp
+    if world_size % model_parallel:
+        raise ConfigError(
+            f"parallel.tp={cfg.tp} x parallel.pp={cfg.pp} = {model_parallel} does not divide the world size "
+            f"{world_size}; use degrees whose product divides it ({divisor_hint(world_size)})"
+        )
+    replicate, shard = _data_parallel(cfg, world_size // model_parallel)
+    product = replicate * shard * cfg.tp * cfg.pp
+    if product != world_size:
+        raise ConfigError(
+            f"parallel degrees dp_replicate={replicate} x dp_shard={shard} x tp={cfg.tp} x pp={cfg.pp} = {product} "
+            f"do not match the world size {world_size}; make them multiply to {world_size} "
+            "(or leave parallel.dp_shard unset to fill it)"
+        )
+    plan = _plan(cfg, replicate, shard)
     check(Setup(plan, train))
     return plan
+
+
+def _stated(degree: int | None) -> int:
+    """A degree as the recipe states it, 1 where it leaves it to fill the world."""
+    return 1 if degree in (None, -1) else degree

@@ -117,7 +117,7 @@ class ModelStats:
                 head_dim=hidden // heads,
                 ffn=cfg.get("n_inner") or 4 * hidden,
                 vocab=cfg["vocab_size"],
-                tied=True,
+                tied=bool(cfg.get("tie_word_embeddings", True)),  # GPT-2 ties unless told otherwise
                 gated_mlp=False,
                 qkv_bias=True,
                 linear_bias=True,

@@ -210,10 +210,16 @@ def search(
             reason = f"needs {mem.budget_bytes / GiB:.1f} GiB > {budget / GiB:.1f} GiB budget"
         out.append(Candidate(plan, mem, reason is None, reason, not_offered, predict_time))
     if not out:
+        pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "none"
         if fixed:  # pins that contradict each other, the batch or the model: the words a recipe would get
             plan = resolve_plan(ParallelConfig(**fixed), cluster.num_gpus, train)
             check(Setup(plan, train, stats.facts))
-        pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "none"
+            raise ConfigError(
+                f"the pins ({pins}) make a plan bigtrain train runs, but not one the planner searches: it weighs "
+                f"pp_schedule {' or '.join(PLANNED_SCHEDULES)} with one stage per rank, micro-batches "
+                f"{', '.join(map(str, MICRO_BATCHES))} and tp up to twice the GPUs per node; set such a plan in a "
+                "recipe's parallel section"
+            )
         raise ConfigError(
             f"no plan meets global batch {workload.global_batch_size} on {cluster.num_gpus} GPUs with pins ({pins}); "
             "use a global batch that is a multiple of the GPU count, or fewer pins"

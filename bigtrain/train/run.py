@@ -24,7 +24,7 @@ from bigtrain.checkpoint.loader import load_checkpoint
 from bigtrain.checkpoint.lock import OutputDirLock
 from bigtrain.checkpoint.run_dir import FINAL_MODEL, plan_start, prepare_output_dir
 from bigtrain.checkpoint.saver import Checkpointer
-from bigtrain.checkpoint.storage import storage_problem
+from bigtrain.checkpoint.storage import is_disk_full, storage_problem
 from bigtrain.config.capabilities import ModelFacts, Setup, check
 from bigtrain.config.hf import one_block
 from bigtrain.config.load import dump_recipe, recipe_warnings
@@ -83,7 +83,9 @@ def write_final_model(cfg: RecipeConfig, result: TrainResult) -> None:
     out = Path(cfg.output_dir) / FINAL_MODEL
     try:
         export_model(result.checkpoint, out)
-    except OSError as e:
+    except Exception as e:  # an OSError, or safetensors' own SafetensorError (not an OSError) for a full disk
+        if not is_disk_full(e, out):
+            raise
         raise CheckpointNotWritten(
             f"the final model could not be written to {out}: {storage_problem(e, out)}; the last checkpoint "
             f"{result.checkpoint} holds it: free space, then bigtrain export-model {result.checkpoint} -o {out}"
@@ -165,7 +167,11 @@ class TrainingJob:
     def __enter__(self) -> TrainingJob:
         self._launched = as_launched(self.env)  # the launcher's variables a library may read, for the job's life
         self._launched.__enter__()
-        init_process_group(self.env, self.device, self.cfg.train.collective_timeout_s)
+        try:
+            init_process_group(self.env, self.device, self.cfg.train.collective_timeout_s)
+        except BaseException:
+            self._launched.__exit__(None, None, None)
+            raise
         try:
             self._hold_output_dir()
             if self.env.rank == 0:
@@ -207,7 +213,8 @@ class TrainingJob:
 
     def _hold_output_dir(self) -> None:
         """Rank 0 takes output_dir for the run's whole life before anything in it is touched; every rank hears
-        whether another run holds it, and all refuse together (nothing of the other run is moved or written)."""
+        whether another run holds it, and all refuse together (nothing of the other run is moved or written).
+        What this start would do there (``plan_start``) was decided from the files before, and is moot if refused."""
         holder = [self.output_lock.acquire() if self.env.rank == 0 else None]
         dist.broadcast_object_list(holder, src=0)
         if holder[0] is not None:

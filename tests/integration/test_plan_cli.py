@@ -215,7 +215,7 @@ def test_simulate_says_it_does_not_simulate_a_deepspeed_choice(plan_cli):
     proc = plan_cli([*args, "--simulate", "--json"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["plan"]["backend"] == "deepspeed" and "simulated" not in json.loads(proc.stdout)
-    assert "--simulate does not run DeepSpeed's step on fake tensors" in proc.stderr
+    assert "--simulate cannot simulate the chosen plan: DeepSpeed's own step does not run on fake tensors" in proc.stderr
 
 
 def test_the_docs_plan_commands_run_and_say_what_the_docs_say(cli_in_process):

@@ -7,6 +7,7 @@ import time
 
 import pytest
 from cases import COUNT_CHECK_MODELS
+from helpers import make_plan
 
 from bigtrain.cli.plan import parse_fix
 from bigtrain.config.hf import hf_config_from_dict
@@ -25,21 +26,7 @@ def stats(name: str) -> ModelStats:
 
 
 def plan(**kw) -> Plan:
-    base = dict(
-        backend="fsdp2",
-        zero_stage=3,
-        grad_reduce="every_micro_step",
-        dp_replicate=1,
-        dp_shard=1,
-        tp=1,
-        pp=1,
-        pp_schedule="1f1b",
-        activation_checkpointing="none",
-        micro_batch_size=1,
-        offload_optimizer=False,
-        offload_params=False,
-    )
-    return Plan(**{**base, **kw})
+    return make_plan(**{"grad_reduce": "every_micro_step", **kw})
 
 
 @pytest.mark.parametrize("n", [1, 2, 8, 64, 1024])

@@ -63,10 +63,13 @@ def test_tp_that_divides_the_heads_is_accepted():
 
 @pytest.mark.parametrize("model_type", MODELLED)
 def test_the_planner_and_the_trainer_read_the_same_facts_of_every_family(model_type):
-    """The capability table gets the planner's facts from its statistics and the trainer's from the HF config: the
-    same layouts, heads, layers and tying, so both refuse the same plans."""
-    config = load_model_config({"model_type": model_type})
-    assert ModelStats.from_config(config).facts == ModelFacts.of(hf_config_from_dict({"model_type": model_type}))
+    """The capability table reads the same facts in the planner (its statistics) and the trainer (the HF config),
+    and they agree with the counts the planner's memory terms use, so both refuse the same plans."""
+    stats = ModelStats.from_config(load_model_config({"model_type": model_type, "tie_word_embeddings": False}))
+    facts = ModelFacts.of(hf_config_from_dict({"model_type": model_type, "tie_word_embeddings": False}))
+    assert stats.facts == facts
+    counts = (stats.layers, stats.heads, stats.kv_heads, stats.vocab, stats.tied, stats.model_type)
+    assert counts == (facts.layers, facts.heads, facts.kv_heads, facts.vocab, facts.tied, facts.model_type)
 
 
 def test_the_layout_expands_to_every_projection_of_every_block():

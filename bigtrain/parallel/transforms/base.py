@@ -76,6 +76,11 @@ class BuiltModel:
     def forward_module(self) -> nn.Module:
         return self.module if self.module is not None else self.parts[0]
 
+    def replace_parts(self, parts: list[nn.Module], stage_ids: list[int]) -> None:
+        """New parts (a pipeline's stages): the blocks found in the old ones are forgotten."""
+        self.parts, self.stage_ids = parts, stage_ids
+        self._block_slots.clear()
+
     def blocks(self, part: int) -> list[nn.Module]:
         """The decoder blocks of ``parts[part]`` as they stand now (a wrapper replaces a block in its slot)."""
         if part not in self._block_slots:

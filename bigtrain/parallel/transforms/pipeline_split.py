@@ -82,8 +82,7 @@ def build_stages(meta_model: nn.Module, hf_config: Any, plan: Plan, stage_ids: l
 def _split(built: BuiltModel, ctx: BuildContext) -> None:
     """The whole meta model becomes this rank's stages (copies: the model they were cut from is dropped)."""
     stage_ids = stages_of_rank(ctx.mesh.coordinate("pp"), built.plan)
-    built.parts = build_stages(built.parts[0], ctx.options.hf_config, built.plan, stage_ids)
-    built.stage_ids = stage_ids
+    built.replace_parts(build_stages(built.parts[0], ctx.options.hf_config, built.plan, stage_ids), stage_ids)
 
 
 TRANSFORM = Transform(
