@@ -107,16 +107,24 @@ def _children(pid: int) -> list[int]:
     return sorted(found)
 
 
+def started_in_background(path: Path, out: Path, log) -> subprocess.Popen:
+    """A 2-rank torchrun job of ``path`` writing its stderr to ``log``, returned once it has logged two steps."""
+    job = subprocess.Popen(torchrun_command(["train", str(path)]), stdout=subprocess.DEVNULL, stderr=log, cwd=REPO)
+    deadline = time.monotonic() + 120
+    while not ((out / "metrics.jsonl").is_file() and len(read_metrics(out)) >= 2):
+        if time.monotonic() > deadline or job.poll() is not None:
+            job.kill()
+            raise AssertionError("training did not start")
+        time.sleep(0.2)
+    return job
+
+
 def test_sigterm_saves_at_the_step_boundary_exits_0_and_the_next_start_resumes(inputs, tmp_path):
     path = recipe(inputs, tmp_path, steps=100_000, every=0)
     out = tmp_path / "out"
     with open(tmp_path / "stderr.log", "w") as log:
-        job = subprocess.Popen(torchrun_command(["train", str(path)]), stdout=subprocess.DEVNULL, stderr=log, cwd=REPO)
+        job = started_in_background(path, out, log)
         try:
-            deadline = time.monotonic() + 120
-            while not ((out / "metrics.jsonl").is_file() and len(read_metrics(out)) >= 2):
-                assert time.monotonic() < deadline and job.poll() is None, "training did not start"
-                time.sleep(0.2)
             workers = _children(job.pid)
             assert len(workers) == 2
             os.kill(workers[-1], signal.SIGTERM)  # one rank only: all ranks must still stop after the same step
@@ -164,12 +172,8 @@ def test_a_second_start_into_a_running_run_s_output_dir_is_refused_and_touches_n
     path = recipe(inputs, tmp_path, steps=100_000, every=0)
     out = tmp_path / "out"
     with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen(torchrun_command(["train", str(path)]), stdout=subprocess.DEVNULL, stderr=log, cwd=REPO)
+        first = started_in_background(path, out, log)
         try:
-            deadline = time.monotonic() + 120
-            while not ((out / "metrics.jsonl").is_file() and len(read_metrics(out)) >= 2):
-                assert time.monotonic() < deadline and first.poll() is None, "training did not start"
-                time.sleep(0.2)
             holder = json.loads((out / ".bigtrain.lock").read_text())
             second = run_torchrun(["train", str(path)], timeout=120)
             assert second.returncode != 0
