@@ -51,7 +51,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from bigtrain.config.capabilities import ModelFacts, Setup, check
 from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.plan import Plan
-from bigtrain.config.schema import TrainConfig
+from bigtrain.config.schema import AdapterConfig, TrainConfig
 from bigtrain.config.workload import Workload
 from bigtrain.data.batch import MicroBatch
 from bigtrain.engine import build_engine
@@ -79,7 +79,7 @@ def simulate(
     """
     hf_config = hf_config_from_dict(model_config)
     check(Setup(plan, workload.train_config(), ModelFacts.of(hf_config)))  # what the trainer would refuse
-    reason = not_simulated(plan, real_tensors)
+    reason = not_simulated(plan, real_tensors, workload.method)
     if reason is not None:
         raise ConfigError(f"--simulate runs bigtrain's own training step, which cannot simulate this plan: {reason}")
     if dist.is_initialized():
@@ -96,13 +96,15 @@ def simulate(
     return worst
 
 
-def not_simulated(plan: Plan, real_tensors: bool = False) -> str | None:
+def not_simulated(plan: Plan, real_tensors: bool = False, method: str = "full") -> str | None:
     """Why the simulator cannot measure a plan the trainer runs, or None: its own limits, not the trainer's."""
     if plan.backend == "deepspeed":
         return (
             "DeepSpeed's own step does not run on fake tensors (its ZeRO memory terms are checked against its real "
             "step instead: bench/deepspeed_memory.py)"
         )
+    if method == "qlora":
+        return "train.method=qlora: its 4-bit base is quantised from real values, which fake tensors do not have"
     if plan.loss_parallel and not real_tensors:
         return "parallel.loss_parallel=true: fake tensors over-count torch's vocabulary-parallel cross-entropy"
     return None
@@ -127,6 +129,8 @@ def _simulate_rank(
         attn_implementation=attn_implementation,
         values="empty",
         fake_mode=fake_mode,
+        method=workload.method,
+        lora=AdapterConfig(r=workload.lora_rank),
     )
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world_size)
     try:

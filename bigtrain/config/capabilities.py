@@ -272,6 +272,43 @@ def _compile_with_deepspeed(s: Setup) -> str | None:
     return None
 
 
+def _qlora_computes_in_bf16(s: Setup) -> str | None:
+    if s.train.method == "qlora" and s.train.mixed_precision != "bf16":
+        return (
+            f"train.method=qlora dequantises its 4-bit base to bf16 for every matmul; train.mixed_precision="
+            f"{s.train.mixed_precision} cannot be its compute dtype: set train.mixed_precision=bf16, or use "
+            "method lora"
+        )
+    return None
+
+
+def _adapters_with_tp(s: Setup) -> str | None:
+    if s.train.method in ("lora", "qlora") and s.plan.tp > 1:
+        return (
+            f"train.method={s.train.method} with parallel.tp={s.plan.tp} is not built yet (peft's adapter layers are "
+            "not mapped onto tp's column/row styles); use parallel.tp=1: FSDP2 shards the frozen base instead"
+        )
+    return None
+
+
+def _adapters_with_pp(s: Setup) -> str | None:
+    if s.train.method in ("lora", "qlora") and s.plan.pp > 1:
+        return (
+            f"train.method={s.train.method} with parallel.pp={s.plan.pp} is not built yet; use parallel.pp=1: FSDP2 "
+            "shards the frozen base instead"
+        )
+    return None
+
+
+def _qlora_sharded(s: Setup) -> str | None:
+    if s.train.method == "qlora" and s.plan.backend != "ddp":
+        return (
+            f"train.method=qlora with backend {s.plan.backend} is not built yet (sharding the NF4 base); use "
+            "backend ddp (every rank holds the 4-bit base), or method lora with backend fsdp2"
+        )
+    return None
+
+
 def _tp_style_not_mapped(s: Setup) -> str | None:
     model = s.model
     assert model is not None
@@ -426,6 +463,10 @@ RULES: tuple[Rule, ...] = (
     _row(_sequence_parallel_with_pp, "not_built"),
     _row(_selective_checkpointing, "not_built"),
     _row(_compile_with_deepspeed, "not_built"),
+    _row(_qlora_computes_in_bf16, "invalid"),
+    _row(_adapters_with_tp, "not_built"),
+    _row(_adapters_with_pp, "not_built"),
+    _row(_qlora_sharded, "not_built"),
     _row(_batch_splits_into_micro_batches, "fit"),
     _row(_tp_layout_shipped, "fit", reads_model=True),
     _row(_tp_style_not_mapped, "not_built", reads_model=True),

@@ -77,6 +77,8 @@ MINIMUMS: dict[str, float] = {
     "train.collective_timeout_s": 1,
     "train.fp16_initial_scale": 1.0,
     "train.min_lr_ratio": 0.0,
+    "lora.r": 1,
+    "lora.dropout": 0.0,
     "parallel.micro_batch_size": 1,
     "parallel.tp": 1,
     "parallel.pp": 1,
@@ -94,7 +96,7 @@ def yaml_problem(e: yaml.YAMLError) -> str:
 
 def check_ranges(cfg: RecipeConfig) -> None:
     """Numbers that parse but cannot work (0 steps, negative warmup, NaN) fail here with the key's name."""
-    for section in ("train", "data", "parallel", "checkpoint"):
+    for section in ("train", "data", "parallel", "checkpoint", "lora"):
         for f in dataclasses.fields(getattr(cfg, section)):
             value = getattr(getattr(cfg, section), f.name)
             if isinstance(value, float) and not math.isfinite(value):
@@ -113,6 +115,10 @@ def check_ranges(cfg: RecipeConfig) -> None:
         )
     if cfg.data.eval_fraction > 0 and cfg.data.eval_path is not None:
         raise ConfigError("set data.eval_path or data.eval_fraction, not both")
+    if cfg.lora.dropout >= 1:
+        raise ConfigError(f"lora.dropout={cfg.lora.dropout} must be below 1 (e.g. 0.05)")
+    if cfg.lora.target_modules == []:
+        raise ConfigError("lora.target_modules is empty; unset it (every linear of the decoder blocks) or name some")
     if cfg.train.lr == 0:
         raise ConfigError("train.lr=0 would leave the model as it is; use a learning rate such as 1e-4")
     if cfg.checkpoint.resume is True:  # `resume: true` reads naturally as "resume if you can"
@@ -224,6 +230,12 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
         if isinstance(value, str):
             return value
         raise ConfigError(f"{key}={value!r} must be a string")
+    if origin is list:
+        if isinstance(value, str):  # --set lora.target_modules=q_proj,v_proj
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, list):
+            return [coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+        raise ConfigError(f"{key} must be a list, got {value!r}")
     if origin is dict or hint is dict:
         if isinstance(value, dict):
             return value

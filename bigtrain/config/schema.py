@@ -1,6 +1,6 @@
 """The recipe schema: one dataclass per recipe section, each field documented where it is declared.
 
-A recipe is YAML whose top-level keys are ``model``, ``data``, ``train``, ``parallel``, ``checkpoint`` and
+A recipe is YAML whose top-level keys are ``model``, ``data``, ``train``, ``parallel``, ``checkpoint``, ``lora`` and
 ``output_dir``. ``load.py``
 turns it (plus ``--set`` overrides) into a :class:`RecipeConfig`, rejecting unknown keys and wrong types by their dotted
 name. Fields whose default is ``None`` are derived later (from the model, the data or the world size).
@@ -18,6 +18,7 @@ GradReduce = Literal["every_micro_step", "once_per_step"]
 DataFormat = Literal["auto", "text", "chat", "instruction"]
 Packing = Literal["stream", "documents", "pad"]
 LogTo = Literal["jsonl", "tensorboard"]
+Method = Literal["full", "lora", "qlora", "auto"]
 PipelineSchedule = Literal[
     "1f1b", "gpipe", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble", "dual_pipe_v"
 ]
@@ -28,6 +29,8 @@ BACKENDS: tuple[str, ...] = get_args(Backend)
 CHECKPOINTING: tuple[str, ...] = get_args(Checkpointing)
 GRAD_REDUCE: tuple[str, ...] = get_args(GradReduce)
 PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
+METHODS: tuple[str, ...] = get_args(Method)
+ADAPTER_METHODS: tuple[str, ...] = ("lora", "qlora")
 
 
 def doc(text: str, key: str | None = None, **kwargs: Any) -> Any:
@@ -126,6 +129,12 @@ class TrainConfig:
         "torch.compile each decoder block (after tp and activation checkpointing, before FSDP2, as torchtitan does); "
         "the first steps pay the compilation.",
         default=False,
+    )
+    method: Method = doc(
+        "What is trained: full (every parameter), lora (low-rank adapters on a frozen base in the compute dtype; "
+        "the lora section), qlora (the same on a 4-bit NF4 base, computing in bf16) or auto (the planner picks full "
+        "fine-tuning when it fits at a competitive speed, else lora, else qlora).",
+        default="full",
     )
     eval_every: int = doc(
         "Evaluate every this many optimizer steps (and after the last); 0: only after the last. Needs "
@@ -241,6 +250,20 @@ class ParallelConfig:
 
 
 @dataclass
+class AdapterConfig:
+    """The ``lora`` section (peft's names): read when ``train.method`` is lora or qlora."""
+
+    r: int = doc("Rank of each adapter (peft's r).", default=16)
+    alpha: float = doc("Scaling numerator: the adapter's output is multiplied by alpha / r.", default=32.0)
+    dropout: float = doc("Dropout on the adapter's input (peft's lora_dropout).", default=0.0)
+    target_modules: list[str] | None = doc(
+        "Names (the last part, e.g. q_proj) or regular expressions of the linear modules that get adapters; unset: "
+        "every linear of the decoder blocks (not the LM head).",
+        default=None,
+    )
+
+
+@dataclass
 class CheckpointConfig:
     every: int = doc(
         "Save a checkpoint every this many optimizer steps; 0 saves only at the end (and on SIGTERM).", default=500
@@ -270,6 +293,7 @@ class RecipeConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    lora: AdapterConfig = field(default_factory=AdapterConfig)
     output_dir: str = doc(
         "Where the run writes: metrics.jsonl, plan.json, recipe.yaml, checkpoints/step_N/, and model/ (HF folder).",
         default="outputs/run",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bigtrain.config.schema import PRECISIONS, TrainConfig
+from bigtrain.config.schema import METHODS, PRECISIONS, TrainConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,10 +20,14 @@ class Workload:
     global_batch_size: int  # sequences per optimizer step, over every data-parallel rank and micro-step
     mixed_precision: str = "bf16"  # compute dtype: fp32, bf16 or fp16 (train.mixed_precision)
     compile: bool = False  # train.compile: torch.compile each decoder block
+    method: str = "full"  # train.method: full, lora, qlora, or auto (the planner chooses)
+    lora_rank: int = 16  # lora.r: the adapters' rank under lora and qlora
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in PRECISIONS:
             raise ValueError(f"mixed_precision {self.mixed_precision!r} is not one of {PRECISIONS}")
+        if self.method not in METHODS:
+            raise ValueError(f"method {self.method!r} is not one of {METHODS}")
 
     @property
     def dtype_bytes(self) -> int:
@@ -35,14 +39,21 @@ class Workload:
         """Tokens per optimizer step."""
         return self.seq_len * self.global_batch_size
 
+    @property
+    def adapters(self) -> bool:
+        """Whether a frozen base is trained through adapters (lora, qlora)."""
+        return self.method in ("lora", "qlora")
+
     @classmethod
-    def of_train(cls, train: TrainConfig, seq_len: int) -> Workload:
-        """A recipe's workload: its ``train`` section and the sequence length its data has."""
+    def of_train(cls, train: TrainConfig, seq_len: int, lora_rank: int = 16) -> Workload:
+        """A recipe's workload: its ``train`` section, the sequence length its data has and its ``lora.r``."""
         return cls(
             seq_len=seq_len,
             global_batch_size=train.global_batch_size,
             mixed_precision=train.mixed_precision,
             compile=train.compile,
+            method=train.method,
+            lora_rank=lora_rank,
         )
 
     def train_config(self, **fields: Any) -> TrainConfig:
@@ -51,5 +62,6 @@ class Workload:
             global_batch_size=self.global_batch_size,
             mixed_precision=self.mixed_precision,
             compile=self.compile,
+            method=self.method,
             **fields,
         )

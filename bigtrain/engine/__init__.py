@@ -34,6 +34,8 @@ def build_options(cfg: RecipeConfig, hf_config: Any, plan: Plan, device: torch.d
         mixed_precision=cfg.train.mixed_precision,
         attn_implementation=cfg.model.attn_implementation,
         compile=cfg.train.compile,
+        method=cfg.train.method,
+        lora=cfg.lora,
         pretrained=cfg.model.name_or_path,
         seed=cfg.train.seed,
         deepspeed_config=deepspeed_config(cfg, plan, hf_config.hidden_size) if plan.backend == "deepspeed" else None,

@@ -124,8 +124,10 @@ class DeepSpeedZeroEngine(Engine):
         pass  # DeepSpeed clears its gradient partitions itself after each boundary step
 
     def _named_params(self) -> list[tuple[str, nn.Parameter]]:
-        """Every parameter under each of its HF names (a tied weight under both), in a fixed order."""
-        return [(self.built.hf_name(n), p) for n, p in self.ds.module.named_parameters(remove_duplicate=False)]
+        """Every trained parameter under each of its HF names (a tied weight under both), in a fixed order; frozen
+        ones (the base under LoRA) are not state: they come from the base model."""
+        named = self.ds.module.named_parameters(remove_duplicate=False)
+        return [(self.built.hf_name(n), p) for n, p in named if p.requires_grad]
 
     def state_dict(self) -> dict[str, Any]:
         """The state as the torch-native engines key it (``state.<name>.exp_avg``, ``param_groups.<name>.lr``, ...),
@@ -240,4 +242,3 @@ class DeepSpeedZeroEngine(Engine):
         states = list(self._client_optimizer().state.values())
         step = states[0]["step"] if states and "step" in states[0] else 0.0
         return torch.as_tensor(step, dtype=torch.float32).detach().cpu().reshape(())
-

@@ -27,8 +27,9 @@ from bigtrain.engine.loss import labeled_loss_sum
 from bigtrain.engine.loss_scale import DynamicLossScaler
 from bigtrain.parallel.transforms.base import BuiltModel
 
-# Optimizer state keyed by parameter name (not by position), so it follows the parameters to another plan.
-STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+# Optimizer state keyed by parameter name (not by position), so it follows the parameters to another plan. Frozen
+# parameters (the base under LoRA) are not state: they come from the base model, so a checkpoint holds the adapters.
+STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True)
 
 OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
@@ -176,7 +177,8 @@ class TorchNativeEngine(Engine):
         optim: dict[str, Any] = {}
         for part, optimizer in zip(self.parts, self.optimizers, strict=True):  # the parts' parameter names are disjoint
             part_model, part_optim = get_state_dict(part, optimizer, options=STATE_DICT_OPTIONS)
-            model.update({self.built.hf_name(k): v for k, v in part_model.items()})
+            frozen = frozen_names(part)
+            model.update({self.built.hf_name(k): v for k, v in part_model.items() if k not in frozen})
             optim.update({hf_optimizer_key(k, self.built.hf_name): v for k, v in part_optim.items()})
         return {
             "model": model,
@@ -190,12 +192,19 @@ class TorchNativeEngine(Engine):
         hf_name = self.built.hf_name
         for part, optimizer, scheduler in zip(self.parts, self.optimizers, self.schedulers, strict=True):
             own_model, own_optim = get_state_dict(part, optimizer, options=STATE_DICT_OPTIONS)
-            model = {k: state["model"][hf_name(k)] for k in own_model}
+            frozen = frozen_names(part)
+            model = {k: state["model"][hf_name(k)] for k in own_model if k not in frozen}
             optim = {k: state["optimizer"][hf_optimizer_key(k, hf_name)] for k in own_optim}
             set_state_dict(part, optimizer, model_state_dict=model, optim_state_dict=optim, options=STATE_DICT_OPTIONS)
             scheduler.load_state_dict(state["scheduler"])
         if self.loss_scaler:
             self.loss_scaler.load_state_dict(state["loss_scaler"])
+
+
+def frozen_names(part: torch.nn.Module) -> set[str]:
+    """Names of the frozen parameters, aliases included: torch's ``ignore_frozen_params`` still returns a frozen
+    parameter under its second name (the tied LM head of a frozen embedding)."""
+    return {name for name, p in part.named_parameters(remove_duplicate=False) if not p.requires_grad}
 
 
 def hf_optimizer_key(key: str, hf_name: Callable[[str], str]) -> str:

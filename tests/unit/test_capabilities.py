@@ -37,6 +37,8 @@ class Example:
     model: dict[str, Any] = field(default_factory=lambda: dict(TINY_LLAMA))
     batch: int = 8
     compile: bool = False
+    method: str = "full"
+    precision: str = "fp32"
 
 
 EXAMPLES: dict[str, Example] = {
@@ -66,6 +68,10 @@ EXAMPLES: dict[str, Example] = {
     "sequence_parallel_with_pp": Example(4, dict(**PP2, tp=2, sequence_parallel=True), UNTIED_4),
     "selective_checkpointing": Example(2, dict(dp_shard=2, activation_checkpointing="selective")),
     "compile_with_deepspeed": Example(2, dict(backend="deepspeed", zero_stage=2, dp_shard=2), compile=True),
+    "qlora_computes_in_bf16": Example(2, dict(dp_shard=2), method="qlora"),
+    "adapters_with_tp": Example(2, dict(tp=2), method="lora"),
+    "adapters_with_pp": Example(2, PP2, UNTIED_4, method="lora"),
+    "qlora_sharded": Example(2, dict(dp_shard=2), method="qlora", precision="bf16"),
     "batch_splits_into_micro_batches": Example(2, dict(dp_shard=2, micro_batch_size=2), batch=6),
     "tp_layout_shipped": Example(2, dict(tp=2), GPT2),
     "tp_style_not_mapped": Example(2, dict(tp=2), {**TINY_LLAMA, "model_type": "qwen3"}),
@@ -101,7 +107,7 @@ def expected_message(name: str) -> str:
 
 
 def train_of(ex: Example) -> TrainConfig:
-    return TrainConfig(global_batch_size=ex.batch, compile=ex.compile)
+    return TrainConfig(global_batch_size=ex.batch, compile=ex.compile, method=ex.method, mixed_precision=ex.precision)
 
 
 def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
@@ -109,7 +115,12 @@ def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
         tmp_path / "out",
         save_rows(tmp_path / "rows.npy"),
         ex.model,
-        train={"global_batch_size": ex.batch, "compile": ex.compile},
+        train={
+            "global_batch_size": ex.batch,
+            "compile": ex.compile,
+            "method": ex.method,
+            "mixed_precision": ex.precision,
+        },
         parallel=make_plan(**ex.plan).to_dict(),
     )
     return build_dataclass(RecipeConfig, raw, "")
@@ -140,7 +151,9 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
         export_plan(cfg, argparse.Namespace(gpus=ex.world, gpus_per_node=None, to="accelerate"))
     assert str(e.value) == message
 
-    workload = Workload(seq_len=16, global_batch_size=ex.batch, mixed_precision="fp32", compile=ex.compile)
+    workload = Workload(
+        seq_len=16, global_batch_size=ex.batch, mixed_precision=ex.precision, compile=ex.compile, method=ex.method
+    )
     with pytest.raises(ConfigError) as e:
         simulate(ex.model, plan, workload)
     assert str(e.value) == message

@@ -1,6 +1,8 @@
 """The model transforms, one file each, and the one order in which ``parallel/build.py`` applies them.
 
 Why this order (torchtitan's, extended):
+- adapters first: each LoRA adapter joins the block of the linear it adapts before anything slices, wraps or shards
+  that block;
 - the pipeline split first: every later step works on this rank's stages only, and each stage is a HF model of its
   own under the unsplit model's parameter names;
 - tensor parallelism slices the projections before anything wraps or shards them, so FSDP2 shards the slices
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from bigtrain.parallel.transforms import (
     activation_checkpoint,
+    adapters,
     compile_blocks,
     ddp,
     fsdp,
@@ -27,6 +30,7 @@ from bigtrain.parallel.transforms import (
 from bigtrain.parallel.transforms.base import Transform
 
 ORDER: tuple[Transform, ...] = (
+    adapters.TRANSFORM,
     pipeline_split.TRANSFORM,
     tensor_parallel.TRANSFORM,
     activation_checkpoint.TRANSFORM,

@@ -4,6 +4,7 @@ A :class:`Transform` is one step that changes the model being built (``parallel/
 of ``transforms/__init__.py``). Besides changing the model it may contribute
 - to the engine: the module forward is called on, the autocast dtype, the per-micro-step gradient-sync context
   (set on the :class:`BuiltModel` by ``apply``) and a hook run after every optimizer step that updated (``after_step``);
+- to the values: ``fill_values``, run once the HF values are loaded (the initial adapters);
 - to checkpoints and export: ``rename``, from a parameter's name as the transform leaves it to the name before it, so
   that every value and every checkpoint is keyed by the model's HF name whatever wrapped it;
 - to the planner: ``planner_terms`` names the planner functions that model what it changes (memory or time), so that
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from bigtrain.config.plan import Plan
+from bigtrain.config.schema import AdapterConfig
 from bigtrain.models.build import decoder_blocks
 from bigtrain.parallel.mesh import WorldMesh
 
@@ -35,6 +37,8 @@ class BuildOptions:
     mixed_precision: str = "fp32"
     attn_implementation: str = "sdpa"
     compile: bool = False  # train.compile
+    method: str = "full"  # train.method, resolved: full, lora or qlora
+    lora: AdapterConfig = field(default_factory=AdapterConfig)  # the lora section (read by lora and qlora)
     pretrained: str | None = None  # a HF folder to read the values from (model.name_or_path); None: HF's init
     seed: int = 0  # of HF's initialisation when nothing is pretrained
     # "load": real values (pretrained or initialised); "empty": allocated, undefined (the simulator)
@@ -123,4 +127,7 @@ class Transform:
     apply: Callable[[BuiltModel, BuildContext], None]
     rename: Callable[[str], str] | None = None  # name as this transform leaves it -> name before it
     after_step: Callable[[BuiltModel], None] | None = None  # after every optimizer step that updated
+    # after the model's values are loaded (``load_values``): values of parameters the transform added (adapters),
+    # or a change of loaded ones (QLoRA's quantisation)
+    fill_values: Callable[[BuiltModel, BuildContext], None] | None = None
     planner_terms: tuple[str, ...] = ()  # "module.function" under bigtrain.planner that model its effect

@@ -26,6 +26,12 @@ from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transfor
 def apply_ddp(model: nn.Module, mesh: WorldMesh, device: torch.device) -> DistributedDataParallel:
     """Wrap a materialised model (DDP broadcasts rank 0's values, so it must come after materialisation)."""
     device_ids = [device.index] if device.type == "cuda" else None
+    # A frozen base quantised by QLoRA is the same on every rank (made from the same values) and not a plain tensor
+    # DDP could broadcast: DDP leaves it alone.
+    quantized = [
+        name for name, p in model.named_parameters() if not p.requires_grad and type(p.data) is not torch.Tensor
+    ]
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, quantized)
     return DistributedDataParallel(
         model, device_ids=device_ids, process_group=mesh.dp_group, gradient_as_bucket_view=True
     )

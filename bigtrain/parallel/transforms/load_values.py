@@ -4,6 +4,7 @@ From the pretrained safetensors (``model.name_or_path``) or HF's own initialisat
 at a time, each rank keeping only its shard (``models/materialize.py``), so that no rank holds the whole model
 unless the plan replicates it. FSDP2's CPU offload allocates the parameters in host memory. A model DeepSpeed
 constructed partitioned already holds its memory: only its values are written, one gathered parameter at a time.
+Then the transforms that added parameters give them values (``fill_values``: the adapters' initialisation).
 In the simulator the values stay undefined (``values: empty``), on shape-only tensors when it gives a fake mode.
 Every part is then put in training mode.
 """
@@ -60,6 +61,9 @@ def _load(built: BuiltModel, ctx: BuildContext) -> None:
             hf_name=built.hf_name,
             allocate=not options.partitioned_construction,
         )
+    for transform in built.applied:
+        if transform.fill_values is not None:
+            transform.fill_values(built, ctx)
     for part in built.parts:
         part.train()
 

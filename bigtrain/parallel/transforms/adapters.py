@@ -1,0 +1,155 @@
+"""LoRA and QLoRA (``train.method``): peft's adapters injected into the model on meta, everything else frozen.
+
+- **Where in the order**: first, before anything slices, wraps or shards the model, so that each adapter lives in
+  the same block (the same FSDP2 unit) as the linear it adapts, and activation checkpointing and compile see it.
+- **Injection**: ``peft.inject_adapter_in_model`` on the meta model (no memory); peft freezes every parameter that
+  is not an adapter. The adapted linear's weight is then named ``….q_proj.base_layer.weight``: ``rename`` maps it
+  back to its HF name (``….q_proj.weight``), so the base's values load from the HF checkpoint as they would
+  without adapters, and adapters are named ``….q_proj.lora_A.weight`` (peft's file keys, without the adapter name).
+- **Values** (``fill_values``, after the base's values are loaded): each adapter starts as peft's default (``lora_A``
+  Kaiming-uniform, ``lora_B`` zero, so training starts from the base model) drawn from a generator seeded by
+  ``train.seed`` and the adapter's name: the same initial adapters for every plan, made one module at a time.
+- **QLoRA**: after the values, each adapted linear's weight becomes torchao's 4-bit NF4 tensor (blocks of 64
+  values with one scale each, the scales themselves quantised), frozen; its forward dequantises to bf16.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from bigtrain.config.schema import ADAPTER_METHODS, AdapterConfig
+from bigtrain.errors import ConfigError
+from bigtrain.models.build import decoder_blocks
+from bigtrain.models.materialize import write_full
+from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transform
+
+ADAPTER_NAME = "default"  # peft's name for the one adapter; dropped from every key we write
+NF4_BLOCK = 64  # values per NF4 scale (torchao's default, QLoRA's paper)
+NF4_SCALER_BLOCK = 256  # scales per second-level scale
+
+
+def linear_names(model: nn.Module) -> tuple[list[str], list[str]]:
+    """The last name part of every linear inside the decoder blocks, and of every other linear (the LM head)."""
+    inside: set[str] = set()
+    for _, _, block in decoder_blocks(model):
+        inside |= {name.rsplit(".", 1)[-1] for name, m in block.named_modules() if isinstance(m, nn.Linear)}
+    every = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    return sorted(inside), sorted(every - inside)
+
+
+def _matches(target: str, module_name: str) -> bool:
+    """peft's rule for one name of ``target_modules``: the module's name ends with it (as a dotted suffix)."""
+    return module_name == target or module_name.endswith("." + target)
+
+
+def target_modules(model: nn.Module, lora: AdapterConfig) -> list[str]:
+    """The names handed to peft: the recipe's (each must name a linear module of the model, else one line listing
+    what would), or every linear of the decoder blocks."""
+    inside, outside = linear_names(model)
+    if lora.target_modules is None:
+        return inside
+    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    for target in lora.target_modules:
+        hits = [n for n in linears if _matches(target, n) or re.fullmatch(target, n)]
+        if not hits:
+            raise ConfigError(
+                f"lora.target_modules: {target!r} names no linear module of this model; its linear modules are "
+                f"{', '.join(inside)} (in every decoder block) and {', '.join(outside) or 'none'} (outside)"
+            )
+    return list(lora.target_modules)
+
+
+def peft_config(lora: AdapterConfig, targets: list[str]):  # -> peft.LoraConfig (imported lazily: peft is heavy)
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, bias="none")
+
+
+def _inject(built: BuiltModel, ctx: BuildContext) -> None:
+    from peft import inject_adapter_in_model
+
+    lora = ctx.options.lora
+    for part in built.parts:
+        config = peft_config(lora, target_modules(part, lora))
+        inject_adapter_in_model(config, part, adapter_name=ADAPTER_NAME)
+
+
+def adapted_linears(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """(name, peft LoRA layer) of every adapted linear, in module order."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            yield name, module
+
+
+def initial_lora_A(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """peft's default initial ``lora_A`` (Kaiming-uniform with a=sqrt(5), nn.Linear's rule) for the adapter named
+    ``name``, from a generator of its own: the value does not depend on which other adapters a rank holds."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    return nn.init.kaiming_uniform_(torch.empty(shape), a=math.sqrt(5), generator=generator)
+
+
+@torch.no_grad()
+def _fill(built: BuiltModel, ctx: BuildContext) -> None:
+    options = ctx.options
+    if options.values == "load":
+        for part in built.parts:
+            for name, tensor in part.named_parameters():
+                hf = built.hf_name(name)
+                if ".lora_A." in hf:
+                    write_full(tensor, initial_lora_A(hf, tuple(tensor.shape), options.seed), hf, "LoRA's init")
+                elif ".lora_B." in hf:
+                    write_full(tensor, torch.zeros(tuple(tensor.shape)), hf, "LoRA's init")
+    if options.method == "qlora" and options.values == "load":
+        for part in built.parts:
+            for _, layer in adapted_linears(part):
+                quantize_base(layer.get_base_layer())
+
+
+def nf4_scaler_block(numel: int) -> int:
+    """torchao's second-level block (256 scales) where it divides the weight's scales, else the largest power of
+    two that does (small test models)."""
+    scales = numel // NF4_BLOCK
+    block = NF4_SCALER_BLOCK
+    while scales % block:
+        block //= 2
+    return block
+
+
+def quantize_base(linear: nn.Module) -> None:
+    """The frozen weight of ``linear`` as an NF4 tensor (from bf16, QLoRA's compute dtype)."""
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    weight = linear.weight
+    if weight.numel() % NF4_BLOCK:
+        raise ConfigError(
+            f"train.method=qlora: a weight of shape {tuple(weight.shape)} does not split into NF4 blocks of "
+            f"{NF4_BLOCK} values; use lora for this model"
+        )
+    nf4 = to_nf4(weight.detach().to(torch.bfloat16), NF4_BLOCK, nf4_scaler_block(weight.numel()))
+    linear.weight = nn.Parameter(nf4, requires_grad=False)
+
+
+_PEFT_PARTS = re.compile(rf"\.base_layer(?=\.)|(?<=\.lora_[AB])\.{ADAPTER_NAME}(?=\.)")
+
+
+def hf_name(name: str) -> str:
+    """``….q_proj.base_layer.weight`` -> ``….q_proj.weight``; ``….lora_A.default.weight`` -> ``….lora_A.weight``."""
+    return _PEFT_PARTS.sub("", name)
+
+
+TRANSFORM = Transform(
+    name="adapters",
+    wanted=lambda options: options.method in ADAPTER_METHODS,
+    apply=_inject,
+    rename=hf_name,
+    fill_values=_fill,
+    planner_terms=("memory_terms.adapter_terms", "cost.estimate_time"),
+)
