@@ -26,7 +26,7 @@ from bigtrain.config.plan import Plan  # noqa: E402
 from bigtrain.config.schema import RecipeConfig, TrainConfig, recipe_key  # noqa: E402
 from bigtrain.config.workload import Workload  # noqa: E402
 
-SECTIONS = ("model", "data", "train", "parallel", "checkpoint")
+SECTIONS = ("model", "data", "train", "parallel", "checkpoint", "lora")
 
 
 def _default(f: dataclasses.Field) -> str:
@@ -66,12 +66,18 @@ FEATURES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [  # (row, plan fie
     ("tensor parallel (tp)", dict(tp=2), {}),
     ("+ sequence parallel", dict(tp=2, sequence_parallel=True), {}),
     ("+ loss parallel", dict(tp=2, loss_parallel=True), {}),
-    ("pipeline parallel (GPipe, 1F1B, interleaved, looped BFS; planned: GPipe, 1F1B)", dict(pp=2, grad_reduce=ONCE), {}),  # noqa: E501
+    (
+        "pipeline parallel (GPipe, 1F1B, interleaved, looped BFS; planned: GPipe, 1F1B)",
+        dict(pp=2, grad_reduce=ONCE),
+        {},
+    ),  # noqa: E501
     ("activation checkpointing: full", dict(activation_checkpointing="full"), {}),
     ("activation checkpointing: selective", dict(activation_checkpointing="selective"), {}),
     ("offload parameters", dict(offload_params=True), {}),
     ("offload optimizer states", dict(offload_optimizer=True), {}),
     ("`train.compile`", {}, dict(compile=True)),
+    ("LoRA (`train.method: lora`)", {}, dict(method="lora")),
+    ("QLoRA (`train.method: qlora`, bf16)", {}, dict(method="qlora", mixed_precision="bf16")),
 ]
 MODEL = dict(
     model_type="llama",

@@ -42,6 +42,8 @@ class Manifest:
     data: dict[str, Any]  # the dataset it was trained on: path, rows, seq_len, shuffle, seed
     files: dict[str, int]  # every file of the checkpoint (relative path) -> size in bytes
     torch_version: str
+    # an adapter run's frozen base: {"path", "fingerprint"} (checkpoint/base_model.py); None: the whole model is here
+    base: dict[str, str] | None = None
 
     def write(self, folder: Path) -> None:
         (folder / MANIFEST).write_text(json.dumps(asdict(self), indent=2) + "\n")

@@ -44,8 +44,9 @@ MAY_CHANGE_ON_RESUME = (
     "train.eval_every",
     "train.log_to",
 )
-RUN_OUTPUTS = ("metrics.jsonl", "plan.json", RECIPE, CHECKPOINTS, "model", "tensorboard", "report")
 FINAL_MODEL = "model"
+FINAL_ADAPTER = "adapter"  # an adapter run's output: peft's folder
+RUN_OUTPUTS = ("metrics.jsonl", "plan.json", RECIPE, CHECKPOINTS, FINAL_MODEL, FINAL_ADAPTER, "tensorboard", "report")
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,8 @@ def plan_start(cfg: RecipeConfig) -> Start:
     _require_same_run(_read_recipe(folder / RECIPE), cfg, f"checkpoint {folder}")
     step = Manifest.read(folder).step
     if step >= cfg.train.steps:
-        model = out / FINAL_MODEL
-        where = f"its model is in {model}" if model.is_dir() else f"export it with: bigtrain export-model {folder}"
+        model = out / (FINAL_ADAPTER if cfg.train.method in ("lora", "qlora") else FINAL_MODEL)
+        where = f"its output is in {model}" if model.is_dir() else f"export it with: bigtrain export-model {folder}"
         raise RunFinished(
             f"the run is finished: {folder} is at step {step} and train.steps={cfg.train.steps}; {where}. Raise "
             "train.steps to train on, or --set checkpoint.resume=false to start over"

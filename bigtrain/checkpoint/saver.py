@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from bigtrain.checkpoint.base_model import base_record
 from bigtrain.checkpoint.export import write_hf_files
 from bigtrain.checkpoint.layout import (
     HF_FILES,
@@ -39,7 +40,7 @@ from bigtrain.checkpoint.state import capture
 from bigtrain.checkpoint.storage import storage_problem
 from bigtrain.config.load import dump_recipe
 from bigtrain.config.plan import Plan
-from bigtrain.config.schema import RecipeConfig
+from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
 from bigtrain.engine.base import Engine
 from bigtrain.errors import CheckpointNotWritten
 
@@ -76,6 +77,9 @@ class Checkpointer:
         self._pending: _Pending | None = None
         self.saved_step = -1  # the last step a save was started for (the same on every rank)
         self.last_published: Path | None = None  # rank 0 only
+        # an adapter run's checkpoints omit the frozen base: they name it and pin its files (rank 0 writes it)
+        adapters = cfg.train.method in ADAPTER_METHODS and self.rank == 0
+        self.base = base_record(cfg.model.name_or_path) if adapters else None
 
     def due(self, step: int) -> bool:
         every = self.cfg.checkpoint.every
@@ -153,6 +157,7 @@ class Checkpointer:
             data=self.data_info,
             files=list_files(partial),
             torch_version=torch.__version__,
+            base=self.base,
         ).write(partial)
         publish(partial, final)
         return final

@@ -61,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("checkpoint", help="a checkpoint folder (output_dir/checkpoints/step_N) or a run's output_dir")
     export.add_argument("-o", "--output", required=True, help="the HF folder to write (replaced if it exists)")
+    export.add_argument(
+        "--merge",
+        action="store_true",
+        help="an adapter checkpoint: write base + adapters as one HF model in the base's dtype (default: peft's "
+        "adapter folder)",
+    )
     probe = sub.add_parser(
         "probe", help="measure this machine's matmul rates, memory bandwidth and collective bandwidth (JSON profile)"
     )
@@ -77,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
 def _setup_logging(env: LaunchEnv) -> None:
     level = logging.INFO if env.rank == 0 else logging.WARNING
     logging.basicConfig(level=level, format="bigtrain: %(message)s", stream=sys.stderr)
+    # torchao (imported with peft) logs at import that its CUDA kernels cannot load on a machine without CUDA: not a
+    # problem of the run, and it would read as one under our prefix
+    logging.getLogger("torchao").setLevel(logging.ERROR)
 
 
 def _rank_tag(env: LaunchEnv) -> str:
@@ -114,10 +123,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _export_model(args: argparse.Namespace) -> int:
+    from bigtrain.checkpoint.adapter_export import adapter_recipe, export_adapter, export_merged
     from bigtrain.checkpoint.export import export_model
+    from bigtrain.checkpoint.layout import resolve_checkpoint
 
-    folder = export_model(args.checkpoint, args.output)
-    logging.getLogger("bigtrain").info("wrote %s as a HuggingFace model folder to %s", folder, args.output)
+    log = logging.getLogger("bigtrain")
+    if adapter_recipe(resolve_checkpoint(args.checkpoint)) is None:
+        if args.merge:
+            raise ConfigError(f"{args.checkpoint} trained the whole model: there is nothing to merge; drop --merge")
+        folder = export_model(args.checkpoint, args.output)
+        log.info("wrote %s as a HuggingFace model folder to %s", folder, args.output)
+    elif args.merge:
+        folder = export_merged(args.checkpoint, args.output)
+        log.info("wrote %s merged into its base as a HuggingFace model folder to %s", folder, args.output)
+    else:
+        folder = export_adapter(args.checkpoint, args.output)
+        log.info("wrote %s as a peft adapter folder to %s", folder, args.output)
     return 0
 
 

@@ -22,9 +22,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from bigtrain.config.hf import TP_STYLES
+from bigtrain.config.model_facts import ModelFacts
 from bigtrain.config.pipeline import (
     MULTI_STAGE_SCHEDULES,
     SINGLE_STAGE_SCHEDULES,
@@ -45,36 +46,6 @@ from bigtrain.config.schema import TrainConfig
 from bigtrain.errors import ConfigError
 
 Kind = Literal["invalid", "fit", "not_built"]
-PP_LAYOUT_PARTS = frozenset({"embed_tokens", "layers", "norm"})
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the rules need to know about a model, from its HF config (the trainer) or its statistics (the planner)."""
-
-    model_type: str
-    layers: int
-    heads: int
-    kv_heads: int
-    vocab: int
-    tied: bool  # the LM head shares the input embeddings
-    tp_styles: tuple[str, ...]  # the styles of transformers' base_model_tp_plan (none: no layout)
-    pp_layout: bool  # transformers' base_model_pp_plan names embed_tokens, layers and norm
-
-    @classmethod
-    def of(cls, hf_config: Any) -> ModelFacts:
-        heads = hf_config.num_attention_heads
-        tp_plan = getattr(hf_config, "base_model_tp_plan", None) or {}
-        return cls(
-            model_type=hf_config.model_type,
-            layers=hf_config.num_hidden_layers,
-            heads=heads,
-            kv_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
-            vocab=hf_config.vocab_size,
-            tied=bool(getattr(hf_config, "tie_word_embeddings", False)),
-            tp_styles=tuple(sorted(set(tp_plan.values()))),
-            pp_layout=PP_LAYOUT_PARTS <= set(getattr(hf_config, "base_model_pp_plan", None) or {}),
-        )
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,9 @@ from bigtrain.parallel.transforms.base import BuiltModel
 # Optimizer state keyed by parameter name (not by position), so it follows the parameters to another plan. Frozen
 # parameters (the base under LoRA) are not state: they come from the base model, so a checkpoint holds the adapters.
 STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True)
+# Loading: every trained entry is looked up by name below (a missing one is a KeyError); the frozen ones are absent
+# on purpose, which torch's strict load would call missing.
+LOAD_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True, strict=False)
 
 OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
@@ -195,7 +198,7 @@ class TorchNativeEngine(Engine):
             frozen = frozen_names(part)
             model = {k: state["model"][hf_name(k)] for k in own_model if k not in frozen}
             optim = {k: state["optimizer"][hf_optimizer_key(k, hf_name)] for k in own_optim}
-            set_state_dict(part, optimizer, model_state_dict=model, optim_state_dict=optim, options=STATE_DICT_OPTIONS)
+            set_state_dict(part, optimizer, model_state_dict=model, optim_state_dict=optim, options=LOAD_OPTIONS)
             scheduler.load_state_dict(state["scheduler"])
         if self.loss_scaler:
             self.loss_scaler.load_state_dict(state["loss_scaler"])

@@ -19,10 +19,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bigtrain.checkpoint.adapter_export import export_adapter
+from bigtrain.checkpoint.base_model import check_base
 from bigtrain.checkpoint.export import export_model
+from bigtrain.checkpoint.layout import Manifest
 from bigtrain.checkpoint.loader import load_checkpoint
 from bigtrain.checkpoint.lock import OutputDirLock
-from bigtrain.checkpoint.run_dir import FINAL_MODEL, plan_start, prepare_output_dir
+from bigtrain.checkpoint.run_dir import FINAL_ADAPTER, FINAL_MODEL, plan_start, prepare_output_dir
 from bigtrain.checkpoint.saver import Checkpointer
 from bigtrain.checkpoint.storage import is_disk_full, storage_problem
 from bigtrain.config.capabilities import ModelFacts, Setup, check
@@ -30,7 +33,7 @@ from bigtrain.config.hf import one_block
 from bigtrain.config.load import dump_recipe, recipe_warnings
 from bigtrain.config.plan import Plan
 from bigtrain.config.resolve import resolve_plan
-from bigtrain.config.schema import ParallelConfig, RecipeConfig
+from bigtrain.config.schema import ADAPTER_METHODS, ParallelConfig, RecipeConfig
 from bigtrain.config.workload import Workload
 from bigtrain.data.loader import EvalLoader, StepLoader
 from bigtrain.data.order import GlobalOrder
@@ -38,6 +41,7 @@ from bigtrain.data.sources import TokenRows, check_vocabulary, hold_out, load_to
 from bigtrain.engine import Engine, build_engine, build_options
 from bigtrain.errors import CheckpointNotWritten, ConfigError
 from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes
+from bigtrain.parallel.transforms.adapters import trained_shapes
 from bigtrain.parallel.transforms.base import BuildOptions
 from bigtrain.planner.auto import choose_plan
 from bigtrain.planner.profile import load_profile
@@ -77,12 +81,14 @@ def run_training(cfg: RecipeConfig) -> TrainResult:
 
 
 def write_final_model(cfg: RecipeConfig, result: TrainResult) -> None:
-    """Rank 0: the finished run's last checkpoint as an HF folder in output_dir/model (unless opted out)."""
+    """Rank 0: the finished run's last checkpoint as an HF folder in output_dir/model, or for an adapter run as
+    peft's adapter folder in output_dir/adapter (unless opted out)."""
     if not cfg.checkpoint.save_final_model or result.stopped or result.checkpoint is None:
         return
-    out = Path(cfg.output_dir) / FINAL_MODEL
+    adapters = cfg.train.method in ADAPTER_METHODS
+    out = Path(cfg.output_dir) / (FINAL_ADAPTER if adapters else FINAL_MODEL)
     try:
-        export_model(result.checkpoint, out)
+        (export_adapter if adapters else export_model)(result.checkpoint, out)
     except Exception as e:  # an OSError, or safetensors' own SafetensorError (not an OSError) for a full disk
         if not is_disk_full(e, out):
             raise
@@ -90,7 +96,7 @@ def write_final_model(cfg: RecipeConfig, result: TrainResult) -> None:
             f"the final model could not be written to {out}: {storage_problem(e, out)}; the last checkpoint "
             f"{result.checkpoint} holds it: free space, then bigtrain export-model {result.checkpoint} -o {out}"
         ) from e
-    log.info("final model (step %d) written to %s", result.last_step, out)
+    log.info("final %s (step %d) written to %s", "adapter" if adapters else "model", result.last_step, out)
 
 
 class TrainingJob:
@@ -121,6 +127,9 @@ class TrainingJob:
             for warning in recipe_warnings(cfg) + self._data_warnings() + ([packing_note] if packing_note else []):
                 log.warning("%s", warning)
         self.start = plan_start(cfg)
+        if self.start.resume_from is not None:  # an adapter checkpoint names its base: still the same files?
+            resume_from = self.start.resume_from
+            check_base(cfg.model.name_or_path, Manifest.read(resume_from).base, f"resuming from {resume_from}")
         self.output_lock = OutputDirLock(cfg.output_dir)
         self.engine: Engine | None = None
         self.checkpointer: Checkpointer | None = None
@@ -274,7 +283,11 @@ class TrainingJob:
         return result
 
     def _resume(self, folder: Path, data_info: dict[str, Any]) -> None:
-        shapes = model_shapes(self.hf_config, self.cfg.model.attn_implementation)
+        attn = self.cfg.model.attn_implementation
+        if self.cfg.train.method in ADAPTER_METHODS:
+            shapes = trained_shapes(self.hf_config, attn, self.cfg.lora)
+        else:
+            shapes = model_shapes(self.hf_config, attn)
         resumed = load_checkpoint(self.engine, folder, self.device, shapes)
         saved = resumed.manifest
         self.start_point = StartPoint(saved.step, saved.tokens)

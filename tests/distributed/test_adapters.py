@@ -104,7 +104,40 @@ def lora_recipe(model_dir, rows_path, parallel, out, method="lora"):
     base = recipe_for(model_dir, rows_path, parallel, out)
     precision = "bf16" if method == "qlora" else "fp32"
     train = {**base["train"], "method": method, "mixed_precision": precision}
-    return with_sections(base, train=train, lora={"r": R, "alpha": ALPHA})
+    checkpoint = {"save_final_model": True}  # output_dir/adapter: checked by assert_adapter_folder_is_whole
+    return with_sections(base, train=train, lora={"r": R, "alpha": ALPHA}, checkpoint=checkpoint)
+
+
+def peft_model_with(model_dir, adapters):
+    """The HF base with peft's adapters holding ``adapters`` (the trained model as a peft user has it)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=TARGETS))
+    state = {"base_model.model." + k.replace(".weight", ".default.weight"): v for k, v in adapters.items()}
+    missing = set(state) - set(model.state_dict())
+    assert not missing, sorted(missing)[:3]
+    model.load_state_dict(state, strict=False)
+    return model.eval()
+
+
+def assert_adapter_folder_is_whole(model_dir, out, reference_params, cli):
+    """output_dir/adapter loads with PeftModel.from_pretrained and gives the reference loop's trained logits; the
+    merged export gives the same logits as a plain HF model."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.arange(24).reshape(2, 12) % TINY_LLAMA["vocab_size"]
+    with torch.no_grad():
+        expected = peft_model_with(model_dir, reference_params)(input_ids=ids).logits
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        loaded = PeftModel.from_pretrained(base, out / "adapter").eval()
+        torch.testing.assert_close(loaded(input_ids=ids).logits, expected, rtol=0, atol=1e-5)
+        proc = cli(["export-model", str(out), "--merge", "-o", str(out / "merged")])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        merged = AutoModelForCausalLM.from_pretrained(out / "merged").eval()
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=0, atol=1e-5)
 
 
 ADAPTER_PLANS = {
@@ -142,12 +175,13 @@ def assert_same(got, params, reference, reference_params, rtol=RTOL, atol=PARAM_
 
 
 @pytest.mark.parametrize("name", list(ADAPTER_PLANS))
-def test_lora_matches_a_peft_loop(name, data, lora_inputs, tmp_path):
+def test_lora_matches_a_peft_loop_and_saves_the_whole_adapter(name, data, lora_inputs, tmp_path, cli_in_process):
     root, _ = data
     model_dir, reference, reference_params = lora_inputs
     nproc, parallel = ADAPTER_PLANS[name]
     got, params = run_plan(model_dir, root, tmp_path, nproc, parallel)
     assert_same(got, params, reference, reference_params)
+    assert_adapter_folder_is_whole(model_dir, tmp_path / "out", reference_params, cli_in_process)
 
 
 def test_the_lora_comparison_catches_a_wrong_scaling_or_a_trained_base(data, lora_inputs):
@@ -187,3 +221,40 @@ def test_qlora_matches_a_peft_loop_over_the_same_nf4_base(name, data, qlora_inpu
     nproc, parallel = QLORA_PLANS[name]
     got, params = run_plan(model_dir, root, tmp_path, nproc, parallel, method="qlora")
     assert_same(got, params, reference, reference_params, rtol=QLORA_RTOL, atol=QLORA_ATOL)
+
+
+def test_an_adapter_checkpoint_holds_the_adapters_resumes_exactly_and_refuses_a_changed_base(data, tmp_path):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    root, _ = data
+    model_dir = save_tiny_model(tmp_path / "base", spec=TINY_LLAMA)
+    parallel = dict(backend="fsdp2", micro_batch_size=2)
+
+    def recipe(out, steps):
+        raw = lora_recipe(model_dir, root / "rows.npy", parallel, out)
+        train = {**raw["train"], "steps": steps, "lr_schedule": "constant", "warmup_steps": 0}
+        return write_recipe(out.with_suffix(".yaml"), with_sections(raw, train=train, checkpoint={"every": 5}))
+
+    straight = tmp_path / "straight"
+    assert run_torchrun(["train", str(recipe(straight, STEPS))]).returncode == 0
+    resumed = tmp_path / "resumed"
+    assert run_torchrun(["train", str(recipe(resumed, 5))]).returncode == 0
+    step_5 = resumed / "checkpoints" / "step_5"
+    saved = FileSystemReader(str(step_5)).read_metadata().state_dict_metadata
+    tensors = {k: v for k, v in saved.items() if k.startswith(("model.", "optimizer.state.")) and hasattr(v, "size")}
+    assert tensors and all(".lora_" in k or k.endswith("inv_freq") for k in tensors)  # no base, no base state
+    tensor_bytes = sum(v.size.numel() * v.properties.dtype.itemsize for v in tensors.values())
+    assert tensor_bytes < 0.5 * (model_dir / "model.safetensors").stat().st_size  # adapters + AdamW: 98 KiB here
+
+    proc = run_torchrun(["train", str(recipe(resumed, STEPS))])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resuming from" in proc.stderr
+    for mine, ref in zip(read_metrics(resumed), read_metrics(straight), strict=True):
+        assert mine["loss"] == pytest.approx(ref["loss"], rel=1e-6), mine["step"]
+        assert mine["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-6), mine["step"]
+
+    save_tiny_model(model_dir, seed=1, spec=TINY_LLAMA)  # the base's files change under the run
+    proc = run_torchrun(["train", str(recipe(resumed, 2 * STEPS))])
+    assert proc.returncode != 0  # each rank exits 2 before the process group; torchrun reports 1
+    lines = [line for line in proc.stderr.splitlines() if "not the one the adapters were trained on" in line]
+    assert len(lines) == 2, proc.stderr[-3000:]  # one line on each rank

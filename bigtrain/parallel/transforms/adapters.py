@@ -19,13 +19,14 @@ import math
 import re
 import zlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
 from bigtrain.config.schema import ADAPTER_METHODS, AdapterConfig
 from bigtrain.errors import ConfigError
-from bigtrain.models.build import decoder_blocks
+from bigtrain.models.build import build_meta_model, decoder_blocks
 from bigtrain.models.materialize import write_full
 from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transform
 
@@ -34,12 +35,19 @@ NF4_BLOCK = 64  # values per NF4 scale (torchao's default, QLoRA's paper)
 NF4_SCALER_BLOCK = 256  # scales per second-level scale
 
 
+def _is_linear(module: nn.Module) -> bool:
+    """A module peft can adapt as a linear: nn.Linear, or GPT-2's Conv1D (a linear with its weight transposed)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return isinstance(module, (nn.Linear, Conv1D))
+
+
 def linear_names(model: nn.Module) -> tuple[list[str], list[str]]:
     """The last name part of every linear inside the decoder blocks, and of every other linear (the LM head)."""
     inside: set[str] = set()
     for _, _, block in decoder_blocks(model):
-        inside |= {name.rsplit(".", 1)[-1] for name, m in block.named_modules() if isinstance(m, nn.Linear)}
-    every = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+        inside |= {name.rsplit(".", 1)[-1] for name, m in block.named_modules() if _is_linear(m)}
+    every = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if _is_linear(m)}
     return sorted(inside), sorted(every - inside)
 
 
@@ -54,7 +62,7 @@ def target_modules(model: nn.Module, lora: AdapterConfig) -> list[str]:
     inside, outside = linear_names(model)
     if lora.target_modules is None:
         return inside
-    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    linears = [name for name, m in model.named_modules() if _is_linear(m)]
     for target in lora.target_modules:
         hits = [n for n in linears if _matches(target, n) or re.fullmatch(target, n)]
         if not hits:
@@ -78,6 +86,17 @@ def _inject(built: BuiltModel, ctx: BuildContext) -> None:
     for part in built.parts:
         config = peft_config(lora, target_modules(part, lora))
         inject_adapter_in_model(config, part, adapter_name=ADAPTER_NAME)
+
+
+def trained_shapes(hf_config: Any, attn_implementation: str, lora: AdapterConfig) -> dict[str, tuple[int, ...]]:
+    """What an adapter run's checkpoint holds of the model, by name and shape: the adapters and the persistent
+    buffers (the frozen base is not state)."""
+    from peft import inject_adapter_in_model
+
+    model = build_meta_model(hf_config, attn_implementation)
+    inject_adapter_in_model(peft_config(lora, target_modules(model, lora)), model, adapter_name=ADAPTER_NAME)
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return {hf_name(n): tuple(t.shape) for n, t in model.state_dict().items() if n not in frozen}
 
 
 def adapted_linears(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
@@ -135,6 +154,14 @@ def quantize_base(linear: nn.Module) -> None:
         )
     nf4 = to_nf4(weight.detach().to(torch.bfloat16), NF4_BLOCK, nf4_scaler_block(weight.numel()))
     linear.weight = nn.Parameter(nf4, requires_grad=False)
+
+
+def dequantized_as_trained(weight: torch.Tensor) -> torch.Tensor:
+    """The values QLoRA trained against for a base weight: its NF4 quantisation, dequantised (fp32)."""
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    nf4 = to_nf4(weight.detach().to(torch.bfloat16), NF4_BLOCK, nf4_scaler_block(weight.numel()))
+    return nf4.get_original_weight().float()
 
 
 _PEFT_PARTS = re.compile(rf"\.base_layer(?=\.)|(?<=\.lora_[AB])\.{ADAPTER_NAME}(?=\.)")

@@ -1,0 +1,169 @@
+"""A LoRA/QLoRA checkpoint as peft's adapter folder, or merged into its base as a HuggingFace model folder.
+
+A checkpoint of an adapter run holds only the adapters (and their optimizer state); the base is named by the recipe
+it carries (``model.name_or_path``) and pinned by a fingerprint (``base_model.py``). Both outputs are written by one
+CPU process from the checkpoint's DCP files, which assemble each adapter whole from the pieces every rank wrote:
+- ``export_adapter``: ``adapter_config.json`` + ``adapter_model.safetensors`` with peft's keys
+  (``base_model.model.<name>.lora_A.weight``), loadable by ``PeftModel.from_pretrained``;
+- ``export_merged``: the base with ``W + (alpha / r) B A`` written into each adapted weight, in the base's dtype,
+  one base tensor at a time. Under QLoRA the adapters were trained against the NF4-dequantised base, so that is the
+  ``W`` they are added to (the note says so).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+from bigtrain.checkpoint.base_model import check_base
+from bigtrain.checkpoint.layout import HF_FILES, RECIPE, Manifest, check_files, publish, resolve_checkpoint
+from bigtrain.checkpoint.reader import MODEL_PREFIX, load_into, read_metadata
+from bigtrain.config.load import load_recipe
+from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
+from bigtrain.errors import ConfigError
+
+log = logging.getLogger("bigtrain")
+ADAPTER_FILE = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."  # how peft keys an adapter of a causal LM in its file
+
+
+def adapter_recipe(folder: Path) -> RecipeConfig | None:
+    """The recipe of a checkpoint when it trained adapters, else None."""
+    cfg = load_recipe(folder / RECIPE)
+    return cfg if cfg.train.method in ADAPTER_METHODS else None
+
+
+def read_adapters(folder: Path) -> dict[str, torch.Tensor]:
+    """Every adapter tensor of checkpoint ``folder``, whole, by name (``….q_proj.lora_A.weight``)."""
+    metadata = read_metadata(folder)
+    names = [
+        key.removeprefix(MODEL_PREFIX)
+        for key in metadata.state_dict_metadata
+        if key.startswith(MODEL_PREFIX) and ".lora_" in key
+    ]
+    if not names:
+        raise ConfigError(f"checkpoint {folder} holds no LoRA adapters")
+    state = {}
+    for name in names:
+        md = metadata.state_dict_metadata[MODEL_PREFIX + name]
+        state[MODEL_PREFIX + name] = torch.empty(md.size, dtype=md.properties.dtype)
+    with warnings.catch_warnings():  # DCP warns that it reads in one process: that is the point here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        load_into(state, folder, no_dist=True)
+    return {name.removeprefix(MODEL_PREFIX): value for name, value in state.items()}
+
+
+def _targets(cfg: RecipeConfig, adapters: dict[str, torch.Tensor]) -> list[str]:
+    """What peft injects on load: the recipe's targets, or the adapted modules' last names."""
+    if cfg.lora.target_modules is not None:
+        return list(cfg.lora.target_modules)
+    return sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in adapters})
+
+
+def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
+    """Write an adapter checkpoint as peft's folder ``out`` (replaced atomically); returns the checkpoint used."""
+    from safetensors.torch import save_file
+
+    from bigtrain.parallel.transforms.adapters import peft_config
+
+    folder = resolve_checkpoint(checkpoint)
+    check_files(folder, Manifest.read(folder))
+    cfg = adapter_recipe(folder)
+    if cfg is None:
+        raise ConfigError(f"checkpoint {folder} trained the whole model (train.method=full): it has no adapter")
+    adapters = read_adapters(folder)
+    out = Path(out)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        partial.mkdir(parents=True)
+        config = peft_config(cfg.lora, _targets(cfg, adapters))
+        config.base_model_name_or_path = cfg.model.name_or_path
+        config.save_pretrained(str(partial))
+        tensors = {PEFT_PREFIX + name: value.contiguous() for name, value in adapters.items()}
+        save_file(tensors, str(partial / ADAPTER_FILE), metadata={"format": "pt"})
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    out.parent.mkdir(parents=True, exist_ok=True)
+    publish(partial, out)
+    return folder
+
+
+def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
+    """Write base + adapters of an adapter checkpoint as a HF folder ``out`` in the base's dtype."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    folder = resolve_checkpoint(checkpoint)
+    manifest = Manifest.read(folder)
+    check_files(folder, manifest)
+    cfg = adapter_recipe(folder)
+    if cfg is None:
+        raise ConfigError(f"checkpoint {folder} trained the whole model: export it without --merge")
+    if cfg.model.name_or_path is None:
+        raise ConfigError(f"checkpoint {folder} adapted a model built from model.config: there is no base to merge")
+    base = Path(cfg.model.name_or_path)
+    check_base(base, manifest.base, f"bigtrain export-model {folder} --merge")
+    adapters = read_adapters(folder)
+    scale = cfg.lora.alpha / cfg.lora.r
+    files = sorted(p.name for p in base.glob("*.safetensors"))
+    out = Path(out)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    merged = 0
+    try:
+        shutil.copytree(folder / HF_FILES, partial)
+        for file in files:
+            tensors = {}
+            with safe_open(str(base / file), framework="pt", device="cpu") as handle:
+                for key in handle.keys():
+                    value = handle.get_tensor(key)
+                    stem = key.removesuffix(".weight")
+                    if f"{stem}.lora_A.weight" in adapters:
+                        value = _merge(value, adapters, stem, scale, cfg.train.method == "qlora")
+                        merged += 1
+                    tensors[key] = value
+            save_file(tensors, str(partial / file), metadata={"format": "pt"})
+        if (base / "model.safetensors.index.json").is_file():
+            shutil.copy2(base / "model.safetensors.index.json", partial / "model.safetensors.index.json")
+        _keep_base_dtype(partial / "config.json", base / "config.json")
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if merged * 2 != len(adapters):
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ConfigError(f"{base} has {merged} of the {len(adapters) // 2} weights the adapters adapt")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    publish(partial, out)
+    if cfg.train.method == "qlora":
+        log.info("note: the adapters were trained on the NF4 base; merged into its dequantised values")
+    return folder
+
+
+@torch.no_grad()
+def _merge(weight: torch.Tensor, adapters: dict[str, torch.Tensor], stem: str, scale: float, nf4: bool) -> torch.Tensor:
+    from bigtrain.parallel.transforms.adapters import dequantized_as_trained
+
+    base = dequantized_as_trained(weight) if nf4 else weight.float()
+    delta = adapters[f"{stem}.lora_B.weight"].float() @ adapters[f"{stem}.lora_A.weight"].float()
+    if delta.shape != base.shape:  # GPT-2's Conv1D stores its weight as (in, out)
+        delta = delta.T
+    return (base + scale * delta).to(weight.dtype)
+
+
+def _keep_base_dtype(config_path: Path, base_config: Path) -> None:
+    """The merged folder says the base's dtype (the checkpoint's hf/config.json says fp32, the trained dtype)."""
+    config = json.loads(config_path.read_text())
+    base = json.loads(base_config.read_text())
+    for key in ("dtype", "torch_dtype"):
+        if key in base:
+            config[key] = base[key]
+        else:
+            config.pop(key, None)
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
