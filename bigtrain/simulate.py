@@ -103,8 +103,6 @@ def not_simulated(plan: Plan, real_tensors: bool = False, method: str = "full") 
             "DeepSpeed's own step does not run on fake tensors (its ZeRO memory terms are checked against its real "
             "step instead: bench/deepspeed_memory.py)"
         )
-    if method == "qlora":
-        return "train.method=qlora: its 4-bit base is quantised from real values, which fake tensors do not have"
     if plan.loss_parallel and not real_tensors:
         return "parallel.loss_parallel=true: fake tensors over-count torch's vocabulary-parallel cross-entropy"
     return None
@@ -181,12 +179,39 @@ def _tracker(engine: TorchNativeEngine, inputs: list[torch.Tensor]) -> MemTracke
         tracker: MemTracker = _HooklessMemTracker()
         tracker.track_external(*built.parts, *engine.optimizers, *inputs, *_receive_buffers(engine))
     elif isinstance(built.parts[0], FSDPModule):
-        tracker = FSDPMemTracker(built.parts[0], engine.optimizers[0])
+        fsdp_tracker = type("FSDPMemTracker", (_FrozenParamsWithoutHooks, FSDPMemTracker), {})
+        tracker = fsdp_tracker(built.parts[0], engine.optimizers[0])
         tracker.track_inputs(tuple(inputs))
     else:
-        tracker = MemTracker()
+        tracker = _MemTracker()
         tracker.track_external(built.parts[0], engine.optimizers[0], *built.extra_tensors, *inputs)
     return tracker
+
+
+class _FrozenParamsWithoutHooks:
+    """torch's trackers register a gradient hook on every parameter of a module they enter, which a frozen one (an
+    adapter run's base) refuses: only trained parameters get one (a frozen parameter never has a gradient)."""
+
+    def _track_module_params_and_buffers(self, module: torch.nn.Module, install_grad_hooks: bool = True) -> Any:
+        from torch.distributed._tools.mem_tracker import _MemRefType
+
+        memory = super()._track_module_params_and_buffers(module, install_grad_hooks=False)  # type: ignore[misc]
+        handles = self._param_to_grad_hook_handles  # type: ignore[attr-defined]
+        for param in module.parameters():
+            if install_grad_hooks and param.requires_grad and handles.get(param) is None:
+
+                def track(grad: torch.Tensor) -> None:
+                    self._update_and_maybe_create_winfos(grad, _MemRefType.GRAD)  # type: ignore[attr-defined]
+
+                handles[param] = (
+                    param.register_hook(track),
+                    param.register_post_accumulate_grad_hook(lambda p: track(p.grad)),
+                )
+        return memory
+
+
+class _MemTracker(_FrozenParamsWithoutHooks, MemTracker):
+    pass
 
 
 class _HooklessMemTracker(MemTracker):

@@ -163,6 +163,7 @@ class MemoryCase:
     pp: int = 1  # fsdp2: pipeline stages (taken out of dp_shard); the simulator runs every pp rank
     pp_schedule: str = "1f1b"
     pp_virtual_stages: int = 1
+    method: str = "full"  # train.method: lora and qlora train rank-16 adapters on a frozen base
 
     @property
     def accum(self) -> int:
@@ -177,13 +178,19 @@ class MemoryCase:
         dp += f"-pp{self.pp}-{self.pp_schedule}" if self.pp > 1 else ""
         dp += f"x{self.pp_virtual_stages}" if self.pp_virtual_stages > 1 else ""
         reduce = "" if self.backend == "ddp" else f"-{self.grad_reduce}"
+        method = "" if self.method == "full" else f"{self.method}-"
         return (
-            f"{self.arch}-{self.backend}{self.zero_stage}-N{dp}-{self.ac}-mb{self.micro_batch}-L{self.seq_len}-"
+            f"{method}{self.arch}-{self.backend}{self.zero_stage}-N{dp}-{self.ac}-mb{self.micro_batch}-L{self.seq_len}-"
             f"B{self.global_batch}-{self.precision}{reduce}"
         )
 
     def workload(self) -> Workload:
-        return Workload(seq_len=self.seq_len, global_batch_size=self.global_batch, mixed_precision=self.precision)
+        return Workload(
+            seq_len=self.seq_len,
+            global_batch_size=self.global_batch,
+            mixed_precision=self.precision,
+            method=self.method,
+        )
 
     def plan(self) -> Plan:
         if self.backend == "ddp":
@@ -363,4 +370,16 @@ REAL_WIDTH_CASES = [
     MemoryCase(Q7B, "fsdp2", 3, 32, "full", 2, 4096, 64, "bf16", ONCE, tp=4),
     MemoryCase(L8B4, "fsdp2", 3, 16, "none", 1, 2048, 16, "bf16", ONCE, pp=2),
     MemoryCase(M7B4, "fsdp2", 3, 32, "full", 1, 4096, 32, "bf16", ONCE, pp=4, pp_schedule="gpipe"),
+    # adapters (train.method lora / qlora, rank 16): a frozen bf16 or NF4 base, fp32 adapters and their AdamW
+    MemoryCase(L8B, "fsdp2", 3, 8, "none", 1, 2048, 8, "bf16", method="lora"),
+    MemoryCase(L8B, "fsdp2", 3, 16, "full", 2, 2048, 32, "bf16", method="lora"),
+    MemoryCase(L8B, "fsdp2", 2, 8, "none", 1, 2048, 16, "bf16", method="lora"),
+    MemoryCase(L8B, "fsdp2", 2, 8, "full", 2, 4096, 32, "bf16", ONCE, method="qlora"),
+    MemoryCase(L8B, "fsdp2", 3, 8, "none", 1, 4096, 8, "bf16", method="qlora"),
+    MemoryCase(L70B, "fsdp2", 3, 16, "full", 1, 2048, 16, "bf16", method="lora"),
+    MemoryCase(L70B, "fsdp2", 3, 64, "none", 1, 1024, 64, "bf16", method="lora"),  # the blocks' gathering is the peak
+    MemoryCase(L70B, "fsdp2", 3, 64, "full", 1, 4096, 64, "bf16", method="qlora"),
+    MemoryCase(Q7B, "fsdp2", 2, 16, "full", 1, 4096, 32, "bf16", method="qlora"),
+    MemoryCase(L1B, "ddp", 0, 8, "none", 2, 2048, 32, "bf16", method="lora"),
+    MemoryCase(L1B, "ddp", 0, 8, "full", 2, 2048, 32, "bf16", method="qlora"),
 ]

@@ -17,7 +17,7 @@ import yaml
 
 from bigtrain.config.load import check_minimum, coerce
 from bigtrain.config.plan import ZERO_STAGES
-from bigtrain.config.schema import PRECISIONS, ParallelConfig
+from bigtrain.config.schema import METHODS, PRECISIONS, ParallelConfig
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.explain import render_table, to_json, what_would_fit
@@ -39,6 +39,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, help="sequence length")
     parser.add_argument("--global-batch-size", type=int, help="sequences per optimizer step")
     parser.add_argument("--mixed-precision", choices=PRECISIONS, help="compute dtype")
+    parser.add_argument(
+        "--method",
+        choices=METHODS,
+        help="what is trained: full, lora, qlora, or auto (the planner picks; default: the recipe's, else full)",
+    )
+    parser.add_argument("--lora-r", type=int, help="adapter rank under lora/qlora (default: the recipe's, else 16)")
     parser.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
@@ -127,7 +133,18 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         batch = max(1, DEFAULT_TOKENS_PER_STEP // seq_len // gpus) * gpus
     precision = args.mixed_precision or (recipe.train.mixed_precision if recipe else "bf16")
     compile_blocks = args.compile if args.compile is not None else bool(recipe and recipe.train.compile)
-    workload = Workload(seq_len=seq_len, global_batch_size=batch, mixed_precision=precision, compile=compile_blocks)
+    method = args.method or (recipe.train.method if recipe else "full")
+    lora_rank = args.lora_r or (recipe.lora.r if recipe else 16)
+    if lora_rank < 1:
+        raise ConfigError(f"--lora-r {lora_rank} must be at least 1")
+    workload = Workload(
+        seq_len=seq_len,
+        global_batch_size=batch,
+        mixed_precision=precision,
+        compile=compile_blocks,
+        method=method,
+        lora_rank=lora_rank,
+    )
     return PlanRequest(stats, model_config, cluster, workload, parse_fix(args.fix))
 
 
@@ -275,9 +292,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(
-            render_table(candidates, req.stats, req.cluster, req.workload, show_unrunnable=args.all)
-        )
+        print(render_table(candidates, req.stats, req.cluster, req.workload, show_unrunnable=args.all))
         if "simulated" in result:
             simulated = result["simulated"]["peak_bytes"]
             where = f"rank 0 of {best.plan.world_size}"

@@ -271,11 +271,20 @@ def _adapters_with_pp(s: Setup) -> str | None:
     return None
 
 
-def _qlora_sharded(s: Setup) -> str | None:
-    if s.train.method == "qlora" and s.plan.backend != "ddp":
+def _qlora_with_deepspeed(s: Setup) -> str | None:
+    if s.train.method == "qlora" and s.plan.backend == "deepspeed":
         return (
-            f"train.method=qlora with backend {s.plan.backend} is not built yet (sharding the NF4 base); use "
-            "backend ddp (every rank holds the 4-bit base), or method lora with backend fsdp2"
+            "train.method=qlora with backend deepspeed is not built yet (DeepSpeed converts the model to its own "
+            "dtype and partitions, which the NF4 base is not); use backend fsdp2 (it shards the 4-bit base) or ddp"
+        )
+    return None
+
+
+def _qlora_fsdp2_shards(s: Setup) -> str | None:
+    if s.train.method == "qlora" and s.plan.backend == "fsdp2" and s.plan.dp_shard < 2:
+        return (
+            "train.method=qlora with backend fsdp2 needs parallel.dp_shard of 2 or more (torchao's NF4 all-gather "
+            "has no single-shard path); use backend ddp for one rank or pure replication"
         )
     return None
 
@@ -437,8 +446,9 @@ RULES: tuple[Rule, ...] = (
     _row(_qlora_computes_in_bf16, "invalid"),
     _row(_adapters_with_tp, "not_built"),
     _row(_adapters_with_pp, "not_built"),
-    _row(_qlora_sharded, "not_built"),
+    _row(_qlora_with_deepspeed, "not_built"),
     _row(_batch_splits_into_micro_batches, "fit"),
+    _row(_qlora_fsdp2_shards, "fit"),
     _row(_tp_layout_shipped, "fit", reads_model=True),
     _row(_tp_style_not_mapped, "not_built", reads_model=True),
     _row(_tp_divides_heads, "fit", reads_model=True),

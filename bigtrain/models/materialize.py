@@ -125,23 +125,43 @@ def _targets(models: list[nn.Module], hf_name: Callable[[str], str]) -> dict[str
     return out
 
 
+# How a full value becomes a target's own kind of tensor before its shard is taken (QLoRA: the NF4 quantisation of
+# the whole weight, so that every shard shares the whole tensor's statistics); it returns None for a target it does
+# not concern (a plain copy).
+Convert = Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+
+
+def _shard_of(whole: torch.Tensor, target: DTensor) -> torch.Tensor:
+    """This rank's rows of ``whole`` as ``target`` places them (sharded along dim 0 over its mesh, evenly)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(whole.shape, target.device_mesh, target.placements)
+    if shape[0] == whole.shape[0]:
+        return whole
+    return torch.chunk(whole, whole.shape[0] // shape[0])[offset[0] // shape[0]]
+
+
 @torch.no_grad()
-def copy_full_into(target: torch.Tensor, full: torch.Tensor, name: str, source: str) -> None:
+def copy_full_into(target: torch.Tensor, full: torch.Tensor, name: str, source: str, convert: Convert = None) -> None:
     """Write the full value ``full`` into ``target``, keeping only this rank's shard if ``target`` is a DTensor;
-    ``name`` and ``source`` (the file it came from) only name them in an error."""
+    ``name`` and ``source`` (the file it came from) only name them in an error; ``convert`` (see ``Convert``)."""
     if tuple(full.shape) != tuple(target.shape):
         raise ConfigError(
             f"{name} in {source} has shape {tuple(full.shape)} but the model's config makes it "
             f"{tuple(target.shape)}: the weights and config.json do not belong together"
         )
-    if isinstance(target, DTensor):
+    local_target = target.to_local() if isinstance(target, DTensor) else target
+    whole = convert(local_target, full) if convert is not None else None
+    if whole is not None:
+        local_target.copy_(_shard_of(whole, target) if isinstance(target, DTensor) else whole)
+    elif isinstance(target, DTensor):
         local = full.to(device=target.device, dtype=target.dtype)
         target.copy_(distribute_tensor(local, target.device_mesh, target.placements, src_data_rank=None))
     else:
         target.copy_(full.to(device=target.device, dtype=target.dtype))
 
 
-def write_full(target: torch.Tensor, full: torch.Tensor, name: str, source: str) -> None:
+def write_full(target: torch.Tensor, full: torch.Tensor, name: str, source: str, convert: Convert = None) -> None:
     """``copy_full_into``, also for a DeepSpeed ZeRO-3 partition: gathered, written (the same value on every rank),
     split again, so no rank holds more than this one parameter whole."""
     if hasattr(target, "ds_id"):
@@ -150,7 +170,7 @@ def write_full(target: torch.Tensor, full: torch.Tensor, name: str, source: str)
         with deepspeed.zero.GatheredParameters([target], modifier_rank=0):
             copy_full_into(target, full, name, source)
     else:
-        copy_full_into(target, full, name, source)
+        copy_full_into(target, full, name, source, convert)
 
 
 @torch.no_grad()
@@ -163,6 +183,7 @@ def materialize(
     param_device: torch.device | None = None,
     hf_name: Callable[[str], str] = str,
     allocate: bool = True,
+    convert: Convert = None,
 ) -> None:
     """Allocate ``models`` (already sharded, on meta) on ``device`` and fill every parameter and buffer.
 
@@ -170,7 +191,7 @@ def materialize(
     ``meta_twin`` is an unsharded meta copy of the whole HF model; ``checkpoint`` is a HF folder or None (init);
     ``param_device``: where parameters live if not on ``device`` (see ``to_empty_keeping_ties``); ``hf_name``: the
     HF name of a parameter of ``models`` (wrappers may have changed it); ``allocate=False``: the models already hold
-    memory (DeepSpeed's partitioned construction) and only their values are written.
+    memory (DeepSpeed's partitioned construction) and only their values are written; ``convert``: see ``Convert``.
     """
     if allocate:
         for model in models:
@@ -178,7 +199,7 @@ def materialize(
     targets = _targets(models, hf_name)
     for fqn, value, source in full_values(meta_twin, targets.keys(), checkpoint, seed):
         for target in targets[fqn]:
-            write_full(target, value, fqn, source)
+            write_full(target, value, fqn, source, convert)
 
 
 @torch.no_grad()

@@ -7,7 +7,7 @@ any rank), so every rank computes the same plan from the same numbers.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
@@ -22,6 +22,12 @@ from bigtrain.planner.search import search
 CPU = GPU("CPU", 0, peak_tflops=0.5, intra_node_gbps=10.0, inter_node_gbps=1.25, pcie_gbps=10.0)
 
 
+class Choice(NamedTuple):
+    plan: Plan
+    method: str  # train.method as chosen (full, lora, qlora): the workload's own unless it is auto
+    table: str  # the explanation (planner/explain.py)
+
+
 def choose_plan(
     model_config: dict[str, Any],
     world_size: int,
@@ -30,10 +36,12 @@ def choose_plan(
     free_bytes: int,
     workload: Workload,
     profile: dict[str, Any] | None = None,
-) -> tuple[Plan, str]:
-    """The best plan and the table explaining it; ConfigError with the reason when none fits. ``workload`` carries
-    the train options that decide what may run (``train.compile``); ``profile``: a ``bigtrain probe`` profile whose
-    measured rates replace the table's (``profile.py``)."""
+    fixed: dict[str, Any] | None = None,
+) -> Choice:
+    """The best plan (and method, for ``train.method: auto``) and the table explaining it; ConfigError with the
+    reason when none fits. ``workload`` carries the train options that decide what may run (``train.compile``,
+    ``train.method``); ``profile``: a ``bigtrain probe`` profile whose measured rates replace the table's
+    (``profile.py``); ``fixed``: plan fields the recipe states (``train.method: auto`` with a written plan)."""
     stats = ModelStats.from_config(model_config)
     if device_name is None:
         gpu = CPU
@@ -46,7 +54,7 @@ def choose_plan(
     if profile is not None:
         gpu = gpu_from_profile(profile, gpu, memory_bytes=free_bytes)
     cluster = Cluster(gpu, world_size, max(1, min(ranks_per_node, world_size)))
-    candidates = search(stats, cluster, workload)
+    candidates = search(stats, cluster, workload, fixed)
     table = render_table(candidates, stats, cluster, workload)
     best = candidates[0]  # the search ranks the plans the trainer can run first
     if not (best.fits and best.runnable):
@@ -54,4 +62,4 @@ def choose_plan(
             f"parallel.plan=auto found no plan the trainer can run on {world_size} x {gpu.name}: best was "
             f"'{best.rejected_because}'; use more devices, a smaller train.global_batch_size or data.seq_len"
         )
-    return best.plan, table
+    return Choice(best.plan, best.method, table)

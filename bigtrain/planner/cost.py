@@ -21,6 +21,9 @@ Communication (ring collectives move (n-1)/n of the buffer per rank; an all-redu
   overlapped. pp: one activation send per micro-batch and direction; bubble (p-1)/(v·m+p-1) of the pipeline time
   (v = virtual stages per rank); not yet measured on GPUs (no multi-GPU machine has been available).
 - offload: host<->device copies over PCIe, and the optimizer step on the CPU at CPU_ADAM_PARAMS_PER_S per GPU.
+Adapter methods (lora, qlora; ``adapter_memory.py``): 4N + 6Ψ_a FLOPs per token, the base gathered in its storage
+dtype (NF4 under QLoRA), only the adapters' gradients reduced and updated, and QLoRA's dequantisation timed at
+MEMORY_ACHIEVABLE of the datasheet memory bandwidth (or the probed one).
 A group of ranks that spans nodes runs at the per-GPU inter-node bandwidth, otherwise at NVLink/PCIe bandwidth.
 With a hardware profile from ``bigtrain probe`` (``profile.py``) the compute rate is the measured matmul rate at the
 nearest shape (replacing ACHIEVABLE, FP32_SLOWDOWN and the saturation) and the in-node bandwidth the measured one;
@@ -38,6 +41,7 @@ from dataclasses import dataclass
 
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
+from bigtrain.planner.adapter_memory import adapter_flops_per_token, adapter_params, base_bytes, dequant_bytes
 from bigtrain.planner.hardware import Cluster
 from bigtrain.planner.memory_terms import stage_layers, stage_params, state_shards
 from bigtrain.planner.model_stats import ModelStats
@@ -49,6 +53,7 @@ EXPOSED_FRACTION = 0.10
 CPU_ADAM_PARAMS_PER_S = 1.0e9  # DeepSpeed CPU-Adam order of magnitude per GPU's share of host cores
 OPS_PER_BLOCK = 60  # operators one decoder block launches per micro-step in eager mode (~20 forward, ~40 backward)
 HALF_EFFICIENCY_TOKENS = 256  # tokens per micro-batch at which the GPU reaches half its large-matmul efficiency
+MEMORY_ACHIEVABLE = 0.7  # of the datasheet memory bandwidth, for streaming element-wise work (QLoRA's dequantisation)
 
 
 @dataclass(frozen=True)
@@ -63,12 +68,15 @@ class TimeEstimate:
         return {"step_s": self.step_s, "tokens_per_s_per_device": self.tokens_per_s_per_device, "mfu": self.mfu}
 
 
-def model_flops_per_token(stats: ModelStats, seq_len: int) -> float:
+def model_flops_per_token(stats: ModelStats, seq_len: int, workload: Workload | None = None) -> float:
+    """Training FLOPs per token (module docstring); adapter methods skip the base's weight gradients."""
+    if workload is not None and workload.adapters:
+        return adapter_flops_per_token(stats, seq_len, workload.lora_rank)
     matmul_params = stats.layers * stats.block_params + stats.vocab * stats.hidden
     return 6.0 * matmul_params + 12.0 * stats.layers * seq_len * stats.q_width
 
 
-def memory_bound_bytes(stats: ModelStats, plan: Plan, tokens: float, a: int) -> float:
+def memory_bound_bytes(stats: ModelStats, plan: Plan, tokens: float, a: int, trained: float | None = None) -> float:
     """Bytes one rank's element-wise work moves in one step (reads + writes), for ``tokens`` tokens of that rank.
 
     Per token and block, counted pass by pass over HF's Llama block in eager mode, in units of a (the compute
@@ -89,7 +97,8 @@ def memory_bound_bytes(stats: ModelStats, plan: Plan, tokens: float, a: int) -> 
     loss = 40.0 * stats.vocab / (plan.tp if plan.loss_parallel else 1) * tokens
     blocks, root = stage_params(stats, plan)
     offloaded = plan.offload_params or plan.offload_optimizer
-    optimizer = 0.0 if offloaded else 28.0 * (blocks + root) / state_shards(plan)
+    updated = blocks + root if trained is None else trained
+    optimizer = 0.0 if offloaded else 28.0 * updated / state_shards(plan)
     return elementwise + loss + optimizer
 
 
@@ -103,17 +112,42 @@ def _bandwidth(cluster: Cluster, group: int, stride: int) -> float:
     return (cluster.gpu.inter_node_gbps if spans_nodes and group > 1 else cluster.gpu.intra_node_gbps) * 1e9
 
 
+def _offload_seconds(
+    stats: ModelStats,
+    plan: Plan,
+    cluster: Cluster,
+    workload: Workload,
+    micro_batches: int,
+    volumes: tuple[float, float, float],
+) -> float:
+    """Host<->device copies over PCIe and the optimizer step on the CPU; ``volumes``: (parameters, bytes gathered,
+    parameters reduced) of the rank's stage (see ``estimate_time``)."""
+    psi, gathered, reduced = volumes
+    offload = 0.0
+    pcie = cluster.gpu.pcie_gbps * 1e9
+    shard = state_shards(plan)
+    if plan.offload_params and workload.adapters:  # the base's shards in, the adapters' gradients out, CPU AdamW
+        offload += (2 * micro_batches * gathered / shard + 4 * reduced / shard) / pcie
+        offload += reduced / shard / CPU_ADAM_PARAMS_PER_S
+    elif plan.offload_params:
+        offload += (2 * micro_batches * 4 * psi / shard + 4 * psi / shard) / pcie + psi / shard / CPU_ADAM_PARAMS_PER_S
+    if plan.offload_optimizer:
+        updated = reduced if workload.adapters else psi
+        offload += 2 * 2 * updated / shard / pcie + updated / shard / CPU_ADAM_PARAMS_PER_S
+    return offload
+
+
 def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Workload) -> TimeEstimate:
     """The predicted step time of ``plan`` on ``cluster`` for ``workload`` (module docstring)."""
     seq_len, mixed_precision, a = workload.seq_len, workload.mixed_precision, workload.dtype_bytes
     world = plan.world_size
     micro_batches = plan.grad_accum_steps(workload.global_batch_size)
     tokens = workload.tokens
-    per_token = model_flops_per_token(stats, seq_len)
+    per_token = model_flops_per_token(stats, seq_len, workload)
     extra = 0.0
     attention_fwd = 4.0 * stats.layers * seq_len * stats.q_width
-    if plan.activation_checkpointing == "full":
-        extra = per_token / 3.0  # one more forward: a third of forward + backward
+    if plan.activation_checkpointing == "full":  # one more forward (a third of full fine-tuning's 6N + attention)
+        extra = 2.0 * (stats.layers * stats.block_params + stats.vocab * stats.hidden) + attention_fwd
     elif plan.activation_checkpointing == "selective":
         extra = attention_fwd
     micro_tokens = plan.micro_batch_size * seq_len
@@ -128,7 +162,10 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     if measured is not None and cluster.gpu.copy_gbps > 0:
         # tokens per rank: the dp ranks split the batch; tp ranks see the same tokens, pp stages each see all of them
         rank_tokens = tokens / plan.dp
-        compute += memory_bound_bytes(stats, plan, rank_tokens, a) / (cluster.gpu.copy_gbps * 1e9)
+        trained = adapter_params(stats, workload.lora_rank) / plan.tp if workload.adapters else None
+        compute += memory_bound_bytes(stats, plan, rank_tokens, a, trained) / (cluster.gpu.copy_gbps * 1e9)
+    bandwidth = cluster.gpu.copy_gbps or cluster.gpu.memory_gbps * MEMORY_ACHIEVABLE
+    compute += micro_batches * dequant_bytes(stats, plan, workload) / (bandwidth * 1e9)
     # the floor: every micro-step launches each block's operators, whatever their size
     layers = stage_layers(stats, plan.pp)
     compute += micro_batches * layers * OPS_PER_BLOCK * cluster.gpu.op_overhead_s
@@ -140,19 +177,26 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
 
     blocks, root = stage_params(stats, plan)
     psi = blocks + root
+    # what is gathered (parameters, in bytes per compute-dtype value) and what is reduced (gradients, parameters)
+    gathered, reduced = a * psi, psi
+    if workload.adapters:
+        base_blocks, base_root = base_bytes(stats, plan, workload)
+        gathered, reduced = base_blocks + base_root, adapter_params(stats, workload.lora_rank) / plan.tp
     # rank order is (pp, dp_replicate, dp_shard, tp) with tp innermost, as torchtitan lays out its mesh
     tp_bw = _bandwidth(cluster, plan.tp, 1)
     shard_bw = _bandwidth(cluster, plan.dp_shard, plan.tp)
     rep_bw = _bandwidth(cluster, plan.dp_replicate, plan.tp * plan.dp_shard)
     dp_overlapped = 0.0
     if plan.backend == "ddp":
-        dp_overlapped = 2 * _ring(plan.dp) * 4 * psi / _bandwidth(cluster, plan.dp, plan.tp)
+        dp_overlapped = 2 * _ring(plan.dp) * 4 * reduced / _bandwidth(cluster, plan.dp, plan.tp)
     elif plan.backend == "fsdp2":
         gathers = 2 if plan.zero_stage == 3 else 1
         reduces = micro_batches if plan.grad_reduce == "every_micro_step" else 1
-        shard_bytes = gathers * micro_batches * a * psi + reduces * 4 * psi
+        shard_bytes = gathers * micro_batches * gathered + reduces * 4 * reduced
         dp_overlapped = _ring(plan.dp_shard) * shard_bytes / shard_bw
-        dp_overlapped += 2 * _ring(plan.dp_replicate) * 4 * psi / plan.dp_shard / rep_bw
+        dp_overlapped += 2 * _ring(plan.dp_replicate) * 4 * reduced / plan.dp_shard / rep_bw
+    elif workload.adapters:  # deepspeed: ZeRO-3 gathers the base twice; the adapters' gradients and update
+        volume = (2 * gathered if plan.zero_stage >= 3 else 0.0) + 2 * a * reduced
     else:
         volume = (3 if plan.zero_stage >= 3 else 2) * a * psi
         dp_overlapped = _ring(plan.dp) * volume / _bandwidth(cluster, plan.dp, plan.tp)
@@ -164,13 +208,7 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     act = plan.micro_batch_size * seq_len * stats.hidden * a
     tp_comm = 4 * layers * micro_batches * 2 * _ring(plan.tp) * act / tp_bw if plan.tp > 1 else 0.0
     pp_comm = 2 * micro_batches * act / plan.tp / _bandwidth(cluster, 2, plan.tp * plan.dp) if plan.pp > 1 else 0.0
-    offload = 0.0
-    pcie = cluster.gpu.pcie_gbps * 1e9
-    shard = state_shards(plan)
-    if plan.offload_params:
-        offload += (2 * micro_batches * 4 * psi / shard + 4 * psi / shard) / pcie + psi / shard / CPU_ADAM_PARAMS_PER_S
-    if plan.offload_optimizer:
-        offload += 2 * 2 * psi / shard / pcie + psi / shard / CPU_ADAM_PARAMS_PER_S
+    offload = _offload_seconds(stats, plan, cluster, workload, micro_batches, (psi, gathered, reduced))
     comm = exposed + tp_comm + pp_comm + offload
     step = compute + comm
     model_flops = per_token * tokens

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
+from bigtrain.planner.adapter_memory import adapter_host_bytes, adapter_params
 from bigtrain.planner.hardware import Cluster, GiB
 from bigtrain.planner.memory_terms import host_offload_bytes
 from bigtrain.planner.model_stats import ModelStats
@@ -40,9 +42,14 @@ def describe(plan: Plan) -> str:
     return " ".join(parts)
 
 
+def _name(c: Candidate) -> str:
+    """The plan's name, led by the method when it is not full fine-tuning."""
+    return describe(c.plan) if c.method == "full" else f"{c.method} {describe(c.plan)}"
+
+
 def _row(c: Candidate) -> str:
     return (
-        f"{describe(c.plan):{PLAN_WIDTH}s} {c.memory.total_bytes / GiB:8.1f} {c.memory.budget_bytes / GiB:8.1f} "
+        f"{_name(c):{PLAN_WIDTH}s} {c.memory.total_bytes / GiB:8.1f} {c.memory.budget_bytes / GiB:8.1f} "
         f"{c.time.step_s:9.3f} {c.time.tokens_per_s_per_device:11,.0f} {c.time.mfu:6.1%}"
     )
 
@@ -57,7 +64,8 @@ def render_table(
         f"model {stats.model_type}: {stats.params / 1e9:.2f}B params, {stats.layers} layers, hidden {stats.hidden}, "
         f"vocab {stats.vocab} | {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpu.memory_bytes / GiB:.1f} GiB, "
         f"{cluster.gpus_per_node} per node) | global batch {workload.global_batch_size} x seq {workload.seq_len}"
-        + (" | train.compile" if workload.compile else ""),
+        + (" | train.compile" if workload.compile else "")
+        + (f" | method {workload.method}" if workload.method != "full" else ""),
         "",
         head,
     ]
@@ -68,8 +76,9 @@ def render_table(
     if not fitting:
         lines.append("  (no plan the trainer can run fits)")
     else:
-        note = offload_note(fitting[0], runnable, stats, cluster)
+        note = offload_note(fitting[0], runnable, stats, cluster, workload)
         lines += [note] if note else []
+        lines += [adapter_note(fitting[0], candidates, stats, workload)] if fitting[0].method != "full" else []
     rejected = [c for c in runnable if not c.fits]
     if rejected:
         lines += ["", "best rejected:"]
@@ -80,7 +89,7 @@ def render_table(
             if key in seen:
                 continue
             seen.add(key)
-            lines.append(f"  {describe(c.plan):{PLAN_WIDTH}s} {c.rejected_because}")
+            lines.append(f"  {_name(c):{PLAN_WIDTH}s} {c.rejected_because}")
             if len(seen) >= SHOWN_REJECTED:
                 break
     unrunnable = [c for c in candidates if not c.runnable]
@@ -93,9 +102,14 @@ def render_table(
     return "\n".join(lines)
 
 
-def offload_note(choice: Candidate, runnable: list[Candidate], stats: ModelStats, cluster: Cluster) -> str | None:
+def offload_note(
+    choice: Candidate, runnable: list[Candidate], stats: ModelStats, cluster: Cluster, workload: Workload
+) -> str | None:
     """For a choice that offloads: the host memory it needs, and whether offload was needed to fit at all."""
-    host = host_offload_bytes(stats, choice.plan)
+    if choice.method == "full":
+        host = host_offload_bytes(stats, choice.plan)
+    else:
+        host = adapter_host_bytes(stats, choice.plan, replace(workload, method=choice.method))
     if not host:
         return None
     per_node = host * min(cluster.gpus_per_node, cluster.num_gpus)
@@ -109,6 +123,23 @@ def offload_note(choice: Candidate, runnable: list[Candidate], stats: ModelStats
         f"  offload: the choice keeps {host / GiB:.1f} GiB per GPU in host memory ({per_node / GiB:.0f} GiB per node "
         f"of {min(cluster.gpus_per_node, cluster.num_gpus)} GPUs); {why}"
     )
+
+
+def adapter_note(choice: Candidate, candidates: list[Candidate], stats: ModelStats, workload: Workload) -> str:
+    """What an adapter choice trains, and (``method: auto``) why not full fine-tuning."""
+    trained = adapter_params(stats, workload.lora_rank)
+    base = "a 4-bit NF4 base" if choice.method == "qlora" else f"a frozen {workload.mixed_precision} base"
+    line = (
+        f"  {choice.method}: adapters of rank {workload.lora_rank} train {trained / 1e6:.1f} M parameters "
+        f"({trained / stats.params:.2%} of {stats.params / 1e9:.2f} B) on {base}"
+    )
+    if workload.method == "auto":
+        full = next((c for c in candidates if c.method == "full" and c.runnable and c.fits), None)
+        if full is None:
+            line += "; full fine-tuning fits no plan"
+        else:
+            line += f"; full fine-tuning fits but is slower (best: {_name(full)}, {full.time.step_s:.3f} s)"
+    return line
 
 
 def _best_per_reason(ranked: list[Candidate], limit: int) -> list[Candidate]:
@@ -134,6 +165,7 @@ def to_json(
         shown += [c for c in candidates if not c.runnable][:limit]
     return {
         "plan": best.plan.to_dict(),
+        "method": best.method,
         "fits": best.fits and best.runnable,
         "memory": best.memory.to_dict(),
         "time": best.time.to_dict(),

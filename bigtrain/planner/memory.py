@@ -1,14 +1,16 @@
 """Predicted peak tensor memory of one device for one plan: what ``torch.cuda.max_memory_allocated`` would show.
 
 One estimate per kind of plan, each built from the shared terms of ``memory_terms.py``: FSDP2 and DDP
-(``data_parallel_memory.py``), DeepSpeed ZeRO (``deepspeed_memory.py``, measured on DeepSpeed's own step) and
-pipelined plans (``pipeline_memory.py``, every pp rank). This module only picks one; it is imported by none of them.
+(``data_parallel_memory.py``), DeepSpeed ZeRO (``deepspeed_memory.py``, measured on DeepSpeed's own step),
+pipelined plans (``pipeline_memory.py``, every pp rank) and adapter plans (``adapter_memory.py``). This module only
+picks one; it is imported by none of them.
 """
 
 from __future__ import annotations
 
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
+from bigtrain.planner.adapter_memory import estimate_adapter_memory
 from bigtrain.planner.data_parallel_memory import estimate_data_parallel_memory
 from bigtrain.planner.deepspeed_memory import estimate_deepspeed_memory
 from bigtrain.planner.memory_terms import MemoryEstimate
@@ -18,6 +20,8 @@ from bigtrain.planner.pipeline_memory import estimate_pipeline_memory
 
 def estimate_memory(stats: ModelStats, plan: Plan, workload: Workload) -> MemoryEstimate:
     """The predicted peak of ``plan`` for ``workload`` and its parts at the moment it happens."""
+    if workload.adapters:
+        return estimate_adapter_memory(stats, plan, workload)
     if plan.backend == "deepspeed":
         return estimate_deepspeed_memory(stats, plan, workload)
     if plan.pp > 1:

@@ -11,7 +11,8 @@ apart, so that the best plan offered is always one ``bigtrain train`` accepts, a
 what the rest would cost. Pins (``fixed``) that no enumerated plan meets are resolved as a recipe would be, so a
 contradiction among them gets the table's words too.
 Ranked by predicted step time; among plans within NEAR_TIE of the fastest the simplest wins
-(fewer dimensions and engines to go wrong).
+(fewer dimensions and engines to go wrong). ``train.method: auto`` adds the method (full, lora, qlora) as a
+dimension: see ``rank_methods``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from bigtrain.planner.memory_terms import MemoryEstimate
 from bigtrain.planner.model_stats import ModelStats
 
 NEAR_TIE = 0.02
+AUTO_METHODS = ("full", "lora", "qlora")  # train.method auto: the order of preference
+COMPETITIVE = 2.0  # full fine-tuning is preferred while its step takes at most this many times an adapter plan's
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 # the schedules the memory and time terms model (one stage per rank); the multi-stage ones run from a recipe
 PLANNED_SCHEDULES = ("1f1b", "gpipe")
@@ -49,6 +52,11 @@ class Candidate:
     rejected_because: str | None  # why it does not fit
     unsupported: str | None  # why it is not offered: the trainer cannot run it yet, or its terms are unchecked
     predict_time: Callable[[Plan], TimeEstimate] = field(repr=False, compare=False)
+    method: str = "full"  # the train.method it was predicted for
+
+    @property
+    def offloads(self) -> bool:
+        return self.plan.offload_params or self.plan.offload_optimizer
 
     @cached_property
     def time(self) -> TimeEstimate:
@@ -67,6 +75,7 @@ class Candidate:
             fits, reason = self.fits, self.rejected_because
         return {
             "plan": self.plan.to_dict(),
+            "method": self.method,
             "memory": self.memory.to_dict(),
             "time": self.time.to_dict(),
             "fits": fits,
@@ -194,8 +203,37 @@ def search(
     stats: ModelStats, cluster: Cluster, workload: Workload, fixed: dict[str, Any] | None = None
 ) -> list[Candidate]:
     """All candidates, best first: runnable plans that fit, by predicted step time (simplest on near ties); then
-    runnable plans that do not fit; then the plans the trainer cannot run yet, ranked the same way among themselves."""
-    fixed = fixed or {}
+    runnable plans that do not fit; then the plans the trainer cannot run yet, ranked the same way among themselves.
+    With ``workload.method`` auto, every method's candidates, the preferred method's best first (``rank_methods``)."""
+    if workload.method == "auto":
+        return rank_methods([search(stats, cluster, replace(workload, method=m), fixed) for m in AUTO_METHODS])
+    return _search_method(stats, cluster, workload, fixed or {})
+
+
+def rank_methods(per_method: list[list[Candidate]]) -> list[Candidate]:
+    """``train.method: auto``: plans without offload first (offload is the slow way to fit); among them the first
+    method of AUTO_METHODS whose best plan fits, full fine-tuning only while its step is at most COMPETITIVE times
+    an adapter plan's (it trains every weight, for about 1.5x the FLOPs), LoRA before QLoRA (an exact base). When
+    only offloading plans fit, the fastest of them (QLoRA's 4-bit base also moves a quarter of LoRA's bytes over
+    PCIe and keeps a quarter in host memory). The rest follow, ranked as ``_rank`` does across methods."""
+    every = [c for ranked in per_method for c in ranked]
+
+    def best(method: str, offload: bool) -> Candidate | None:
+        return next((c for c in every if c.method == method and c.fits and c.runnable and c.offloads == offload), None)
+
+    chosen = None
+    in_memory = [c for c in (best(m, False) for m in AUTO_METHODS) if c is not None]
+    offloading = [c for c in (best(m, True) for m in AUTO_METHODS) if c is not None]
+    if in_memory:
+        fastest = min(c.time.step_s for c in in_memory)
+        chosen = next(c for c in in_memory if c.time.step_s <= COMPETITIVE * fastest)
+    elif offloading:
+        chosen = min(offloading, key=lambda c: c.time.step_s)
+    rest = _rank([c for c in every if c.runnable and c is not chosen])
+    return ([chosen] if chosen else []) + rest + _rank([c for c in every if not c.runnable])
+
+
+def _search_method(stats: ModelStats, cluster: Cluster, workload: Workload, fixed: dict[str, Any]) -> list[Candidate]:
     budget = cluster.gpu.memory_bytes
     train = workload.train_config()
     out = []
@@ -208,7 +246,7 @@ def search(
         reason, not_offered = judge(stats, plan, cluster, train)
         if reason is None and mem.budget_bytes > budget:
             reason = f"needs {mem.budget_bytes / GiB:.1f} GiB > {budget / GiB:.1f} GiB budget"
-        out.append(Candidate(plan, mem, reason is None, reason, not_offered, predict_time))
+        out.append(Candidate(plan, mem, reason is None, reason, not_offered, predict_time, workload.method))
     if not out:
         pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "none"
         if fixed:  # pins that contradict each other, the batch or the model: the words a recipe would get

@@ -11,6 +11,7 @@ and a long export cannot hit a collective timeout.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 from pathlib import Path
@@ -22,7 +23,7 @@ import torch.distributed as dist
 from bigtrain.checkpoint.adapter_export import export_adapter
 from bigtrain.checkpoint.base_model import check_base
 from bigtrain.checkpoint.export import export_model
-from bigtrain.checkpoint.layout import Manifest
+from bigtrain.checkpoint.layout import RECIPE, Manifest
 from bigtrain.checkpoint.loader import load_checkpoint
 from bigtrain.checkpoint.lock import OutputDirLock
 from bigtrain.checkpoint.run_dir import FINAL_ADAPTER, FINAL_MODEL, plan_start, prepare_output_dir
@@ -30,7 +31,7 @@ from bigtrain.checkpoint.saver import Checkpointer
 from bigtrain.checkpoint.storage import is_disk_full, storage_problem
 from bigtrain.config.capabilities import ModelFacts, Setup, check
 from bigtrain.config.hf import one_block
-from bigtrain.config.load import dump_recipe, recipe_warnings
+from bigtrain.config.load import dump_recipe, load_recipe, recipe_warnings
 from bigtrain.config.plan import Plan
 from bigtrain.config.resolve import resolve_plan
 from bigtrain.config.schema import ADAPTER_METHODS, ParallelConfig, RecipeConfig
@@ -99,6 +100,11 @@ def write_final_model(cfg: RecipeConfig, result: TrainResult) -> None:
     log.info("final %s (step %d) written to %s", "adapter" if adapters else "model", result.last_step, out)
 
 
+def _with_method(cfg: RecipeConfig, method: str) -> RecipeConfig:
+    """``cfg`` with ``train.method`` resolved (what checkpoints and the saved recipe record)."""
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, method=method))
+
+
 class TrainingJob:
     """Validates on construction; ``with`` starts the process group, plans and builds the engine; ``fit`` trains;
     leaving the block tears the group down (after every rank has finished, when nothing failed)."""
@@ -111,7 +117,6 @@ class TrainingJob:
         auto = cfg.parallel.plan == "auto"
         self.device = pick_device(self.env)
         self.plan: Plan | None = None if auto else resolve_plan(cfg.parallel, self.env.world_size, cfg.train)
-        self.options: BuildOptions | None = None if self.plan is None else self._build_options(self.plan)
         # one block on meta: a bad attn_implementation fails here, and it shows the position embedding
         probe = build_meta_model(one_block(self.hf_config), cfg.model.attn_implementation)
         self.data, self.eval_data = self._load_data()
@@ -127,9 +132,15 @@ class TrainingJob:
             for warning in recipe_warnings(cfg) + self._data_warnings() + ([packing_note] if packing_note else []):
                 log.warning("%s", warning)
         self.start = plan_start(cfg)
-        if self.start.resume_from is not None:  # an adapter checkpoint names its base: still the same files?
+        if self.start.resume_from is not None:
             resume_from = self.start.resume_from
+            if cfg.train.method == "auto":  # a resumed run keeps the method its checkpoint was trained with
+                self.cfg = cfg = _with_method(cfg, load_recipe(resume_from / RECIPE).train.method)
+            # an adapter checkpoint names its base: still the same files?
             check_base(cfg.model.name_or_path, Manifest.read(resume_from).base, f"resuming from {resume_from}")
+        # plan: auto and method: auto are chosen at start-up, together, for the memory the job really has
+        choose = self.plan is None or cfg.train.method == "auto"
+        self.options: BuildOptions | None = None if choose else self._build_options(self.plan)
         self.output_lock = OutputDirLock(cfg.output_dir)
         self.engine: Engine | None = None
         self.checkpointer: Checkpointer | None = None
@@ -187,7 +198,7 @@ class TrainingJob:
                 prepare_output_dir(self.start, self.cfg)
                 if self.start.note:
                     log.info("%s", self.start.note)
-            if self.plan is None:
+            if self.options is None:
                 self.plan = self._auto_plan(smallest_free_memory(self.env, self.device))
                 self.options = self._build_options(self.plan)
             assert self.options is not None
@@ -314,19 +325,26 @@ class TrainingJob:
         rank gets the same numbers, hence the same plan."""
         device = self.device
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-        chosen, table = choose_plan(
+        cfg = self.cfg
+        choice = choose_plan(
             {**self.hf_config.to_dict(), "model_type": self.hf_config.model_type},
             self.env.world_size,
             self.env.local_world_size,
             name,
             free,
-            Workload.of_train(self.cfg.train, self.data.seq_len),
-            load_profile(self.cfg.parallel.hardware_profile) if self.cfg.parallel.hardware_profile else None,
+            Workload.of_train(cfg.train, self.data.seq_len, cfg.lora.r),
+            load_profile(cfg.parallel.hardware_profile) if cfg.parallel.hardware_profile else None,
+            fixed=None if self.plan is None else self.plan.to_dict(),  # method: auto with a written plan
+        )
+        chose = " and ".join(
+            [f"train.method={choice.method}"] * (cfg.train.method == "auto") + ["the plan"] * (self.plan is None)
         )
         if self.env.rank == 0:
-            log.info("parallel.plan=auto chose:\n%s", table)
+            log.info("auto chose %s:\n%s", chose, choice.table)
+        if cfg.train.method == "auto":
+            self.cfg = _with_method(cfg, choice.method)
         # validated as if the user had written it
-        return resolve_plan(ParallelConfig(**chosen.to_dict()), self.env.world_size, self.cfg.train)
+        return resolve_plan(ParallelConfig(**choice.plan.to_dict()), self.env.world_size, self.cfg.train)
 
     def _build_options(self, plan: Plan) -> BuildOptions:
         """The capability table's rows for this model and the engine's own inputs (its config files), checked on
@@ -351,12 +369,18 @@ class TrainingJob:
             f"{self._batch} = micro {plan.micro_batch_size} x dp {plan.dp} x accum {plan.grad_accum_steps(self._batch)}"
             f" | {self.data.description}"
             + (f" | eval: {self.eval_data.description}" if self.eval_data is not None else "")
+            + (f" | {self._method_words()}" if self.cfg.train.method != "full" else "")
         )
+
+    def _method_words(self) -> str:
+        lora = self.cfg.lora
+        base = "a 4-bit NF4 base" if self.cfg.train.method == "qlora" else "a frozen base"
+        return f"{self.cfg.train.method}: adapters of rank {lora.r} (alpha {lora.alpha:g}) on {base}"
 
     def dry_run(self) -> str:
         """Everything a start checks, without a process group, an engine or a file written: the resolved recipe and
         the plan (``plan: auto`` plans for this machine's free memory, as every rank of a real start would)."""
-        if self.plan is None:
+        if self.options is None:
             self.plan = self._auto_plan(local_free_memory(self.env, self.device))
             self.options = self._build_options(self.plan)
         return f"{dump_recipe(self.cfg)}\n{self.plan_line()}\nnothing trained (--dry-run)"

@@ -38,9 +38,13 @@ R, ALPHA = 4, 8.0
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def peft_reference(model_dir, rows, alpha=ALPHA, leak_base=False, qlora=False, micro=GLOBAL_BATCH):
+def peft_reference(
+    model_dir, rows, alpha=ALPHA, leak_base=False, qlora=False, micro=GLOBAL_BATCH, bf16=None, nf4_shards=1
+):
     """(metrics per step, adapters after the last step under their peft file names without the prefix).
 
+    ``nf4_shards``: QLoRA's NF4 base as the plan quantises it (at these tiny widths the second-level scale block
+    shrinks so that FSDP2's shards split it: see ``nf4_scaler_block``).
     ``micro``: forward and backward over micro-batches of this many rows, each loss weighted by its share of the
     batch's tokens (every row has the same number), as the plan under test does. In fp32 the split changes nothing
     measurable; under QLoRA's bf16 every matmul output is rounded, so the split must be the same to compare at 1e-4.
@@ -48,8 +52,14 @@ def peft_reference(model_dir, rows, alpha=ALPHA, leak_base=False, qlora=False, m
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # a QLoRA user loads the base in bf16, then quantises its linears; the adapters stay fp32 (autocast computes)
+    bf16 = qlora if bf16 is None else bf16
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if bf16 else torch.float32)
     model = get_peft_model(model, LoraConfig(r=R, lora_alpha=alpha, lora_dropout=0.0, target_modules=TARGETS))
+    if bf16:
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.data = param.data.float()
     adapters = {}
     for name, param in model.named_parameters():
         key = name.removeprefix("base_model.model.").replace(".default.", ".")
@@ -63,7 +73,7 @@ def peft_reference(model_dir, rows, alpha=ALPHA, leak_base=False, qlora=False, m
         from bigtrain.parallel.transforms.adapters import adapted_linears, quantize_base
 
         for _, layer in adapted_linears(model):
-            quantize_base(layer.get_base_layer())
+            quantize_base(layer.get_base_layer(), nf4_shards)
     model.train()
     trained = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trained, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
@@ -73,7 +83,7 @@ def peft_reference(model_dir, rows, alpha=ALPHA, leak_base=False, qlora=False, m
         batch = torch.from_numpy(rows[global_batch_rows(step)])
         loss = 0.0
         for part in batch.split(micro):
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=qlora):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 part_loss = model(input_ids=part, labels=part).loss * (len(part) / len(batch))
             part_loss.backward()
             loss += part_loss.detach()
@@ -203,22 +213,31 @@ QLORA_MICRO = 2
 QLORA_PLANS = {
     "1rank-accum4": (1, dict(backend="ddp", micro_batch_size=QLORA_MICRO)),
     "ddp-2ranks-accum2": (2, dict(backend="ddp", micro_batch_size=QLORA_MICRO)),
+    "fsdp2-2ranks-accum2": (2, dict(backend="fsdp2", micro_batch_size=QLORA_MICRO)),
 }
 QLORA_RTOL, QLORA_ATOL = 1e-4, 1e-4  # bf16 compute: the sums of another batch split round differently
 
 
 @pytest.fixture(scope="module")
 def qlora_inputs(data):
+    """(base folder, reference metrics, reference adapters) for an NF4 base quantised for ``shards`` FSDP2 shards."""
     root, rows = data
     model_dir = save_tiny_model(root / "qlora-base", spec=TINY_LLAMA)
-    return model_dir, *peft_reference(model_dir, rows, qlora=True, micro=QLORA_MICRO)
+    cache = {}
+
+    def get(shards):
+        if shards not in cache:
+            cache[shards] = peft_reference(model_dir, rows, qlora=True, micro=QLORA_MICRO, nf4_shards=shards)
+        return (model_dir, *cache[shards])
+
+    return get
 
 
 @pytest.mark.parametrize("name", list(QLORA_PLANS))
 def test_qlora_matches_a_peft_loop_over_the_same_nf4_base(name, data, qlora_inputs, tmp_path):
     root, _ = data
-    model_dir, reference, reference_params = qlora_inputs
     nproc, parallel = QLORA_PLANS[name]
+    model_dir, reference, reference_params = qlora_inputs(nproc if parallel["backend"] == "fsdp2" else 1)
     got, params = run_plan(model_dir, root, tmp_path, nproc, parallel, method="qlora")
     assert_same(got, params, reference, reference_params, rtol=QLORA_RTOL, atol=QLORA_ATOL)
 

@@ -71,7 +71,10 @@ EXAMPLES: dict[str, Example] = {
     "qlora_computes_in_bf16": Example(2, dict(dp_shard=2), method="qlora"),
     "adapters_with_tp": Example(2, dict(tp=2), method="lora"),
     "adapters_with_pp": Example(2, PP2, UNTIED_4, method="lora"),
-    "qlora_sharded": Example(2, dict(dp_shard=2), method="qlora", precision="bf16"),
+    "qlora_fsdp2_shards": Example(2, dict(dp_replicate=2), method="qlora", precision="bf16"),
+    "qlora_with_deepspeed": Example(
+        2, dict(backend="deepspeed", zero_stage=3, dp_shard=2), method="qlora", precision="bf16"
+    ),
     "batch_splits_into_micro_batches": Example(2, dict(dp_shard=2, micro_batch_size=2), batch=6),
     "tp_layout_shipped": Example(2, dict(tp=2), GPT2),
     "tp_style_not_mapped": Example(2, dict(tp=2), {**TINY_LLAMA, "model_type": "qwen3"}),
@@ -193,7 +196,7 @@ def test_plan_auto_never_picks_a_plan_start_up_refuses_with_train_compile():
             offered = [c.plan.backend for c in candidates if c.runnable]
             assert ("deepspeed" in offered) != compile_blocks, (gpus, memory, compile_blocks)
             try:
-                plan, _ = choose_plan(config, gpus, gpus, "H100", cluster.gpu.memory_bytes, workload)
+                plan = choose_plan(config, gpus, gpus, "H100", cluster.gpu.memory_bytes, workload).plan
             except ConfigError:
                 continue  # nothing fits: nothing is picked
             check(Setup(plan, workload.train_config(), facts))

@@ -55,14 +55,16 @@ def test_the_profile_sets_the_predicted_step_time():
     stats = ModelStats.from_config(load_model_config("gpt2"))
     plan = resolve_plan(ParallelConfig(backend="ddp", micro_batch_size=1), 1, TrainConfig(global_batch_size=1))
     gpu = gpu_from_profile(PROFILE, replace(CPU, memory_bytes=2**33))
-    t = estimate_time(stats, plan, Cluster(gpu, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="fp32"))
+    t = estimate_time(
+        stats, plan, Cluster(gpu, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="fp32")
+    )
     flops = 6 * (stats.layers * stats.block_params + stats.vocab * stats.hidden) + 12 * stats.layers * 1024 * 768
     floor = 12 * 60 * 5e-6  # the launch floor: 12 blocks x 60 operators x 5 us (the profile measured none)
     assert t.compute_s == pytest.approx(flops * 1024 / 0.10e12 + floor, rel=1e-9)
     faster = gpu_from_profile({**PROFILE, "matmul": [{"dtype": "fp32", "m": 1024, "tflops": 0.20}]}, CPU)
-    assert estimate_time(stats, plan, Cluster(faster, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="fp32")).compute_s == pytest.approx(
-        (t.compute_s - floor) / 2 + floor
-    )
+    assert estimate_time(
+        stats, plan, Cluster(faster, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="fp32")
+    ).compute_s == pytest.approx((t.compute_s - floor) / 2 + floor)
 
 
 def test_a_known_gpu_keeps_its_datasheet_peak_for_mfu():
@@ -73,8 +75,12 @@ def test_a_known_gpu_keeps_its_datasheet_peak_for_mfu():
 
 def test_plan_auto_ranks_with_the_profile():
     config = load_model_config("gpt2")
-    _, plain = choose_plan(config, 2, 2, None, 2**34, Workload(seq_len=256, global_batch_size=8, mixed_precision="fp32"))
-    _, probed = choose_plan(config, 2, 2, None, 2**34, Workload(seq_len=256, global_batch_size=8, mixed_precision="fp32"), PROFILE)
+    plain = choose_plan(
+        config, 2, 2, None, 2**34, Workload(seq_len=256, global_batch_size=8, mixed_precision="fp32")
+    ).table
+    probed = choose_plan(
+        config, 2, 2, None, 2**34, Workload(seq_len=256, global_batch_size=8, mixed_precision="fp32"), PROFILE
+    ).table
     assert "cpu (x86_64)" in probed and plain != probed
 
 

@@ -3,14 +3,17 @@
 - **Where in the order**: first, before anything slices, wraps or shards the model, so that each adapter lives in
   the same block (the same FSDP2 unit) as the linear it adapts, and activation checkpointing and compile see it.
 - **Injection**: ``peft.inject_adapter_in_model`` on the meta model (no memory); peft freezes every parameter that
-  is not an adapter. The adapted linear's weight is then named ``….q_proj.base_layer.weight``: ``rename`` maps it
-  back to its HF name (``….q_proj.weight``), so the base's values load from the HF checkpoint as they would
-  without adapters, and adapters are named ``….q_proj.lora_A.weight`` (peft's file keys, without the adapter name).
+  is not an adapter, and the frozen base is kept in the compute dtype (bf16: 2 bytes per parameter, no fp32 master
+  copy, since it is never updated). The adapted linear's weight is then named ``….q_proj.base_layer.weight``:
+  ``rename`` maps it back to its HF name (``….q_proj.weight``), so the base's values load from the HF checkpoint as
+  they would without adapters, and adapters are named ``….q_proj.lora_A.weight`` (peft's file keys, without the
+  adapter name).
 - **Values** (``fill_values``, after the base's values are loaded): each adapter starts as peft's default (``lora_A``
   Kaiming-uniform, ``lora_B`` zero, so training starts from the base model) drawn from a generator seeded by
   ``train.seed`` and the adapter's name: the same initial adapters for every plan, made one module at a time.
-- **QLoRA**: after the values, each adapted linear's weight becomes torchao's 4-bit NF4 tensor (blocks of 64
-  values with one scale each, the scales themselves quantised), frozen; its forward dequantises to bf16.
+- **QLoRA**: each adapted linear's weight becomes torchao's 4-bit NF4 tensor (blocks of 64 values with one scale
+  each, the scales themselves quantised), frozen, still on meta: FSDP2 shards it as it is, and loading the values
+  quantises each weight as it is copied in; its forward dequantises to bf16.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from bigtrain.config.schema import ADAPTER_METHODS, AdapterConfig
 from bigtrain.errors import ConfigError
 from bigtrain.models.build import build_meta_model, decoder_blocks
 from bigtrain.models.materialize import write_full
+from bigtrain.parallel.precision import COMPUTE_DTYPES
 from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transform
 
 ADAPTER_NAME = "default"  # peft's name for the one adapter; dropped from every key we write
@@ -83,9 +88,23 @@ def _inject(built: BuiltModel, ctx: BuildContext) -> None:
     from peft import inject_adapter_in_model
 
     lora = ctx.options.lora
+    base_dtype = COMPUTE_DTYPES[ctx.options.mixed_precision]  # None: fp32
     for part in built.parts:
         config = peft_config(lora, target_modules(part, lora))
         inject_adapter_in_model(config, part, adapter_name=ADAPTER_NAME)
+        if base_dtype is not None:
+            # the frozen base is stored in the compute dtype (half of fp32's bytes): it is never updated, so it
+            # needs no fp32 master copy; the adapters keep fp32 weights for AdamW. On meta: nothing is allocated.
+            for param in part.parameters():
+                if not param.requires_grad:
+                    param.data = param.data.to(base_dtype)
+        if ctx.options.method == "qlora":
+            # NF4 on meta too: FSDP2 shards the 4-bit tensor (torchao implements its all-gather), and loading the
+            # values copies each full weight into it, which quantises it (NF4Tensor.copy_ of a plain tensor)
+            shards = ctx.mesh.degree("dp_shard") if ctx.options.plan.backend == "fsdp2" else 1
+            for _, layer in adapted_linears(part):
+                quantize_base(layer.get_base_layer(), shards)
+            built.convert_value = whole_nf4
 
 
 def trained_shapes(hf_config: Any, attn_implementation: str, lora: AdapterConfig) -> dict[str, tuple[int, ...]]:
@@ -115,6 +134,40 @@ def initial_lora_A(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor
     return nn.init.kaiming_uniform_(torch.empty(shape), a=math.sqrt(5), generator=generator)
 
 
+def _nf4_local(param: torch.Tensor) -> Any:
+    """The NF4 tensor behind a parameter (FSDP2's DTensor holds this rank's shard), or None."""
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import NF4Tensor
+
+    local = param._local_tensor if isinstance(param, DTensor) else param
+    return local if isinstance(local, NF4Tensor) else None
+
+
+def whole_nf4(target: torch.Tensor, full: torch.Tensor) -> torch.Tensor | None:
+    """The NF4 quantisation of a whole weight with ``target``'s blocks (None: ``target`` is not NF4): quantised
+    whole, then sharded, so every shard shares the whole tensor's scale mean as a single-device run has it."""
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import NF4Tensor, to_nf4
+
+    if not isinstance(target, NF4Tensor):
+        return None
+    value = full.to(device=target.quantized_data.device, dtype=torch.bfloat16).contiguous()
+    return to_nf4(value, target.block_size, target.scaler_block_size)
+
+
+def _allocate_nf4_tables(built: BuiltModel, ctx: BuildContext) -> None:
+    """An NF4 tensor made on meta keeps its 16-value code table and its scale mean on meta through allocation
+    (torchao's empty_like allocates only the sharded parts): allocate them on the tensor's device, before the
+    values are copied in (the copy fills both)."""
+    for part in built.parts:
+        for param in part.parameters():
+            local = _nf4_local(param)
+            if local is None:
+                continue
+            device = local.quantized_data.device
+            for name in ("nf4", "scaler_mean"):
+                if getattr(local, name).is_meta:
+                    setattr(local, name, torch.empty_like(getattr(local, name), device=device))
+
+
 @torch.no_grad()
 def _fill(built: BuiltModel, ctx: BuildContext) -> None:
     options = ctx.options
@@ -126,33 +179,33 @@ def _fill(built: BuiltModel, ctx: BuildContext) -> None:
                     write_full(tensor, initial_lora_A(hf, tuple(tensor.shape), options.seed), hf, "LoRA's init")
                 elif ".lora_B." in hf:
                     write_full(tensor, torch.zeros(tuple(tensor.shape)), hf, "LoRA's init")
-    if options.method == "qlora" and options.values == "load":
-        for part in built.parts:
-            for _, layer in adapted_linears(part):
-                quantize_base(layer.get_base_layer())
 
 
-def nf4_scaler_block(numel: int) -> int:
-    """torchao's second-level block (256 scales) where it divides the weight's scales, else the largest power of
-    two that does (small test models)."""
+def nf4_scaler_block(numel: int, shards: int = 1) -> int:
+    """torchao's second-level block (256 scales) where the weight's scales split into a multiple of ``shards`` such
+    blocks (FSDP2 splits each of the NF4 tensor's parts over the shards), else the largest power of two that does.
+    Real widths take 256 whatever the shards (a 4096 x 4096 weight has 1024 such blocks); only small test models
+    get a smaller block, whose NF4 values then depend on the shard count."""
     scales = numel // NF4_BLOCK
     block = NF4_SCALER_BLOCK
-    while scales % block:
+    while block > 1 and scales % (block * shards):
         block //= 2
     return block
 
 
-def quantize_base(linear: nn.Module) -> None:
-    """The frozen weight of ``linear`` as an NF4 tensor (from bf16, QLoRA's compute dtype)."""
+def quantize_base(linear: nn.Module, shards: int = 1) -> None:
+    """The frozen weight of ``linear`` as an NF4 tensor (from bf16, QLoRA's compute dtype), on its device (meta:
+    shapes only; a real tensor: its values quantised)."""
     from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
 
     weight = linear.weight
-    if weight.numel() % NF4_BLOCK:
+    rows = weight.shape[0]
+    if weight.numel() % NF4_BLOCK or rows % shards or (weight.numel() // shards) % NF4_BLOCK:
         raise ConfigError(
             f"train.method=qlora: a weight of shape {tuple(weight.shape)} does not split into NF4 blocks of "
-            f"{NF4_BLOCK} values; use lora for this model"
+            f"{NF4_BLOCK} values on each of {shards} shard(s); use lora for this model, or fewer dp_shard ranks"
         )
-    nf4 = to_nf4(weight.detach().to(torch.bfloat16), NF4_BLOCK, nf4_scaler_block(weight.numel()))
+    nf4 = to_nf4(weight.detach().to(torch.bfloat16), NF4_BLOCK, nf4_scaler_block(weight.numel(), shards))
     linear.weight = nn.Parameter(nf4, requires_grad=False)
 
 
@@ -177,6 +230,7 @@ TRANSFORM = Transform(
     wanted=lambda options: options.method in ADAPTER_METHODS,
     apply=_inject,
     rename=hf_name,
+    on_allocated=_allocate_nf4_tables,
     fill_values=_fill,
     planner_terms=("memory_terms.adapter_terms", "cost.estimate_time"),
 )

@@ -4,7 +4,8 @@ A :class:`Transform` is one step that changes the model being built (``parallel/
 of ``transforms/__init__.py``). Besides changing the model it may contribute
 - to the engine: the module forward is called on, the autocast dtype, the per-micro-step gradient-sync context
   (set on the :class:`BuiltModel` by ``apply``) and a hook run after every optimizer step that updated (``after_step``);
-- to the values: ``fill_values``, run once the HF values are loaded (the initial adapters);
+- to the values: ``on_allocated``, run once memory is allocated, and ``fill_values``, once the HF values are
+  loaded (the initial adapters);
 - to checkpoints and export: ``rename``, from a parameter's name as the transform leaves it to the name before it, so
   that every value and every checkpoint is keyed by the model's HF name whatever wrapped it;
 - to the planner: ``planner_terms`` names the planner functions that model what it changes (memory or time), so that
@@ -71,6 +72,8 @@ class BuiltModel:
     # grad_sync(last) wraps one micro-step's forward and backward: whether gradients are reduced on this micro-step
     grad_sync: Callable[[bool], contextlib.AbstractContextManager] = no_sync_needed
     applied: list[Transform] = field(default_factory=list)  # the transforms that changed it, in order
+    # how load_values turns a full value into a parameter's own kind of tensor (QLoRA's NF4), see materialize.Convert
+    convert_value: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None
     # tensors a transform allocated besides parameters and buffers, alive for the whole run (the simulator's DDP
     # buckets): the simulator hands them to its memory tracker
     extra_tensors: list[torch.Tensor] = field(default_factory=list)
@@ -127,7 +130,9 @@ class Transform:
     apply: Callable[[BuiltModel, BuildContext], None]
     rename: Callable[[str], str] | None = None  # name as this transform leaves it -> name before it
     after_step: Callable[[BuiltModel], None] | None = None  # after every optimizer step that updated
-    # after the model's values are loaded (``load_values``): values of parameters the transform added (adapters),
-    # or a change of loaded ones (QLoRA's quantisation)
+    # once the model's memory is allocated, before any value is written (``load_values``): what allocation cannot
+    # make (QLoRA's NF4 tensors keep their shared code table and scale mean on meta)
+    on_allocated: Callable[[BuiltModel, BuildContext], None] | None = None
+    # after the model's values are loaded (``load_values``): values of parameters the transform added (adapters)
     fill_values: Callable[[BuiltModel, BuildContext], None] | None = None
     planner_terms: tuple[str, ...] = ()  # "module.function" under bigtrain.planner that model its effect

@@ -43,13 +43,24 @@ def _param_device(options: BuildOptions) -> torch.device | None:
     return torch.device("cpu") if offloading else None
 
 
+def _allocated(built: BuiltModel, ctx: BuildContext) -> None:
+    for transform in built.applied:
+        if transform.on_allocated is not None:
+            transform.on_allocated(built, ctx)
+
+
 def _load(built: BuiltModel, ctx: BuildContext) -> None:
     options = ctx.options
     if options.values == "empty":
         with _allocating_under(options.fake_mode):
             for part in built.parts:
                 to_empty_keeping_ties(part, options.device)
+            _allocated(built, ctx)
     else:
+        if not options.partitioned_construction:  # DeepSpeed's partitioned construction allocated already
+            for part in built.parts:
+                to_empty_keeping_ties(part, options.device, _param_device(options))
+        _allocated(built, ctx)
         twin = build_meta_model(options.hf_config, options.attn_implementation)  # walked for the values, whole
         materialize(
             built.parts,
@@ -57,9 +68,9 @@ def _load(built: BuiltModel, ctx: BuildContext) -> None:
             options.device,
             options.pretrained,
             options.seed,
-            param_device=_param_device(options),
             hf_name=built.hf_name,
-            allocate=not options.partitioned_construction,
+            allocate=False,
+            convert=built.convert_value,
         )
     for transform in built.applied:
         if transform.fill_values is not None:
