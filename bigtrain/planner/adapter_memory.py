@@ -2,7 +2,7 @@
 
 What changes against full fine-tuning (symbols of ``memory_terms.py``; Ψ_b the frozen base on the device's stage,
 Ψ_a the adapters, r = ``lora.r``; the planner assumes peft's default targets, every linear of the decoder blocks):
-- adapters: r·(in + out) parameters per adapted linear, e.g. r·(6h + 2·q_width + 2·kv_width + 3·ffn) per Llama
+- adapters: r·(in + out) parameters per adapted linear, e.g. r·(7h + 2·q_width + 2·kv_width + 3·ffn) per Llama
   block (q, k, v, o, gate, up, down); fp32 weights, fp32 gradients and AdamW's two states: 16 bytes each, sharded
   like full fine-tuning's states;
 - the frozen base: no gradient, no optimizer state, no fp32 master: the compute dtype (a bytes per parameter) under
@@ -56,7 +56,7 @@ def adapter_params_per_block(stats: ModelStats, r: int) -> int:
     """r·(in + out) over every linear of one decoder block."""
     h, f = stats.hidden, stats.ffn
     if stats.gated_mlp:
-        return r * (6 * h + 2 * stats.q_width + 2 * stats.kv_width + 3 * f)
+        return r * (7 * h + 2 * stats.q_width + 2 * stats.kv_width + 3 * f)
     return r * (8 * h + 2 * f)  # GPT-2: c_attn (h -> 3h), attn c_proj, c_fc, mlp c_proj
 
 

@@ -138,7 +138,8 @@ def adapter_note(choice: Candidate, candidates: list[Candidate], stats: ModelSta
         if full is None:
             line += "; full fine-tuning fits no plan"
         else:
-            line += f"; full fine-tuning fits but is slower (best: {_name(full)}, {full.time.step_s:.3f} s)"
+            how = "only with offload" if full.offloads else "but is slower"
+            line += f"; full fine-tuning fits {how} (best: {_name(full)}, {full.time.step_s:.3f} s)"
     return line
 
 

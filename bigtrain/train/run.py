@@ -42,7 +42,7 @@ from bigtrain.data.sources import TokenRows, check_vocabulary, hold_out, load_to
 from bigtrain.engine import Engine, build_engine, build_options
 from bigtrain.errors import CheckpointNotWritten, ConfigError
 from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes
-from bigtrain.parallel.transforms.adapters import trained_shapes
+from bigtrain.parallel.transforms.adapters import target_modules, trained_shapes
 from bigtrain.parallel.transforms.base import BuildOptions
 from bigtrain.planner.auto import choose_plan
 from bigtrain.planner.profile import load_profile
@@ -119,6 +119,8 @@ class TrainingJob:
         self.plan: Plan | None = None if auto else resolve_plan(cfg.parallel, self.env.world_size, cfg.train)
         # one block on meta: a bad attn_implementation fails here, and it shows the position embedding
         probe = build_meta_model(one_block(self.hf_config), cfg.model.attn_implementation)
+        if cfg.train.method in ADAPTER_METHODS:
+            target_modules(probe, cfg.lora)  # lora.target_modules naming no linear: one line, before any group
         self.data, self.eval_data = self._load_data()
         check_sequence_length(self.hf_config, probe, self.data.seq_len, is_main=self.env.rank == 0)
         check_enough_rows(self.data.num_rows, self._batch, cfg.data.path)

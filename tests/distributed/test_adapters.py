@@ -277,3 +277,17 @@ def test_an_adapter_checkpoint_holds_the_adapters_resumes_exactly_and_refuses_a_
     assert proc.returncode != 0  # each rank exits 2 before the process group; torchrun reports 1
     lines = [line for line in proc.stderr.splitlines() if "not the one the adapters were trained on" in line]
     assert len(lines) == 2, proc.stderr[-3000:]  # one line on each rank
+
+
+def test_method_auto_is_chosen_at_start_up_and_recorded(data, tmp_path):
+    """train.method: auto with plan: auto on this CPU: the planner's choice is logged, trained and recorded in the
+    checkpoint's recipe, so a resume keeps it (for a tiny model in host memory: full fine-tuning)."""
+    root, _ = data
+    model_dir = save_tiny_model(tmp_path / "base", spec=TINY_LLAMA)
+    raw = lora_recipe(model_dir, root / "rows.npy", {"plan": "auto"}, tmp_path / "out", method="auto")
+    raw = with_sections(raw, train={**raw["train"], "steps": 2}, checkpoint={"save_final_model": False})
+    proc = run_torchrun(["train", str(write_recipe(tmp_path / "auto.yaml", raw))], nproc=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "auto chose train.method=full and the plan:" in proc.stderr
+    saved = (tmp_path / "out" / "checkpoints" / "step_2" / "recipe.yaml").read_text()
+    assert "method: full" in saved

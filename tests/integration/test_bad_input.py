@@ -54,6 +54,22 @@ CASES = {
         lambda r: r["parallel"].update(offload_optimizer=True),
         "parallel.offload_optimizer=true needs backend deepspeed (ZeRO-Offload); backend fsdp2 offloads parameters",
     ),
+    "LoRA targets that name no linear": (
+        lambda r: r["train"].update(method="lora") or r.update(lora={"target_modules": ["q_proj", "qproj"]}),
+        "lora.target_modules: 'qproj' names no linear module of this model; its linear modules are down_proj, "
+        "gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj (in every decoder block) and lm_head (outside)",
+    ),
+    "QLoRA computing in fp32": (
+        lambda r: r["train"].update(method="qlora"),
+        "train.method=qlora dequantises its 4-bit base to bf16 for every matmul; train.mixed_precision=fp32 cannot "
+        "be its compute dtype: set train.mixed_precision=bf16, or use method lora",
+    ),
+    "QLoRA on a backend that cannot run it": (
+        lambda r: (
+            r["train"].update(method="qlora", mixed_precision="bf16") or r["parallel"].update(backend="deepspeed")
+        ),
+        "train.method=qlora with backend deepspeed is not built yet",
+    ),
     "degrees mismatch": (
         lambda r: r["parallel"].update(dp_replicate=2, dp_shard=2),
         "dp_replicate=2 x dp_shard=2 x tp=1 x pp=1 = 4 do not match the world size 2",

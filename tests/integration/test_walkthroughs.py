@@ -72,3 +72,20 @@ def test_chat_walkthrough_runs_as_written(tmp_path):
     assert (model / "chat_template.jinja").is_file() and (model / "tokenizer.json").is_file()
     answer = outputs[3].stdout.strip()
     assert answer.startswith("'") and len(answer) > 2  # generated text (what it says after 40 steps: see the README)
+
+
+def test_adapter_walkthrough_runs_as_written(tmp_path):
+    commands = docs_commands("adapter-walkthrough")
+    assert len(commands) == 5
+    outputs = run_as_written(commands, tmp_path)
+    run = tmp_path / "chat_demo" / "lora"
+    assert "lora: adapters of rank 8 (alpha 16) on a frozen base" in outputs[1].stderr
+    name, count = outputs[2].stdout.split()
+    assert name == "PeftModelForCausalLM" and int(count) > 0
+    config = json.loads((run / "adapter" / "adapter_config.json").read_text())
+    assert config["r"] == 8 and config["lora_alpha"] == 16 and config["base_model_name_or_path"] == "chat_demo/base"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [r["eval_loss"] for r in records if "eval_loss" in r]
+    assert len(records) == 40 and evaluated[-1] < evaluated[0]  # the adapters learn
+    answer = outputs[4].stdout.strip()
+    assert answer.startswith("'") and len(answer) > 2

@@ -81,7 +81,15 @@ def target_modules(model: nn.Module, lora: AdapterConfig) -> list[str]:
 def peft_config(lora: AdapterConfig, targets: list[str]):  # -> peft.LoraConfig (imported lazily: peft is heavy)
     from peft import LoraConfig
 
-    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, bias="none")
+    # task_type: PeftModel.from_pretrained then gives a PeftModelForCausalLM (generate, labels) for the saved adapter
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def _inject(built: BuiltModel, ctx: BuildContext) -> None:
@@ -232,5 +240,9 @@ TRANSFORM = Transform(
     rename=hf_name,
     on_allocated=_allocate_nf4_tables,
     fill_values=_fill,
-    planner_terms=("memory_terms.adapter_terms", "cost.estimate_time"),
+    planner_terms=(
+        "adapter_memory.estimate_adapter_memory",
+        "adapter_memory.adapter_flops_per_token",
+        "cost.estimate_time",
+    ),
 )
