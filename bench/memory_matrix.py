@@ -58,6 +58,7 @@ def main() -> int:
         err = predicted / simulated - 1
         worst = max(worst, abs(err))
         plan = "ddp" if c.backend == "ddp" else f"fsdp2 zero{c.zero_stage}" + (f" tp{c.tp}" if c.tp > 1 else "")
+        plan = plan if c.method == "full" else f"{c.method} {plan}"
         plan += " loss_parallel" if c.loss_parallel else ""
         plan += " sequence_parallel" if c.sequence_parallel else ""
         if c.pp > 1:
