@@ -115,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
             os.write(2, f"bigtrain: {e}\n".encode())
         return 0
     except (ConfigError, TrainingDiverged, CheckpointNotWritten) as e:
-        # One write(2) call: ranks share the launcher's stderr, and a single short write is never interleaved.
+        # One write(2) call: ranks share the launcher's stderr, and a single short write is never interleaved. It
+        # starts a line of its own: rank 0's progress bar may be mid-line on the same stderr when another rank fails.
         sys.stderr.flush()
-        os.write(2, f"bigtrain: error{_rank_tag(env)}: {e}\n".encode())
+        fresh_line = "\n" if env.world_size > 1 else ""
+        os.write(2, f"{fresh_line}bigtrain: error{_rank_tag(env)}: {e}\n".encode())
         return next(code for kind, code in EXIT_CODES.items() if isinstance(e, kind))
     return 1
 

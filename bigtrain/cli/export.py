@@ -107,10 +107,21 @@ def export_plan(cfg: RecipeConfig, args: argparse.Namespace) -> tuple[Plan, Expo
     if per_node < 1:
         raise ConfigError(f"--gpus-per-node {per_node} must be at least 1")
     if args.to == "accelerate":
-        return plan, export_accelerate(cfg, plan, block_class_names(hf_config), per_node)
-    if args.to == "deepspeed":
-        return plan, export_deepspeed(cfg, plan, hf_config)
-    return plan, export_hf_trainer(cfg, plan, hf_config, block_class_names(hf_config))
+        export = export_accelerate(cfg, plan, block_class_names(hf_config), per_node)
+    elif args.to == "deepspeed":
+        export = export_deepspeed(cfg, plan, hf_config)
+    else:
+        export = export_hf_trainer(cfg, plan, hf_config, block_class_names(hf_config))
+    if cfg.train.method in ("lora", "qlora"):
+        lora = cfg.lora
+        export.notes.append(
+            f"train.method={cfg.train.method}: the adapters are not part of a {args.to} config; wrap the model with "
+            f"peft in your script (LoraConfig(r={lora.r}, lora_alpha={lora.alpha:g}, lora_dropout={lora.dropout:g}, "
+            f"target_modules={lora.target_modules or 'all-linear'!r})"
+            + (", the base loaded 4-bit NF4" if cfg.train.method == "qlora" else "")
+            + "); this file carries the parallel plan"
+        )
+    return plan, export
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -13,6 +13,8 @@ import json
 import sys
 from typing import Any
 
+import torch
+
 
 def load_accelerate(path: str) -> dict[str, Any]:
     from accelerate.commands.config.config_args import load_config_from_file
@@ -64,6 +66,8 @@ def load_hf_trainer(path: str) -> dict[str, Any]:
         from accelerate.parallelism_config import ParallelismConfig
 
         kwargs["parallelism_config"] = ParallelismConfig(**kwargs["parallelism_config"])
+    if kwargs.get("bf16") and not torch.cuda.is_available():
+        kwargs["use_cpu"] = True  # this reader runs on a CPU machine; the Trainer refuses bf16 there otherwise
     args = TrainingArguments(**kwargs)
     out: dict[str, Any] = {
         "per_device_train_batch_size": args.per_device_train_batch_size,

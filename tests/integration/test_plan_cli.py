@@ -74,7 +74,9 @@ def test_json_contract(plan_cli):
     }
     assert set(out["time"]) == {"step_s", "tokens_per_s_per_device", "mfu"}
     assert out["model"]["params"] == 8030261248
-    assert all(set(c) == {"plan", "memory", "time", "fits", "rejected_because"} for c in out["candidates"])
+    # "method": what is trained (full, lora, qlora): the planner's choice under --method auto, else the asked one
+    assert out["method"] == "full"
+    assert all(set(c) == {"plan", "method", "memory", "time", "fits", "rejected_because"} for c in out["candidates"])
     assert out["candidates"][0]["fits"] and out["candidates"][0]["plan"] == out["plan"]
 
 
@@ -170,7 +172,7 @@ def test_recipe_with_plan_auto_trains(tmp_path):
         timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "parallel.plan=auto chose:" in proc.stderr
+    assert "auto chose the plan:" in proc.stderr
     plan = json.loads((out / "plan.json").read_text())
     assert plan["backend"] in ("ddp", "fsdp2") and plan["dp_replicate"] * plan["dp_shard"] == 2
     assert len(read_metrics(out)) == 4
@@ -215,7 +217,9 @@ def test_simulate_says_it_does_not_simulate_a_deepspeed_choice(plan_cli):
     proc = plan_cli([*args, "--simulate", "--json"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["plan"]["backend"] == "deepspeed" and "simulated" not in json.loads(proc.stdout)
-    assert "--simulate cannot simulate the chosen plan: DeepSpeed's own step does not run on fake tensors" in proc.stderr
+    assert (
+        "--simulate cannot simulate the chosen plan: DeepSpeed's own step does not run on fake tensors" in proc.stderr
+    )
 
 
 def test_the_docs_plan_commands_run_and_say_what_the_docs_say(cli_in_process):
