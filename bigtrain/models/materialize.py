@@ -177,25 +177,19 @@ def write_full(target: torch.Tensor, full: torch.Tensor, name: str, source: str,
 def materialize(
     models: list[nn.Module],
     meta_twin: Any,
-    device: torch.device,
     checkpoint: str | None,
     seed: int,
-    param_device: torch.device | None = None,
     hf_name: Callable[[str], str] = str,
-    allocate: bool = True,
     convert: Convert = None,
 ) -> None:
-    """Allocate ``models`` (already sharded, on meta) on ``device`` and fill every parameter and buffer.
+    """Fill every parameter and buffer of ``models``, already sharded and allocated (``to_empty_keeping_ties``, or
+    DeepSpeed's partitioned construction).
 
     ``models`` is ``[model]``, or the pipeline stages one rank runs (each holding part of it under the HF names);
     ``meta_twin`` is an unsharded meta copy of the whole HF model; ``checkpoint`` is a HF folder or None (init);
-    ``param_device``: where parameters live if not on ``device`` (see ``to_empty_keeping_ties``); ``hf_name``: the
-    HF name of a parameter of ``models`` (wrappers may have changed it); ``allocate=False``: the models already hold
-    memory (DeepSpeed's partitioned construction) and only their values are written; ``convert``: see ``Convert``.
+    ``hf_name``: the HF name of a parameter of ``models`` (wrappers may have changed it); ``convert``: see
+    ``Convert``.
     """
-    if allocate:
-        for model in models:
-            to_empty_keeping_ties(model, device, param_device)
     targets = _targets(models, hf_name)
     for fqn, value, source in full_values(meta_twin, targets.keys(), checkpoint, seed):
         for target in targets[fqn]:

@@ -62,16 +62,7 @@ def _load(built: BuiltModel, ctx: BuildContext) -> None:
                 to_empty_keeping_ties(part, options.device, _param_device(options))
         _allocated(built, ctx)
         twin = build_meta_model(options.hf_config, options.attn_implementation)  # walked for the values, whole
-        materialize(
-            built.parts,
-            twin,
-            options.device,
-            options.pretrained,
-            options.seed,
-            hf_name=built.hf_name,
-            allocate=False,
-            convert=built.convert_value,
-        )
+        materialize(built.parts, twin, options.pretrained, options.seed, built.hf_name, built.convert_value)
     for transform in built.applied:
         if transform.fill_values is not None:
             transform.fill_values(built, ctx)
