@@ -26,7 +26,7 @@ from bigtrain.checkpoint.layout import (
     resolve_checkpoint,
 )
 from bigtrain.config.load import dump_recipe, recipe_to_dict
-from bigtrain.config.schema import RecipeConfig
+from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
 from bigtrain.errors import ConfigError, RunFinished
 
 # Recipe keys a resumed run may change: they do not change what the model has learnt so far. The model and data
@@ -84,7 +84,7 @@ def plan_start(cfg: RecipeConfig) -> Start:
     _require_same_run(_read_recipe(folder / RECIPE), cfg, f"checkpoint {folder}")
     step = Manifest.read(folder).step
     if step >= cfg.train.steps:
-        model = out / (FINAL_ADAPTER if cfg.train.method in ("lora", "qlora") else FINAL_MODEL)
+        model = out / (FINAL_ADAPTER if cfg.train.method in ADAPTER_METHODS else FINAL_MODEL)
         where = f"its output is in {model}" if model.is_dir() else f"export it with: bigtrain export-model {folder}"
         raise RunFinished(
             f"the run is finished: {folder} is at step {step} and train.steps={cfg.train.steps}; {where}. Raise "

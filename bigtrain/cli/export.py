@@ -22,7 +22,7 @@ from bigtrain.config.capabilities import ModelFacts, Setup, check
 from bigtrain.config.load import load_recipe
 from bigtrain.config.plan import Plan
 from bigtrain.config.resolve import resolve_plan
-from bigtrain.config.schema import RecipeConfig
+from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.integrations import TARGETS, Export
@@ -112,7 +112,7 @@ def export_plan(cfg: RecipeConfig, args: argparse.Namespace) -> tuple[Plan, Expo
         export = export_deepspeed(cfg, plan, hf_config)
     else:
         export = export_hf_trainer(cfg, plan, hf_config, block_class_names(hf_config))
-    if cfg.train.method in ("lora", "qlora"):
+    if cfg.train.method in ADAPTER_METHODS:
         lora = cfg.lora
         export.notes.append(
             f"train.method={cfg.train.method}: the adapters are not part of a {args.to} config; wrap the model with "

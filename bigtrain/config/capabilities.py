@@ -42,7 +42,7 @@ from bigtrain.config.plan import (
     divisor_hint,
     multiples_hint,
 )
-from bigtrain.config.schema import TrainConfig
+from bigtrain.config.schema import ADAPTER_METHODS, TrainConfig
 from bigtrain.errors import ConfigError
 
 Kind = Literal["invalid", "fit", "not_built"]
@@ -254,7 +254,7 @@ def _qlora_computes_in_bf16(s: Setup) -> str | None:
 
 
 def _adapters_with_tp(s: Setup) -> str | None:
-    if s.train.method in ("lora", "qlora") and s.plan.tp > 1:
+    if s.train.method in ADAPTER_METHODS and s.plan.tp > 1:
         return (
             f"train.method={s.train.method} with parallel.tp={s.plan.tp} is not built yet (peft's adapter layers are "
             "not mapped onto tp's column/row styles); use parallel.tp=1: FSDP2 shards the frozen base instead"
@@ -263,7 +263,7 @@ def _adapters_with_tp(s: Setup) -> str | None:
 
 
 def _adapters_with_pp(s: Setup) -> str | None:
-    if s.train.method in ("lora", "qlora") and s.plan.pp > 1:
+    if s.train.method in ADAPTER_METHODS and s.plan.pp > 1:
         return (
             f"train.method={s.train.method} with parallel.pp={s.plan.pp} is not built yet; use parallel.pp=1: FSDP2 "
             "shards the frozen base instead"

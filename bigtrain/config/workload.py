@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bigtrain.config.schema import METHODS, PRECISIONS, TrainConfig
+from bigtrain.config.schema import ADAPTER_METHODS, METHODS, PRECISIONS, TrainConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +42,7 @@ class Workload:
     @property
     def adapters(self) -> bool:
         """Whether a frozen base is trained through adapters (lora, qlora)."""
-        return self.method in ("lora", "qlora")
+        return self.method in ADAPTER_METHODS
 
     @classmethod
     def of_train(cls, train: TrainConfig, seq_len: int, lora_rank: int = 16) -> Workload:
