@@ -201,11 +201,16 @@ def nf4_scaler_block(numel: int, shards: int = 1) -> int:
     return block
 
 
-def quantize_base(linear: nn.Module, shards: int = 1) -> None:
-    """The frozen weight of ``linear`` as an NF4 tensor (from bf16, QLoRA's compute dtype), on its device (meta:
-    shapes only; a real tensor: its values quantised)."""
+def base_nf4(weight: torch.Tensor, shards: int = 1) -> Any:
+    """``weight`` as QLoRA stores it: an NF4 tensor of its bf16 values (QLoRA's compute dtype), blocks as
+    ``nf4_scaler_block`` says for ``shards``, on the weight's device (meta: shapes only)."""
     from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
 
+    return to_nf4(weight.detach().to(torch.bfloat16), NF4_BLOCK, nf4_scaler_block(weight.numel(), shards))
+
+
+def quantize_base(linear: nn.Module, shards: int = 1) -> None:
+    """The frozen weight of ``linear`` replaced by ``base_nf4`` of it."""
     weight = linear.weight
     rows = weight.shape[0]
     if weight.numel() % NF4_BLOCK or rows % shards or (weight.numel() // shards) % NF4_BLOCK:
@@ -213,16 +218,12 @@ def quantize_base(linear: nn.Module, shards: int = 1) -> None:
             f"train.method=qlora: a weight of shape {tuple(weight.shape)} does not split into NF4 blocks of "
             f"{NF4_BLOCK} values on each of {shards} shard(s); use lora for this model, or fewer dp_shard ranks"
         )
-    nf4 = to_nf4(weight.detach().to(torch.bfloat16), NF4_BLOCK, nf4_scaler_block(weight.numel(), shards))
-    linear.weight = nn.Parameter(nf4, requires_grad=False)
+    linear.weight = nn.Parameter(base_nf4(weight, shards), requires_grad=False)
 
 
 def dequantized_as_trained(weight: torch.Tensor) -> torch.Tensor:
     """The values QLoRA trained against for a base weight: its NF4 quantisation, dequantised (fp32)."""
-    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
-
-    nf4 = to_nf4(weight.detach().to(torch.bfloat16), NF4_BLOCK, nf4_scaler_block(weight.numel()))
-    return nf4.get_original_weight().float()
+    return base_nf4(weight).get_original_weight().float()
 
 
 _PEFT_PARTS = re.compile(rf"\.base_layer(?=\.)|(?<=\.lora_[AB])\.{ADAPTER_NAME}(?=\.)")
