@@ -12,18 +12,16 @@ from __future__ import annotations
 import pytest
 import torch
 from cases import TINY_LLAMA
-from helpers import learnable_rows, read_metrics, run_torchrun, save_rows, save_tiny_model, with_sections, write_recipe
+from helpers import read_metrics, run_torchrun, save_tiny_model, with_sections, write_recipe
 from test_equivalence import (
     BETAS,
     CLIP,
     EPS,
     GLOBAL_BATCH,
     LR,
-    NUM_ROWS,
     PARAM_ATOL,
     RTOL,
     SEED,
-    SEQ_LEN,
     STEPS,
     WD,
     WORKER,
@@ -31,6 +29,7 @@ from test_equivalence import (
     lr_lambda,
     recipe_for,
 )
+from test_equivalence import data as equivalence_data
 
 from bigtrain.parallel.transforms.adapters import initial_lora_A
 
@@ -95,12 +94,8 @@ def peft_reference(
     return out, {k: v.detach().clone() for k, v in adapters.items()}
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("adapters")
-    rows = learnable_rows(NUM_ROWS, SEQ_LEN)
-    save_rows(root / "rows.npy", rows)
-    return root, rows
+# the equivalence test's corpus (its fixture, one per module): (folder holding rows.npy, the rows)
+data = equivalence_data
 
 
 @pytest.fixture(scope="module")
