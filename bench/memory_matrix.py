@@ -59,6 +59,7 @@ def main() -> int:
         worst = max(worst, abs(err))
         plan = "ddp" if c.backend == "ddp" else f"fsdp2 zero{c.zero_stage}" + (f" tp{c.tp}" if c.tp > 1 else "")
         plan = plan if c.method == "full" else f"{c.method} {plan}"
+        plan += f" (+{', '.join(c.modules_to_save)} trained fully)" if c.modules_to_save else ""
         plan += " loss_parallel" if c.loss_parallel else ""
         plan += " sequence_parallel" if c.sequence_parallel else ""
         if c.pp > 1:

@@ -128,7 +128,7 @@ def _simulate_rank(
         values="empty",
         fake_mode=fake_mode,
         method=workload.method,
-        lora=AdapterConfig(r=workload.lora_rank),
+        lora=AdapterConfig(r=workload.lora_rank, modules_to_save=list(workload.modules_to_save) or None),
     )
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world_size)
     try:

@@ -164,6 +164,7 @@ class MemoryCase:
     pp_schedule: str = "1f1b"
     pp_virtual_stages: int = 1
     method: str = "full"  # train.method: lora and qlora train rank-16 adapters on a frozen base
+    modules_to_save: tuple[str, ...] = ()  # lora.modules_to_save: modules trained fully beside the adapters
 
     @property
     def accum(self) -> int:
@@ -179,6 +180,7 @@ class MemoryCase:
         dp += f"x{self.pp_virtual_stages}" if self.pp_virtual_stages > 1 else ""
         reduce = "" if self.backend == "ddp" else f"-{self.grad_reduce}"
         method = "" if self.method == "full" else f"{self.method}-"
+        method += "".join(f"{m}-" for m in self.modules_to_save)
         return (
             f"{method}{self.arch}-{self.backend}{self.zero_stage}-N{dp}-{self.ac}-mb{self.micro_batch}-L{self.seq_len}-"
             f"B{self.global_batch}-{self.precision}{reduce}"
@@ -190,6 +192,7 @@ class MemoryCase:
             global_batch_size=self.global_batch,
             mixed_precision=self.precision,
             method=self.method,
+            modules_to_save=self.modules_to_save,
         )
 
     def plan(self) -> Plan:
@@ -343,6 +346,7 @@ def arch_config(arch: str) -> dict[str, Any]:
 
 
 L1B, L3B, L8B, L8B4, Q7B, M7B, M7B4, L70B = REAL_WIDTH_ARCHS
+EMBED_AND_HEAD = ("embed_tokens", "lm_head")
 REAL_WIDTH_CASES = [
     MemoryCase(L8B, "fsdp2", 3, 8, "none", 1, 2048, 8, "bf16"),
     MemoryCase(L8B, "fsdp2", 3, 16, "full", 2, 2048, 32, "bf16"),  # the held-out configuration
@@ -382,4 +386,10 @@ REAL_WIDTH_CASES = [
     MemoryCase(Q7B, "fsdp2", 2, 16, "full", 1, 4096, 32, "bf16", method="qlora"),
     MemoryCase(L1B, "ddp", 0, 8, "none", 2, 2048, 32, "bf16", method="lora"),
     MemoryCase(L1B, "ddp", 0, 8, "full", 2, 2048, 32, "bf16", method="qlora"),
+    # lora.modules_to_save: the embedding and LM head trained fully beside the adapters (the root unit's reduction)
+    MemoryCase(L8B, "fsdp2", 3, 8, "none", 1, 2048, 8, "bf16", method="lora", modules_to_save=EMBED_AND_HEAD),
+    MemoryCase(L8B, "fsdp2", 2, 8, "full", 1, 2048, 16, "bf16", method="lora", modules_to_save=EMBED_AND_HEAD),
+    MemoryCase(L3B, "fsdp2", 3, 8, "full", 1, 1024, 8, "bf16", method="lora", modules_to_save=("embed_tokens",)),
+    MemoryCase(L8B, "fsdp2", 3, 8, "none", 1, 4096, 8, "bf16", method="qlora", modules_to_save=("lm_head",)),
+    MemoryCase(L1B, "ddp", 0, 8, "none", 2, 2048, 32, "bf16", method="lora", modules_to_save=("embed_tokens",)),
 ]

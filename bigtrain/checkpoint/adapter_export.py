@@ -1,13 +1,15 @@
 """A LoRA/QLoRA checkpoint as peft's adapter folder, or merged into its base as a HuggingFace model folder.
 
-A checkpoint of an adapter run holds only the adapters (and their optimizer state); the base is named by the recipe
+A checkpoint of an adapter run holds only the adapters and the modules of ``lora.modules_to_save`` (and their
+optimizer state); the base is named by the recipe
 it carries (``model.name_or_path``) and pinned by a fingerprint (``base_model.py``). Both outputs are written by one
 CPU process from the checkpoint's DCP files, which assemble each adapter whole from the pieces every rank wrote:
 - ``export_adapter``: ``adapter_config.json`` + ``adapter_model.safetensors`` with peft's keys
-  (``base_model.model.<name>.lora_A.weight``), loadable by ``PeftModel.from_pretrained``;
+  (``base_model.model.<name>.lora_A.weight``; a module trained fully as ``base_model.model.<name>.weight``, the
+  key peft's modules_to_save wrapper saves), loadable by ``PeftModel.from_pretrained``;
 - ``export_merged``: the base with ``W + (alpha / r) B A`` written into each adapted weight, in the base's dtype,
-  one base tensor at a time. Under QLoRA the adapters were trained against the NF4-dequantised base, so that is the
-  ``W`` they are added to (the note says so).
+  one base tensor at a time, and each module trained fully replaced by its trained value. Under QLoRA the adapters
+  were trained against the NF4-dequantised base, so that is the ``W`` they are added to (the note says so).
 """
 
 from __future__ import annotations
@@ -38,15 +40,23 @@ def adapter_recipe(folder: Path) -> RecipeConfig | None:
     return cfg if cfg.train.method in ADAPTER_METHODS else None
 
 
-def read_adapters(folder: Path) -> dict[str, torch.Tensor]:
-    """Every adapter tensor of checkpoint ``folder``, whole, by name (``….q_proj.lora_A.weight``)."""
+def trained_fully(name: str, cfg: RecipeConfig) -> bool:
+    """Whether tensor ``name`` belongs to a module of ``lora.modules_to_save`` (peft's rule: the module's name ends
+    with the entry)."""
+    modules = [name.rsplit(".", i)[0] for i in range(1, name.count(".") + 1)]
+    return any(m.endswith(entry) for m in modules for entry in cfg.lora.modules_to_save or ())
+
+
+def read_adapters(folder: Path, cfg: RecipeConfig) -> dict[str, torch.Tensor]:
+    """Every trained tensor of checkpoint ``folder``, whole, by name: the adapters (``….q_proj.lora_A.weight``)
+    and the modules trained fully (``model.embed_tokens.weight``)."""
     metadata = read_metadata(folder)
     names = [
         key.removeprefix(MODEL_PREFIX)
         for key in metadata.state_dict_metadata
-        if key.startswith(MODEL_PREFIX) and ".lora_" in key
+        if key.startswith(MODEL_PREFIX) and (".lora_" in key or trained_fully(key.removeprefix(MODEL_PREFIX), cfg))
     ]
-    if not names:
+    if not any(".lora_" in name for name in names):
         raise ConfigError(f"checkpoint {folder} holds no LoRA adapters")
     state = {}
     for name in names:
@@ -62,7 +72,21 @@ def _targets(cfg: RecipeConfig, adapters: dict[str, torch.Tensor]) -> list[str]:
     """What peft injects on load: the recipe's targets, or the adapted modules' last names."""
     if cfg.lora.target_modules is not None:
         return list(cfg.lora.target_modules)
-    return sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in adapters})
+    return sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in adapters if ".lora_" in name})
+
+
+def _aliases(folder: Path) -> dict[str, list[str]]:
+    """Each parameter name of the checkpoint's model to the other names of the same tensor (a tied LM head and
+    embedding), from the model built on meta."""
+    from transformers import AutoConfig
+
+    from bigtrain.models.build import build_meta_model
+
+    model = build_meta_model(AutoConfig.from_pretrained(folder / HF_FILES), "eager")
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return {name: [n for n in group if n != name] for group in names.values() for name in group}
 
 
 def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
@@ -76,16 +100,20 @@ def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
     cfg = adapter_recipe(folder)
     if cfg is None:
         raise ConfigError(f"checkpoint {folder} trained the whole model (train.method=full): it has no adapter")
-    adapters = read_adapters(folder)
+    adapters = read_adapters(folder, cfg)
     out = Path(out)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
         partial.mkdir(parents=True)
-        config = peft_config(cfg.lora, _targets(cfg, adapters))
+        # a module trained fully whose weight is tied: peft keeps it tied on load when asked, and then reads the
+        # trained value under each of the tensor's names (as its own save writes it)
+        aliases = _aliases(folder) if cfg.lora.modules_to_save else {}
+        tied = {alias: value.clone() for name, value in adapters.items() for alias in aliases.get(name, [])}
+        config = peft_config(cfg.lora, _targets(cfg, adapters), tied=bool(tied))
         config.base_model_name_or_path = cfg.model.name_or_path
         config.save_pretrained(str(partial))
-        tensors = {PEFT_PREFIX + name: value.contiguous() for name, value in adapters.items()}
+        tensors = {PEFT_PREFIX + name: value.contiguous() for name, value in {**tied, **adapters}.items()}
         save_file(tensors, str(partial / ADAPTER_FILE), metadata={"format": "pt"})
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -110,7 +138,7 @@ def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
         raise ConfigError(f"checkpoint {folder} adapted a model built from model.config: there is no base to merge")
     base = Path(cfg.model.name_or_path)
     check_base(base, manifest.base, f"bigtrain export-model {folder} --merge")
-    adapters = read_adapters(folder)
+    adapters = read_adapters(folder, cfg)
     scale = cfg.lora.alpha / cfg.lora.r
     files = sorted(p.name for p in base.glob("*.safetensors"))
     out = Path(out)
@@ -128,6 +156,8 @@ def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
                     if f"{stem}.lora_A.weight" in adapters:
                         value = _merge(value, adapters, stem, scale, cfg.train.method == "qlora")
                         merged += 1
+                    elif key in adapters:  # a module trained fully: its trained value, in the base's dtype
+                        value = adapters[key].to(value.dtype)
                     tensors[key] = value
             save_file(tensors, str(partial / file), metadata={"format": "pt"})
         if (base / "model.safetensors.index.json").is_file():
@@ -136,9 +166,10 @@ def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    if merged * 2 != len(adapters):
+    pairs = sum(".lora_A." in name for name in adapters)
+    if merged != pairs:
         shutil.rmtree(partial, ignore_errors=True)
-        raise ConfigError(f"{base} has {merged} of the {len(adapters) // 2} weights the adapters adapt")
+        raise ConfigError(f"{base} has {merged} of the {pairs} weights the adapters adapt")
     out.parent.mkdir(parents=True, exist_ok=True)
     publish(partial, out)
     if cfg.train.method == "qlora":

@@ -72,7 +72,7 @@ def _auto_plan(cfg: RecipeConfig, args: argparse.Namespace) -> Plan:
     model_config = load_model_config(cfg.model.config or cfg.model.name_or_path or "")
     seq_len = cfg.data.seq_len or default_seq_len(model_config)
     stats = ModelStats.from_config(model_config)
-    best = search(stats, cluster, Workload.of_train(cfg.train, seq_len))[0]
+    best = search(stats, cluster, Workload.of_train(cfg.train, seq_len, cfg.lora))[0]
     if not (best.fits and best.runnable):
         raise ConfigError(
             f"parallel.plan=auto found no plan that fits {gpus} x {cluster.gpu.name} "
@@ -117,7 +117,9 @@ def export_plan(cfg: RecipeConfig, args: argparse.Namespace) -> tuple[Plan, Expo
         export.notes.append(
             f"train.method={cfg.train.method}: the adapters are not part of a {args.to} config; wrap the model with "
             f"peft in your script (LoraConfig(r={lora.r}, lora_alpha={lora.alpha:g}, lora_dropout={lora.dropout:g}, "
-            f"target_modules={lora.target_modules or 'all-linear'!r})"
+            f"target_modules={lora.target_modules or 'all-linear'!r}"
+            + (f", modules_to_save={lora.modules_to_save!r}" if lora.modules_to_save else "")
+            + ")"
             + (", the base loaded 4-bit NF4" if cfg.train.method == "qlora" else "")
             + "); this file carries the parallel plan"
         )

@@ -144,6 +144,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         compile=compile_blocks,
         method=method,
         lora_rank=lora_rank,
+        modules_to_save=tuple(recipe.lora.modules_to_save or ()) if recipe else (),
     )
     return PlanRequest(stats, model_config, cluster, workload, parse_fix(args.fix))
 

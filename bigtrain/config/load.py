@@ -119,6 +119,8 @@ def check_ranges(cfg: RecipeConfig) -> None:
         raise ConfigError(f"lora.dropout={cfg.lora.dropout} must be below 1 (e.g. 0.05)")
     if cfg.lora.target_modules == []:
         raise ConfigError("lora.target_modules is empty; unset it (every linear of the decoder blocks) or name some")
+    if cfg.lora.modules_to_save == []:
+        raise ConfigError("lora.modules_to_save is empty; unset it (only the adapters train) or name modules")
     if cfg.train.lr == 0:
         raise ConfigError("train.lr=0 would leave the model as it is; use a learning rate such as 1e-4")
     if cfg.checkpoint.resume is True:  # `resume: true` reads naturally as "resume if you can"

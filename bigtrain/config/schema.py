@@ -261,6 +261,12 @@ class AdapterConfig:
         "every linear of the decoder blocks (not the LM head).",
         default=None,
     )
+    modules_to_save: list[str] | None = doc(
+        "Modules trained fully beside the adapters (peft's modules_to_save), by the last part of their name, e.g. "
+        "[embed_tokens, lm_head] for new tokens: their weights stay fp32 and get gradients and AdamW, and the "
+        "adapter file carries them. A tied embedding trains once, for both its uses.",
+        default=None,
+    )
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bigtrain.config.schema import ADAPTER_METHODS, METHODS, PRECISIONS, TrainConfig
+from bigtrain.config.schema import ADAPTER_METHODS, METHODS, PRECISIONS, AdapterConfig, TrainConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,6 +22,7 @@ class Workload:
     compile: bool = False  # train.compile: torch.compile each decoder block
     method: str = "full"  # train.method: full, lora, qlora, or auto (the planner chooses)
     lora_rank: int = 16  # lora.r: the adapters' rank under lora and qlora
+    modules_to_save: tuple[str, ...] = ()  # lora.modules_to_save: modules trained fully beside the adapters
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in PRECISIONS:
@@ -45,15 +46,17 @@ class Workload:
         return self.method in ADAPTER_METHODS
 
     @classmethod
-    def of_train(cls, train: TrainConfig, seq_len: int, lora_rank: int = 16) -> Workload:
-        """A recipe's workload: its ``train`` section, the sequence length its data has and its ``lora.r``."""
+    def of_train(cls, train: TrainConfig, seq_len: int, lora: AdapterConfig | None = None) -> Workload:
+        """A recipe's workload: its ``train`` section, the sequence length its data has and its ``lora`` section."""
+        lora = lora or AdapterConfig()
         return cls(
             seq_len=seq_len,
             global_batch_size=train.global_batch_size,
             mixed_precision=train.mixed_precision,
             compile=train.compile,
             method=train.method,
-            lora_rank=lora_rank,
+            lora_rank=lora.r,
+            modules_to_save=tuple(lora.modules_to_save or ()),
         )
 
     def train_config(self, **fields: Any) -> TrainConfig:

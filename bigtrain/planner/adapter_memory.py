@@ -65,9 +65,61 @@ def adapter_params(stats: ModelStats, r: int) -> int:
     return stats.layers * adapter_params_per_block(stats, r)
 
 
+def _module_params(stats: ModelStats) -> tuple[dict[str, int], dict[str, int]]:
+    """Parameters of the modules ``lora.modules_to_save`` can name, by their full name: outside the blocks, and in
+    the first block (the rest repeat it). A tied LM head is the embedding's weight (0 of its own)."""
+    if stats.model_type == "gpt2":
+        root = {"transformer.wte": stats.vocab * stats.hidden, "transformer.wpe": stats.positions * stats.hidden}
+        root |= {"transformer.ln_f": stats.norm_params, "lm_head": stats.vocab * stats.hidden}
+        block = {"attn": stats.attn_params, "mlp": stats.mlp_params, "ln_1": stats.norm_params}
+        block |= {"ln_2": stats.norm_params}
+        prefix = "transformer.h.0."
+    else:
+        root = {"model.embed_tokens": stats.vocab * stats.hidden, "model.norm": stats.norm_params}
+        root |= {"lm_head": stats.vocab * stats.hidden}
+        block = {"self_attn": stats.attn_params, "mlp": stats.mlp_params, "input_layernorm": stats.norm_params}
+        block |= {"post_attention_layernorm": stats.norm_params}
+        prefix = "model.layers.0."
+    return root, {prefix + name: n for name, n in block.items()}
+
+
+def fully_trained_params(stats: ModelStats, workload: Workload) -> tuple[int, int]:
+    """(parameters outside the blocks, parameters per block) of the modules trained fully beside the adapters
+    (``lora.modules_to_save``, peft's rule: a module's name ends with the entry). A tied embedding and LM head are
+    one weight, counted once whichever of the two is named."""
+    root, block = _module_params(stats)
+    chosen = {name for name in (*root, *block) for entry in workload.modules_to_save if name.endswith(entry)}
+    embed = "transformer.wte" if stats.model_type == "gpt2" else "model.embed_tokens"
+    if stats.tied and "lm_head" in chosen:
+        chosen = (chosen - {"lm_head"}) | {embed}
+    return sum(n for k, n in root.items() if k in chosen), sum(n for k, n in block.items() if k in chosen)
+
+
+def _trained_vocabulary_weights(stats: ModelStats, workload: Workload) -> tuple[bool, bool]:
+    """(the LM head's weight is trained fully, the embedding's is): named, or (tied) the other named."""
+    embed = "transformer.wte" if stats.model_type == "gpt2" else "model.embed_tokens"
+    head = any("lm_head".endswith(e) for e in workload.modules_to_save)
+    embedding = any(embed.endswith(e) for e in workload.modules_to_save)
+    return (head or embedding, head or embedding) if stats.tied else (head, embedding)
+
+
+def trained_head(stats: ModelStats, workload: Workload) -> bool:
+    """Whether the LM head's weight is trained fully (named, or the tied embedding named)."""
+    return _trained_vocabulary_weights(stats, workload)[0]
+
+
+def trained_params(stats: ModelStats, workload: Workload) -> int:
+    """Every trained parameter of an adapter plan: the adapters and the modules trained fully."""
+    root, block = fully_trained_params(stats, workload)
+    return adapter_params(stats, workload.lora_rank) + root + stats.layers * block
+
+
 def base_bytes(stats: ModelStats, plan: Plan, workload: Workload) -> tuple[float, float]:
     """(bytes of the frozen blocks, bytes of the frozen root) per tensor-parallel rank of the busiest stage."""
     blocks, root = stage_params(stats, plan)
+    trained_root, trained_block = fully_trained_params(stats, workload)
+    blocks -= stage_layers(stats, plan.pp) * trained_block // plan.tp
+    root -= trained_root
     a = workload.dtype_bytes
     block_bytes = NF4_BYTES if workload.method == "qlora" else a
     return blocks * block_bytes, root * a
@@ -77,11 +129,15 @@ def largest_linear(stats: ModelStats) -> int:
     return stats.hidden * max(stats.ffn, stats.q_width)
 
 
-def adapter_flops_per_token(stats: ModelStats, seq_len: int, r: int) -> float:
-    """Forward (2N) and input gradients (2N) of the matmuls, the adapters' own 6 per parameter, and attention
-    (12·layers·L·d: its scores have no weights, so both backward matmuls stay)."""
+def adapter_flops_per_token(stats: ModelStats, seq_len: int, workload: Workload) -> float:
+    """Forward (2N) and input gradients (2N) of the matmuls, the adapters' own 6 per parameter, the weight gradients
+    (2 per parameter) of the LM head and of block modules trained fully, and attention (12·layers·L·d: its scores
+    have no weights, so both backward matmuls stay). An embedding trained fully adds a scatter, not a matmul."""
     matmul_params = stats.layers * stats.block_params + stats.vocab * stats.hidden
-    return 4.0 * matmul_params + 6.0 * adapter_params(stats, r) + 12.0 * stats.layers * seq_len * stats.q_width
+    _, block = fully_trained_params(stats, workload)
+    weight_grads = stats.layers * block + (stats.vocab * stats.hidden if trained_head(stats, workload) else 0)
+    adapters = adapter_params(stats, workload.lora_rank)
+    return 4.0 * matmul_params + 6.0 * adapters + 2.0 * weight_grads + 12.0 * stats.layers * seq_len * stats.q_width
 
 
 def dequant_bytes(stats: ModelStats, plan: Plan, workload: Workload) -> float:
@@ -99,16 +155,17 @@ def estimate_adapter_memory(stats: ModelStats, plan: Plan, workload: Workload) -
     seq_len, a = workload.seq_len, workload.dtype_bytes
     blocks, root = base_bytes(stats, plan, workload)
     one_block = blocks / stats.layers
-    psi_a = adapter_params(stats, workload.lora_rank) / plan.tp
+    psi_a = trained_params(stats, workload) / plan.tp
+    gathered_root = root + a * fully_trained_params(stats, workload)[0]  # trained ones too, in the compute dtype
     accum = plan.grad_accum_steps(workload.global_batch_size)
     if plan.backend == "fsdp2":
         shard = plan.dp_shard
         base = 0.0 if plan.offload_params else (blocks + root) / shard
-        gathered = root + (blocks if plan.zero_stage == 2 else 0.0)
+        gathered = gathered_root + (blocks if plan.zero_stage == 2 else 0.0)
     elif plan.backend == "deepspeed":
         shard = plan.dp
         base = (blocks + root) / (shard if plan.zero_stage == 3 else 1)
-        gathered = root + one_block if plan.zero_stage == 3 else 0.0
+        gathered = gathered_root + one_block if plan.zero_stage == 3 else 0.0
     else:  # ddp
         shard, base, gathered = 1, blocks + root, 0.0
     if plan.offload_params or plan.offload_optimizer:
@@ -130,11 +187,40 @@ def estimate_adapter_memory(stats: ModelStats, plan: Plan, workload: Workload) -
         buffers = ALL_GATHER_BLOCKS * one_block if plan.zero_stage == 3 else 2 * one_block
     else:
         buffers = one_block if plan.backend == "deepspeed" and plan.zero_stage == 3 else 0.0
-    at_gather = (accumulated, 0, root + buffers + in_flight)
+    at_gather = (accumulated, 0, gathered_root + buffers + in_flight)
     at_step = (grads, 0, 4 * psi_a / shard)  # foreach AdamW's state-sized temporary, over the adapters
-    peak = max((at_loss, at_gather, at_step), key=sum)
+    moments = [at_loss, at_gather, at_step]
+    head, embedding = _trained_vocabulary_weights(stats, workload)
+    vocab_weight = stats.vocab * stats.hidden
+    if plan.backend == "fsdp2" and (head or embedding):
+        moments += root_trained_moments(stats, plan, workload, accumulated, head, embedding)
+    elif plan.backend == "ddp" and head:
+        # autocast's compute-dtype copy of the fp32 LM head, saved for its backward (a frozen bf16 base has none)
+        at_loss = (accumulated, at_loss[1], a * vocab_weight)
+        moments[0] = at_loss
+    peak = max(moments, key=sum)
     margin = device_margin(stats, plan, seq_len, int(params + optim + sum(peak)))
     return MemoryEstimate(int(params), int(peak[0]), int(optim), int(peak[1]), int(peak[2]), margin)
+
+
+def root_trained_moments(
+    stats: ModelStats, plan: Plan, workload: Workload, accumulated: float, head: bool, embedding: bool
+) -> list[tuple[float, float, float]]:
+    """FSDP2's moments at the end of the backward when the embedding or the LM head is trained fully (the root
+    unit then has gradients): full fine-tuning's ``fsdp2_embedding_backward`` over the trained ones (the root
+    gathered, the head's and the embedding's compute-dtype gradients, with a tied weight their out-of-place sum as
+    a third copy), then the root's reduce-scatter (its compute-dtype gradients and their fp32 copy; every unit
+    resharded, ZeRO-2's blocks too). Seen on the simulated step: 3 x 0.73 GiB at Llama-3.2-3B width (tied),
+    1.96 + 3.91 GiB at Llama-3-8B width (embedding and head)."""
+    a = workload.dtype_bytes
+    vocab_weight = stats.vocab * stats.hidden
+    root_trained, _ = fully_trained_params(stats, workload)
+    _, root = stage_params(stats, plan)
+    blocks = base_bytes(stats, plan, workload)[0] if plan.zero_stage == 2 else 0.0  # ZeRO-2 keeps them gathered
+    copies = a * vocab_weight * ((head + embedding) if not stats.tied else 3)
+    at_embedding = (accumulated + copies, 0, a * root + blocks)
+    at_root_reduce = (accumulated + (a + 4) * root_trained, 0, 0)
+    return [at_embedding, at_root_reduce]
 
 
 def adapter_host_bytes(stats: ModelStats, plan: Plan, workload: Workload) -> int:
@@ -143,6 +229,6 @@ def adapter_host_bytes(stats: ModelStats, plan: Plan, workload: Workload) -> int
     if not (plan.offload_params or plan.offload_optimizer):
         return 0
     shard = plan.dp_shard if plan.backend == "fsdp2" else plan.dp
-    states = 16 * adapter_params(stats, workload.lora_rank) / plan.tp / shard
+    states = 16 * trained_params(stats, workload) / plan.tp / shard
     base = sum(base_bytes(stats, plan, workload)) / shard if plan.offload_params else 0.0
     return int(states + base)

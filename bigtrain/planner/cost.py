@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
-from bigtrain.planner.adapter_memory import adapter_flops_per_token, adapter_params, base_bytes, dequant_bytes
+from bigtrain.planner.adapter_memory import adapter_flops_per_token, base_bytes, dequant_bytes, trained_params
 from bigtrain.planner.hardware import Cluster
 from bigtrain.planner.memory_terms import stage_layers, stage_params, state_shards
 from bigtrain.planner.model_stats import ModelStats
@@ -71,7 +71,7 @@ class TimeEstimate:
 def model_flops_per_token(stats: ModelStats, seq_len: int, workload: Workload | None = None) -> float:
     """Training FLOPs per token (module docstring); adapter methods skip the base's weight gradients."""
     if workload is not None and workload.adapters:
-        return adapter_flops_per_token(stats, seq_len, workload.lora_rank)
+        return adapter_flops_per_token(stats, seq_len, workload)
     matmul_params = stats.layers * stats.block_params + stats.vocab * stats.hidden
     return 6.0 * matmul_params + 12.0 * stats.layers * seq_len * stats.q_width
 
@@ -162,7 +162,7 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     if measured is not None and cluster.gpu.copy_gbps > 0:
         # tokens per rank: the dp ranks split the batch; tp ranks see the same tokens, pp stages each see all of them
         rank_tokens = tokens / plan.dp
-        trained = adapter_params(stats, workload.lora_rank) / plan.tp if workload.adapters else None
+        trained = trained_params(stats, workload) / plan.tp if workload.adapters else None
         compute += memory_bound_bytes(stats, plan, rank_tokens, a, trained) / (cluster.gpu.copy_gbps * 1e9)
     bandwidth = cluster.gpu.copy_gbps or cluster.gpu.memory_gbps * MEMORY_ACHIEVABLE
     compute += micro_batches * dequant_bytes(stats, plan, workload) / (bandwidth * 1e9)
@@ -181,7 +181,7 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     gathered, reduced = a * psi, psi
     if workload.adapters:
         base_blocks, base_root = base_bytes(stats, plan, workload)
-        gathered, reduced = base_blocks + base_root, adapter_params(stats, workload.lora_rank) / plan.tp
+        gathered, reduced = base_blocks + base_root, trained_params(stats, workload) / plan.tp
     # rank order is (pp, dp_replicate, dp_shard, tp) with tp innermost, as torchtitan lays out its mesh
     tp_bw = _bandwidth(cluster, plan.tp, 1)
     shard_bw = _bandwidth(cluster, plan.dp_shard, plan.tp)

@@ -7,7 +7,7 @@ from typing import Any
 
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
-from bigtrain.planner.adapter_memory import adapter_host_bytes, adapter_params
+from bigtrain.planner.adapter_memory import adapter_host_bytes, adapter_params, trained_params
 from bigtrain.planner.hardware import Cluster, GiB
 from bigtrain.planner.memory_terms import host_offload_bytes
 from bigtrain.planner.model_stats import ModelStats
@@ -127,10 +127,12 @@ def offload_note(
 
 def adapter_note(choice: Candidate, candidates: list[Candidate], stats: ModelStats, workload: Workload) -> str:
     """What an adapter choice trains, and (``method: auto``) why not full fine-tuning."""
-    trained = adapter_params(stats, workload.lora_rank)
+    trained = trained_params(stats, workload)
+    fully = trained - adapter_params(stats, workload.lora_rank)
     base = "a 4-bit NF4 base" if choice.method == "qlora" else f"a frozen {workload.mixed_precision} base"
+    beside = f" ({fully / 1e6:.1f} M of them in {', '.join(workload.modules_to_save)}, trained fully)" if fully else ""
     line = (
-        f"  {choice.method}: adapters of rank {workload.lora_rank} train {trained / 1e6:.1f} M parameters "
+        f"  {choice.method}: adapters of rank {workload.lora_rank} train {trained / 1e6:.1f} M parameters{beside} "
         f"({trained / stats.params:.2%} of {stats.params / 1e9:.2f} B) on {base}"
     )
     if workload.method == "auto":

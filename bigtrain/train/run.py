@@ -42,7 +42,7 @@ from bigtrain.data.sources import TokenRows, check_vocabulary, hold_out, load_to
 from bigtrain.engine import Engine, build_engine, build_options
 from bigtrain.errors import CheckpointNotWritten, ConfigError
 from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes
-from bigtrain.parallel.transforms.adapters import target_modules, trained_shapes
+from bigtrain.parallel.transforms.adapters import modules_trained_fully, target_modules, trained_shapes
 from bigtrain.parallel.transforms.base import BuildOptions
 from bigtrain.planner.auto import choose_plan
 from bigtrain.planner.profile import load_profile
@@ -120,7 +120,8 @@ class TrainingJob:
         # one block on meta: a bad attn_implementation fails here, and it shows the position embedding
         probe = build_meta_model(one_block(self.hf_config), cfg.model.attn_implementation)
         if cfg.train.method in ADAPTER_METHODS:
-            target_modules(probe, cfg.lora)  # lora.target_modules naming no linear: one line, before any group
+            # lora.target_modules or modules_to_save naming nothing that works: one line, before any group
+            modules_trained_fully(probe, cfg.lora, target_modules(probe, cfg.lora))
         self.data, self.eval_data = self._load_data()
         check_sequence_length(self.hf_config, probe, self.data.seq_len, is_main=self.env.rank == 0)
         check_enough_rows(self.data.num_rows, self._batch, cfg.data.path)
@@ -334,7 +335,7 @@ class TrainingJob:
             self.env.local_world_size,
             name,
             free,
-            Workload.of_train(cfg.train, self.data.seq_len, cfg.lora.r),
+            Workload.of_train(cfg.train, self.data.seq_len, cfg.lora),
             load_profile(cfg.parallel.hardware_profile) if cfg.parallel.hardware_profile else None,
             fixed=None if self.plan is None else self.plan.to_dict(),  # method: auto with a written plan
         )

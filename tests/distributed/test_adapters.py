@@ -38,9 +38,22 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def peft_reference(
-    model_dir, rows, alpha=ALPHA, leak_base=False, qlora=False, micro=GLOBAL_BATCH, bf16=None, nf4_shards=1
+    model_dir,
+    rows,
+    alpha=ALPHA,
+    leak_base=False,
+    qlora=False,
+    micro=GLOBAL_BATCH,
+    bf16=None,
+    nf4_shards=1,
+    modules_to_save=None,
+    keep_model=False,
 ):
-    """(metrics per step, adapters after the last step under their peft file names without the prefix).
+    """(metrics per step, adapters after the last step under their peft file names without the prefix), and the
+    trained peft model when ``keep_model``.
+
+    ``modules_to_save``: peft's modules trained fully (with ensure_weight_tying: TINY_LLAMA ties its LM head to the
+    embedding, and the trained copy then serves both), keyed by the module's own name.
 
     ``nf4_shards``: QLoRA's NF4 base as the plan quantises it (at these tiny widths the second-level scale block
     shrinks so that FSDP2's shards split it: see ``nf4_scaler_block``).
@@ -54,14 +67,22 @@ def peft_reference(
     # a QLoRA user loads the base in bf16, then quantises its linears; the adapters stay fp32 (autocast computes)
     bf16 = qlora if bf16 is None else bf16
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if bf16 else torch.float32)
-    model = get_peft_model(model, LoraConfig(r=R, lora_alpha=alpha, lora_dropout=0.0, target_modules=TARGETS))
+    config = LoraConfig(
+        r=R,
+        lora_alpha=alpha,
+        lora_dropout=0.0,
+        target_modules=TARGETS,
+        modules_to_save=modules_to_save,
+        ensure_weight_tying=modules_to_save is not None,
+    )
+    model = get_peft_model(model, config)
     if bf16:
         for name, param in model.named_parameters():
             if "lora_" in name:
                 param.data = param.data.float()
     adapters = {}
     for name, param in model.named_parameters():
-        key = name.removeprefix("base_model.model.").replace(".default.", ".")
+        key = name.removeprefix("base_model.model.").replace(".modules_to_save.", ".").replace(".default.", ".")
         if ".lora_A." in key:
             param.data.copy_(initial_lora_A(key, tuple(param.shape), SEED))
         if param.requires_grad:
@@ -91,7 +112,8 @@ def peft_reference(
         schedule.step()
         opt.zero_grad()
         out.append({"loss": loss.item(), "grad_norm": norm.item()})
-    return out, {k: v.detach().clone() for k, v in adapters.items()}
+    trained = {k: v.detach().clone() for k, v in adapters.items()}
+    return (out, trained, model.eval()) if keep_model else (out, trained)
 
 
 # the equivalence test's corpus (its fixture, one per module): (folder holding rows.npy, the rows)
@@ -105,12 +127,12 @@ def lora_inputs(data):
     return model_dir, *peft_reference(model_dir, rows)
 
 
-def lora_recipe(model_dir, rows_path, parallel, out, method="lora"):
+def lora_recipe(model_dir, rows_path, parallel, out, method="lora", **lora):
     base = recipe_for(model_dir, rows_path, parallel, out)
     precision = "bf16" if method == "qlora" else "fp32"
     train = {**base["train"], "method": method, "mixed_precision": precision}
     checkpoint = {"save_final_model": True}  # output_dir/adapter: checked by assert_adapter_folder_is_whole
-    return with_sections(base, train=train, lora={"r": R, "alpha": ALPHA}, checkpoint=checkpoint)
+    return with_sections(base, train=train, lora={"r": R, "alpha": ALPHA, **lora}, checkpoint=checkpoint)
 
 
 def peft_model_with(model_dir, adapters):
@@ -160,8 +182,8 @@ ADAPTER_PLANS = {
 }
 
 
-def run_plan(model_dir, root, tmp_path, nproc, parallel, method="lora", compile_blocks=False):
-    raw = lora_recipe(model_dir, root / "rows.npy", parallel, tmp_path / "out", method)
+def run_plan(model_dir, root, tmp_path, nproc, parallel, method="lora", compile_blocks=False, **lora):
+    raw = lora_recipe(model_dir, root / "rows.npy", parallel, tmp_path / "out", method, **lora)
     raw = with_sections(raw, train={**raw["train"], "compile": compile_blocks})
     recipe = write_recipe(tmp_path / "recipe.yaml", raw)
     proc = run_torchrun([str(WORKER), str(recipe), str(tmp_path / "params.pt")], nproc=nproc, module=False, timeout=300)
@@ -169,14 +191,14 @@ def run_plan(model_dir, root, tmp_path, nproc, parallel, method="lora", compile_
     return read_metrics(tmp_path / "out"), torch.load(tmp_path / "params.pt")
 
 
-def assert_same(got, params, reference, reference_params, rtol=RTOL, atol=PARAM_ATOL):
+def assert_same(got, params, reference, reference_params, rtol=RTOL, atol=PARAM_ATOL, tied=()):
+    """``tied``: names the worker reports beside the reference's (a tied LM head, the embedding's one weight)."""
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     for step, (mine, ref) in enumerate(zip(got, reference, strict=True), 1):
         assert mine["loss"] == pytest.approx(ref["loss"], rel=rtol), f"step {step} loss"
         assert mine["grad_norm"] == pytest.approx(ref["grad_norm"], rel=rtol), f"step {step} grad_norm"
-    adapters = {k: v for k, v in params.items() if ".lora_" in k}
-    assert set(adapters) == set(reference_params)  # nothing else is trained, nothing else is state
-    assert set(params) - set(adapters) <= {"model.rotary_emb.inv_freq"}
+    trained = set(params) - {"model.rotary_emb.inv_freq", *tied}
+    assert trained == set(reference_params)  # nothing else is trained, nothing else is state
     for key, ref in reference_params.items():
         torch.testing.assert_close(params[key], ref, rtol=0, atol=atol, msg=lambda m, k=key: f"{k}: {m}")
 
@@ -214,6 +236,39 @@ def test_the_lora_comparison_catches_a_wrong_scaling_or_a_trained_base(data, lor
         # loss 5.9e-2, grad norm 5.8, adapters 7.9e-2
         assert loss_gap > 10 * RTOL and norm_gap > 10 * RTOL, (variant, loss_gap, norm_gap)
         assert param_gap > 10 * PARAM_ATOL, (variant, param_gap)
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [dict(backend="fsdp2", micro_batch_size=2), dict(backend="deepspeed", zero_stage=3, micro_batch_size=2)],
+    ids=["fsdp2-2ranks-accum2", "deepspeed-zero3-accum2"],
+)
+def test_modules_to_save_train_fully_beside_the_adapters_and_load_with_peft(data, parallel, tmp_path, cli_in_process):
+    """lora.modules_to_save=[embed_tokens] on a tied model, 2 ranks with accumulation: the embedding (and through it
+    the tied LM head) trains as peft's modules_to_save with ensure_weight_tying trains it; the adapter folder
+    carries it whole, PeftModel.from_pretrained and the merged export give the trained model's logits."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    root, rows = data
+    model_dir = save_tiny_model(root / "lora-base", spec=TINY_LLAMA)
+    saved = ["embed_tokens"]
+    reference, reference_params, trained = peft_reference(model_dir, rows, modules_to_save=saved, keep_model=True)
+    assert "model.embed_tokens.weight" in reference_params
+    got, params = run_plan(model_dir, root, tmp_path, 2, parallel, modules_to_save=saved)
+    assert_same(got, params, reference, reference_params, tied=("lm_head.weight",))
+    torch.testing.assert_close(params["lm_head.weight"], params["model.embed_tokens.weight"], rtol=0, atol=0)
+
+    ids = torch.arange(24).reshape(2, 12) % TINY_LLAMA["vocab_size"]
+    with torch.no_grad():
+        expected = trained(input_ids=ids).logits
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        loaded = PeftModel.from_pretrained(base, tmp_path / "out" / "adapter").eval()
+        torch.testing.assert_close(loaded(input_ids=ids).logits, expected, rtol=0, atol=1e-5)
+        proc = cli_in_process(["export-model", str(tmp_path / "out"), "--merge", "-o", str(tmp_path / "merged")])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=0, atol=1e-5)
 
 
 QLORA_MICRO = 2

@@ -73,6 +73,8 @@ def test_every_case_within_10_percent_and_the_median_within_5(simulated):
 def _scaled(fn: Callable[..., Any], factor: float) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         out = fn(*args, **kwargs)
+        if isinstance(out, list):  # moments: (grads, activations, other) each
+            return [tuple(int(x * factor) for x in moment) for moment in out]
         return tuple(int(x * factor) for x in out) if isinstance(out, tuple) else int(out * factor)
 
     return wrapper
@@ -88,9 +90,12 @@ TERMS = [
     "fsdp2_block_backward",  # the moment of a block's backward
     "fsdp2_embedding_backward",  # the moment of the embedding's backward (tied vocabularies)
     "base_bytes",  # an adapter run's frozen base (bf16 or NF4): what is stored, sharded and gathered
+    "root_trained_moments",  # the end of the backward with the embedding or LM head trained fully
 ]
 # Adapter terms not listed: the adapters' own parameters, gradients and AdamW states (rank 16: under 0.6% of any
-# peak here) and QLoRA's dequantised linear in flight; ALL_GATHER_BLOCKS is a constant, tested below.
+# peak here) and QLoRA's dequantised linear in flight; ALL_GATHER_BLOCKS is a constant, tested below. The count of
+# the modules trained fully beside the adapters (fully_trained_params) moves these cases by 7% at most when 25% smaller:
+# the embedding's backward, which counts the vocabulary's weights directly, then takes the peak.
 
 
 @pytest.mark.parametrize("factor", [0.75, 1.25])

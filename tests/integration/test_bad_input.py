@@ -59,6 +59,12 @@ CASES = {
         "lora.target_modules: 'qproj' names no linear module of this model; its linear modules are down_proj, "
         "gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj (in every decoder block) and lm_head (outside)",
     ),
+    "a module both trained fully and adapted": (
+        lambda r: r["train"].update(method="lora") or r.update(lora={"modules_to_save": ["embed_tokens", "mlp"]}),
+        "lora.modules_to_save: 'mlp' selects model.layers.0.mlp, which holds an adapted linear "
+        "(model.layers.0.mlp.gate_proj); a module trains either fully or through adapters: name another, or leave it "
+        "out of lora.target_modules",
+    ),
     "QLoRA computing in fp32": (
         lambda r: r["train"].update(method="qlora"),
         "train.method=qlora dequantises its 4-bit base to bf16 for every matmul; train.mixed_precision=fp32 cannot "

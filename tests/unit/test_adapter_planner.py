@@ -20,6 +20,7 @@ from bigtrain.planner.adapter_memory import (
     adapter_params,
     dequant_bytes,
     estimate_adapter_memory,
+    trained_params,
 )
 from bigtrain.planner.cost import MEMORY_ACHIEVABLE, estimate_time, model_flops_per_token
 from bigtrain.planner.hardware import make_cluster
@@ -42,6 +43,28 @@ def test_adapter_parameters_are_what_peft_injects(config):
     assert trained == adapter_params(ModelStats.from_config(load_model_config(config)), 8)
 
 
+@pytest.mark.parametrize(
+    ("config", "modules"),
+    [
+        (TINY_LLAMA, ("embed_tokens",)),  # tied: the LM head is the same weight
+        (TINY_LLAMA, ("lm_head", "norm")),  # every norm, in and outside the blocks (peft's suffix rule)
+        (QWEN2, ("embed_tokens", "lm_head")),
+        (GPT2, ("wte", "ln_f", "ln_1")),
+    ],
+    ids=["llama-tied-embed", "llama-head-norms", "qwen2-untied", "gpt2"],
+)
+def test_modules_trained_fully_are_counted_as_the_trainer_unfreezes_them(config, modules):
+    from bigtrain.parallel.transforms.adapters import inject_adapters
+
+    model = build_meta_model(hf_config_from_dict(config), "sdpa")
+    lora = AdapterConfig(r=8, modules_to_save=list(modules))
+    inject_adapters(model, lora)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    stats = ModelStats.from_config(load_model_config(config))
+    workload = Workload(seq_len=64, global_batch_size=2, method="lora", lora_rank=8, modules_to_save=modules)
+    assert trained == trained_params(stats, workload) > adapter_params(stats, 8)
+
+
 def test_model_states_of_an_adapter_plan_by_hand():
     stats = ModelStats.from_config(load_model_config("llama-3-8b"))
     plan = make_plan(dp_shard=4, zero_stage=3, micro_batch_size=1)
@@ -62,7 +85,11 @@ def test_adapter_time_terms_by_hand():
     matmul = 32 * stats.block_params + stats.vocab * stats.hidden
     attention = 12 * 32 * 2048 * stats.q_width
     psi_a = adapter_params(stats, 16)
-    assert adapter_flops_per_token(stats, 2048, 16) == 4 * matmul + 6 * psi_a + attention
+    workload = Workload(seq_len=2048, global_batch_size=8, mixed_precision="bf16", method="lora")
+    assert adapter_flops_per_token(stats, 2048, workload) == 4 * matmul + 6 * psi_a + attention
+    # the LM head trained fully (peft's modules_to_save): its weight gradient, 2 per parameter and token
+    head = replace(workload, modules_to_save=("lm_head",))
+    assert adapter_flops_per_token(stats, 2048, head) == 4 * matmul + 6 * psi_a + 2 * 128256 * 4096 + attention
     assert model_flops_per_token(stats, 2048) == 6 * matmul + attention  # full fine-tuning: 6N
     plan = make_plan(dp_shard=8, micro_batch_size=1)
     qlora = Workload(seq_len=2048, global_batch_size=8, mixed_precision="bf16", method="qlora")

@@ -78,28 +78,83 @@ def target_modules(model: nn.Module, lora: AdapterConfig) -> list[str]:
     return list(lora.target_modules)
 
 
-def peft_config(lora: AdapterConfig, targets: list[str]):  # -> peft.LoraConfig (imported lazily: peft is heavy)
+def modules_trained_fully(model: nn.Module, lora: AdapterConfig, targets: list[str]) -> list[str]:
+    """The names of the modules ``lora.modules_to_save`` selects in ``model`` (before injection), by peft's rule for
+    that list (the module's name ends with the entry), so that peft selects the same ones when it loads the adapter.
+    An entry naming nothing, or a module that is or holds an adapted linear, is one line saying what would work."""
+    if not lora.modules_to_save:
+        return []
+    names = [name for name, _ in model.named_modules() if name]
+    adapted = [n for n, m in model.named_modules() if _is_linear(m) and any(_matches(t, n) for t in targets)]
+    chosen: list[str] = []
+    for entry in lora.modules_to_save:
+        hits = [n for n in names if n.endswith(entry)]
+        if not hits:
+            in_blocks = {id(m) for _, _, block in decoder_blocks(model) for m in block.modules()}
+            inside, outside = set(), set()
+            for name, module in model.named_modules():
+                if id(module) in in_blocks:
+                    inside |= {name.rsplit(".", 1)[-1]} if name.rsplit(".", 1)[-1].isidentifier() else set()
+                elif any(True for _ in module.parameters(recurse=False)):
+                    outside.add(name.rsplit(".", 1)[-1])
+            raise ConfigError(
+                f"lora.modules_to_save: {entry!r} names no module of this model; outside the decoder blocks it has "
+                f"{', '.join(sorted(outside))}; in every block {', '.join(sorted(inside))}"
+            )
+        for hit in hits:
+            held = [a for a in adapted if a == hit or a.startswith(hit + ".")]
+            if held:
+                raise ConfigError(
+                    f"lora.modules_to_save: {entry!r} selects {hit}, which {'is' if held == [hit] else 'holds'} an "
+                    f"adapted linear ({held[0]}); a module trains either fully or through adapters: name another, or "
+                    "leave it out of lora.target_modules"
+                )
+        chosen += [hit for hit in hits if hit not in chosen]
+    return chosen
+
+
+def peft_config(
+    lora: AdapterConfig, targets: list[str], tied: bool = False, with_modules_to_save: bool = True
+):  # -> peft.LoraConfig (imported lazily: peft is heavy)
+    """peft's config for these adapters (what the saved adapter folder holds). ``tied``: a module trained fully
+    shares its weight with another (a tied embedding and LM head), which peft keeps shared on load only when asked
+    (ensure_weight_tying). ``with_modules_to_save=False``: the config we inject with (module docstring)."""
     from peft import LoraConfig
 
+    modules_to_save = list(lora.modules_to_save) if lora.modules_to_save and with_modules_to_save else None
     # task_type: PeftModel.from_pretrained then gives a PeftModelForCausalLM (generate, labels) for the saved adapter
     return LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=targets,
+        modules_to_save=modules_to_save,
+        ensure_weight_tying=tied and modules_to_save is not None,
         bias="none",
         task_type="CAUSAL_LM",
     )
 
 
-def _inject(built: BuiltModel, ctx: BuildContext) -> None:
+def inject_adapters(model: nn.Module, lora: AdapterConfig) -> None:
+    """peft's adapters injected into ``model`` (on meta: no memory), every other parameter frozen but those of
+    ``lora.modules_to_save``. peft's own wrapper for those is not used: it keeps a frozen original beside a trained
+    copy (twice the memory) and renames the weight; unfreezing the module in place trains the same values, and a
+    tied embedding's one weight trains for both its uses, as peft's ensure_weight_tying does."""
     from peft import inject_adapter_in_model
 
+    targets = target_modules(model, lora)
+    fully = modules_trained_fully(model, lora, targets)
+    config = peft_config(lora, targets, with_modules_to_save=False)
+    inject_adapter_in_model(config, model, adapter_name=ADAPTER_NAME)
+    for name in fully:
+        model.get_submodule(name).requires_grad_(True)
+
+
+def _inject(built: BuiltModel, ctx: BuildContext) -> None:
     lora = ctx.options.lora
     base_dtype = COMPUTE_DTYPES[ctx.options.mixed_precision]  # None: fp32
     for part in built.parts:
-        config = peft_config(lora, target_modules(part, lora))
-        inject_adapter_in_model(config, part, adapter_name=ADAPTER_NAME)
+        inject_adapters(part, lora)
         if base_dtype is not None:
             # the frozen base is stored in the compute dtype (half of fp32's bytes): it is never updated, so it
             # needs no fp32 master copy; the adapters keep fp32 weights for AdamW. On meta: nothing is allocated.
@@ -118,10 +173,8 @@ def _inject(built: BuiltModel, ctx: BuildContext) -> None:
 def trained_shapes(hf_config: Any, attn_implementation: str, lora: AdapterConfig) -> dict[str, tuple[int, ...]]:
     """What an adapter run's checkpoint holds of the model, by name and shape: the adapters and the persistent
     buffers (the frozen base is not state)."""
-    from peft import inject_adapter_in_model
-
     model = build_meta_model(hf_config, attn_implementation)
-    inject_adapter_in_model(peft_config(lora, target_modules(model, lora)), model, adapter_name=ADAPTER_NAME)
+    inject_adapters(model, lora)
     frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
     return {hf_name(n): tuple(t.shape) for n, t in model.state_dict().items() if n not in frozen}
 
