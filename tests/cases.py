@@ -165,6 +165,7 @@ class MemoryCase:
     pp_virtual_stages: int = 1
     method: str = "full"  # train.method: lora and qlora train rank-16 adapters on a frozen base
     modules_to_save: tuple[str, ...] = ()  # lora.modules_to_save: modules trained fully beside the adapters
+    loss_chunk: int = 0  # parallel.loss_chunk_tokens: the LM head and loss over chunks of this many tokens
 
     @property
     def accum(self) -> int:
@@ -181,6 +182,7 @@ class MemoryCase:
         reduce = "" if self.backend == "ddp" else f"-{self.grad_reduce}"
         method = "" if self.method == "full" else f"{self.method}-"
         method += "".join(f"{m}-" for m in self.modules_to_save)
+        dp += f"-chunk{self.loss_chunk}" if self.loss_chunk else ""
         return (
             f"{method}{self.arch}-{self.backend}{self.zero_stage}-N{dp}-{self.ac}-mb{self.micro_batch}-L{self.seq_len}-"
             f"B{self.global_batch}-{self.precision}{reduce}"
@@ -217,6 +219,7 @@ class MemoryCase:
             offload_params=False,
             loss_parallel=self.loss_parallel,
             sequence_parallel=self.sequence_parallel,
+            loss_chunk_tokens=self.loss_chunk,
         )
 
 
@@ -392,4 +395,8 @@ REAL_WIDTH_CASES = [
     MemoryCase(L3B, "fsdp2", 3, 8, "full", 1, 1024, 8, "bf16", method="lora", modules_to_save=("embed_tokens",)),
     MemoryCase(L8B, "fsdp2", 3, 8, "none", 1, 4096, 8, "bf16", method="qlora", modules_to_save=("lm_head",)),
     MemoryCase(L1B, "ddp", 0, 8, "none", 2, 2048, 32, "bf16", method="lora", modules_to_save=("embed_tokens",)),
+    # parallel.loss_chunk_tokens: one chunk's logits instead of the micro-batch's (at 152k vocabulary: 28 of 40 GiB)
+    MemoryCase(L8B, "fsdp2", 3, 8, "none", 1, 8192, 8, "bf16", loss_chunk=4096),
+    MemoryCase(Q7B, "fsdp2", 2, 16, "full", 1, 16384, 16, "bf16", loss_chunk=4096),
+    MemoryCase(L3B, "fsdp2", 3, 8, "full", 2, 8192, 16, "bf16", loss_chunk=2048),
 ]

@@ -14,18 +14,30 @@ A row has a kind, which is what the planner makes of it:
 Rows that read the model are skipped while its facts are unknown (recipe resolution runs before the model is read);
 start-up asks again with them.
 
-Adding a capability (a new transform, a train option such as ``train.compile``) adds its rows here.
+Adding a capability (a new transform, a train option such as ``train.compile``) adds its rows here (the rows about
+train-level options live in ``option_rules.py``; what every row looks at, the ``Setup``, in ``setup.py``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from bigtrain.config.hf import TP_STYLES
 from bigtrain.config.model_facts import ModelFacts
+from bigtrain.config.option_rules import (
+    adapters_with_pp,
+    adapters_with_tp,
+    chunked_loss_keeps_logit_transform,
+    chunked_loss_with_pp,
+    chunked_loss_with_tp,
+    compile_with_deepspeed,
+    qlora_computes_in_bf16,
+    qlora_fsdp2_shards,
+    qlora_with_deepspeed,
+)
 from bigtrain.config.pipeline import (
     MULTI_STAGE_SCHEDULES,
     SINGLE_STAGE_SCHEDULES,
@@ -38,23 +50,13 @@ from bigtrain.config.plan import (
     DEFAULT_GRAD_REDUCE,
     SPLIT_BACKWARD_SCHEDULES,
     ZERO_STAGES,
-    Plan,
     divisor_hint,
     multiples_hint,
 )
-from bigtrain.config.schema import ADAPTER_METHODS, TrainConfig
+from bigtrain.config.setup import Setup
 from bigtrain.errors import ConfigError
 
 Kind = Literal["invalid", "fit", "not_built"]
-
-
-@dataclass(frozen=True)
-class Setup:
-    """Everything a rule may look at."""
-
-    plan: Plan
-    train: TrainConfig = field(default_factory=TrainConfig)  # train-level options (compile, the global batch)
-    model: ModelFacts | None = None  # None until the model's config has been read
 
 
 @dataclass(frozen=True)
@@ -234,61 +236,6 @@ def _selective_checkpointing(s: Setup) -> str | None:
     return None
 
 
-def _compile_with_deepspeed(s: Setup) -> str | None:
-    if s.train.compile and s.plan.backend == "deepspeed":
-        return (
-            "train.compile=true compiles decoder blocks for the torch-native engines; the deepspeed backend does "
-            "not compile them yet: set train.compile=false or use backend fsdp2"
-        )
-    return None
-
-
-def _qlora_computes_in_bf16(s: Setup) -> str | None:
-    if s.train.method == "qlora" and s.train.mixed_precision != "bf16":
-        return (
-            f"train.method=qlora dequantises its 4-bit base to bf16 for every matmul; train.mixed_precision="
-            f"{s.train.mixed_precision} cannot be its compute dtype: set train.mixed_precision=bf16, or use "
-            "method lora"
-        )
-    return None
-
-
-def _adapters_with_tp(s: Setup) -> str | None:
-    if s.train.method in ADAPTER_METHODS and s.plan.tp > 1:
-        return (
-            f"train.method={s.train.method} with parallel.tp={s.plan.tp} is not built yet (peft's adapter layers are "
-            "not mapped onto tp's column/row styles); use parallel.tp=1: FSDP2 shards the frozen base instead"
-        )
-    return None
-
-
-def _adapters_with_pp(s: Setup) -> str | None:
-    if s.train.method in ADAPTER_METHODS and s.plan.pp > 1:
-        return (
-            f"train.method={s.train.method} with parallel.pp={s.plan.pp} is not built yet; use parallel.pp=1: FSDP2 "
-            "shards the frozen base instead"
-        )
-    return None
-
-
-def _qlora_with_deepspeed(s: Setup) -> str | None:
-    if s.train.method == "qlora" and s.plan.backend == "deepspeed":
-        return (
-            "train.method=qlora with backend deepspeed is not built yet (DeepSpeed converts the model to its own "
-            "dtype and partitions, which the NF4 base is not); use backend fsdp2 (it shards the 4-bit base) or ddp"
-        )
-    return None
-
-
-def _qlora_fsdp2_shards(s: Setup) -> str | None:
-    if s.train.method == "qlora" and s.plan.backend == "fsdp2" and s.plan.dp_shard < 2:
-        return (
-            "train.method=qlora with backend fsdp2 needs parallel.dp_shard of 2 or more (torchao's NF4 all-gather "
-            "has no single-shard path); use backend ddp for one rank or pure replication"
-        )
-    return None
-
-
 def _tp_style_not_mapped(s: Setup) -> str | None:
     model = s.model
     assert model is not None
@@ -442,13 +389,16 @@ RULES: tuple[Rule, ...] = (
     _row(_loss_parallel_with_pp, "not_built"),
     _row(_sequence_parallel_with_pp, "not_built"),
     _row(_selective_checkpointing, "not_built"),
-    _row(_compile_with_deepspeed, "not_built"),
-    _row(_qlora_computes_in_bf16, "invalid"),
-    _row(_adapters_with_tp, "not_built"),
-    _row(_adapters_with_pp, "not_built"),
-    _row(_qlora_with_deepspeed, "not_built"),
+    _row(compile_with_deepspeed, "not_built"),
+    _row(chunked_loss_with_tp, "not_built"),
+    _row(chunked_loss_with_pp, "not_built"),
+    _row(chunked_loss_keeps_logit_transform, "not_built", reads_model=True),
+    _row(qlora_computes_in_bf16, "invalid"),
+    _row(adapters_with_tp, "not_built"),
+    _row(adapters_with_pp, "not_built"),
+    _row(qlora_with_deepspeed, "not_built"),
     _row(_batch_splits_into_micro_batches, "fit"),
-    _row(_qlora_fsdp2_shards, "fit"),
+    _row(qlora_fsdp2_shards, "fit"),
     _row(_tp_layout_shipped, "fit", reads_model=True),
     _row(_tp_style_not_mapped, "not_built", reads_model=True),
     _row(_tp_divides_heads, "fit", reads_model=True),

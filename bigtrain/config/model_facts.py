@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 PP_LAYOUT_PARTS = frozenset({"embed_tokens", "layers", "norm"})
+# config keys under which transformers' causal LMs change the logits after the LM head
+LOGIT_TRANSFORM_KEYS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,10 @@ class ModelFacts:
     tied: bool  # the LM head shares the input embeddings
     tp_styles: tuple[str, ...]  # the styles of transformers' base_model_tp_plan (none: no layout)
     pp_layout: bool  # transformers' base_model_pp_plan names embed_tokens, layers and norm
+    # the config key of what the model's forward does to the logits after the LM head (Gemma's soft-capping,
+    # Cohere's and Granite's scaling), None if nothing: a chunked loss, which takes the head out of the forward,
+    # would skip it
+    logits_after_head: str | None = None
 
     @classmethod
     def of(cls, hf_config: Any) -> ModelFacts:
@@ -34,4 +40,7 @@ class ModelFacts:
             tied=bool(getattr(hf_config, "tie_word_embeddings", False)),
             tp_styles=tuple(sorted(set(tp_plan.values()))),
             pp_layout=PP_LAYOUT_PARTS <= set(getattr(hf_config, "base_model_pp_plan", None) or {}),
+            logits_after_head=next(
+                (key for key in LOGIT_TRANSFORM_KEYS if getattr(hf_config, key, None) not in (None, 1, 1.0)), None
+            ),
         )

@@ -41,6 +41,7 @@ class Plan:
     pp_virtual_stages: int = 1
     loss_parallel: bool = False  # vocabulary-parallel LM head and loss over the tp ranks
     sequence_parallel: bool = False  # norms and residual stream split over the sequence on the tp ranks
+    loss_chunk_tokens: int = 0  # LM head and cross-entropy over chunks of this many tokens (0: all at once)
 
     @property
     def dp(self) -> int:

@@ -44,6 +44,10 @@ def _check_ranges(cfg: ParallelConfig) -> None:
     for key in ("micro_batch_size", "tp", "pp", "pp_virtual_stages"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"parallel.{key}={getattr(cfg, key)} must be at least 1")
+    if cfg.loss_chunk_tokens < 0:
+        raise ConfigError(
+            f"parallel.loss_chunk_tokens={cfg.loss_chunk_tokens} must be 0 (no chunks) or a token count such as 4096"
+        )
     for key in ("dp_replicate", "dp_shard"):
         value = getattr(cfg, key)
         if value is not None and value < 1 and value != -1:
@@ -67,6 +71,7 @@ def _plan(cfg: ParallelConfig, replicate: int, shard: int) -> Plan:
         offload_params=cfg.offload_params,
         loss_parallel=cfg.loss_parallel,
         sequence_parallel=cfg.sequence_parallel,
+        loss_chunk_tokens=cfg.loss_chunk_tokens,
     )
 
 

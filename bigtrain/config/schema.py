@@ -202,6 +202,12 @@ class ParallelConfig:
         "is split unevenly, which DTensor pads). Combines with loss_parallel; not with pp yet.",
         default=False,
     )
+    loss_chunk_tokens: int = doc(
+        "Compute the LM head and the cross-entropy over chunks of this many tokens, each recomputed in backward, so "
+        "the logits of a micro-batch never exist at once (with 128k-152k vocabularies they dominate long-sequence "
+        "memory); costs one more LM-head forward. 0: all tokens at once.",
+        default=0,
+    )
     pp: int = doc(
         "Pipeline-parallel degree (backend fsdp2): the decoder layers cut into pp x pp_virtual_stages contiguous "
         "stages (first: embeddings; last: final norm, head and loss), each a copy of the HF model holding only its "

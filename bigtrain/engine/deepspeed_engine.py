@@ -27,7 +27,7 @@ from torch import nn
 
 from bigtrain.data.batch import MicroBatch
 from bigtrain.engine.base import Engine, StepResult
-from bigtrain.engine.loss import labeled_loss_sum
+from bigtrain.engine.loss import token_loss_sum
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory
 from bigtrain.parallel.transforms.base import BuiltModel
 
@@ -82,7 +82,7 @@ class DeepSpeedZeroEngine(Engine):
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
             logits = self.ds(**batch.model_inputs()).logits
-            loss = labeled_loss_sum(logits, batch.labels)
+            loss = token_loss_sum(self.built, logits, batch.labels)
             del logits
             self.ds.backward(loss * factor, scale_wrt_gas=False)
             loss_sum += loss.detach().float()
@@ -97,7 +97,8 @@ class DeepSpeedZeroEngine(Engine):
         try:
             with torch.no_grad():
                 for batch in micro_batches:
-                    loss_sum += labeled_loss_sum(self.ds(**batch.model_inputs()).logits, batch.labels).float()
+                    logits = self.ds(**batch.model_inputs()).logits
+                    loss_sum += token_loss_sum(self.built, logits, batch.labels).float()
         finally:
             self.ds.train()
         dist.all_reduce(loss_sum)

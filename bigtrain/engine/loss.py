@@ -10,11 +10,48 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from bigtrain.data.labels import IGNORE_INDEX
+from bigtrain.parallel.transforms.base import BuiltModel
 
 
 def labeled_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Sum (not mean) of cross-entropy against ``labels`` (already shifted; IGNORE_INDEX where nothing is predicted),
     in fp32."""
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
+
+
+def chunked_loss_sum(
+    hidden: torch.Tensor, labels: torch.Tensor, head: nn.Module, chunk_tokens: int, autocast: torch.dtype | None
+) -> torch.Tensor:
+    """``labeled_loss_sum`` of ``head(hidden)`` computed ``chunk_tokens`` tokens at a time. Each chunk runs under
+    activation checkpointing, which keeps only its hidden states: its logits (compute dtype and fp32) exist during
+    its own forward and again during its own backward, never the whole micro-batch's. ``autocast``: the dtype the
+    model's forward ran under (the head then computes in it as it would inside the forward)."""
+    hidden, labels = hidden.flatten(0, 1), labels.flatten()
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    for part, part_labels in zip(hidden.split(chunk_tokens), labels.split(chunk_tokens), strict=True):
+        # every chunk, even one with nothing labelled: under DeepSpeed ZeRO-3 each call of the head is a collective
+        total = total + checkpoint(_chunk_loss, head, autocast, part, part_labels, use_reentrant=False)
+    return total
+
+
+def _chunk_loss(
+    head: nn.Module, autocast: torch.dtype | None, hidden: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    with torch.autocast(hidden.device.type, dtype=autocast, enabled=autocast is not None):
+        if hasattr(head.weight, "ds_id"):  # DeepSpeed ZeRO-3: calling the module gathers its partitioned weight
+            logits = head(hidden)
+        else:  # the weight is whole here (FSDP2's root unit is gathered); no module hooks run once per chunk
+            logits = F.linear(hidden, head.weight, head.bias)
+    return F.cross_entropy(logits.float(), labels, reduction="sum", ignore_index=IGNORE_INDEX)
+
+
+def token_loss_sum(built: BuiltModel, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The summed token loss of one micro-batch from the model's output: its logits, or under a chunked loss
+    (``built.loss_head``) its final hidden states."""
+    if built.loss_head is None:
+        return labeled_loss_sum(logits, labels)
+    return chunked_loss_sum(logits, labels, built.loss_head, built.plan.loss_chunk_tokens, built.autocast_dtype)

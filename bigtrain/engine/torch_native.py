@@ -23,7 +23,7 @@ from bigtrain.config.schema import TrainConfig
 from bigtrain.data.batch import MicroBatch
 from bigtrain.engine.base import Engine, StepResult
 from bigtrain.engine.grad_norm import clip_global_grad_norm
-from bigtrain.engine.loss import labeled_loss_sum
+from bigtrain.engine.loss import token_loss_sum
 from bigtrain.engine.loss_scale import DynamicLossScaler
 from bigtrain.parallel.transforms.base import BuiltModel
 
@@ -100,7 +100,7 @@ class TorchNativeEngine(Engine):
         with self._autocast():
             logits = self.built.forward_module(**batch.model_inputs()).logits
         with self._loss_context():
-            return labeled_loss_sum(logits, batch.labels)
+            return token_loss_sum(self.built, logits, batch.labels)
 
     def _loss_context(self) -> contextlib.AbstractContextManager:
         return loss_parallel() if self.built.plan.loss_parallel else contextlib.nullcontext()

@@ -150,6 +150,8 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
         extra = 2.0 * (stats.layers * stats.block_params + stats.vocab * stats.hidden) + attention_fwd
     elif plan.activation_checkpointing == "selective":
         extra = attention_fwd
+    if plan.loss_chunk_tokens:  # each chunk's logits are computed again in its backward
+        extra += 2.0 * stats.vocab * stats.hidden
     micro_tokens = plan.micro_batch_size * seq_len
     saturation = micro_tokens / (micro_tokens + HALF_EFFICIENCY_TOKENS)
     peak = cluster.gpu.peak_tflops * 1e12 * ACHIEVABLE * saturation / (FP32_SLOWDOWN if a == 4 else 1.0)

@@ -66,7 +66,8 @@ def estimate_data_parallel_memory(stats: ModelStats, plan: Plan, workload: Workl
             # autocast's compute-dtype weight copies outlive forward only where autograd saved them for backward:
             # every projection without checkpointing; with full checkpointing only the LM head (even when tied)
             kept = blocks if plan.activation_checkpointing == "none" else 0
-            gathered = a * (kept + stats.vocab * stats.hidden // plan.tp)
+            head = 0 if plan.loss_chunk_tokens else stats.vocab * stats.hidden // plan.tp  # chunks recompute it
+            gathered = a * (kept + head)
         optimizer_temp = 4 * psi
     activations = activation_bytes(stats, plan, seq_len, a) + logits_bytes(stats, plan, seq_len, a)
     # the parts at each moment: (grads, activations, other); params and optimizer states are the same in all

@@ -25,7 +25,8 @@ def describe(plan: Plan) -> str:
     ``tp=2+lp``: with loss_parallel (LM head and logits split over the vocabulary too); ``+sp``: with
     sequence_parallel (norms and residual stream split over the sequence). ``rs=micro``: fsdp2
     reduce-scatters gradients after every micro-step (sharded between them); ``rs=step``: once per optimizer step
-    (unsharded in between). Shown for fsdp2 only: ddp and deepspeed have one mode each.
+    (unsharded in between). Shown for fsdp2 only: ddp and deepspeed have one mode each. ``chunk=4096``: the LM head
+    and loss over chunks of that many tokens (parallel.loss_chunk_tokens).
     """
     dp = f"{plan.dp_replicate}x{plan.dp_shard}" if plan.backend == "fsdp2" and plan.dp_replicate > 1 else f"{plan.dp}"
     parts = [plan.backend if plan.backend == "ddp" else f"{plan.backend} zero{plan.zero_stage}", f"dp={dp}"]
@@ -35,6 +36,8 @@ def describe(plan: Plan) -> str:
     parts += [f"ac={plan.activation_checkpointing}", f"mb={plan.micro_batch_size}"]
     if plan.backend == "fsdp2":
         parts.append("rs=micro" if plan.grad_reduce == "every_micro_step" else "rs=step")
+    if plan.loss_chunk_tokens:
+        parts.append(f"chunk={plan.loss_chunk_tokens}")
     if plan.offload_params:
         parts.append("offload=params")
     if plan.offload_optimizer:

@@ -144,10 +144,18 @@ def activation_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int
     return kept + transient + outside * plan.micro_batch_size * seq_len
 
 
+def loss_tokens(plan: Plan, seq_len: int) -> int:
+    """Tokens whose logits exist at once: the micro-batch's, or one chunk's under ``loss_chunk_tokens`` (the chunked
+    loss recomputes each chunk's logits in its own backward)."""
+    tokens = plan.micro_batch_size * seq_len
+    return min(tokens, plan.loss_chunk_tokens) if plan.loss_chunk_tokens else tokens
+
+
 def logits_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:
     """Peak of the loss backward: 12 bytes per logit (see the module docstring); the LM head is replicated over tp,
-    so every tp rank computes the whole vocabulary's logits, unless ``loss_parallel`` shards them."""
-    tokens = plan.micro_batch_size * seq_len
+    so every tp rank computes the whole vocabulary's logits, unless ``loss_parallel`` shards them. Under a chunked
+    loss, one chunk's logits."""
+    tokens = loss_tokens(plan, seq_len)
     if plan.loss_parallel:
         return tokens * (stats.vocab // plan.tp) * 16
     return tokens * stats.vocab * 12
@@ -156,7 +164,7 @@ def logits_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:
 def device_margin(stats: ModelStats, plan: Plan, seq_len: int, peak: int) -> int:
     """CUDA context and NCCL, plus the allocator's reserve beyond the allocated ``peak`` (module docstring)."""
     vocab = stats.vocab // (plan.tp if plan.loss_parallel else 1)
-    transient = 4 * plan.micro_batch_size * seq_len * vocab + 4 * stats.block_params // plan.tp
+    transient = 4 * loss_tokens(plan, seq_len) * vocab + 4 * stats.block_params // plan.tp
     return MARGIN_FIXED + int(max(MARGIN_FRACTION * peak, FRAGMENTATION * transient))
 
 

@@ -39,6 +39,10 @@ NEAR_TIE = 0.02
 AUTO_METHODS = ("full", "lora", "qlora")  # train.method auto: the order of preference
 COMPETITIVE = 2.0  # full fine-tuning is preferred while its step takes at most this many times an adapter plan's
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
+# parallel.loss_chunk_tokens the search offers: a chunk's logits at a 128k vocabulary are 6 GiB in fp32 (12 bytes per
+# logit for the loss backward), against 49 GiB for one 32k-token sequence's; the recomputed head costs the same
+# FLOPs whatever the chunk size, and smaller chunks only add launches
+LOSS_CHUNK_TOKENS = 4096
 # the schedules the memory and time terms model (one stage per rank); the multi-stage ones run from a recipe
 PLANNED_SCHEDULES = ("1f1b", "gpipe")
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))
@@ -87,7 +91,7 @@ def complexity(plan: Plan) -> int:
     """How many moving parts a plan has; breaks near ties in favour of the simpler plan."""
     score = {"ddp": 0, "fsdp2": 1, "deepspeed": 2}[plan.backend] + (plan.zero_stage == 3)
     score += 2 * (plan.tp > 1) + 2 * (plan.pp > 1) + (plan.dp_replicate > 1 and plan.backend == "fsdp2")
-    score += {"none": 0, "selective": 1, "full": 2}[plan.activation_checkpointing]
+    score += {"none": 0, "selective": 1, "full": 2}[plan.activation_checkpointing] + (plan.loss_chunk_tokens > 0)
     return score + 3 * (plan.offload_params or plan.offload_optimizer)
 
 
@@ -156,12 +160,13 @@ def _offloads(backend: str) -> list[tuple[bool, bool]]:
 
 
 def enumerate_plans(
-    stats: ModelStats, cluster: Cluster, global_batch_size: int, fixed: dict[str, Any]
+    stats: ModelStats, cluster: Cluster, global_batch_size: int, fixed: dict[str, Any], seq_len: int = 0
 ) -> Iterator[Plan]:
     """Every plan that meets the global batch and the pins in ``fixed``.
 
     Gradient reduction: FSDP2 chooses when it accumulates (without accumulation both modes are the same plan);
-    DDP and DeepSpeed have one mode each (see config.plan).
+    DDP and DeepSpeed have one mode each (see config.plan). The chunked loss (LOSS_CHUNK_TOKENS per chunk) is a
+    variant where a micro-batch has more tokens than a chunk.
     """
     for backend in BACKENDS:
         default_reduce = DEFAULT_GRAD_REDUCE[backend]
@@ -194,6 +199,9 @@ def enumerate_plans(
                 for option in ("loss_parallel", "sequence_parallel"):
                     if fixed.get(option) and backend == "fsdp2" and tp > 1 and pp == 1:
                         variants = [replace(v, **{option: True}) for v in variants]
+                chunk = fixed.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS)
+                if chunk and tp == 1 and pp == 1 and (mb * seq_len > chunk or "loss_chunk_tokens" in fixed):
+                    variants += [replace(v, loss_chunk_tokens=chunk) for v in variants]
                 if fixed:
                     variants = [v for v in variants if all(getattr(v, k) == want for k, want in fixed.items())]
                 yield from variants
@@ -241,7 +249,7 @@ def _search_method(stats: ModelStats, cluster: Cluster, workload: Workload, fixe
     def predict_time(plan: Plan) -> TimeEstimate:
         return estimate_time(stats, plan, cluster, workload)
 
-    for plan in enumerate_plans(stats, cluster, workload.global_batch_size, fixed):
+    for plan in enumerate_plans(stats, cluster, workload.global_batch_size, fixed, workload.seq_len):
         mem = estimate_memory(stats, plan, workload)
         reason, not_offered = judge(stats, plan, cluster, train)
         if reason is None and mem.budget_bytes > budget:

@@ -130,6 +130,19 @@ DEEPSPEED_PLANS = {
     f"deepspeed-zero{stage}-accum2": (2, dict(backend="deepspeed", zero_stage=stage, micro_batch_size=2))
     for stage in (1, 2, 3)
 }
+# the chunked loss (parallel.loss_chunk_tokens; chunks of 7 tokens do not divide a micro-batch's), with the head
+# inside FSDP2's root unit and checkpointed blocks, and under ZeRO-3 (each chunk gathers the head)
+CHUNKED_LOSS_PLANS = {
+    "fsdp2-2ranks-ac-full-chunked-loss": (
+        2,
+        dict(backend="fsdp2", activation_checkpointing="full", micro_batch_size=2, loss_chunk_tokens=7),
+    ),
+    "deepspeed-zero3-chunked-loss": (
+        2,
+        dict(backend="deepspeed", zero_stage=3, micro_batch_size=2, loss_chunk_tokens=7),
+    ),
+}
+PLANS.update(CHUNKED_LOSS_PLANS)
 # tensor parallel (with FSDP2 over the data axes), each with accumulation
 TP_PLANS = {
     "tp2-accum4": (2, dict(backend="fsdp2", tp=2, micro_batch_size=2)),

@@ -68,6 +68,12 @@ EXAMPLES: dict[str, Example] = {
     "sequence_parallel_with_pp": Example(4, dict(**PP2, tp=2, sequence_parallel=True), UNTIED_4),
     "selective_checkpointing": Example(2, dict(dp_shard=2, activation_checkpointing="selective")),
     "compile_with_deepspeed": Example(2, dict(backend="deepspeed", zero_stage=2, dp_shard=2), compile=True),
+    "chunked_loss_with_tp": Example(2, dict(tp=2, loss_chunk_tokens=8)),
+    "chunked_loss_with_pp": Example(2, dict(**PP2, loss_chunk_tokens=8), UNTIED_4),
+    "chunked_loss_keeps_logit_transform": Example(
+        # the key as Gemma 2/3 configs carry it (on a Llama config here: the planner models Llama, not Gemma yet)
+        2, dict(dp_shard=2, loss_chunk_tokens=8), {**TINY_LLAMA, "final_logit_softcapping": 30.0}
+    ),
     "qlora_computes_in_bf16": Example(2, dict(dp_shard=2), method="qlora"),
     "adapters_with_tp": Example(2, dict(tp=2), method="lora"),
     "adapters_with_pp": Example(2, PP2, UNTIED_4, method="lora"),

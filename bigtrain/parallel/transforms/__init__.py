@@ -7,6 +7,7 @@ Why this order (torchtitan's, extended):
   own under the unsplit model's parameter names;
 - tensor parallelism slices the projections before anything wraps or shards them, so FSDP2 shards the slices
   (2-D DTensors over dp x tp) and no rank holds a whole matrix;
+- the chunked loss takes the LM head out of the forward (of the last stage) before anything wraps or shards it;
 - activation checkpointing wraps the sliced blocks, and compile compiles the wrapped ones, both before FSDP2, so
   FSDP2's all-gather hooks sit outside the recomputed and the compiled region;
 - FSDP2 shards on meta: nothing of the unsharded model is ever allocated;
@@ -20,6 +21,7 @@ from __future__ import annotations
 from bigtrain.parallel.transforms import (
     activation_checkpoint,
     adapters,
+    chunked_loss,
     compile_blocks,
     ddp,
     fsdp,
@@ -33,6 +35,7 @@ ORDER: tuple[Transform, ...] = (
     adapters.TRANSFORM,
     pipeline_split.TRANSFORM,
     tensor_parallel.TRANSFORM,
+    chunked_loss.TRANSFORM,
     activation_checkpoint.TRANSFORM,
     compile_blocks.TRANSFORM,
     fsdp.TRANSFORM,

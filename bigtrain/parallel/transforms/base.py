@@ -77,6 +77,9 @@ class BuiltModel:
     # tensors a transform allocated besides parameters and buffers, alive for the whole run (the simulator's DDP
     # buckets): the simulator hands them to its memory tracker
     extra_tensors: list[torch.Tensor] = field(default_factory=list)
+    # parallel.loss_chunk_tokens: the LM head the loss applies chunk by chunk (the model's forward then returns its
+    # final hidden states as "logits"); None: the model's forward computes the logits
+    loss_head: nn.Module | None = None
     _block_slots: dict[int, list[tuple[nn.Module, str]]] = field(default_factory=dict, repr=False)
 
     @property
