@@ -281,6 +281,31 @@ def _tp_divides_heads(s: Setup) -> str | None:
     return None
 
 
+def _cp_divides_heads(s: Setup) -> str | None:
+    model, cp = s.model, s.plan.cp
+    assert model is not None
+    for key, n in (("num_attention_heads", model.heads), ("num_key_value_heads", model.kv_heads)):
+        if n % cp:
+            fits_both = divisor_hint(math.gcd(model.heads, model.kv_heads))
+            return (
+                f"parallel.cp={cp} does not divide {key}={n} (each cp rank attends over 1/cp of them); try {fits_both}"
+            )
+    return None
+
+
+def _cp_backends(s: Setup) -> str | None:
+    if s.plan.cp > 1 and s.plan.backend == "deepspeed":
+        return f"parallel.cp={s.plan.cp} with backend deepspeed is not built yet; use backend fsdp2 (or ddp)"
+    return None
+
+
+def _cp_with_tp_or_pp(s: Setup) -> str | None:
+    if s.plan.cp > 1 and (s.plan.tp > 1 or s.plan.pp > 1):
+        other = f"parallel.tp={s.plan.tp}" if s.plan.tp > 1 else f"parallel.pp={s.plan.pp}"
+        return f"parallel.cp={s.plan.cp} with {other} is not built yet; set one of them back to 1"
+    return None
+
+
 def _loss_parallel_untied(s: Setup) -> str | None:
     assert s.model is not None
     if s.plan.loss_parallel and s.model.tied:
@@ -390,6 +415,8 @@ RULES: tuple[Rule, ...] = (
     _row(_sequence_parallel_with_pp, "not_built"),
     _row(_selective_checkpointing, "not_built"),
     _row(compile_with_deepspeed, "not_built"),
+    _row(_cp_backends, "not_built"),
+    _row(_cp_with_tp_or_pp, "not_built"),
     _row(chunked_loss_with_tp, "not_built"),
     _row(chunked_loss_with_pp, "not_built"),
     _row(chunked_loss_keeps_logit_transform, "not_built", reads_model=True),
@@ -402,6 +429,7 @@ RULES: tuple[Rule, ...] = (
     _row(_tp_layout_shipped, "fit", reads_model=True),
     _row(_tp_style_not_mapped, "not_built", reads_model=True),
     _row(_tp_divides_heads, "fit", reads_model=True),
+    _row(_cp_divides_heads, "fit", reads_model=True),
     _row(_loss_parallel_untied, "fit", reads_model=True),
     _row(_loss_parallel_divides_vocab, "fit", reads_model=True),
     _row(_pp_layout_shipped, "fit", reads_model=True),

@@ -42,6 +42,7 @@ class Plan:
     loss_parallel: bool = False  # vocabulary-parallel LM head and loss over the tp ranks
     sequence_parallel: bool = False  # norms and residual stream split over the sequence on the tp ranks
     loss_chunk_tokens: int = 0  # LM head and cross-entropy over chunks of this many tokens (0: all at once)
+    cp: int = 1  # context parallelism: each row's sequence split over cp ranks (all-to-all around attention)
 
     @property
     def dp(self) -> int:
@@ -50,7 +51,7 @@ class Plan:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     def grad_accum_steps(self, global_batch_size: int) -> int:
         """Micro-steps per optimizer step: B / (micro_batch_size x dp), at least 1 (resolve_plan checks it is whole)."""

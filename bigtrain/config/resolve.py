@@ -41,7 +41,7 @@ def _grad_reduce(cfg: ParallelConfig) -> str:
 
 
 def _check_ranges(cfg: ParallelConfig) -> None:
-    for key in ("micro_batch_size", "tp", "pp", "pp_virtual_stages"):
+    for key in ("micro_batch_size", "tp", "pp", "cp", "pp_virtual_stages"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"parallel.{key}={getattr(cfg, key)} must be at least 1")
     if cfg.loss_chunk_tokens < 0:
@@ -72,6 +72,7 @@ def _plan(cfg: ParallelConfig, replicate: int, shard: int) -> Plan:
         loss_parallel=cfg.loss_parallel,
         sequence_parallel=cfg.sequence_parallel,
         loss_chunk_tokens=cfg.loss_chunk_tokens,
+        cp=cfg.cp,
     )
 
 
@@ -86,18 +87,20 @@ def resolve_plan(cfg: ParallelConfig, world_size: int, train: TrainConfig) -> Pl
     _check_ranges(cfg)
     stated = _plan(cfg, _stated(cfg.dp_replicate), _stated(cfg.dp_shard))
     check(Setup(stated, train), kinds=("invalid", "not_built"))
-    model_parallel = cfg.tp * cfg.pp
+    model_parallel = cfg.tp * cfg.pp * cfg.cp
     if world_size % model_parallel:
+        cp = f" x parallel.cp={cfg.cp}" if cfg.cp > 1 else ""
         raise ConfigError(
-            f"parallel.tp={cfg.tp} x parallel.pp={cfg.pp} = {model_parallel} does not divide the world size "
+            f"parallel.tp={cfg.tp} x parallel.pp={cfg.pp}{cp} = {model_parallel} does not divide the world size "
             f"{world_size}; use degrees whose product divides it ({divisor_hint(world_size)})"
         )
     replicate, shard = _data_parallel(cfg, world_size // model_parallel)
-    product = replicate * shard * cfg.tp * cfg.pp
+    product = replicate * shard * model_parallel
     if product != world_size:
+        cp = f" x cp={cfg.cp}" if cfg.cp > 1 else ""
         raise ConfigError(
-            f"parallel degrees dp_replicate={replicate} x dp_shard={shard} x tp={cfg.tp} x pp={cfg.pp} = {product} "
-            f"do not match the world size {world_size}; make them multiply to {world_size} "
+            f"parallel degrees dp_replicate={replicate} x dp_shard={shard} x tp={cfg.tp} x pp={cfg.pp}{cp} = "
+            f"{product} do not match the world size {world_size}; make them multiply to {world_size} "
             "(or leave parallel.dp_shard unset to fill it)"
         )
     plan = _plan(cfg, replicate, shard)

@@ -202,6 +202,13 @@ class ParallelConfig:
         "is split unevenly, which DTensor pads). Combines with loss_parallel; not with pp yet.",
         default=False,
     )
+    cp: int = doc(
+        "Context-parallel degree (backend fsdp2 or ddp): each row's sequence split into cp contiguous slices on cp "
+        "ranks, which exchange heads for sequence around attention (all-to-all, DeepSpeed-Ulysses' form), so every "
+        "rank holds 1/cp of each block's activations; FSDP2 shards parameters over dp_shard x cp. Must divide the "
+        "attention and KV heads and the sequence length; attention sdpa or flash.",
+        default=1,
+    )
     loss_chunk_tokens: int = doc(
         "Compute the LM head and the cross-entropy over chunks of this many tokens, each recomputed in backward, so "
         "the logits of a micro-batch never exist at once (with 128k-152k vocabularies they dominate long-sequence "

@@ -41,6 +41,19 @@ class MicroBatch:
         """How many positions have a label (reads the value: call it on host tensors)."""
         return int((self.labels != IGNORE_INDEX).sum())
 
+    def sequence_slice(self, index: int, parts: int) -> MicroBatch:
+        """Slice ``index`` of ``parts`` equal, contiguous slices of every row (context parallelism): the tokens,
+        their labels (shifted on the whole row, so a slice's last label is the next slice's first token) and their
+        positions in the whole row."""
+        length = self.input_ids.shape[1] // parts
+        window = slice(index * length, (index + 1) * length)
+        if self.position_ids is not None:
+            positions = self.position_ids[:, window]
+        else:
+            positions = torch.arange(window.start, window.stop, device=self.input_ids.device)
+            positions = positions.expand(self.input_ids.shape[0], -1)
+        return MicroBatch(self.input_ids[:, window], self.labels[:, window], positions)
+
     def to(self, device: torch.device) -> MicroBatch:
         pos = None if self.position_ids is None else self.position_ids.to(device)
         return MicroBatch(self.input_ids.to(device), self.labels.to(device), pos)

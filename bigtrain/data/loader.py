@@ -30,6 +30,9 @@ class RankReader:
     dp_size: int
     micro_batch_size: int
     device: torch.device
+    # context parallelism: this rank reads its slice ``cp_rank`` of ``cp_size`` of every row it reads
+    cp_rank: int = field(default=0, kw_only=True)
+    cp_size: int = field(default=1, kw_only=True)
 
     def _read(self, index: np.ndarray, filler: np.ndarray | None = None) -> StepBatch:
         """Rows ``index`` ([micro-batches, micro_batch_size]); rows marked in ``filler`` are read, but predict
@@ -40,6 +43,8 @@ class RankReader:
             if filler is not None and filler[i].any():
                 fill = torch.from_numpy(filler[i])[:, None]
                 batch = replace(batch, labels=batch.labels.masked_fill(fill, IGNORE_INDEX))
+            if self.cp_size > 1:
+                batch = batch.sequence_slice(self.cp_rank, self.cp_size)
             micro.append(batch)
         return StepBatch([m.to(self.device) for m in micro], sum(m.predicted_tokens() for m in micro))
 

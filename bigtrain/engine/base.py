@@ -43,6 +43,11 @@ class Engine(ABC):
     def dp_size(self) -> int:
         """How many ranks read different samples."""
 
+    @property
+    def sequence_slice(self) -> tuple[int, int]:
+        """(which slice, how many) of each row's sequence this rank trains on: context parallelism's, else (0, 1)."""
+        return 0, 1
+
     @abstractmethod
     def data_parallel_sum(self, value: int) -> int:
         """Sum of an integer over the data-parallel ranks (e.g. their predicted-token counts), on every rank."""

@@ -129,7 +129,7 @@ class PipelinedEngine(TorchNativeEngine):
         else:
             schedule.eval(*args, **kwargs, return_outputs=False)  # forwards only, in the same order and shapes
         loss_sum = torch.stack(self._losses).sum() if self._losses else torch.zeros((), device=self.device)
-        dist.all_reduce(loss_sum, group=self.mesh.dp_group)
+        dist.all_reduce(loss_sum, group=self.mesh.batch_group)
         dist.all_reduce(loss_sum, group=self.pp_group)  # from the last stage's ranks (zero elsewhere) to all
         return loss_sum
 

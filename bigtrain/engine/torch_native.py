@@ -83,9 +83,14 @@ class TorchNativeEngine(Engine):
     def dp_size(self) -> int:
         return self.mesh.dp_size
 
+    @property
+    def sequence_slice(self) -> tuple[int, int]:
+        return self.mesh.coordinate("cp"), self.mesh.degree("cp")
+
     def data_parallel_sum(self, value: int) -> int:
+        # over dp x cp: a context-parallel rank counts the labels of its slice of each row
         total = torch.tensor([value], dtype=torch.int64, device=self.device)
-        dist.all_reduce(total, group=self.mesh.dp_group)
+        dist.all_reduce(total, group=self.mesh.batch_group)
         return int(total.item())
 
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -113,16 +118,17 @@ class TorchNativeEngine(Engine):
         return _local(loss.detach())
 
     def _gradient_factor(self, loss_factor: float) -> float:
-        # DDP and FSDP2 average gradients over the data-parallel ranks; multiplying by dp turns that average back
-        # into the sum that 1/global_tokens normalises. fp16 also scales by its dynamic loss scale.
-        return loss_factor * self.dp_size * (self.loss_scaler.scale if self.loss_scaler else 1.0)
+        # DDP and FSDP2 average gradients over the ranks that see different tokens (dp x cp); multiplying by their
+        # number turns that average back into the sum that 1/global_tokens normalises. fp16 also scales by its
+        # dynamic loss scale.
+        return loss_factor * self.mesh.batch_size * (self.loss_scaler.scale if self.loss_scaler else 1.0)
 
     def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         factor = self._gradient_factor(loss_factor)
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
             loss_sum += self._micro_step(batch, i == len(micro_batches) - 1, factor)
-        dist.all_reduce(loss_sum, group=self.mesh.dp_group)
+        dist.all_reduce(loss_sum, group=self.mesh.batch_group)
         return loss_sum
 
     @contextlib.contextmanager
@@ -142,7 +148,7 @@ class TorchNativeEngine(Engine):
         with self._evaluating():
             for batch in micro_batches:
                 loss_sum += _local(self._forward_loss(batch))
-        dist.all_reduce(loss_sum, group=self.mesh.dp_group)
+        dist.all_reduce(loss_sum, group=self.mesh.batch_group)
         return loss_sum
 
     def _clip(self, max_norm: float) -> torch.Tensor:

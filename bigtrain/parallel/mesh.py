@@ -1,11 +1,15 @@
-"""The one named device mesh of a job, built from the plan: (pp, dp_replicate, dp_shard, tp), tp innermost.
+"""The one named device mesh of a job, built from the plan: (pp, dp_replicate, dp_shard, cp, tp), tp innermost.
 
-Rank r sits at coordinates (pp, dp_replicate, dp_shard, tp) in row-major order, so tp groups are runs of
-consecutive ranks (the GPUs of one node: tensor parallelism's per-layer all-reduces need the fastest links) and pp
-is outermost (a pipeline stage boundary is the cheapest thing to cross between nodes). Every degree and every
-coordinate the trainer uses is read from this mesh; nothing assumes that the data-parallel rank is the global rank.
-The two data-parallel dimensions are also flattened into one named ``dp`` dimension: the group over which ranks see
-different samples, and over which DDP all-reduces and token counts are summed.
+Rank r sits at coordinates (pp, dp_replicate, dp_shard, cp, tp) in row-major order, so tp groups are runs of
+consecutive ranks (the GPUs of one node: tensor parallelism's per-layer all-reduces need the fastest links), cp
+groups the next ones (context parallelism's all-to-alls around every attention), and pp is outermost (a pipeline
+stage boundary is the cheapest thing to cross between nodes). Every degree and every coordinate the trainer uses is
+read from this mesh; nothing assumes that the data-parallel rank is the global rank. Flattened dimensions:
+- ``dp`` (dp_replicate x dp_shard): the ranks that read different rows;
+- ``dp_cp`` (dp x cp): the ranks that see different tokens: token counts and losses are summed over it, and
+  gradients reduced over it (DDP all-reduces over it);
+- ``dp_shard_cp`` (dp_shard x cp): what FSDP2 shards parameters over (torchtitan's layout: the cp ranks of a row
+  hold the same parameters, so they shard them too).
 """
 
 from __future__ import annotations
@@ -17,13 +21,15 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from bigtrain.config.plan import Plan
 
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 @dataclass(frozen=True)
 class WorldMesh:
-    mesh: DeviceMesh  # all four dimensions, size 1 where the plan does not use one
+    mesh: DeviceMesh  # all five dimensions, size 1 where the plan does not use one
     dp_mesh: DeviceMesh  # dp_replicate x dp_shard flattened into one dimension named "dp"
+    batch_mesh: DeviceMesh  # dp x cp flattened ("dp_cp"): every rank that sees different tokens
+    shard_mesh: DeviceMesh  # dp_shard x cp flattened ("dp_shard_cp")
 
     def degree(self, dim: str) -> int:
         return self.mesh[dim].size()
@@ -42,15 +48,28 @@ class WorldMesh:
         return self.dp_mesh.size()
 
     @property
-    def dp_group(self) -> dist.ProcessGroup:
-        return self.dp_mesh.get_group()
+    def batch_group(self) -> dist.ProcessGroup:
+        """The ranks over which token counts and losses are summed and gradients reduced (dp x cp)."""
+        return self.batch_mesh.get_group()
+
+    @property
+    def batch_size(self) -> int:
+        return self.batch_mesh.size()
+
+    @property
+    def cp_group(self) -> dist.ProcessGroup:
+        return self.mesh["cp"].get_group()
 
     @property
     def fsdp_mesh(self) -> DeviceMesh:
-        """What FSDP2 shards over: dp_shard, or (dp_replicate, dp_shard) for HSDP (all-reduce across replicas)."""
+        """What FSDP2 shards over: dp_shard (x cp), or (dp_replicate, dp_shard x cp) for HSDP (all-reduce across
+        replicas)."""
+        shard = self.shard_mesh if self.degree("cp") > 1 else self.mesh["dp_shard"]
         if self.degree("dp_replicate") > 1:
+            if self.degree("cp") > 1:
+                return self.mesh["dp_replicate", "dp_shard_cp"]
             return self.mesh["dp_replicate", "dp_shard"]
-        return self.mesh["dp_shard"]
+        return shard
 
 
 def build_world_mesh(plan: Plan, device_type: str) -> WorldMesh:
@@ -60,5 +79,8 @@ def build_world_mesh(plan: Plan, device_type: str) -> WorldMesh:
         raise RuntimeError(f"the plan needs {plan.world_size} ranks but the process group has {world}")
     shape = tuple(getattr(plan, dim) for dim in MESH_DIMS)
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
-    # torch keeps no public flatten yet; torchtitan uses the same call for its "dp" dimension
-    return WorldMesh(mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp"))
+    # torch keeps no public flatten yet; torchtitan uses the same calls for its "dp" and "dp_shard_cp" dimensions
+    dp = mesh["dp_replicate", "dp_shard"]._flatten("dp")
+    batch = mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+    shard = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    return WorldMesh(mesh, dp, batch, shard)

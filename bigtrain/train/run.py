@@ -57,6 +57,7 @@ from bigtrain.runtime import (
     warn_if_accelerate_started_one_process,
 )
 from bigtrain.train.checks import (
+    check_context_parallel,
     check_enough_rows,
     check_packed_attention,
     check_sequence_length,
@@ -125,8 +126,11 @@ class TrainingJob:
         self.data, self.eval_data = self._load_data()
         check_sequence_length(self.hf_config, probe, self.data.seq_len, is_main=self.env.rank == 0)
         check_enough_rows(self.data.num_rows, self._batch, cfg.data.path)
+        held_out = self.eval_data.positions if self.eval_data is not None else None
+        packed = self.data.positions is not None or held_out is not None
+        self._packed = packed  # context parallelism cannot keep packed records apart yet (_build_options)
         packing_note = None
-        if self.data.positions is not None or (self.eval_data is not None and self.eval_data.positions is not None):
+        if packed:
             packing_note = check_packed_attention(self.hf_config, cfg.model.attn_implementation)
         check_writable(cfg.output_dir)
         if cfg.train.log_to == "tensorboard":
@@ -264,11 +268,19 @@ class TrainingJob:
         cfg = self.cfg
         order = GlobalOrder(self.data.num_rows, self._batch, cfg.data.shuffle, cfg.train.seed)
         engine, micro = self.engine, self.plan.micro_batch_size
-        loader = StepLoader(self.data, engine.dp_rank, engine.dp_size, micro, self.device, order=order)
+        cp_rank, cp_size = engine.sequence_slice
+        slices = dict(cp_rank=cp_rank, cp_size=cp_size)
+        loader = StepLoader(self.data, engine.dp_rank, engine.dp_size, micro, self.device, order=order, **slices)
         evaluation = None
         if self.eval_data is not None:
             evaluation = EvalLoader(
-                self.eval_data, engine.dp_rank, engine.dp_size, micro, self.device, global_batch_size=self._batch
+                self.eval_data,
+                engine.dp_rank,
+                engine.dp_size,
+                micro,
+                self.device,
+                global_batch_size=self._batch,
+                **slices,
             )
         loop = TrainLoop(
             cfg,
@@ -353,6 +365,7 @@ class TrainingJob:
         """The capability table's rows for this model and the engine's own inputs (its config files), checked on
         every rank before any process group for a written plan; then what the build reads."""
         check(Setup(plan, self.cfg.train, ModelFacts.of(self.hf_config)))
+        check_context_parallel(plan.cp, self.data.seq_len, self._packed, self.cfg.model.attn_implementation)
         return build_options(self.cfg, self.hf_config, plan, self.device)
 
     def _log_plan(self) -> None:

@@ -143,6 +143,7 @@ CHUNKED_LOSS_PLANS = {
     ),
 }
 PLANS.update(CHUNKED_LOSS_PLANS)
+
 # tensor parallel (with FSDP2 over the data axes), each with accumulation
 TP_PLANS = {
     "tp2-accum4": (2, dict(backend="fsdp2", tp=2, micro_batch_size=2)),

@@ -65,6 +65,11 @@ CASES = {
         "(model.layers.0.mlp.gate_proj); a module trains either fully or through adapters: name another, or leave it "
         "out of lora.target_modules",
     ),
+    "cp that does not divide the sequence": (
+        lambda r: r["parallel"].update(cp=2),
+        f"parallel.cp=2 does not divide the rows' sequence length {SEQ}; use a sequence length that is a multiple "
+        f"of 2 (data.seq_len) or a cp that divides {SEQ}",
+    ),
     "QLoRA computing in fp32": (
         lambda r: r["train"].update(method="qlora"),
         "train.method=qlora dequantises its 4-bit base to bf16 for every matmul; train.mixed_precision=fp32 cannot "

@@ -74,6 +74,9 @@ EXAMPLES: dict[str, Example] = {
         # the key as Gemma 2/3 configs carry it (on a Llama config here: the planner models Llama, not Gemma yet)
         2, dict(dp_shard=2, loss_chunk_tokens=8), {**TINY_LLAMA, "final_logit_softcapping": 30.0}
     ),
+    "cp_backends": Example(2, dict(backend="deepspeed", cp=2)),
+    "cp_with_tp_or_pp": Example(4, dict(cp=2, tp=2), UNTIED_4),
+    "cp_divides_heads": Example(4, dict(cp=4), UNTIED_4),
     "qlora_computes_in_bf16": Example(2, dict(dp_shard=2), method="qlora"),
     "adapters_with_tp": Example(2, dict(tp=2), method="lora"),
     "adapters_with_pp": Example(2, PP2, UNTIED_4, method="lora"),

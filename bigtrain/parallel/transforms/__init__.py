@@ -12,6 +12,8 @@ Why this order (torchtitan's, extended):
   FSDP2's all-gather hooks sit outside the recomputed and the compiled region;
 - FSDP2 shards on meta: nothing of the unsharded model is ever allocated;
 - then the values are allocated and loaded, each rank writing only its shards;
+- context parallelism then points the model's attention at its all-to-all attention (after the values: loading
+  builds a twin of the model from the same config object, which would set the config's attention back);
 - DDP last: it broadcasts real values.
 Adding a capability is one new file here and its line in ``ORDER`` (``docs/architecture.md``).
 """
@@ -23,6 +25,7 @@ from bigtrain.parallel.transforms import (
     adapters,
     chunked_loss,
     compile_blocks,
+    context_parallel,
     ddp,
     fsdp,
     load_values,
@@ -40,5 +43,6 @@ ORDER: tuple[Transform, ...] = (
     compile_blocks.TRANSFORM,
     fsdp.TRANSFORM,
     load_values.TRANSFORM,
+    context_parallel.TRANSFORM,
     ddp.TRANSFORM,
 )

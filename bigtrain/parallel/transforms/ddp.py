@@ -33,7 +33,7 @@ def apply_ddp(model: nn.Module, mesh: WorldMesh, device: torch.device) -> Distri
     ]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, quantized)
     return DistributedDataParallel(
-        model, device_ids=device_ids, process_group=mesh.dp_group, gradient_as_bucket_view=True
+        model, device_ids=device_ids, process_group=mesh.batch_group, gradient_as_bucket_view=True
     )
 
 
