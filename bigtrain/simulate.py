@@ -154,6 +154,8 @@ def _simulate_rank(
                 MicroBatch.of_ids(torch.randint(0, hf_config.vocab_size, shape, device=device))
                 for _ in range(micro_steps)
             ]
+            cp_rank, cp_size = engine.sequence_slice  # rank 0's slice of each row under context parallelism
+            batches = [batch.sequence_slice(cp_rank, cp_size) for batch in batches] if cp_size > 1 else batches
             inputs = [t for batch in batches for t in batch.tensors()]
             global_tokens = float(workload.global_batch_size * (workload.seq_len - 1))
             train_step(engine, batches, global_tokens, train.grad_clip)  # warm-up, untracked (see the docstring)

@@ -166,6 +166,7 @@ class MemoryCase:
     method: str = "full"  # train.method: lora and qlora train rank-16 adapters on a frozen base
     modules_to_save: tuple[str, ...] = ()  # lora.modules_to_save: modules trained fully beside the adapters
     loss_chunk: int = 0  # parallel.loss_chunk_tokens: the LM head and loss over chunks of this many tokens
+    cp: int = 1  # fsdp2: context-parallel degree (taken out of dp_shard)
 
     @property
     def accum(self) -> int:
@@ -183,6 +184,7 @@ class MemoryCase:
         method = "" if self.method == "full" else f"{self.method}-"
         method += "".join(f"{m}-" for m in self.modules_to_save)
         dp += f"-chunk{self.loss_chunk}" if self.loss_chunk else ""
+        dp += f"-cp{self.cp}" if self.cp > 1 else ""
         return (
             f"{method}{self.arch}-{self.backend}{self.zero_stage}-N{dp}-{self.ac}-mb{self.micro_batch}-L{self.seq_len}-"
             f"B{self.global_batch}-{self.precision}{reduce}"
@@ -201,7 +203,7 @@ class MemoryCase:
         if self.backend == "ddp":
             replicate, shard = self.world, 1
         else:
-            replicate, shard = self.replicate, self.world // (self.replicate * self.tp * self.pp)
+            replicate, shard = self.replicate, self.world // (self.replicate * self.tp * self.pp * self.cp)
         reduce = DEFAULT_GRAD_REDUCE["ddp"] if self.backend == "ddp" else self.grad_reduce
         return Plan(
             backend=self.backend,
@@ -220,6 +222,7 @@ class MemoryCase:
             loss_parallel=self.loss_parallel,
             sequence_parallel=self.sequence_parallel,
             loss_chunk_tokens=self.loss_chunk,
+            cp=self.cp,
         )
 
 
@@ -399,4 +402,9 @@ REAL_WIDTH_CASES = [
     MemoryCase(L8B, "fsdp2", 3, 8, "none", 1, 8192, 8, "bf16", loss_chunk=4096),
     MemoryCase(Q7B, "fsdp2", 2, 16, "full", 1, 16384, 16, "bf16", loss_chunk=4096),
     MemoryCase(L3B, "fsdp2", 3, 8, "full", 2, 8192, 16, "bf16", loss_chunk=2048),
+    # parallel.cp: each row's sequence split over cp ranks (FSDP2 shards over dp_shard x cp), 32k to 128k tokens
+    MemoryCase(L8B, "fsdp2", 3, 8, "full", 1, 32768, 4, "bf16", loss_chunk=4096, cp=2),
+    MemoryCase(L8B, "fsdp2", 3, 8, "none", 1, 16384, 2, "bf16", loss_chunk=4096, cp=4),
+    MemoryCase(L8B, "fsdp2", 2, 8, "full", 1, 65536, 1, "bf16", loss_chunk=4096, cp=8),
+    MemoryCase(L8B, "fsdp2", 3, 8, "full", 1, 131072, 1, "bf16", loss_chunk=4096, cp=8),
 ]

@@ -79,7 +79,7 @@ def qlora_with_deepspeed(s: Setup) -> str | None:
 
 
 def qlora_fsdp2_shards(s: Setup) -> str | None:
-    if s.train.method == "qlora" and s.plan.backend == "fsdp2" and s.plan.dp_shard < 2:
+    if s.train.method == "qlora" and s.plan.backend == "fsdp2" and s.plan.dp_shard * s.plan.cp < 2:
         return (
             "train.method=qlora with backend fsdp2 needs parallel.dp_shard of 2 or more (torchao's NF4 all-gather "
             "has no single-shard path); use backend ddp for one rank or pure replication"

@@ -41,8 +41,10 @@ from bigtrain.planner.memory_terms import (
     activation_bytes,
     device_margin,
     logits_bytes,
+    rank_seq_len,
     stage_layers,
     stage_params,
+    state_shards,
 )
 from bigtrain.planner.model_stats import ModelStats
 
@@ -152,14 +154,14 @@ def dequant_bytes(stats: ModelStats, plan: Plan, workload: Workload) -> float:
 
 def estimate_adapter_memory(stats: ModelStats, plan: Plan, workload: Workload) -> MemoryEstimate:
     """The predicted peak of an adapter plan on FSDP2, DDP or DeepSpeed (pp = tp = 1: see the capability table)."""
-    seq_len, a = workload.seq_len, workload.dtype_bytes
+    seq_len, a = rank_seq_len(plan, workload.seq_len), workload.dtype_bytes
     blocks, root = base_bytes(stats, plan, workload)
     one_block = blocks / stats.layers
     psi_a = trained_params(stats, workload) / plan.tp
     gathered_root = root + a * fully_trained_params(stats, workload)[0]  # trained ones too, in the compute dtype
     accum = plan.grad_accum_steps(workload.global_batch_size)
     if plan.backend == "fsdp2":
-        shard = plan.dp_shard
+        shard = state_shards(plan)
         base = 0.0 if plan.offload_params else (blocks + root) / shard
         gathered = gathered_root + (blocks if plan.zero_stage == 2 else 0.0)
     elif plan.backend == "deepspeed":
@@ -228,7 +230,7 @@ def adapter_host_bytes(stats: ModelStats, plan: Plan, workload: Workload) -> int
     parameters) and the adapters' fp32 weights, gradients and AdamW states (16 bytes each)."""
     if not (plan.offload_params or plan.offload_optimizer):
         return 0
-    shard = plan.dp_shard if plan.backend == "fsdp2" else plan.dp
+    shard = state_shards(plan) if plan.backend == "fsdp2" else plan.dp
     states = 16 * trained_params(stats, workload) / plan.tp / shard
     base = sum(base_bytes(stats, plan, workload)) / shard if plan.offload_params else 0.0
     return int(states + base)

@@ -137,6 +137,53 @@ def _offload_seconds(
     return offload
 
 
+def cp_all_to_all_seconds(
+    stats: ModelStats, plan: Plan, cluster: Cluster, seq_len: int, a: int, micro_batches: int
+) -> float:
+    """Context parallelism's exchanges, on the critical path (attention waits for them): per block and pass, q, k, v
+    and the output cross the cp group by all-to-all (each rank keeps 1/cp of its slice's bytes); forward, backward
+    (the reverse exchanges) and full checkpointing's recompute."""
+    if plan.cp == 1:
+        return 0.0
+    local_tokens = plan.micro_batch_size * seq_len // plan.cp
+    per_block = a * local_tokens * (2 * stats.q_width + 2 * stats.kv_width) / plan.tp
+    passes = 3 if plan.activation_checkpointing == "full" else 2
+    volume = stage_layers(stats, plan.pp) * passes * micro_batches * per_block * (plan.cp - 1) / plan.cp
+    return volume / _bandwidth(cluster, plan.cp, plan.tp)
+
+
+def _data_parallel_seconds(
+    plan: Plan, cluster: Cluster, workload: Workload, micro_batches: int, psi: float, gathered: float, reduced: float
+) -> float:
+    """Data-parallel traffic of one step (what the backward can overlap): DDP's all-reduce, FSDP2's gathers and
+    reduce-scatters (and HSDP's all-reduce across replicas), DeepSpeed ZeRO's. ``gathered``: bytes of parameters
+    gathered per pass; ``reduced``: parameters whose gradients are reduced (fp32)."""
+    a = workload.dtype_bytes
+    # rank order is (pp, dp_replicate, dp_shard, cp, tp) with tp innermost, as torchtitan lays out its mesh; FSDP2
+    # shards over dp_shard x cp
+    shards = plan.dp_shard * plan.cp
+    shard_bw = _bandwidth(cluster, shards, plan.tp)
+    rep_bw = _bandwidth(cluster, plan.dp_replicate, plan.tp * shards)
+    dp_overlapped = 0.0
+    if plan.backend == "ddp":
+        # DDP all-reduces over every rank that sees different tokens (dp x cp)
+        ranks = plan.dp * plan.cp
+        dp_overlapped = 2 * _ring(ranks) * 4 * reduced / _bandwidth(cluster, ranks, plan.tp)
+    elif plan.backend == "fsdp2":
+        gathers = 2 if plan.zero_stage == 3 else 1
+        reduces = micro_batches if plan.grad_reduce == "every_micro_step" else 1
+        shard_bytes = gathers * micro_batches * gathered + reduces * 4 * reduced
+        dp_overlapped = _ring(shards) * shard_bytes / shard_bw
+        dp_overlapped += 2 * _ring(plan.dp_replicate) * 4 * reduced / shards / rep_bw
+    else:  # deepspeed; with adapters, ZeRO-3 gathers the base twice and only the adapters are reduced and updated
+        if workload.adapters:
+            volume = (2 * gathered if plan.zero_stage >= 3 else 0.0) + 2 * a * reduced
+        else:
+            volume = (3 if plan.zero_stage >= 3 else 2) * a * psi
+        dp_overlapped = _ring(plan.dp) * volume / _bandwidth(cluster, plan.dp, plan.tp)
+    return dp_overlapped
+
+
 def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Workload) -> TimeEstimate:
     """The predicted step time of ``plan`` on ``cluster`` for ``workload`` (module docstring)."""
     seq_len, mixed_precision, a = workload.seq_len, workload.mixed_precision, workload.dtype_bytes
@@ -152,7 +199,7 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
         extra = attention_fwd
     if plan.loss_chunk_tokens:  # each chunk's logits are computed again in its backward
         extra += 2.0 * stats.vocab * stats.hidden
-    micro_tokens = plan.micro_batch_size * seq_len
+    micro_tokens = plan.micro_batch_size * seq_len // plan.cp  # what one rank's matmuls see
     saturation = micro_tokens / (micro_tokens + HALF_EFFICIENCY_TOKENS)
     peak = cluster.gpu.peak_tflops * 1e12 * ACHIEVABLE * saturation / (FP32_SLOWDOWN if a == 4 else 1.0)
     measured = measured_rate(cluster.gpu, mixed_precision, micro_tokens)
@@ -162,8 +209,9 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
         peak = measured * 1e12
     compute = (per_token + extra) * tokens / world / peak
     if measured is not None and cluster.gpu.copy_gbps > 0:
-        # tokens per rank: the dp ranks split the batch; tp ranks see the same tokens, pp stages each see all of them
-        rank_tokens = tokens / plan.dp
+        # tokens per rank: the dp ranks split the batch and the cp ranks each row; tp ranks see the same tokens, pp
+        # stages each see all of them
+        rank_tokens = tokens / plan.dp / plan.cp
         trained = trained_params(stats, workload) / plan.tp if workload.adapters else None
         compute += memory_bound_bytes(stats, plan, rank_tokens, a, trained) / (cluster.gpu.copy_gbps * 1e9)
     bandwidth = cluster.gpu.copy_gbps or cluster.gpu.memory_gbps * MEMORY_ACHIEVABLE
@@ -184,24 +232,8 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     if workload.adapters:
         base_blocks, base_root = base_bytes(stats, plan, workload)
         gathered, reduced = base_blocks + base_root, trained_params(stats, workload) / plan.tp
-    # rank order is (pp, dp_replicate, dp_shard, tp) with tp innermost, as torchtitan lays out its mesh
     tp_bw = _bandwidth(cluster, plan.tp, 1)
-    shard_bw = _bandwidth(cluster, plan.dp_shard, plan.tp)
-    rep_bw = _bandwidth(cluster, plan.dp_replicate, plan.tp * plan.dp_shard)
-    dp_overlapped = 0.0
-    if plan.backend == "ddp":
-        dp_overlapped = 2 * _ring(plan.dp) * 4 * reduced / _bandwidth(cluster, plan.dp, plan.tp)
-    elif plan.backend == "fsdp2":
-        gathers = 2 if plan.zero_stage == 3 else 1
-        reduces = micro_batches if plan.grad_reduce == "every_micro_step" else 1
-        shard_bytes = gathers * micro_batches * gathered + reduces * 4 * reduced
-        dp_overlapped = _ring(plan.dp_shard) * shard_bytes / shard_bw
-        dp_overlapped += 2 * _ring(plan.dp_replicate) * 4 * reduced / plan.dp_shard / rep_bw
-    elif workload.adapters:  # deepspeed: ZeRO-3 gathers the base twice; the adapters' gradients and update
-        volume = (2 * gathered if plan.zero_stage >= 3 else 0.0) + 2 * a * reduced
-    else:
-        volume = (3 if plan.zero_stage >= 3 else 2) * a * psi
-        dp_overlapped = _ring(plan.dp) * volume / _bandwidth(cluster, plan.dp, plan.tp)
+    dp_overlapped = _data_parallel_seconds(plan, cluster, workload, micro_batches, psi, gathered, reduced)
     if cluster.gpu.overlaps_comm:
         exposed = max(0.0, dp_overlapped - compute) + EXPOSED_FRACTION * min(dp_overlapped, compute)
     else:
@@ -211,7 +243,8 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     tp_comm = 4 * layers * micro_batches * 2 * _ring(plan.tp) * act / tp_bw if plan.tp > 1 else 0.0
     pp_comm = 2 * micro_batches * act / plan.tp / _bandwidth(cluster, 2, plan.tp * plan.dp) if plan.pp > 1 else 0.0
     offload = _offload_seconds(stats, plan, cluster, workload, micro_batches, (psi, gathered, reduced))
-    comm = exposed + tp_comm + pp_comm + offload
+    cp_comm = cp_all_to_all_seconds(stats, plan, cluster, seq_len, a, micro_batches)
+    comm = exposed + tp_comm + pp_comm + offload + cp_comm
     step = compute + comm
     model_flops = per_token * tokens
     mfu = model_flops / (step * world * cluster.gpu.peak_tflops * 1e12)

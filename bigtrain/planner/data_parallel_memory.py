@@ -34,14 +34,16 @@ from bigtrain.planner.memory_terms import (
     device_margin,
     logits_bytes,
     micro_batch_activations,
+    rank_seq_len,
     stage_params,
+    state_shards,
 )
 from bigtrain.planner.model_stats import ModelStats
 
 
 def estimate_data_parallel_memory(stats: ModelStats, plan: Plan, workload: Workload) -> MemoryEstimate:
     """The predicted peak of an FSDP2 or DDP plan (pp = 1) and its parts at the moment it happens."""
-    seq_len, a = workload.seq_len, workload.dtype_bytes
+    seq_len, a = rank_seq_len(plan, workload.seq_len), workload.dtype_bytes
     blocks, root = stage_params(stats, plan)
     psi = blocks + root
     accum = plan.grad_accum_steps(workload.global_batch_size)
@@ -49,7 +51,7 @@ def estimate_data_parallel_memory(stats: ModelStats, plan: Plan, workload: Workl
     gathered = 0  # compute-dtype copies of parameters alive at the loss
     accumulated = 0  # gradients alive at the loss
     if plan.backend == "fsdp2":
-        shard = plan.dp_shard
+        shard = state_shards(plan)
         params, grads, optim = 4 * psi // shard, 4 * psi // shard, 8 * psi // shard
         if plan.offload_params:  # CPUOffloadPolicy: sharded params, grads and the optimizer step live on the host
             params = grads = optim = 0
@@ -103,7 +105,7 @@ def fsdp2_block_backward(stats: ModelStats, plan: Plan, seq_len: int, a: int, ac
     one_block = stats.block_params // plan.tp
     tokens = plan.micro_batch_size * seq_len
     head = stats.vocab * stats.hidden // (plan.tp if plan.loss_parallel else 1)  # the tied weight's too
-    shard = 0 if plan.offload_params else 4 * one_block // plan.dp_shard  # offloaded gradients go to the host
+    shard = 0 if plan.offload_params else 4 * one_block // state_shards(plan)  # offloaded gradients go to the host
     grads = accumulated + shard + a * (head + one_block) + 4 * one_block
     if plan.zero_stage == 2:
         gathered = a * (root + blocks)
@@ -126,7 +128,7 @@ def fsdp2_embedding_backward(stats: ModelStats, plan: Plan, a: int, accumulated:
     """
     blocks, root = stage_params(stats, plan)
     one_block = stats.block_params // plan.tp
-    shards = 0 if plan.offload_params else 4 * (blocks + root) // plan.dp_shard
+    shards = 0 if plan.offload_params else 4 * (blocks + root) // state_shards(plan)
     head = a * stats.vocab * stats.hidden // (plan.tp if plan.loss_parallel else 1)
     copies = head + a * stats.embed_params + (head if stats.tied else 0)  # tied: the out-of-place sum
     return max(accumulated, shards) + copies + 4 * one_block, 0, a * (root if plan.zero_stage == 3 else root + blocks)

@@ -64,9 +64,17 @@ def stage_layers(stats: ModelStats, pp: int) -> int:
 
 
 def state_shards(plan: Plan) -> int:
-    """Ranks the parameters, gradients and optimizer states are sharded over: dp_shard for FSDP2 (HSDP replicates
-    over dp_replicate), every data-parallel rank for DeepSpeed ZeRO, none for DDP."""
-    return {"fsdp2": plan.dp_shard, "deepspeed": plan.dp}.get(plan.backend, 1)
+    """Ranks the parameters, gradients and optimizer states are sharded over: dp_shard x cp for FSDP2 (HSDP
+    replicates over dp_replicate; the cp ranks of a row hold the same parameters and shard them too), every
+    data-parallel rank for DeepSpeed ZeRO, none for DDP."""
+    return {"fsdp2": plan.dp_shard * plan.cp, "deepspeed": plan.dp}.get(plan.backend, 1)
+
+
+def rank_seq_len(plan: Plan, seq_len: int) -> int:
+    """The tokens of one row that one rank computes: the whole row, or its 1/cp slice under context parallelism
+    (every per-token activation, the logits and the loss scale with it; attention, exchanged by all-to-all, holds
+    all the row's tokens for 1/cp of the heads: the same bytes)."""
+    return seq_len // plan.cp
 
 
 def stage_params(stats: ModelStats, plan: Plan) -> tuple[int, int]:
@@ -158,10 +166,10 @@ def logits_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:
     tokens = loss_tokens(plan, seq_len)
     if plan.loss_parallel:
         return tokens * (stats.vocab // plan.tp) * 16
-    if plan.loss_chunk_tokens:
-        # a chunk's backward recomputes its compute-dtype logits, alive beside the fp32 ones: 12 + a bytes per
-        # logit (seen on the simulated step at Llama-3-8B width, bf16: a constant 0.56 GiB more than 12 bytes for
-        # chunks of 2048 tokens, at 4k to 32k tokens per micro-batch)
+    if plan.loss_chunk_tokens and plan.micro_batch_size * seq_len > plan.loss_chunk_tokens:
+        # with several chunks, a compute-dtype logits tensor of a chunk is alive beside the fp32 ones: 12 + a bytes
+        # per logit (seen on the simulated step at Llama-3-8B width, bf16: a constant 0.56 GiB more than 12 bytes
+        # for chunks of 2048 tokens, at 4k to 32k tokens per micro-batch; one chunk covering the micro-batch: 12)
         return tokens * stats.vocab * (12 + a)
     return tokens * stats.vocab * 12
 

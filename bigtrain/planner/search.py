@@ -43,6 +43,8 @@ MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 # logit for the loss backward), against 49 GiB for one 32k-token sequence's; the recomputed head costs the same
 # FLOPs whatever the chunk size, and smaller chunks only add launches
 LOSS_CHUNK_TOKENS = 4096
+# rows at least this long get context-parallel plans weighed (shorter ones fit without; the search stays small)
+CP_MIN_SEQ_LEN = 16384
 # the schedules the memory and time terms model (one stage per rank); the multi-stage ones run from a recipe
 PLANNED_SCHEDULES = ("1f1b", "gpipe")
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))
@@ -90,7 +92,8 @@ class Candidate:
 def complexity(plan: Plan) -> int:
     """How many moving parts a plan has; breaks near ties in favour of the simpler plan."""
     score = {"ddp": 0, "fsdp2": 1, "deepspeed": 2}[plan.backend] + (plan.zero_stage == 3)
-    score += 2 * (plan.tp > 1) + 2 * (plan.pp > 1) + (plan.dp_replicate > 1 and plan.backend == "fsdp2")
+    score += 2 * (plan.tp > 1) + 2 * (plan.pp > 1) + 2 * (plan.cp > 1)
+    score += plan.dp_replicate > 1 and plan.backend == "fsdp2"
     score += {"none": 0, "selective": 1, "full": 2}[plan.activation_checkpointing] + (plan.loss_chunk_tokens > 0)
     return score + 3 * (plan.offload_params or plan.offload_optimizer)
 
@@ -136,20 +139,34 @@ def judge(stats: ModelStats, plan: Plan, cluster: Cluster, train: TrainConfig) -
     return rejected, not_offered or not_weighed_yet(plan)
 
 
-def _layouts(stats: ModelStats, cluster: Cluster, backend: str) -> Iterator[tuple[int, int, int, int]]:
-    """(dp_replicate, dp_shard, tp, pp) splits of the world for one backend."""
+def _cp_degrees(cluster: Cluster, backend: str, seq_len: int, fixed: dict[str, Any]) -> list[int]:
+    """Context-parallel degrees worth weighing: 1, and for long rows (CP_MIN_SEQ_LEN or pinned) the degrees within
+    a node that divide the row (the all-to-alls around every attention want the fastest links)."""
+    if "cp" in fixed:
+        return [fixed["cp"]]
+    if backend == "deepspeed" or seq_len < CP_MIN_SEQ_LEN:
+        return [1]
+    return [d for d in _divisors(cluster.num_gpus) if d <= cluster.gpus_per_node and seq_len % d == 0]
+
+
+def _layouts(
+    stats: ModelStats, cluster: Cluster, backend: str, seq_len: int = 0, fixed: dict[str, Any] | None = None
+) -> Iterator[tuple[int, int, int, int, int]]:
+    """(dp_replicate, dp_shard, tp, pp, cp) splits of the world for one backend (cp only without tp and pp: the
+    capability table's not-built rows)."""
     world = cluster.num_gpus
-    for tp in [d for d in _divisors(world) if d <= 2 * cluster.gpus_per_node]:
-        for pp in _divisors(world // tp):
-            if pp > stats.layers:
-                continue
-            dp = world // (tp * pp)
-            if backend == "fsdp2":  # HSDP: any split of dp into replicas of shards
-                yield from ((r, dp // r, tp, pp) for r in _divisors(dp))
-            elif backend == "ddp":
-                yield dp, 1, tp, pp
-            else:
-                yield 1, dp, tp, pp
+    for cp in _cp_degrees(cluster, backend, seq_len, fixed or {}):
+        for tp in [d for d in _divisors(world // cp) if d <= 2 * cluster.gpus_per_node and (d == 1 or cp == 1)]:
+            for pp in _divisors(world // (tp * cp)):
+                if pp > stats.layers or (pp > 1 and cp > 1):
+                    continue
+                dp = world // (tp * pp * cp)
+                if backend == "fsdp2":  # HSDP: any split of dp into replicas of shards
+                    yield from ((r, dp // r, tp, pp, cp) for r in _divisors(dp))
+                elif backend == "ddp":
+                    yield dp, 1, tp, pp, cp
+                else:
+                    yield 1, dp, tp, pp, cp
 
 
 def _offloads(backend: str) -> list[tuple[bool, bool]]:
@@ -170,7 +187,7 @@ def enumerate_plans(
     """
     for backend in BACKENDS:
         default_reduce = DEFAULT_GRAD_REDUCE[backend]
-        for replicate, shard, tp, pp in _layouts(stats, cluster, backend):
+        for replicate, shard, tp, pp, cp in _layouts(stats, cluster, backend, seq_len, fixed):
             micro = [mb for mb in MICRO_BATCHES if global_batch_size % (mb * replicate * shard) == 0]
             schedules = PLANNED_SCHEDULES if pp > 1 else PLANNED_SCHEDULES[:1]
             for mb, ac, stage, schedule, (off_opt, off_par) in itertools.product(
@@ -188,6 +205,7 @@ def enumerate_plans(
                     micro_batch_size=mb,
                     offload_optimizer=off_opt,
                     offload_params=off_par,
+                    cp=cp,
                 )
                 # fsdp2 pipeline stages reduce once, after the last micro-batch (config.plan)
                 reduce = "once_per_step" if pp > 1 and backend == "fsdp2" else default_reduce
@@ -200,7 +218,7 @@ def enumerate_plans(
                     if fixed.get(option) and backend == "fsdp2" and tp > 1 and pp == 1:
                         variants = [replace(v, **{option: True}) for v in variants]
                 chunk = fixed.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS)
-                if chunk and tp == 1 and pp == 1 and (mb * seq_len > chunk or "loss_chunk_tokens" in fixed):
+                if chunk and tp == 1 and pp == 1 and (mb * seq_len // cp > chunk or "loss_chunk_tokens" in fixed):
                     variants += [replace(v, loss_chunk_tokens=chunk) for v in variants]
                 if fixed:
                     variants = [v for v in variants if all(getattr(v, k) == want for k, want in fixed.items())]

@@ -254,3 +254,16 @@ def test_memory_and_gpu_parsing():
         parse_memory("lots")
     assert lookup_gpu("NVIDIA A100-SXM4-40GB").name == "A100-40GB"
     assert lookup_gpu("NVIDIA H100 80GB HBM3").name == "H100"
+
+
+@pytest.mark.parametrize("seq_len", [131072, 262144])
+def test_long_rows_on_8_h100_get_a_fitting_plan_through_context_parallelism(seq_len):
+    """Llama-3-8B, 8 x H100, 8 rows per step: no plan fit at 131,072 tokens before cp and the chunked loss; at
+    262,144 (torchtitan's setting) too."""
+    from bigtrain.planner.search import search
+
+    stats = ModelStats.from_config(load_model_config("llama-3-8b"))
+    workload = Workload(seq_len=seq_len, global_batch_size=8)
+    best = search(stats, make_cluster(8, None, "H100", "80GB"), workload)[0]
+    assert best.fits and best.runnable, best.rejected_because
+    assert best.plan.cp > 1 and seq_len // best.plan.cp <= 65536

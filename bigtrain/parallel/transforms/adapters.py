@@ -164,7 +164,7 @@ def _inject(built: BuiltModel, ctx: BuildContext) -> None:
         if ctx.options.method == "qlora":
             # NF4 on meta too: FSDP2 shards the 4-bit tensor (torchao implements its all-gather), and loading the
             # values copies each full weight into it, which quantises it (NF4Tensor.copy_ of a plain tensor)
-            shards = ctx.mesh.degree("dp_shard") if ctx.options.plan.backend == "fsdp2" else 1
+            shards = ctx.mesh.degree("dp_shard") * ctx.mesh.degree("cp") if ctx.options.plan.backend == "fsdp2" else 1
             for _, layer in adapted_linears(part):
                 quantize_base(layer.get_base_layer(), shards)
             built.convert_value = whole_nf4
