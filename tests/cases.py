@@ -167,6 +167,7 @@ class MemoryCase:
     modules_to_save: tuple[str, ...] = ()  # lora.modules_to_save: modules trained fully beside the adapters
     loss_chunk: int = 0  # parallel.loss_chunk_tokens: the LM head and loss over chunks of this many tokens
     cp: int = 1  # fsdp2: context-parallel degree (taken out of dp_shard)
+    every: int = 1  # parallel.checkpoint_every: checkpoint every k-th block only
 
     @property
     def accum(self) -> int:
@@ -185,6 +186,7 @@ class MemoryCase:
         method += "".join(f"{m}-" for m in self.modules_to_save)
         dp += f"-chunk{self.loss_chunk}" if self.loss_chunk else ""
         dp += f"-cp{self.cp}" if self.cp > 1 else ""
+        dp += f"-every{self.every}" if self.every > 1 else ""
         return (
             f"{method}{self.arch}-{self.backend}{self.zero_stage}-N{dp}-{self.ac}-mb{self.micro_batch}-L{self.seq_len}-"
             f"B{self.global_batch}-{self.precision}{reduce}"
@@ -223,6 +225,7 @@ class MemoryCase:
             sequence_parallel=self.sequence_parallel,
             loss_chunk_tokens=self.loss_chunk,
             cp=self.cp,
+            checkpoint_every=self.every,
         )
 
 
@@ -407,4 +410,9 @@ REAL_WIDTH_CASES = [
     MemoryCase(L8B, "fsdp2", 3, 8, "none", 1, 16384, 2, "bf16", loss_chunk=4096, cp=4),
     MemoryCase(L8B, "fsdp2", 2, 8, "full", 1, 65536, 1, "bf16", loss_chunk=4096, cp=8),
     MemoryCase(L8B, "fsdp2", 3, 8, "full", 1, 131072, 1, "bf16", loss_chunk=4096, cp=8),
+    # selective (per-op) checkpointing, and full checkpointing of every other block
+    MemoryCase(L8B4, "fsdp2", 3, 8, "selective", 1, 8192, 8, "bf16", loss_chunk=4096),
+    MemoryCase(L8B4, "fsdp2", 3, 8, "full", 1, 8192, 8, "bf16", loss_chunk=4096, every=2),
+    MemoryCase(Q7B, "fsdp2", 2, 16, "selective", 1, 4096, 32, "bf16", ONCE),
+    MemoryCase(M7B4, "fsdp2", 3, 16, "selective", 1, 16384, 16, "bf16", loss_chunk=4096, cp=2, every=2),
 ]

@@ -10,7 +10,7 @@ through every consumer.
 A row has a kind, which is what the planner makes of it:
 - ``invalid``: the plan contradicts itself (ddp with dp_shard > 1); the planner never proposes one.
 - ``fit``: the plan does not fit this model or this batch (tp does not divide the heads); shown as rejected.
-- ``not_built``: the trainer cannot run it yet (selective checkpointing); ``bigtrain plan --all`` predicts it anyway.
+- ``not_built``: the trainer cannot run it yet (cp with pp); ``bigtrain plan --all`` predicts it anyway.
 Rows that read the model are skipped while its facts are unknown (recipe resolution runs before the model is read);
 start-up asks again with them.
 
@@ -230,12 +230,6 @@ def _sequence_parallel_with_pp(s: Setup) -> str | None:
     return None
 
 
-def _selective_checkpointing(s: Setup) -> str | None:
-    if s.plan.activation_checkpointing == "selective":
-        return "parallel.activation_checkpointing=selective is not supported by the trainer yet; use none or full"
-    return None
-
-
 def _tp_style_not_mapped(s: Setup) -> str | None:
     model = s.model
     assert model is not None
@@ -413,7 +407,6 @@ RULES: tuple[Rule, ...] = (
     _row(_split_backward_schedules, "not_built"),
     _row(_loss_parallel_with_pp, "not_built"),
     _row(_sequence_parallel_with_pp, "not_built"),
-    _row(_selective_checkpointing, "not_built"),
     _row(compile_with_deepspeed, "not_built"),
     _row(_cp_backends, "not_built"),
     _row(_cp_with_tp_or_pp, "not_built"),

@@ -234,9 +234,14 @@ class ParallelConfig:
         default=1,
     )
     activation_checkpointing: Checkpointing = doc(
-        "Recompute activations of decoder blocks in backward: none or full (selective is planned by the planner but "
-        "not run by the trainer yet).",
+        "Recompute activations of decoder blocks in backward: none; selective (per op: keep the matmuls' and "
+        "attention's outputs, recompute the element-wise ops between them); full (keep only each block's input).",
         default="none",
+    )
+    checkpoint_every: int = doc(
+        "Checkpoint only every k-th decoder block (0, k, 2k, ...) with activation_checkpointing; the others keep all "
+        "their activations. 1: every block.",
+        default=1,
     )
     micro_batch_size: int = doc("Sequences per forward pass on one data-parallel rank.", default=1)
     offload_optimizer: bool = doc(

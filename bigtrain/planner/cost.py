@@ -37,6 +37,7 @@ the first gather and last reduction exposed); tp, pp and offload traffic is not 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from bigtrain.config.plan import Plan
@@ -76,6 +77,11 @@ def model_flops_per_token(stats: ModelStats, seq_len: int, workload: Workload | 
     return 6.0 * matmul_params + 12.0 * stats.layers * seq_len * stats.q_width
 
 
+def recomputed_share(stats: ModelStats, plan: Plan) -> float:
+    """The share of decoder blocks that activation checkpointing wraps (parallel.checkpoint_every)."""
+    return math.ceil(stats.layers / plan.checkpoint_every) / stats.layers
+
+
 def memory_bound_bytes(stats: ModelStats, plan: Plan, tokens: float, a: int, trained: float | None = None) -> float:
     """Bytes one rank's element-wise work moves in one step (reads + writes), for ``tokens`` tokens of that rank.
 
@@ -92,7 +98,7 @@ def memory_bound_bytes(stats: ModelStats, plan: Plan, tokens: float, a: int, tra
     layers = stage_layers(stats, plan.pp)
     whole = 42 * a * h / (plan.tp if plan.sequence_parallel else 1)
     forward = whole + (19 * a * h + 5 * a * f) / plan.tp
-    passes = 3 + (1 if plan.activation_checkpointing == "full" else 0)
+    passes = 3 + (recomputed_share(stats, plan) if plan.activation_checkpointing != "none" else 0)
     elementwise = passes * forward * layers * tokens
     loss = 40.0 * stats.vocab / (plan.tp if plan.loss_parallel else 1) * tokens
     blocks, root = stage_params(stats, plan)
@@ -193,10 +199,10 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     per_token = model_flops_per_token(stats, seq_len, workload)
     extra = 0.0
     attention_fwd = 4.0 * stats.layers * seq_len * stats.q_width
-    if plan.activation_checkpointing == "full":  # one more forward (a third of full fine-tuning's 6N + attention)
-        extra = 2.0 * (stats.layers * stats.block_params + stats.vocab * stats.hidden) + attention_fwd
-    elif plan.activation_checkpointing == "selective":
-        extra = attention_fwd
+    if plan.activation_checkpointing == "full":  # one more forward of the checkpointed blocks (2N per token each)
+        share = recomputed_share(stats, plan)
+        extra = share * (2.0 * stats.layers * stats.block_params + attention_fwd)
+    # selective recomputes only element-wise ops: no FLOPs to speak of, one more element-wise pass (memory_bound_bytes)
     if plan.loss_chunk_tokens:  # each chunk's logits are computed again in its backward
         extra += 2.0 * stats.vocab * stats.hidden
     micro_tokens = plan.micro_batch_size * seq_len // plan.cp  # what one rank's matmuls see

@@ -143,6 +143,18 @@ CHUNKED_LOSS_PLANS = {
     ),
 }
 PLANS.update(CHUNKED_LOSS_PLANS)
+# selective (per-op) checkpointing, and full checkpointing of every other block only
+CHECKPOINTING_PLANS = {
+    "fsdp2-2ranks-ac-selective-accum2": (
+        2,
+        dict(backend="fsdp2", micro_batch_size=2, activation_checkpointing="selective"),
+    ),
+    "fsdp2-2ranks-ac-full-every2-accum2": (
+        2,
+        dict(backend="fsdp2", micro_batch_size=2, activation_checkpointing="full", checkpoint_every=2),
+    ),
+}
+PLANS.update(CHECKPOINTING_PLANS)
 
 # tensor parallel (with FSDP2 over the data axes), each with accumulation
 TP_PLANS = {

@@ -52,7 +52,7 @@ def test_the_cases_span_what_users_train():
     assert {cfg["vocab_size"] for cfg in configs.values()} >= {32000, 128256, 152064}
     assert {c.seq_len for c in REAL_WIDTH_CASES} >= {2048, 4096, 8192}
     assert min(c.world for c in REAL_WIDTH_CASES) == 8 and max(c.world for c in REAL_WIDTH_CASES) == 1024
-    assert {c.ac for c in REAL_WIDTH_CASES} == {"none", "full"}  # selective: the trainer does not run it yet
+    assert {c.ac for c in REAL_WIDTH_CASES} == {"none", "selective", "full"}
     fsdp = [c for c in REAL_WIDTH_CASES if c.backend == "fsdp2" and c.pp == 1]
     assert {(c.zero_stage, c.grad_reduce) for c in fsdp if c.accum > 1} >= {
         (2, "every_micro_step"),

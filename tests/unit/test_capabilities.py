@@ -66,7 +66,6 @@ EXAMPLES: dict[str, Example] = {
     ),
     "loss_parallel_with_pp": Example(4, dict(**PP2, tp=2, loss_parallel=True), UNTIED_4),
     "sequence_parallel_with_pp": Example(4, dict(**PP2, tp=2, sequence_parallel=True), UNTIED_4),
-    "selective_checkpointing": Example(2, dict(dp_shard=2, activation_checkpointing="selective")),
     "compile_with_deepspeed": Example(2, dict(backend="deepspeed", zero_stage=2, dp_shard=2), compile=True),
     "chunked_loss_with_tp": Example(2, dict(tp=2, loss_chunk_tokens=8)),
     "chunked_loss_with_pp": Example(2, dict(**PP2, loss_chunk_tokens=8), UNTIED_4),

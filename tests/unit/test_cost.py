@@ -39,14 +39,21 @@ def test_flops_per_token_is_6n_plus_attention():
     assert model_flops_per_token(GPT2, 1024) == 6 * (12 * 7_087_872 + 50257 * 768) + 12 * 12 * 1024 * 768
 
 
-def test_compute_time_is_flops_over_the_rate_and_full_checkpointing_adds_a_forward():
+def test_compute_time_is_flops_over_the_rate_and_full_checkpointing_adds_the_blocks_forward():
     gpu = replace(LINKS, measured_tflops=(("bf16", 1024, 1.0),), intra_node_gbps=1e12)
     p = plan(1, 1, backend="ddp", micro_batch_size=1)
     t = estimate_time(GPT2, p, Cluster(gpu, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="bf16"))
     assert t.compute_s == pytest.approx(model_flops_per_token(GPT2, 1024) * 1024 / 1e12)
     full = plan(1, 1, backend="ddp", micro_batch_size=1, activation_checkpointing="full")
+    # the blocks' forward again (2 per block parameter and token, and attention's 4 x layers x L x d), not the head's
+    blocks_forward = 2 * 12 * 7_087_872 + 4 * 12 * 1024 * 768
     assert estimate_time(GPT2, full, Cluster(gpu, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="bf16")).compute_s == pytest.approx(
-        t.compute_s * 4 / 3
+        t.compute_s + blocks_forward * 1024 / 1e12
+    )
+    # every other block checkpointed: half of that
+    half = plan(1, 1, backend="ddp", micro_batch_size=1, activation_checkpointing="full", checkpoint_every=2)
+    assert estimate_time(GPT2, half, Cluster(gpu, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="bf16")).compute_s == pytest.approx(
+        t.compute_s + blocks_forward / 2 * 1024 / 1e12
     )
 
 
@@ -123,9 +130,14 @@ def test_with_a_measured_memory_bandwidth_element_wise_work_loss_and_adamw_are_t
     adamw = 28 * PSI
     t = estimate_time(GPT2, p, Cluster(gpu, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="bf16"))
     assert t.compute_s == pytest.approx(matmuls + (elementwise + loss + adamw) / 1e9)
-    # full checkpointing repeats the forward's element-wise work; FSDP2 steps AdamW on its shard only
-    full = estimate_time(GPT2, plan(1, 1, backend="ddp", micro_batch_size=1, activation_checkpointing="full"), Cluster(gpu, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="bf16"))
-    assert full.compute_s - t.compute_s == pytest.approx(matmuls / 3 + elementwise / 3 / 1e9)
+    # full checkpointing repeats the blocks' forward (not the head's) and its element-wise work; selective only the
+    # element-wise work; FSDP2 steps AdamW on its shard only
+    cluster, work = Cluster(gpu, 1, 1), Workload(seq_len=1024, global_batch_size=1, mixed_precision="bf16")
+    full = estimate_time(GPT2, plan(1, 1, backend="ddp", micro_batch_size=1, activation_checkpointing="full"), cluster, work)
+    blocks_forward = (2 * 12 * 7_087_872 + 4 * 12 * 1024 * 768) * 1024 / 1e12
+    assert full.compute_s - t.compute_s == pytest.approx(blocks_forward + elementwise / 3 / 1e9)
+    selective = plan(1, 1, backend="ddp", micro_batch_size=1, activation_checkpointing="selective")
+    assert estimate_time(GPT2, selective, cluster, work).compute_s - t.compute_s == pytest.approx(elementwise / 3 / 1e9)
     sharded = plan(4, 4, backend="fsdp2", zero_stage=3, micro_batch_size=1)
     s = estimate_time(GPT2, sharded, Cluster(replace(gpu, intra_node_gbps=1e12), 4, 4), Workload(seq_len=1024, global_batch_size=4, mixed_precision="bf16"))
     assert s.compute_s == pytest.approx(matmuls + (elementwise + loss + adamw / 4) / 1e9, rel=1e-6)

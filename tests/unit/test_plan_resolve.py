@@ -102,12 +102,7 @@ def test_plan_round_trips_into_a_recipe_section():
             8,
             "parallel.grad_reduce=every_micro_step is not possible with parallel.pp=2",
         ),
-        (
-            ParallelConfig(activation_checkpointing="selective"),
-            2,
-            8,
-            "parallel.activation_checkpointing=selective is not supported by the trainer yet",
-        ),
+        (ParallelConfig(checkpoint_every=0), 2, 8, "parallel.checkpoint_every=0 must be at least 1"),
         (ParallelConfig(backend="ddp", dp_shard=2), 2, 8, "parallel.dp_shard=2 shards parameters"),
         (ParallelConfig(dp_replicate=3), 4, 8, "parallel.dp_replicate=3 does not divide the data-parallel world 4"),
         (ParallelConfig(plan="auto"), 2, 8, "parallel.plan=auto is chosen at start-up by the trainer"),
