@@ -235,14 +235,20 @@ def _fits(candidates: list[Candidate]) -> bool:
 
 
 def alternatives_that_fit(req: PlanRequest) -> dict[str, str]:
-    """Try the obvious ways out (more GPUs, offload, shorter sequences) and say which would fit."""
+    """Try the obvious ways out (more GPUs, offload, shorter sequences) and say which would fit. More GPUs come as
+    nodes of 8 when the request's nodes are smaller than that (a lone GPU's "node" says nothing about the nodes it
+    would join), which is what lets context parallelism split long rows over them."""
     found: dict[str, str] = {}
     for factor in (2, 4, 8, 16, 32, 64):
         gpus = req.cluster.num_gpus * factor
         batch = max(req.workload.global_batch_size, gpus) // gpus * gpus
-        more = replace(req.cluster, num_gpus=gpus)
-        if _fits(_search(req, cluster=more, global_batch_size=batch)):
-            found["gpus"] = f"{gpus} GPUs (--gpus {gpus})"
+        per_node = max(req.cluster.gpus_per_node, min(gpus, 8))
+        more = replace(req.cluster, num_gpus=gpus, gpus_per_node=per_node)
+        candidates = _search(req, cluster=more, global_batch_size=batch)
+        if _fits(candidates):
+            plan = candidates[0].plan
+            how = f": each row split over {plan.cp} of them, --fix cp={plan.cp}" if plan.cp > 1 else ""
+            found["gpus"] = f"{gpus} GPUs (--gpus {gpus}{how})"
             break
     # offloading needs a sharded backend, and is only a way out if the user has not pinned it already
     if req.fixed.get("backend") != "ddp":

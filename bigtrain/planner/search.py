@@ -183,7 +183,7 @@ def enumerate_plans(
 
     Gradient reduction: FSDP2 chooses when it accumulates (without accumulation both modes are the same plan);
     DDP and DeepSpeed have one mode each (see config.plan). The chunked loss (LOSS_CHUNK_TOKENS per chunk) is a
-    variant where a micro-batch has more tokens than a chunk.
+    variant where a row has more tokens than a chunk.
     """
     for backend in BACKENDS:
         default_reduce = DEFAULT_GRAD_REDUCE[backend]
@@ -217,8 +217,16 @@ def enumerate_plans(
                 for option in ("loss_parallel", "sequence_parallel"):
                     if fixed.get(option) and backend == "fsdp2" and tp > 1 and pp == 1:
                         variants = [replace(v, **{option: True}) for v in variants]
+                # full checkpointing of every other block: between none and full in memory and in time
+                every = fixed.get("checkpoint_every", 1)
+                # (weighed without tp and pp: where rows are long and memory is activations, not model states)
+                if ac == "full" and "checkpoint_every" not in fixed and stats.layers >= 4 and tp == pp == 1:
+                    variants += [replace(v, checkpoint_every=2) for v in variants]
+                elif every > 1:
+                    variants = [replace(v, checkpoint_every=every) for v in variants]
                 chunk = fixed.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS)
-                if chunk and tp == 1 and pp == 1 and (mb * seq_len // cp > chunk or "loss_chunk_tokens" in fixed):
+                # weighed for rows longer than a chunk (shorter rows can shrink the micro-batch instead)
+                if chunk and tp == 1 and pp == 1 and (seq_len // cp > chunk or "loss_chunk_tokens" in fixed):
                     variants += [replace(v, loss_chunk_tokens=chunk) for v in variants]
                 if fixed:
                     variants = [v for v in variants if all(getattr(v, k) == want for k, want in fixed.items())]

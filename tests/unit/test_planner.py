@@ -38,17 +38,29 @@ def test_zero_model_states(n, stage):
     s = stats("llama-3-8b")
     psi = s.params
     # two tokens per sequence: the peak is a moment with gradients (the step, or the LM head's backward)
-    m = estimate_memory(s, plan(backend="deepspeed", zero_stage=stage, dp_shard=n), Workload(seq_len=2, global_batch_size=n, mixed_precision="bf16"))
+    m = estimate_memory(
+        s,
+        plan(backend="deepspeed", zero_stage=stage, dp_shard=n),
+        Workload(seq_len=2, global_batch_size=n, mixed_precision="bf16"),
+    )
     assert m.params_bytes == (2 * psi // n if stage == 3 else 2 * psi)
     assert m.optimizer_bytes == 12 * psi // n
     assert m.grads_bytes >= 2 * psi // n
-    offloaded = estimate_memory(s, plan(backend="deepspeed", zero_stage=stage, dp_shard=n, offload_optimizer=True), Workload(seq_len=2, global_batch_size=n, mixed_precision="bf16"))
+    offloaded = estimate_memory(
+        s,
+        plan(backend="deepspeed", zero_stage=stage, dp_shard=n, offload_optimizer=True),
+        Workload(seq_len=2, global_batch_size=n, mixed_precision="bf16"),
+    )
     assert offloaded.optimizer_bytes == 0 and offloaded.total_bytes < m.total_bytes
 
 
 def test_ddp_and_fsdp2_states():
     s = stats("gpt2")
-    ddp = estimate_memory(s, plan(backend="ddp", zero_stage=0, dp_replicate=8), Workload(seq_len=1024, global_batch_size=8, mixed_precision="bf16"))
+    ddp = estimate_memory(
+        s,
+        plan(backend="ddp", zero_stage=0, dp_replicate=8),
+        Workload(seq_len=1024, global_batch_size=8, mixed_precision="bf16"),
+    )
     assert ddp.params_bytes + ddp.grads_bytes + ddp.optimizer_bytes == 16 * s.params
     # tiny activations, tied 50k vocabulary: the peak is the embedding's backward, with every gradient shard, three
     # vocab x hidden bf16 tensors (the tied weight's gradient, the embedding's new one, their sum), the first block's
@@ -98,7 +110,9 @@ def h100(n: int, per_node: int = 8):
 
 
 def best(name, gpus, seq=2048, batch=None):
-    return search(stats(name), h100(gpus), Workload(seq_len=seq, global_batch_size=batch or 64 * gpus, mixed_precision="bf16"))[0]
+    return search(
+        stats(name), h100(gpus), Workload(seq_len=seq, global_batch_size=batch or 64 * gpus, mixed_precision="bf16")
+    )[0]
 
 
 def test_small_model_on_8_gpus_replicates_without_checkpointing():
@@ -108,7 +122,9 @@ def test_small_model_on_8_gpus_replicates_without_checkpointing():
 
 
 def test_405b_on_64_gpus_is_planned_with_model_parallelism_and_runs_sharded_today():
-    cands = search(stats("llama-3-405b"), h100(64), Workload(seq_len=2048, global_batch_size=512, mixed_precision="bf16"))
+    cands = search(
+        stats("llama-3-405b"), h100(64), Workload(seq_len=2048, global_batch_size=512, mixed_precision="bf16")
+    )
     best = cands[0]  # what bigtrain train runs and the planner offers: ZeRO-3 (FSDP2 or DeepSpeed) with offload
     assert best.fits and best.runnable and best.plan.zero_stage == 3
     assert best.plan.offload_params or best.plan.offload_optimizer
@@ -147,7 +163,12 @@ def test_8b_on_8_gpus_trains_with_fsdp2_alone_and_sharded_gradients():
     # (less where the optimizer step, not the loss, is the peak)
     for c in plain:
         once = plan(**{**c.plan.to_dict(), "grad_reduce": "once_per_step"})
-        extra = estimate_memory(stats("llama-3-8b"), once, Workload(seq_len=2048, global_batch_size=512, mixed_precision="bf16")).total_bytes - c.memory.total_bytes
+        extra = (
+            estimate_memory(
+                stats("llama-3-8b"), once, Workload(seq_len=2048, global_batch_size=512, mixed_precision="bf16")
+            ).total_bytes
+            - c.memory.total_bytes
+        )
         if c.plan.grad_reduce == "every_micro_step":
             assert extra > 20 * GiB
 
@@ -157,25 +178,44 @@ def test_search_of_1024_gpus_takes_under_2_seconds():
     seconds = []
     for _ in range(2):
         start = time.perf_counter()
-        candidates = search(stats("llama-3-405b"), h100(1024), Workload(seq_len=4096, global_batch_size=2048, mixed_precision="bf16"))
+        candidates = search(
+            stats("llama-3-405b"), h100(1024), Workload(seq_len=4096, global_batch_size=2048, mixed_precision="bf16")
+        )
         seconds.append(time.perf_counter() - start)
     assert min(seconds) < 2.0
     assert len(candidates) > 10000
 
 
 def test_tp_is_kept_within_a_node_and_dividing_heads():
-    cands = search(stats("llama-3-8b"), h100(32), Workload(seq_len=2048, global_batch_size=256, mixed_precision="bf16"), fixed={"tp": 16})
+    cands = search(
+        stats("llama-3-8b"),
+        h100(32),
+        Workload(seq_len=2048, global_batch_size=256, mixed_precision="bf16"),
+        fixed={"tp": 16},
+    )
     assert all(not c.fits for c in cands)
     assert "tp=16 crosses node boundary (8 GPUs per node)" in {c.rejected_because for c in cands}
-    cands = search(stats("qwen2.5-0.5b"), h100(8), Workload(seq_len=2048, global_batch_size=64, mixed_precision="bf16"), fixed={"tp": 4})
+    cands = search(
+        stats("qwen2.5-0.5b"),
+        h100(8),
+        Workload(seq_len=2048, global_batch_size=64, mixed_precision="bf16"),
+        fixed={"tp": 4},
+    )
     assert cands[0].rejected_because == "parallel.tp=4 does not divide num_attention_heads=14; try 1, 2"
 
 
 def test_loss_parallel_is_weighed_when_pinned_and_divides_the_logits():
     fixed = {"tp": 4, "pp": 1, "zero_stage": 3, "micro_batch_size": 2, "dp_replicate": 1}
     fixed["activation_checkpointing"] = "none"
-    plain = search(stats("qwen2.5-7b"), h100(16), Workload(seq_len=4096, global_batch_size=64, mixed_precision="bf16"), fixed=fixed)
-    split = search(stats("qwen2.5-7b"), h100(16), Workload(seq_len=4096, global_batch_size=64, mixed_precision="bf16"), fixed={**fixed, "loss_parallel": True})
+    plain = search(
+        stats("qwen2.5-7b"), h100(16), Workload(seq_len=4096, global_batch_size=64, mixed_precision="bf16"), fixed=fixed
+    )
+    split = search(
+        stats("qwen2.5-7b"),
+        h100(16),
+        Workload(seq_len=4096, global_batch_size=64, mixed_precision="bf16"),
+        fixed={**fixed, "loss_parallel": True},
+    )
     assert not any(c.plan.loss_parallel for c in plain) and all(c.plan.loss_parallel for c in split)
     same_plan = {c.plan: c.memory for c in plain}
     for c in split:
@@ -183,7 +223,12 @@ def test_loss_parallel_is_weighed_when_pinned_and_divides_the_logits():
         # logits: 12 bytes per logit of the whole vocabulary -> 16 per local one (1/4); head parameters / 4
         b, L, V = 2, 4096, 152064
         assert saved >= b * L * V * (12 - 16 / 4)
-    tied = search(stats("qwen2.5-0.5b"), h100(8), Workload(seq_len=2048, global_batch_size=64, mixed_precision="bf16"), fixed={"tp": 2, "loss_parallel": True})
+    tied = search(
+        stats("qwen2.5-0.5b"),
+        h100(8),
+        Workload(seq_len=2048, global_batch_size=64, mixed_precision="bf16"),
+        fixed={"tp": 2, "loss_parallel": True},
+    )
     assert {c.rejected_because for c in tied} == {
         "parallel.loss_parallel=true shards the LM head over the vocabulary, but this model ties it to the input "
         "embeddings (tie_word_embeddings=true), which stay whole; set parallel.loss_parallel=false"
@@ -193,8 +238,21 @@ def test_loss_parallel_is_weighed_when_pinned_and_divides_the_logits():
 def test_sequence_parallel_is_weighed_when_pinned_and_splits_the_norms_activations():
     fixed = {"tp": 4, "pp": 1, "zero_stage": 3, "micro_batch_size": 2, "dp_replicate": 1}
     fixed["activation_checkpointing"] = "none"
-    plain = {c.plan: c for c in search(stats("llama-3-8b"), h100(16), Workload(seq_len=4096, global_batch_size=64, mixed_precision="bf16"), fixed=fixed)}
-    split = search(stats("llama-3-8b"), h100(16), Workload(seq_len=4096, global_batch_size=64, mixed_precision="bf16"), fixed={**fixed, "sequence_parallel": True})
+    plain = {
+        c.plan: c
+        for c in search(
+            stats("llama-3-8b"),
+            h100(16),
+            Workload(seq_len=4096, global_batch_size=64, mixed_precision="bf16"),
+            fixed=fixed,
+        )
+    }
+    split = search(
+        stats("llama-3-8b"),
+        h100(16),
+        Workload(seq_len=4096, global_batch_size=64, mixed_precision="bf16"),
+        fixed={**fixed, "sequence_parallel": True},
+    )
     assert split and all(c.plan.sequence_parallel and "tp=4+sp" in describe(c.plan) for c in split)
     for c in split:
         saved = plain[dataclasses.replace(c.plan, sequence_parallel=False)].memory.activations_bytes
@@ -207,7 +265,12 @@ def test_sequence_parallel_is_weighed_when_pinned_and_splits_the_norms_activatio
 
 
 def test_fix_pins_fields():
-    cands = search(stats("llama-3-8b"), h100(8), Workload(seq_len=2048, global_batch_size=64, mixed_precision="bf16"), fixed={"backend": "fsdp2", "zero_stage": 2})
+    cands = search(
+        stats("llama-3-8b"),
+        h100(8),
+        Workload(seq_len=2048, global_batch_size=64, mixed_precision="bf16"),
+        fixed={"backend": "fsdp2", "zero_stage": 2},
+    )
     assert {(c.plan.backend, c.plan.zero_stage) for c in cands} == {("fsdp2", 2)}
 
 
@@ -267,3 +330,29 @@ def test_long_rows_on_8_h100_get_a_fitting_plan_through_context_parallelism(seq_
     best = search(stats, make_cluster(8, None, "H100", "80GB"), workload)[0]
     assert best.fits and best.runnable, best.rejected_because
     assert best.plan.cp > 1 and seq_len // best.plan.cp <= 65536
+
+
+def test_a_long_row_that_fits_no_gpu_is_told_the_lever():
+    """Llama-3-8B at 262,144 tokens on one H100: the way out names context parallelism over more GPUs."""
+    import argparse
+
+    from bigtrain.cli.plan import alternatives_that_fit, build_request
+
+    args = argparse.Namespace(
+        model="llama-3-8b",
+        gpus=1,
+        gpus_per_node=None,
+        gpu="H100",
+        gpu_memory=None,
+        seq_len=262144,
+        global_batch_size=1,
+        mixed_precision=None,
+        compile=None,
+        method=None,
+        lora_r=None,
+        fix=[],
+        recipe=None,
+        hardware_profile=None,
+    )
+    found = alternatives_that_fit(build_request(args))
+    assert found["gpus"] == "2 GPUs (--gpus 2: each row split over 2 of them, --fix cp=2)"
