@@ -72,7 +72,10 @@ FEATURES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [  # (row, plan fie
         {},
     ),  # noqa: E501
     ("activation checkpointing: full", dict(activation_checkpointing="full"), {}),
-    ("activation checkpointing: selective", dict(activation_checkpointing="selective"), {}),
+    ("activation checkpointing: selective (per op)", dict(activation_checkpointing="selective"), {}),
+    ("activation checkpointing: every k-th block", dict(activation_checkpointing="full", checkpoint_every=2), {}),
+    ("context parallel (cp, Ulysses all-to-all)", dict(cp=2), {}),
+    ("chunked loss (`loss_chunk_tokens`)", dict(loss_chunk_tokens=4096), {}),
     ("offload parameters", dict(offload_params=True), {}),
     ("offload optimizer states", dict(offload_optimizer=True), {}),
     ("`train.compile`", {}, dict(compile=True)),

@@ -25,7 +25,7 @@ from bigtrain.config.resolve import resolve_plan
 from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
-from bigtrain.integrations import TARGETS, Export
+from bigtrain.integrations import TARGETS, Export, dropped_memory_options
 
 log = logging.getLogger("bigtrain")
 
@@ -50,11 +50,11 @@ def _stated_world(cfg: RecipeConfig) -> int | None:
     """The world size a manual plan states by itself (every degree given), else None."""
     p = cfg.parallel
     if p.backend == "ddp":
-        return None if p.dp_replicate in (None, -1) else p.dp_replicate * p.tp * p.pp
+        return None if p.dp_replicate in (None, -1) else p.dp_replicate * p.tp * p.pp * p.cp
     if p.dp_shard in (None, -1):
         return None
     replicate = 1 if p.dp_replicate in (None, -1) else p.dp_replicate
-    return replicate * p.dp_shard * p.tp * p.pp
+    return replicate * p.dp_shard * p.tp * p.pp * p.cp
 
 
 def _auto_plan(cfg: RecipeConfig, args: argparse.Namespace) -> Plan:
@@ -112,6 +112,7 @@ def export_plan(cfg: RecipeConfig, args: argparse.Namespace) -> tuple[Plan, Expo
         export = export_deepspeed(cfg, plan, hf_config)
     else:
         export = export_hf_trainer(cfg, plan, hf_config, block_class_names(hf_config))
+    export.notes += dropped_memory_options(plan, args.to)
     if cfg.train.method in ADAPTER_METHODS:
         lora = cfg.lora
         export.notes.append(

@@ -27,12 +27,35 @@ class Export:
 
 
 def refuse_pipeline(plan: Plan, target: str, why: str) -> None:
-    """No target trains pipeline stages as bigtrain does: a pp plan is one error naming the key and the way out."""
+    """No target trains pipeline stages or context-parallel slices as bigtrain does: a pp or cp plan is one error
+    naming the key and the way out."""
     if plan.pp > 1:
         raise ConfigError(
             f"parallel.pp={plan.pp} cannot be exported --to {target}: {why}; export a plan with pp=1 "
             "(e.g. --set parallel.pp=1), or run it with bigtrain train"
         )
+    if plan.cp > 1:
+        raise ConfigError(
+            f"parallel.cp={plan.cp} cannot be exported --to {target}: bigtrain's context parallelism (all-to-all "
+            "around transformers' attention) has no key there; export a plan with cp=1, or run it with bigtrain train"
+        )
+
+
+def dropped_memory_options(plan: Plan, target: str) -> list[str]:
+    """Notes for bigtrain's activation-memory levers no target expresses: the same model trains without them, with
+    more activation memory than the plan was sized for."""
+    dropped = []
+    if plan.loss_chunk_tokens:
+        dropped.append(f"parallel.loss_chunk_tokens={plan.loss_chunk_tokens}")
+    if plan.activation_checkpointing == "selective":
+        dropped.append("parallel.activation_checkpointing=selective (exported as none)")
+    if plan.checkpoint_every > 1 and plan.activation_checkpointing == "full":
+        dropped.append(f"parallel.checkpoint_every={plan.checkpoint_every} (exported as every block)")
+    if not dropped:
+        return []
+    return [
+        f"{'; '.join(dropped)}: no {target} key; the same model trains, its activation memory differs from the plan's"
+    ]
 
 
 def dropped_tp_options(plan: Plan, target: str) -> list[str]:

@@ -79,3 +79,13 @@ def test_attention_kept_within_each_slice_would_be_caught(cp_inputs):
     apart = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).item()
     assert whole == pytest.approx(reference[0]["loss"], rel=RTOL)
     assert abs(apart / whole - 1) > 10 * RTOL, (apart, whole)  # measured: 1.6e-3
+
+
+def test_lora_at_long_context_runs_with_context_parallelism(cp_inputs, tmp_path):
+    """LoRA with cp=2 (FSDP2, 2 ranks) trains the adapters of the plain peft loop (test_adapters.py) on the same rows."""
+    from test_adapters import assert_same, peft_reference, run_plan
+
+    rows_path, rows, model_dir, _, _ = cp_inputs
+    reference, reference_params = peft_reference(model_dir, rows, micro=2)
+    got, params = run_plan(model_dir, rows_path.parent, tmp_path, 2, dict(backend="fsdp2", cp=2, micro_batch_size=2))
+    assert_same(got, params, reference, reference_params)

@@ -20,6 +20,7 @@ RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
 # What a target cannot express, by (recipe, target): pipeline stages for all three, tp for a DeepSpeed JSON
 REFUSED = {
     **{("pp_tp_fsdp", target): "parallel.pp=2 cannot be exported" for target in TARGETS},
+    **{("long_context_8b_128k", target): "parallel.cp=2 cannot be exported" for target in TARGETS},
     ("tp_fsdp", "deepspeed"): "parallel.tp=2 cannot be exported",
 }
 
@@ -33,6 +34,8 @@ def recipe_args(name: str, tmp_path: Path) -> tuple[list[str], int]:
     args = ["--gpus", "4"]
     if name == "qlora_70b_2x24gb":  # its model is a 70B folder this machine does not have; its plan states dp_shard=2
         return ["--set", f"model.name_or_path={save_tiny_model(tmp_path / name)}"], 2
+    if name == "long_context_8b_128k":  # an 8B folder this machine does not have; dp_shard 4 x cp 2
+        return ["--set", f"model.name_or_path={save_tiny_model(tmp_path / name)}"], 8
     if name in ("finetune_local", "chat_finetune", "lora_chat"):  # their models are the walk-throughs' folders
         args += ["--set", f"model.name_or_path={save_tiny_model(tmp_path / name)}"]
     return args, 4
