@@ -60,6 +60,9 @@ def main() -> int:
         plan = "ddp" if c.backend == "ddp" else f"fsdp2 zero{c.zero_stage}" + (f" tp{c.tp}" if c.tp > 1 else "")
         plan = plan if c.method == "full" else f"{c.method} {plan}"
         plan += f" (+{', '.join(c.modules_to_save)} trained fully)" if c.modules_to_save else ""
+        plan += f" cp{c.cp}" if c.cp > 1 else ""
+        plan += f" every {c.every}" if c.every > 1 else ""
+        plan += f" chunked loss {c.loss_chunk}" if c.loss_chunk else ""
         plan += " loss_parallel" if c.loss_parallel else ""
         plan += " sequence_parallel" if c.sequence_parallel else ""
         if c.pp > 1:
