@@ -82,6 +82,13 @@ def recomputed_share(stats: ModelStats, plan: Plan) -> float:
     return math.ceil(stats.layers / plan.checkpoint_every) / stats.layers
 
 
+def elementwise_forward_bytes(stats: ModelStats, plan: Plan, a: int) -> float:
+    """Bytes the element-wise ops of one block's forward move per token (``memory_bound_bytes``' count)."""
+    h, f = stats.hidden, stats.ffn
+    whole = 42 * a * h / (plan.tp if plan.sequence_parallel else 1)
+    return whole + (19 * a * h + 5 * a * f) / plan.tp
+
+
 def memory_bound_bytes(stats: ModelStats, plan: Plan, tokens: float, a: int, trained: float | None = None) -> float:
     """Bytes one rank's element-wise work moves in one step (reads + writes), for ``tokens`` tokens of that rank.
 
@@ -94,10 +101,8 @@ def memory_bound_bytes(stats: ModelStats, plan: Plan, tokens: float, a: int, tra
     logit (fp32 upcast, log-softmax, its backward, the downcast). AdamW: 28 bytes per fp32 parameter of the rank's
     shard (reads p, g, m, v; writes p, m, v); none on the device when the optimizer is offloaded.
     """
-    h, f = stats.hidden, stats.ffn
     layers = stage_layers(stats, plan.pp)
-    whole = 42 * a * h / (plan.tp if plan.sequence_parallel else 1)
-    forward = whole + (19 * a * h + 5 * a * f) / plan.tp
+    forward = elementwise_forward_bytes(stats, plan, a)
     passes = 3 + (recomputed_share(stats, plan) if plan.activation_checkpointing != "none" else 0)
     elementwise = passes * forward * layers * tokens
     loss = 40.0 * stats.vocab / (plan.tp if plan.loss_parallel else 1) * tokens
@@ -222,6 +227,11 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
         compute += memory_bound_bytes(stats, plan, rank_tokens, a, trained) / (cluster.gpu.copy_gbps * 1e9)
     bandwidth = cluster.gpu.copy_gbps or cluster.gpu.memory_gbps * MEMORY_ACHIEVABLE
     compute += micro_batches * dequant_bytes(stats, plan, workload) / (bandwidth * 1e9)
+    if plan.activation_checkpointing == "selective" and not (measured is not None and cluster.gpu.copy_gbps > 0):
+        # without a probed profile the element-wise work is inside the FLOP rate's efficiency, but selective
+        # checkpointing's recompute is all element-wise: one more forward pass of it, at the memory bandwidth
+        redo = recomputed_share(stats, plan) * stage_layers(stats, plan.pp) * elementwise_forward_bytes(stats, plan, a)
+        compute += redo * tokens / plan.dp / plan.cp / (bandwidth * 1e9)
     # the floor: every micro-step launches each block's operators, whatever their size
     layers = stage_layers(stats, plan.pp)
     compute += micro_batches * layers * OPS_PER_BLOCK * cluster.gpu.op_overhead_s

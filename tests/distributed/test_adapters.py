@@ -238,15 +238,11 @@ def test_the_lora_comparison_catches_a_wrong_scaling_or_a_trained_base(data, lor
         assert param_gap > 10 * PARAM_ATOL, (variant, param_gap)
 
 
-@pytest.mark.parametrize(
-    "parallel",
-    [dict(backend="fsdp2", micro_batch_size=2), dict(backend="deepspeed", zero_stage=3, micro_batch_size=2)],
-    ids=["fsdp2-2ranks-accum2", "deepspeed-zero3-accum2"],
-)
-def test_modules_to_save_train_fully_beside_the_adapters_and_load_with_peft(data, parallel, tmp_path, cli_in_process):
-    """lora.modules_to_save=[embed_tokens] on a tied model, 2 ranks with accumulation: the embedding (and through it
-    the tied LM head) trains as peft's modules_to_save with ensure_weight_tying trains it; the adapter folder
-    carries it whole, PeftModel.from_pretrained and the merged export give the trained model's logits."""
+def test_modules_to_save_train_fully_beside_the_adapters_and_load_with_peft(data, tmp_path, cli_in_process):
+    """lora.modules_to_save=[embed_tokens] on a tied model, FSDP2 x 2 with accumulation: the embedding (and through
+    it the tied LM head) trains as peft's modules_to_save with ensure_weight_tying trains it; the adapter folder
+    carries it whole, PeftModel.from_pretrained and the merged export give the trained model's logits. (DeepSpeed
+    ZeRO-3 and DDP gave the same within these tolerances when run by hand; the suite keeps one engine for time.)"""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -255,6 +251,7 @@ def test_modules_to_save_train_fully_beside_the_adapters_and_load_with_peft(data
     saved = ["embed_tokens"]
     reference, reference_params, trained = peft_reference(model_dir, rows, modules_to_save=saved, keep_model=True)
     assert "model.embed_tokens.weight" in reference_params
+    parallel = dict(backend="fsdp2", micro_batch_size=2)
     got, params = run_plan(model_dir, root, tmp_path, 2, parallel, modules_to_save=saved)
     assert_same(got, params, reference, reference_params, tied=("lm_head.weight",))
     torch.testing.assert_close(params["lm_head.weight"], params["model.embed_tokens.weight"], rtol=0, atol=0)

@@ -27,7 +27,18 @@ CP_PLANS = {
         4,
         dict(backend="fsdp2", cp=2, dp_shard=2, micro_batch_size=2, activation_checkpointing="full"),
     ),
-    "ddp-cp2-dp2-accum2-chunked-loss": (4, dict(backend="ddp", cp=2, micro_batch_size=2, loss_chunk_tokens=5)),
+    # with full checkpointing of every other block (parallel.checkpoint_every) and the chunked loss
+    "ddp-cp2-accum4-ac-full-every2-chunked-loss": (
+        2,
+        dict(
+            backend="ddp",
+            cp=2,
+            micro_batch_size=2,
+            activation_checkpointing="full",
+            checkpoint_every=2,
+            loss_chunk_tokens=5,
+        ),
+    ),
 }
 
 

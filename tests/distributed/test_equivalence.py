@@ -130,12 +130,12 @@ DEEPSPEED_PLANS = {
     f"deepspeed-zero{stage}-accum2": (2, dict(backend="deepspeed", zero_stage=stage, micro_batch_size=2))
     for stage in (1, 2, 3)
 }
-# the chunked loss (parallel.loss_chunk_tokens; chunks of 7 tokens do not divide a micro-batch's), with the head
-# inside FSDP2's root unit and checkpointed blocks, and under ZeRO-3 (each chunk gathers the head)
+# the chunked loss (parallel.loss_chunk_tokens; chunks of 7 tokens do not divide a micro-batch's) with the head inside
+# FSDP2's root unit and selective (per-op) checkpointing, and under ZeRO-3 (each chunk gathers the head)
 CHUNKED_LOSS_PLANS = {
-    "fsdp2-2ranks-ac-full-chunked-loss": (
+    "fsdp2-2ranks-ac-selective-chunked-loss-accum2": (
         2,
-        dict(backend="fsdp2", activation_checkpointing="full", micro_batch_size=2, loss_chunk_tokens=7),
+        dict(backend="fsdp2", activation_checkpointing="selective", micro_batch_size=2, loss_chunk_tokens=7),
     ),
     "deepspeed-zero3-chunked-loss": (
         2,
@@ -143,18 +143,6 @@ CHUNKED_LOSS_PLANS = {
     ),
 }
 PLANS.update(CHUNKED_LOSS_PLANS)
-# selective (per-op) checkpointing, and full checkpointing of every other block only
-CHECKPOINTING_PLANS = {
-    "fsdp2-2ranks-ac-selective-accum2": (
-        2,
-        dict(backend="fsdp2", micro_batch_size=2, activation_checkpointing="selective"),
-    ),
-    "fsdp2-2ranks-ac-full-every2-accum2": (
-        2,
-        dict(backend="fsdp2", micro_batch_size=2, activation_checkpointing="full", checkpoint_every=2),
-    ),
-}
-PLANS.update(CHECKPOINTING_PLANS)
 
 # tensor parallel (with FSDP2 over the data axes), each with accumulation
 TP_PLANS = {

@@ -61,6 +61,9 @@ def test_json_contract(plan_cli):
         "micro_batch_size",
         "offload_optimizer",
         "offload_params",
+        "loss_chunk_tokens",
+        "cp",
+        "checkpoint_every",
     }
     assert out["plan"]["backend"] == "fsdp2"
     assert set(out["memory"]) == {
