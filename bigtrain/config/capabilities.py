@@ -265,26 +265,23 @@ def _tp_layout_shipped(s: Setup) -> str | None:
     return None
 
 
-def _tp_divides_heads(s: Setup) -> str | None:
-    model, tp = s.model, s.plan.tp
+def _heads_not_divided(s: Setup, key: str, why: str = "") -> str | None:
+    """The line for parallel.<key> (tp or cp) not dividing the attention or KV heads, or None."""
+    model, degree = s.model, getattr(s.plan, key)
     assert model is not None
-    for key, n in (("num_attention_heads", model.heads), ("num_key_value_heads", model.kv_heads)):
-        if n % tp:
+    for name, n in (("num_attention_heads", model.heads), ("num_key_value_heads", model.kv_heads)):
+        if n % degree:
             fits_both = divisor_hint(math.gcd(model.heads, model.kv_heads))  # what divides both divides their gcd
-            return f"parallel.tp={tp} does not divide {key}={n}; try {fits_both}"
+            return f"parallel.{key}={degree} does not divide {name}={n}{why}; try {fits_both}"
     return None
+
+
+def _tp_divides_heads(s: Setup) -> str | None:
+    return _heads_not_divided(s, "tp")
 
 
 def _cp_divides_heads(s: Setup) -> str | None:
-    model, cp = s.model, s.plan.cp
-    assert model is not None
-    for key, n in (("num_attention_heads", model.heads), ("num_key_value_heads", model.kv_heads)):
-        if n % cp:
-            fits_both = divisor_hint(math.gcd(model.heads, model.kv_heads))
-            return (
-                f"parallel.cp={cp} does not divide {key}={n} (each cp rank attends over 1/cp of them); try {fits_both}"
-            )
-    return None
+    return _heads_not_divided(s, "cp", " (each cp rank attends over 1/cp of them)")
 
 
 def _cp_backends(s: Setup) -> str | None:

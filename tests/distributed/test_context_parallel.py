@@ -8,17 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from cases import TINY_MODELS
-from helpers import learnable_rows, read_metrics, run_torchrun, save_rows, save_tiny_model, write_recipe
-from test_equivalence import (
-    NUM_ROWS,
-    PARAM_ATOL,
-    RTOL,
-    STEPS,
-    WORKER,
-    global_batch_rows,
-    recipe_for,
-    reference_run,
-)
+from helpers import learnable_rows, save_rows, save_tiny_model
+from test_equivalence import NUM_ROWS, RTOL, assert_plan_matches, global_batch_rows, reference_run
 
 CP_SEQ_LEN = 32
 CP_PLANS = {
@@ -57,18 +48,7 @@ def cp_inputs(tmp_path_factory):
 def test_context_parallel_matches_the_single_process_loop(name, cp_inputs, tmp_path):
     rows_path, _, model_dir, reference, reference_params = cp_inputs
     nproc, parallel = CP_PLANS[name]
-    recipe = write_recipe(tmp_path / "recipe.yaml", recipe_for(model_dir, rows_path, parallel, tmp_path / "out"))
-    proc = run_torchrun([str(WORKER), str(recipe), str(tmp_path / "params.pt")], nproc=nproc, module=False, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = read_metrics(tmp_path / "out")
-    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
-    for step, (mine, ref) in enumerate(zip(got, reference, strict=True), 1):
-        assert mine["loss"] == pytest.approx(ref["loss"], rel=RTOL), f"step {step} loss"
-        assert mine["grad_norm"] == pytest.approx(ref["grad_norm"], rel=RTOL), f"step {step} grad_norm"
-    params = torch.load(tmp_path / "params.pt")
-    assert set(params) == set(reference_params)
-    for key, ref in reference_params.items():
-        torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")
+    assert_plan_matches(model_dir, rows_path, nproc, parallel, reference, reference_params, tmp_path)
 
 
 def test_attention_kept_within_each_slice_would_be_caught(cp_inputs):

@@ -226,14 +226,10 @@ def recipe_for(model_dir, rows_path, parallel, output_dir) -> dict:
     )
 
 
-@pytest.mark.parametrize("arch, name", CASES, ids=[f"{a}-{n}" for a, n in CASES])
-def test_plan_matches_single_process_loop(arch, name, data, models, tmp_path):
-    root, _ = data
-    model_dir, reference, reference_params = models(arch)
-    nproc, parallel = PLANS[name]
-    recipe = write_recipe(
-        tmp_path / "recipe.yaml", recipe_for(model_dir, root / "rows.npy", parallel, tmp_path / "out")
-    )
+def assert_plan_matches(model_dir, rows_path, nproc, parallel, reference, reference_params, tmp_path) -> None:
+    """Train ``parallel`` on ``nproc`` ranks with torchrun and compare every step's loss, gradient norm and learning
+    rate, and the final parameters, with the single-process loop's."""
+    recipe = write_recipe(tmp_path / "recipe.yaml", recipe_for(model_dir, rows_path, parallel, tmp_path / "out"))
     proc = run_torchrun([str(WORKER), str(recipe), str(tmp_path / "params.pt")], nproc=nproc, module=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = read_metrics(tmp_path / "out")
@@ -246,6 +242,14 @@ def test_plan_matches_single_process_loop(arch, name, data, models, tmp_path):
     assert set(params) == set(reference_params)  # the names a checkpoint of this plan would carry: HF's own
     for key, ref in reference_params.items():
         torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")
+
+
+@pytest.mark.parametrize("arch, name", CASES, ids=[f"{a}-{n}" for a, n in CASES])
+def test_plan_matches_single_process_loop(arch, name, data, models, tmp_path):
+    root, _ = data
+    model_dir, reference, reference_params = models(arch)
+    nproc, parallel = PLANS[name]
+    assert_plan_matches(model_dir, root / "rows.npy", nproc, parallel, reference, reference_params, tmp_path)
 
 
 def test_the_reference_is_not_vacuous(data, models):
