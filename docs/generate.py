@@ -76,6 +76,7 @@ FEATURES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [  # (row, plan fie
     ("activation checkpointing: every k-th block", dict(activation_checkpointing="full", checkpoint_every=2), {}),
     ("context parallel (cp, Ulysses all-to-all)", dict(cp=2), {}),
     ("chunked loss (`loss_chunk_tokens`)", dict(loss_chunk_tokens=4096), {}),
+    ("offload activations (`offload_activations`)", dict(offload_activations=True), {}),
     ("offload parameters", dict(offload_params=True), {}),
     ("offload optimizer states", dict(offload_optimizer=True), {}),
     ("`train.compile`", {}, dict(compile=True)),

@@ -168,6 +168,7 @@ class MemoryCase:
     loss_chunk: int = 0  # parallel.loss_chunk_tokens: the LM head and loss over chunks of this many tokens
     cp: int = 1  # fsdp2: context-parallel degree (taken out of dp_shard)
     every: int = 1  # parallel.checkpoint_every: checkpoint every k-th block only
+    offload: bool = False  # parallel.offload_activations: what the blocks save waits in host memory
 
     @property
     def accum(self) -> int:
@@ -187,6 +188,7 @@ class MemoryCase:
         dp += f"-chunk{self.loss_chunk}" if self.loss_chunk else ""
         dp += f"-cp{self.cp}" if self.cp > 1 else ""
         dp += f"-every{self.every}" if self.every > 1 else ""
+        dp += "-offload" if self.offload else ""
         return (
             f"{method}{self.arch}-{self.backend}{self.zero_stage}-N{dp}-{self.ac}-mb{self.micro_batch}-L{self.seq_len}-"
             f"B{self.global_batch}-{self.precision}{reduce}"
@@ -226,6 +228,7 @@ class MemoryCase:
             loss_chunk_tokens=self.loss_chunk,
             cp=self.cp,
             checkpoint_every=self.every,
+            offload_activations=self.offload,
         )
 
 
@@ -415,4 +418,10 @@ REAL_WIDTH_CASES = [
     MemoryCase(L8B4, "fsdp2", 3, 8, "full", 1, 8192, 8, "bf16", loss_chunk=4096, every=2),
     MemoryCase(Q7B, "fsdp2", 2, 16, "selective", 1, 4096, 32, "bf16", ONCE),
     MemoryCase(M7B4, "fsdp2", 3, 16, "selective", 1, 16384, 16, "bf16", loss_chunk=4096, cp=2, every=2),
+    # parallel.offload_activations: all the blocks save, or their checkpointed inputs, wait in host memory
+    MemoryCase(L8B4, "fsdp2", 3, 8, "none", 1, 16384, 8, "bf16", loss_chunk=4096, offload=True),
+    MemoryCase(L8B, "fsdp2", 3, 8, "full", 1, 65536, 2, "bf16", loss_chunk=4096, cp=4, offload=True),
+    MemoryCase(L8B, "fsdp2", 3, 8, "full", 1, 32768, 8, "bf16", loss_chunk=4096, method="lora", offload=True),
+    MemoryCase(L1B, "ddp", 0, 8, "full", 1, 32768, 8, "bf16", loss_chunk=4096, every=2, offload=True),
+    MemoryCase(Q7B, "fsdp2", 2, 8, "none", 1, 32768, 8, "bf16", loss_chunk=4096, cp=2, offload=True),
 ]

@@ -35,6 +35,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, help="number of GPUs (default: detected)")
     parser.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: min(gpus, 8))")
     parser.add_argument("--gpu-memory", help="memory per GPU, e.g. 80GB (binary units); overrides the GPU table")
+    parser.add_argument(
+        "--host-memory", help="host memory per node for offloaded state, e.g. 2TB (default: 256 GiB per GPU)"
+    )
     parser.add_argument("--gpu", help="GPU type, e.g. H100, A100-40GB, L4 (default: detected, else H100)")
     parser.add_argument("--seq-len", type=int, help="sequence length")
     parser.add_argument("--global-batch-size", type=int, help="sequences per optimizer step")
@@ -172,7 +175,8 @@ def cluster_from_args(args: argparse.Namespace, no_gpu: str, profile: str | None
     gpus = args.gpus or count
     if not gpus:
         raise ConfigError(no_gpu)
-    cluster = make_cluster(gpus, per_node, args.gpu or name, args.gpu_memory or free)
+    host = getattr(args, "host_memory", None)
+    cluster = make_cluster(gpus, per_node, args.gpu or name, args.gpu_memory or free, host)
     profile = profile or getattr(args, "hardware_profile", None)
     if profile:
         from bigtrain.planner.profile import gpu_from_profile, load_profile

@@ -1,5 +1,5 @@
 """Rows of the capability table (``capabilities.py``) about train-level options and what they change in the model:
-the chunked loss, compile, and the adapter methods (LoRA, QLoRA)."""
+the chunked loss, activation offload, compile, and the adapter methods (LoRA, QLoRA)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,25 @@ def chunked_loss_keeps_logit_transform(s: Setup) -> str | None:
         return (
             f"parallel.loss_chunk_tokens: this model's forward applies {key} to the logits after the LM head, which "
             "a chunked loss would skip; set parallel.loss_chunk_tokens=0"
+        )
+    return None
+
+
+def offload_activations_with_selective(s: Setup) -> str | None:
+    if s.plan.offload_activations and s.plan.activation_checkpointing == "selective":
+        return (
+            "parallel.offload_activations=true with activation_checkpointing=selective is not built: what selective "
+            "keeps sits in torch's checkpoint cache, which the offload cannot move; use full (offloads each block's "
+            "input) or none (offloads everything a block saves)"
+        )
+    return None
+
+
+def offload_activations_with_pp(s: Setup) -> str | None:
+    if s.plan.offload_activations and s.plan.pp > 1:
+        return (
+            "parallel.offload_activations=true with parallel.pp > 1 is not built yet (a schedule interleaves the "
+            "micro-batches' blocks, which its fetch-ahead does not follow); use activation_checkpointing instead"
         )
     return None
 

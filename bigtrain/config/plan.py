@@ -44,6 +44,7 @@ class Plan:
     loss_chunk_tokens: int = 0  # LM head and cross-entropy over chunks of this many tokens (0: all at once)
     cp: int = 1  # context parallelism: each row's sequence split over cp ranks (all-to-all around attention)
     checkpoint_every: int = 1  # activation checkpointing applies to every k-th decoder block (1: all of them)
+    offload_activations: bool = False  # what each decoder block saves for backward waits in host memory
 
     @property
     def dp(self) -> int:

@@ -74,6 +74,7 @@ def _plan(cfg: ParallelConfig, replicate: int, shard: int) -> Plan:
         loss_chunk_tokens=cfg.loss_chunk_tokens,
         cp=cfg.cp,
         checkpoint_every=cfg.checkpoint_every,
+        offload_activations=cfg.offload_activations,
     )
 
 

@@ -243,6 +243,13 @@ class ParallelConfig:
         "their activations. 1: every block.",
         default=1,
     )
+    offload_activations: bool = doc(
+        "Move what each decoder block saves for backward to host memory during forward and back for its backward "
+        "(pinned buffers and a side stream on CUDA, so the copies overlap compute; the next block back is fetched "
+        "ahead). With activation_checkpointing full it moves the blocks' checkpointed inputs only (DeepSpeed ALST's "
+        "offloaded checkpoints); not with selective. Costs host memory and PCIe time, both in bigtrain plan.",
+        default=False,
+    )
     micro_batch_size: int = doc("Sequences per forward pass on one data-parallel rank.", default=1)
     offload_optimizer: bool = doc(
         "Keep optimizer states in host memory and step them there (backend deepspeed: ZeRO-Offload; fsdp2 offloads "

@@ -51,6 +51,8 @@ def dropped_memory_options(plan: Plan, target: str) -> list[str]:
         dropped.append("parallel.activation_checkpointing=selective (exported as none)")
     if plan.checkpoint_every > 1 and plan.activation_checkpointing == "full":
         dropped.append(f"parallel.checkpoint_every={plan.checkpoint_every} (exported as every block)")
+    if plan.offload_activations:
+        dropped.append("parallel.offload_activations=true")
     if not dropped:
         return []
     return [

@@ -37,11 +37,13 @@ def choose_plan(
     workload: Workload,
     profile: dict[str, Any] | None = None,
     fixed: dict[str, Any] | None = None,
+    host_memory_bytes: int | None = None,
 ) -> Choice:
     """The best plan (and method, for ``train.method: auto``) and the table explaining it; ConfigError with the
     reason when none fits. ``workload`` carries the train options that decide what may run (``train.compile``,
     ``train.method``); ``profile``: a ``bigtrain probe`` profile whose measured rates replace the table's
-    (``profile.py``); ``fixed``: plan fields the recipe states (``train.method: auto`` with a written plan)."""
+    (``profile.py``); ``fixed``: plan fields the recipe states (``train.method: auto`` with a written plan);
+    ``host_memory_bytes``: free host memory of a node, for offloaded state (None: the planner's assumption)."""
     stats = ModelStats.from_config(model_config)
     if device_name is None:
         gpu = CPU
@@ -53,7 +55,9 @@ def choose_plan(
     gpu = replace(gpu, memory_bytes=free_bytes)
     if profile is not None:
         gpu = gpu_from_profile(profile, gpu, memory_bytes=free_bytes)
-    cluster = Cluster(gpu, world_size, max(1, min(ranks_per_node, world_size)))
+    # host memory for offloaded state: none on a CPU "device", where offload moves nothing off it
+    host = host_memory_bytes if device_name is not None else 0
+    cluster = Cluster(gpu, world_size, max(1, min(ranks_per_node, world_size)), host_memory_bytes=host)
     candidates = search(stats, cluster, workload, fixed)
     table = render_table(candidates, stats, cluster, workload)
     best = candidates[0]  # the search ranks the plans the trainer can run first

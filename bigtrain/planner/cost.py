@@ -20,7 +20,9 @@ Communication (ring collectives move (n-1)/n of the buffer per rank; an all-redu
 - tp: 4 all-reduces of b·L·h activations per layer per micro-step (2 forward, 2 backward; Megatron-LM), not
   overlapped. pp: one activation send per micro-batch and direction; bubble (p-1)/(v·m+p-1) of the pipeline time
   (v = virtual stages per rank); not yet measured on GPUs (no multi-GPU machine has been available).
-- offload: host<->device copies over PCIe, and the optimizer step on the CPU at CPU_ADAM_PARAMS_PER_S per GPU.
+- offload: host<->device copies over PCIe, and the optimizer step on the CPU at CPU_ADAM_PARAMS_PER_S per GPU;
+  activation offload's copies run beside compute, only what compute does not hide counts
+  (``activation_offload_seconds``).
 Adapter methods (lora, qlora; ``adapter_memory.py``): 4N + 6Ψ_a FLOPs per token, the base gathered in its storage
 dtype (NF4 under QLoRA), only the adapters' gradients reduced and updated, and QLoRA's dequantisation timed at
 MEMORY_ACHIEVABLE of the datasheet memory bandwidth (or the probed one).
@@ -44,7 +46,7 @@ from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
 from bigtrain.planner.adapter_memory import adapter_flops_per_token, base_bytes, dequant_bytes, trained_params
 from bigtrain.planner.hardware import Cluster
-from bigtrain.planner.memory_terms import stage_layers, stage_params, state_shards
+from bigtrain.planner.memory_terms import offloaded_block_bytes, rank_seq_len, stage_layers, stage_params, state_shards
 from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.profile import measured_rate
 
@@ -163,6 +165,22 @@ def cp_all_to_all_seconds(
     return volume / _bandwidth(cluster, plan.cp, plan.tp)
 
 
+def activation_offload_seconds(
+    stats: ModelStats, plan: Plan, cluster: Cluster, seq_len: int, a: int, micro_batches: int, compute: float
+) -> float:
+    """``offload_activations``: what each micro-batch's blocks offload (``offloaded_block_bytes``) crosses PCIe out
+    during the forward and back during the backward, on a side stream beside compute: the part the forward (a third
+    of the step's compute) or the backward and its recompute (the other two thirds) does not hide is exposed. Where
+    copies do not run beside compute (a CPU host), all of it."""
+    if not plan.offload_activations:
+        return 0.0
+    moved = micro_batches * offloaded_block_bytes(stats, plan, rank_seq_len(plan, seq_len), a, stage_layers(stats, 1))
+    one_way = moved / (cluster.gpu.pcie_gbps * 1e9)
+    if not cluster.gpu.overlaps_comm:
+        return 2 * one_way
+    return max(0.0, one_way - compute / 3) + max(0.0, one_way - 2 * compute / 3)
+
+
 def _data_parallel_seconds(
     plan: Plan, cluster: Cluster, workload: Workload, micro_batches: int, psi: float, gathered: float, reduced: float
 ) -> float:
@@ -260,6 +278,7 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     pp_comm = 2 * micro_batches * act / plan.tp / _bandwidth(cluster, 2, plan.tp * plan.dp) if plan.pp > 1 else 0.0
     offload = _offload_seconds(stats, plan, cluster, workload, micro_batches, (psi, gathered, reduced))
     cp_comm = cp_all_to_all_seconds(stats, plan, cluster, seq_len, a, micro_batches)
+    offload += activation_offload_seconds(stats, plan, cluster, seq_len, a, micro_batches, compute)
     comm = exposed + tp_comm + pp_comm + offload + cp_comm
     step = compute + comm
     model_flops = per_token * tokens

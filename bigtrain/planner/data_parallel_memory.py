@@ -99,7 +99,8 @@ def fsdp2_block_backward(stats: ModelStats, plan: Plan, seq_len: int, a: int, ac
       mode keeps every block gathered;
     - activations: without checkpointing those of the blocks not yet back-propagated (counted as all: the block
       being back-propagated frees its own as its gradients grow); with full checkpointing every block's input plus
-      the block's recomputed activations. The final norm's and the loss's tensors are gone by then.
+      the block's recomputed activations; with activation offload what ``micro_batch_activations`` says is back on
+      the device (the block's tensors and what is fetched ahead). The final norm's and the loss's tensors are gone.
     """
     blocks, root = stage_params(stats, plan)
     one_block = stats.block_params // plan.tp
@@ -111,8 +112,10 @@ def fsdp2_block_backward(stats: ModelStats, plan: Plan, seq_len: int, a: int, ac
         gathered = a * (root + blocks)
     else:
         gathered = a * (root + one_block * (2 if stats.layers >= 3 else 1))
-    kept, _ = micro_batch_activations(stats, plan, seq_len, a, stats.layers, has_loss=False)
-    if plan.activation_checkpointing == "full":
+    kept, transient = micro_batch_activations(stats, plan, seq_len, a, stats.layers, has_loss=False)
+    if plan.offload_activations:  # the block's own tensors fetched back and the next block's fetched ahead
+        kept += transient
+    elif plan.activation_checkpointing == "full":
         kept += block_activation_bytes_per_token(stats, a, plan.tp, plan.sequence_parallel) * tokens
     return grads, kept, gathered
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
-from bigtrain.planner.adapter_memory import adapter_host_bytes, adapter_params, trained_params
+from bigtrain.planner.adapter_memory import adapter_params, trained_params
 from bigtrain.planner.hardware import Cluster, GiB
-from bigtrain.planner.memory_terms import host_offload_bytes
+from bigtrain.planner.memory import host_bytes
 from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.search import Candidate
 
@@ -27,7 +27,8 @@ def describe(plan: Plan) -> str:
     reduce-scatters gradients after every micro-step (sharded between them); ``rs=step``: once per optimizer step
     (unsharded in between). Shown for fsdp2 only: ddp and deepspeed have one mode each. ``chunk=4096``: the LM head
     and loss over chunks of that many tokens (parallel.loss_chunk_tokens); ``cp=2``: context parallelism;
-    ``ac=full/2``: every other block checkpointed (parallel.checkpoint_every).
+    ``ac=full/2``: every other block checkpointed (parallel.checkpoint_every); ``offload=act``: the blocks' saved
+    activations wait in host memory (parallel.offload_activations).
     """
     dp = f"{plan.dp_replicate}x{plan.dp_shard}" if plan.backend == "fsdp2" and plan.dp_replicate > 1 else f"{plan.dp}"
     parts = [plan.backend if plan.backend == "ddp" else f"{plan.backend} zero{plan.zero_stage}", f"dp={dp}"]
@@ -44,6 +45,8 @@ def describe(plan: Plan) -> str:
         parts.append("offload=params")
     if plan.offload_optimizer:
         parts.append("offload=optimizer")
+    if plan.offload_activations:
+        parts.append("offload=act")
     return " ".join(parts)
 
 
@@ -111,14 +114,11 @@ def offload_note(
     choice: Candidate, runnable: list[Candidate], stats: ModelStats, cluster: Cluster, workload: Workload
 ) -> str | None:
     """For a choice that offloads: the host memory it needs, and whether offload was needed to fit at all."""
-    if choice.method == "full":
-        host = host_offload_bytes(stats, choice.plan)
-    else:
-        host = adapter_host_bytes(stats, choice.plan, replace(workload, method=choice.method))
+    host = host_bytes(stats, choice.plan, replace(workload, method=choice.method))
     if not host:
         return None
     per_node = host * min(cluster.gpus_per_node, cluster.num_gpus)
-    kept = [c for c in runnable if c.fits and not (c.plan.offload_params or c.plan.offload_optimizer)]
+    kept = [c for c in runnable if c.fits and not (c.offloads or c.plan.offload_activations)]
     why = (
         "no plan without offload fits"
         if not kept
@@ -126,7 +126,8 @@ def offload_note(
     )
     return (
         f"  offload: the choice keeps {host / GiB:.1f} GiB per GPU in host memory ({per_node / GiB:.0f} GiB per node "
-        f"of {min(cluster.gpus_per_node, cluster.num_gpus)} GPUs); {why}"
+        f"of {min(cluster.gpus_per_node, cluster.num_gpus)} GPUs, which has {cluster.host_bytes_per_node / GiB:.0f}); "
+        f"{why}"
     )
 
 

@@ -90,22 +90,26 @@ def lookup_gpu(name: str) -> GPU:
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 
 
-def parse_memory(text: str) -> int:
+def parse_memory(text: str, flag: str = "--gpu-memory") -> int:
     """'80GB', '80GiB', '80G' or '1024B' -> bytes (a bare number is refused: 80 bytes is never meant). Units are
     binary (80GB = 80 GiB), as GPU vendors' 'GB' are: an "80 GB" H100 has 80 GiB of HBM, of which torch sees about
     79.1 GiB."""
     m = _SIZE.match(str(text))
     if not m:
-        raise ConfigError(f"--gpu-memory {text!r} is not a size; write e.g. 80GB, 79.6GiB or 24G")
+        raise ConfigError(f"{flag} {text!r} is not a size; write e.g. 80GB, 79.6GiB or 24G")
     if m.group(2) is None:  # "80" is far likelier to mean 80 GB than 80 bytes: ask instead of guessing
-        raise ConfigError(f"--gpu-memory {text!r} has no unit; write e.g. {text}GB (or {text}B for bytes)")
+        raise ConfigError(f"{flag} {text!r} has no unit; write e.g. {text}GB (or {text}B for bytes)")
     value, unit = float(m.group(1)), m.group(2).upper()
     if value <= 0:
-        raise ConfigError(f"--gpu-memory {text!r} must be more than 0")
+        raise ConfigError(f"{flag} {text!r} must be more than 0")
     powers = {"K": 1, "M": 2, "G": 3, "T": 4}
     if unit == "B":
         return int(value)
     return int(value * 1024 ** powers[unit[0]])
+
+
+# host memory per GPU when none is given: DGX/HGX H100 and H200 nodes have 2 TiB for 8 GPUs
+HOST_BYTES_PER_GPU = 256 * GiB
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,13 @@ class Cluster:
     gpu: GPU
     num_gpus: int
     gpus_per_node: int
+    host_memory_bytes: int | None = None  # host memory per node for offloaded state (None: HOST_BYTES_PER_GPU each)
+
+    @property
+    def host_bytes_per_node(self) -> int:
+        if self.host_memory_bytes is not None:
+            return self.host_memory_bytes
+        return HOST_BYTES_PER_GPU * min(self.gpus_per_node, self.num_gpus)
 
     @property
     def num_nodes(self) -> int:
@@ -120,9 +131,14 @@ class Cluster:
 
 
 def make_cluster(
-    num_gpus: int, gpus_per_node: int | None = None, gpu_name: str | None = None, gpu_memory: str | int | None = None
+    num_gpus: int,
+    gpus_per_node: int | None = None,
+    gpu_name: str | None = None,
+    gpu_memory: str | int | None = None,
+    host_memory: str | None = None,
 ) -> Cluster:
-    """A cluster from flags; the GPU defaults to H100, and ``gpu_memory`` overrides the table's capacity."""
+    """A cluster from flags; the GPU defaults to H100, ``gpu_memory`` overrides the table's capacity and
+    ``host_memory`` (per node) the HOST_BYTES_PER_GPU assumption."""
     if num_gpus < 1:
         raise ConfigError(f"--gpus {num_gpus} must be at least 1")
     gpu = lookup_gpu(gpu_name or "H100")
@@ -131,7 +147,8 @@ def make_cluster(
     per_node = gpus_per_node or min(num_gpus, 8)
     if per_node < 1:
         raise ConfigError(f"--gpus-per-node {per_node} must be at least 1")
-    return Cluster(gpu=gpu, num_gpus=num_gpus, gpus_per_node=per_node)
+    host = parse_memory(host_memory, "--host-memory") if host_memory is not None else None
+    return Cluster(gpu=gpu, num_gpus=num_gpus, gpus_per_node=per_node, host_memory_bytes=host)
 
 
 def detect_local() -> tuple[str | None, int, int | None]:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
-from bigtrain.planner.adapter_memory import estimate_adapter_memory
+from bigtrain.planner.adapter_memory import adapter_host_bytes, estimate_adapter_memory
 from bigtrain.planner.data_parallel_memory import estimate_data_parallel_memory
 from bigtrain.planner.deepspeed_memory import estimate_deepspeed_memory
-from bigtrain.planner.memory_terms import MemoryEstimate
+from bigtrain.planner.memory_terms import MemoryEstimate, host_offload_bytes, offloaded_block_bytes, rank_seq_len
 from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.pipeline_memory import estimate_pipeline_memory
 
@@ -27,3 +27,11 @@ def estimate_memory(stats: ModelStats, plan: Plan, workload: Workload) -> Memory
     if plan.pp > 1:
         return estimate_pipeline_memory(stats, plan, workload)
     return estimate_data_parallel_memory(stats, plan, workload)
+
+
+def host_bytes(stats: ModelStats, plan: Plan, workload: Workload) -> int:
+    """Host memory per GPU that a plan's offloads keep: parameters and optimizer states (adapter plans: the base
+    shard and the adapters' states), and the saved activations of one micro-batch (``offload_activations``)."""
+    states = adapter_host_bytes(stats, plan, workload) if workload.adapters else host_offload_bytes(stats, plan)
+    seq_len = rank_seq_len(plan, workload.seq_len)
+    return states + offloaded_block_bytes(stats, plan, seq_len, workload.dtype_bytes, stats.layers)

@@ -143,6 +143,19 @@ def micro_batch_activations(
     device also computes the loss (a pipeline's inner stages do not)."""
     tokens = plan.micro_batch_size * seq_len
     per_block = block_activation_bytes_per_token(stats, a, plan.tp, plan.sequence_parallel) * tokens
+    if plan.offload_activations:
+        # nothing of the blocks waits on the device between forward and backward (offloaded_block_bytes); during a
+        # block's backward its own tensors (or its recompute and its fetched input) are there, with what is fetched
+        # ahead for the block before it: its input, or all it saved where it was not checkpointed; after the loss
+        block_input = a * stats.hidden * tokens // (plan.tp if plan.sequence_parallel else 1)
+        full = plan.activation_checkpointing == "full"
+        # the block's backward also holds the gradient of its MLP's intermediate beside the tensors it was saved
+        # with, which nothing else frees here (seen on the simulated step: one ffn-wide tensor's worth, within 6%)
+        working = a * stats.ffn * tokens // plan.tp
+        current = per_block + (block_input if full else 0) + working
+        ahead = block_input if full and plan.checkpoint_every == 1 else per_block
+        loss = logits_bytes(stats, plan, seq_len, a) if has_loss else 0
+        return 0, max(current + ahead - loss, 0)
     if plan.activation_checkpointing == "none":
         return int(layers * per_block), 0
     # parallel.checkpoint_every: blocks 0, k, 2k, ... are checkpointed, the others keep everything
@@ -159,6 +172,21 @@ def micro_batch_activations(
     kept = selective_block_bytes_per_token(stats, a, plan.tp) * tokens
     loss = logits_bytes(stats, plan, seq_len, a) if has_loss else 0
     return int(checkpointed * kept + plain), max(per_block - kept - loss, 0)
+
+
+def offloaded_block_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int, layers: float) -> int:
+    """Bytes one micro-batch's ``layers`` blocks keep in host memory under ``offload_activations``: all each block
+    saves, or with full checkpointing each checkpointed block's input (and all of the blocks left between them).
+    Seen on the simulated step as the bytes the offload copies out (tests/unit/test_activation_offload.py)."""
+    if not plan.offload_activations:
+        return 0
+    tokens = plan.micro_batch_size * seq_len
+    per_block = block_activation_bytes_per_token(stats, a, plan.tp, plan.sequence_parallel) * tokens
+    if plan.activation_checkpointing != "full":
+        return int(layers * per_block)
+    checkpointed = math.ceil(layers / plan.checkpoint_every)
+    block_input = a * stats.hidden * tokens // (plan.tp if plan.sequence_parallel else 1)
+    return int(checkpointed * block_input + (layers - checkpointed) * per_block)
 
 
 def activation_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:

@@ -2,7 +2,9 @@
 
 Search space: backend (ddp, fsdp2 ZeRO-2/3, deepspeed ZeRO-1/2/3) x gradient reduction during accumulation (fsdp2:
 every micro-step or once per step) x dp_replicate/dp_shard (HSDP) x tp (dividing the attention and KV heads, within
-a node) x pp (dividing the layers; 1F1B or GPipe) x activation checkpointing x micro-batch (powers of two) x offload.
+a node) x pp (dividing the layers; 1F1B or GPipe) x cp (long rows) x activation checkpointing (none, selective,
+full, full every other block) x micro-batch (powers of two) x offload (parameters or optimizer; activations for long
+rows) x the chunked loss (rows longer than a chunk).
 
 Every candidate is judged by the capability table (``config/capabilities.py``) with the workload's train options
 (``train.compile``) and the model's facts, as ``bigtrain train`` judges a recipe: a plan that does not fit the model
@@ -31,7 +33,7 @@ from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.cost import TimeEstimate, estimate_time
 from bigtrain.planner.hardware import Cluster, GiB
-from bigtrain.planner.memory import estimate_memory
+from bigtrain.planner.memory import estimate_memory, host_bytes
 from bigtrain.planner.memory_terms import MemoryEstimate
 from bigtrain.planner.model_stats import ModelStats
 
@@ -45,6 +47,9 @@ MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 LOSS_CHUNK_TOKENS = 4096
 # rows at least this long get context-parallel plans weighed (shorter ones fit without; the search stays small)
 CP_MIN_SEQ_LEN = 16384
+# rows (per cp rank) at least this long get activation offload weighed: below it a block's compute does not hide
+# the copy of what it saves (without checkpointing, ~34 bytes per token and hidden unit against ~24 FLOPs)
+OFFLOAD_MIN_SEQ_LEN = 16384
 # the schedules the memory and time terms model (one stage per rank); the multi-stage ones run from a recipe
 PLANNED_SCHEDULES = ("1f1b", "gpipe")
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))
@@ -95,7 +100,7 @@ def complexity(plan: Plan) -> int:
     score += 2 * (plan.tp > 1) + 2 * (plan.pp > 1) + 2 * (plan.cp > 1)
     score += plan.dp_replicate > 1 and plan.backend == "fsdp2"
     score += {"none": 0, "selective": 1, "full": 2}[plan.activation_checkpointing] + (plan.loss_chunk_tokens > 0)
-    return score + 3 * (plan.offload_params or plan.offload_optimizer)
+    return score + 3 * (plan.offload_params or plan.offload_optimizer) + 2 * plan.offload_activations
 
 
 def not_weighed_yet(plan: Plan) -> str | None:
@@ -228,6 +233,11 @@ def enumerate_plans(
                 # weighed for rows longer than a chunk (shorter rows can shrink the micro-batch instead)
                 if chunk and tp == 1 and pp == 1 and (seq_len // cp > chunk or "loss_chunk_tokens" in fixed):
                     variants += [replace(v, loss_chunk_tokens=chunk) for v in variants]
+                # activation offload: weighed for long rows, where the block inputs of full checkpointing or all
+                # a block saves are what does not fit; not with selective or pp (capability table)
+                offloads = fixed.get("offload_activations", seq_len // cp >= OFFLOAD_MIN_SEQ_LEN)
+                if offloads and ac != "selective" and tp == 1 and pp == 1:
+                    variants += [replace(v, offload_activations=True) for v in variants]
                 if fixed:
                     variants = [v for v in variants if all(getattr(v, k) == want for k, want in fixed.items())]
                 yield from variants
@@ -280,6 +290,12 @@ def _search_method(stats: ModelStats, cluster: Cluster, workload: Workload, fixe
         reason, not_offered = judge(stats, plan, cluster, train)
         if reason is None and mem.budget_bytes > budget:
             reason = f"needs {mem.budget_bytes / GiB:.1f} GiB > {budget / GiB:.1f} GiB budget"
+        host = host_bytes(stats, plan, workload) * min(cluster.gpus_per_node, cluster.num_gpus)
+        if reason is None and host > cluster.host_bytes_per_node:
+            reason = (
+                f"needs {host / GiB:.0f} GiB of host memory per node for its offload > "
+                f"{cluster.host_bytes_per_node / GiB:.0f} GiB (--host-memory)"
+            )
         out.append(Candidate(plan, mem, reason is None, reason, not_offered, predict_time, workload.method))
     if not out:
         pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "none"
@@ -300,10 +316,18 @@ def _search_method(stats: ModelStats, cluster: Cluster, workload: Workload, fixe
 
 
 def _rank(candidates: list[Candidate]) -> list[Candidate]:
-    fitting = sorted((c for c in candidates if c.fits), key=lambda c: c.time.step_s)
+    """Fitting plans by predicted time (the simplest first among near ties), then the rest. Plans that offload
+    activations come after every fitting plan that does not: their PCIe copies are timed by assumption (overlap with
+    compute at the datasheet's PCIe rate), not yet measured on a GPU, so they are chosen where they make a job fit."""
+    fitting = sorted((c for c in candidates if c.fits), key=lambda c: (c.plan.offload_activations, c.time.step_s))
     if fitting:
         limit = fitting[0].time.step_s * (1 + NEAR_TIE)
-        best = min((c for c in fitting if c.time.step_s <= limit), key=lambda c: (complexity(c.plan), c.time.step_s))
+        near = [
+            c
+            for c in fitting
+            if c.time.step_s <= limit and c.plan.offload_activations == fitting[0].plan.offload_activations
+        ]
+        best = min(near, key=lambda c: (complexity(c.plan), c.time.step_s))
         fitting.remove(best)
         fitting.insert(0, best)
     # rejected: structurally valid ones that only lack memory first, smallest need first

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from bigtrain.config.hf import one_block
+from bigtrain.config.plan import Plan
 from bigtrain.errors import ConfigError
+from bigtrain.planner.memory_terms import GiB, offloaded_block_bytes, rank_seq_len
+from bigtrain.planner.model_stats import ModelStats
 
 log = logging.getLogger("bigtrain")
 
@@ -149,3 +153,30 @@ def check_context_parallel(cp: int, seq_len: int, packed: bool, attn_implementat
             f"parallel.cp={cp} wraps attention that is causal by a flag over the whole sequence; "
             f"model.attn_implementation={attn_implementation} is not one of them: use {' or '.join(CP_ATTENTION)}"
         )
+
+
+def check_offload_host_memory(
+    plan: Plan, hf_config: Any, seq_len: int, dtype_bytes: int, local_ranks: int, available: int
+) -> None:
+    """``parallel.offload_activations`` needs host memory for one micro-batch's saved activations on every rank of
+    the node (the planner's ``offloaded_block_bytes``): refused when ``available`` (the node's free memory) is short,
+    before anything is allocated."""
+    if not plan.offload_activations:
+        return
+    try:
+        stats = ModelStats.from_config({**hf_config.to_dict(), "model_type": hf_config.model_type})
+    except ConfigError:  # a family the planner does not model: nothing to predict with
+        return
+    rank_seq = rank_seq_len(plan, seq_len)
+    need = offloaded_block_bytes(stats, plan, rank_seq, dtype_bytes, stats.layers)
+    if need * local_ranks <= available:
+        return
+    full = offloaded_block_bytes(
+        stats, replace(plan, activation_checkpointing="full", checkpoint_every=1), rank_seq, dtype_bytes, stats.layers
+    )
+    raise ConfigError(
+        f"parallel.offload_activations=true keeps {need / GiB:.1f} GiB per rank in host memory "
+        f"({need * local_ranks / GiB:.1f} GiB for the {local_ranks} ranks of this node), but only "
+        f"{available / GiB:.1f} GiB is free; with activation_checkpointing: full it keeps {full / GiB:.1f} GiB per "
+        "rank (the blocks' inputs only), or lower parallel.micro_batch_size or data.seq_len"
+    )

@@ -17,6 +17,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -59,6 +60,7 @@ from bigtrain.runtime import (
 from bigtrain.train.checks import (
     check_context_parallel,
     check_enough_rows,
+    check_offload_host_memory,
     check_packed_attention,
     check_sequence_length,
     check_writable,
@@ -350,6 +352,7 @@ class TrainingJob:
             Workload.of_train(cfg.train, self.data.seq_len, cfg.lora),
             load_profile(cfg.parallel.hardware_profile) if cfg.parallel.hardware_profile else None,
             fixed=None if self.plan is None else self.plan.to_dict(),  # method: auto with a written plan
+            host_memory_bytes=psutil.virtual_memory().available,
         )
         chose = " and ".join(
             [f"train.method={choice.method}"] * (cfg.train.method == "auto") + ["the plan"] * (self.plan is None)
@@ -366,6 +369,11 @@ class TrainingJob:
         every rank before any process group for a written plan; then what the build reads."""
         check(Setup(plan, self.cfg.train, ModelFacts.of(self.hf_config)))
         check_context_parallel(plan.cp, self.data.seq_len, self._packed, self.cfg.model.attn_implementation)
+        dtype_bytes = Workload.of_train(self.cfg.train, self.data.seq_len, self.cfg.lora).dtype_bytes
+        free_host = psutil.virtual_memory().available
+        check_offload_host_memory(
+            plan, self.hf_config, self.data.seq_len, dtype_bytes, self.env.local_world_size, free_host
+        )
         return build_options(self.cfg, self.hf_config, plan, self.device)
 
     def _log_plan(self) -> None:

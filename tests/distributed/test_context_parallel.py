@@ -18,8 +18,9 @@ CP_PLANS = {
         4,
         dict(backend="fsdp2", cp=2, dp_shard=2, micro_batch_size=2, activation_checkpointing="full"),
     ),
-    # with full checkpointing of every other block (parallel.checkpoint_every) and the chunked loss
-    "ddp-cp2-accum4-ac-full-every2-chunked-loss": (
+    # with full checkpointing of every other block (parallel.checkpoint_every), the chunked loss, and activation
+    # offload (checkpointed blocks' inputs and all of the others go to host memory and back)
+    "ddp-cp2-accum4-ac-full-every2-chunked-loss-offload": (
         2,
         dict(
             backend="ddp",
@@ -28,6 +29,7 @@ CP_PLANS = {
             activation_checkpointing="full",
             checkpoint_every=2,
             loss_chunk_tokens=5,
+            offload_activations=True,
         ),
     ),
 }

@@ -137,10 +137,20 @@ CHUNKED_LOSS_PLANS = {
         2,
         dict(backend="fsdp2", activation_checkpointing="selective", micro_batch_size=2, loss_chunk_tokens=7),
     ),
-    "deepspeed-zero3-chunked-loss": (
+    # with the blocks' inputs (full checkpointing) in host memory: ZeRO-3's gathered weights are not offloaded
+    "deepspeed-zero3-chunked-loss-ac-full-offload": (
         2,
-        dict(backend="deepspeed", zero_stage=3, micro_batch_size=2, loss_chunk_tokens=7),
+        dict(
+            backend="deepspeed",
+            zero_stage=3,
+            micro_batch_size=2,
+            loss_chunk_tokens=7,
+            activation_checkpointing="full",
+            offload_activations=True,
+        ),
     ),
+    # parallel.offload_activations: all the blocks save goes to host memory in forward and back for backward
+    "fsdp2-2ranks-offload-accum2": (2, dict(backend="fsdp2", micro_batch_size=2, offload_activations=True)),
 }
 PLANS.update(CHUNKED_LOSS_PLANS)
 

@@ -78,6 +78,8 @@ def test_the_cases_span_what_users_train():
     }
     assert any(c.replicate > 1 for c in fsdp) and any(c.tp > 1 for c in fsdp)
     assert any(c.backend == "ddp" for c in REAL_WIDTH_CASES) and any(c.pp > 1 for c in REAL_WIDTH_CASES)
+    offloaded = [c for c in REAL_WIDTH_CASES if c.offload]
+    assert {c.ac for c in offloaded} == {"none", "full"} and max(c.seq_len for c in offloaded) >= 65536
 
 
 def test_every_case_within_10_percent_and_the_median_within_5(simulated):
@@ -107,6 +109,7 @@ TERMS = [
     "fsdp2_embedding_backward",  # the moment of the embedding's backward (tied vocabularies)
     "base_bytes",  # an adapter run's frozen base (bf16 or NF4): what is stored, sharded and gathered
     "root_trained_moments",  # the end of the backward with the embedding or LM head trained fully
+    "micro_batch_activations",  # what the blocks keep per micro-batch: checkpointing, cp, offload
 ]
 # Adapter terms not listed: the adapters' own parameters, gradients and AdamW states (rank 16: under 0.6% of any
 # peak here) and QLoRA's dequantised linear in flight; ALL_GATHER_BLOCKS is a constant, tested below. The count of

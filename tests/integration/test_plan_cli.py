@@ -64,6 +64,7 @@ def test_json_contract(plan_cli):
         "loss_chunk_tokens",
         "cp",
         "checkpoint_every",
+        "offload_activations",
     }
     assert out["plan"]["backend"] == "fsdp2"
     assert set(out["memory"]) == {

@@ -73,6 +73,10 @@ EXAMPLES: dict[str, Example] = {
         # the key as Gemma 2/3 configs carry it (on a Llama config here: the planner models Llama, not Gemma yet)
         2, dict(dp_shard=2, loss_chunk_tokens=8), {**TINY_LLAMA, "final_logit_softcapping": 30.0}
     ),
+    "offload_activations_with_selective": Example(
+        2, dict(dp_shard=2, activation_checkpointing="selective", offload_activations=True)
+    ),
+    "offload_activations_with_pp": Example(2, dict(**PP2, offload_activations=True), UNTIED_4),
     "cp_backends": Example(2, dict(backend="deepspeed", cp=2)),
     "cp_with_tp_or_pp": Example(4, dict(cp=2, tp=2), UNTIED_4),
     "cp_divides_heads": Example(4, dict(cp=4), UNTIED_4),

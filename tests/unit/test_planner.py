@@ -356,3 +356,21 @@ def test_a_long_row_that_fits_no_gpu_is_told_the_lever():
     )
     found = alternatives_that_fit(build_request(args))
     assert found["gpus"] == "2 GPUs (--gpus 2: each row split over 2 of them, --fix cp=2)"
+
+
+def test_one_gpu_reaches_long_rows_through_activation_offload_within_its_host_memory():
+    """LoRA on Llama-3-8B, one H100, 196,608-token rows: no plan fits without activation offload (139,264 tokens is
+    the longest, bench/longest_row.py), the best plan offloads them (host memory 256 GiB);
+    with 8 GiB of host memory (less than the blocks' checkpointed inputs) none fits, and the table says why."""
+    from bigtrain.planner.search import search
+
+    stats = ModelStats.from_config(load_model_config("llama-3-8b"))
+    workload = Workload(seq_len=196608, global_batch_size=1, method="lora")
+    found = search(stats, make_cluster(1, None, "H100", "80GB"), workload)
+    assert found[0].fits and found[0].runnable and found[0].plan.offload_activations
+    assert not any(c.fits for c in found if not c.plan.offload_activations)
+    small_host = search(stats, make_cluster(1, None, "H100", "80GB", host_memory="8GB"), workload)
+    offloading = [c for c in small_host if c.plan.offload_activations and c.runnable]
+    assert offloading and not any(c.fits for c in offloading)
+    said = [c.rejected_because for c in offloading]
+    assert any("GiB of host memory per node for its offload > 8 GiB (--host-memory)" in r for r in said)

@@ -10,6 +10,8 @@ Why this order (torchtitan's, extended):
 - the chunked loss takes the LM head out of the forward (of the last stage) before anything wraps or shards it;
 - activation checkpointing wraps the sliced blocks, and compile compiles the wrapped ones, both before FSDP2, so
   FSDP2's all-gather hooks sit outside the recomputed and the compiled region;
+- activation offload wraps them once more: its saved-tensor hooks sit outside the recompute (so they catch what a
+  checkpointed block keeps, its input) and outside the compiled region, inside FSDP2's gathers;
 - FSDP2 shards on meta: nothing of the unsharded model is ever allocated;
 - then the values are allocated and loaded, each rank writing only its shards;
 - context parallelism then points the model's attention at its all-to-all attention (after the values: loading
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from bigtrain.parallel.transforms import (
     activation_checkpoint,
+    activation_offload,
     adapters,
     chunked_loss,
     compile_blocks,
@@ -41,6 +44,7 @@ ORDER: tuple[Transform, ...] = (
     chunked_loss.TRANSFORM,
     activation_checkpoint.TRANSFORM,
     compile_blocks.TRANSFORM,
+    activation_offload.TRANSFORM,
     fsdp.TRANSFORM,
     load_values.TRANSFORM,
     context_parallel.TRANSFORM,
