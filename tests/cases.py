@@ -52,6 +52,40 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
     "qwen2-tied": {**TINY_LLAMA, "model_type": "qwen2"},
 }
 
+# Families whose checkpoints transformers renames or converts at load time (GPT-NeoX's embed_out; the per-expert
+# tensors of Mixtral, Qwen3-MoE and DeepSeek-V3, fused per layer in the model): tiny, GQA 4:2 where it applies
+_SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=128)
+CONVERTED_FAMILIES: dict[str, dict[str, Any]] = {
+    "gpt_neox": dict(model_type="gpt_neox", **_SMALL),
+    "mixtral": dict(model_type="mixtral", **_SMALL, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
+    "qwen3_moe": dict(
+        model_type="qwen3_moe",
+        **_SMALL,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+    ),
+    "deepseek_v3": dict(
+        model_type="deepseek_v3",
+        **_SMALL,
+        num_key_value_heads=2,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        first_k_dense_replace=1,  # layer 0 dense, layer 1 MoE
+        q_lora_rank=16,
+        kv_lora_rank=16,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=4,
+        v_head_dim=8,
+        n_group=1,
+        topk_group=1,
+    ),
+}
+
 # Odd shapes for the exact parameter-count check: untied, tied, GQA 8:2, learned positions, qk-norm with head_dim.
 COUNT_CHECK_MODELS: list[dict[str, Any]] = [
     dict(

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from bigtrain.checkpoint.layout import HF_FILES, Manifest, check_files, publish, resolve_checkpoint
 from bigtrain.checkpoint.reader import MODEL_PREFIX, load_into, read_metadata
 from bigtrain.errors import ConfigError
+from bigtrain.models.checkpoint_keys import to_checkpoint_keys
 
 MAX_SHARD_BYTES = 2 * 2**30  # per safetensors file, like HF's sharded checkpoints
 
@@ -42,12 +43,17 @@ def write_hf_files(folder: Path, hf_config: Any, model_folder: str | None, token
         AutoTokenizer.from_pretrained(tokenizer_folder, local_files_only=True).save_pretrained(folder)
 
 
-def tied_aliases(hf_config: Any) -> set[str]:
-    """Parameter names that are another parameter under a second name in this architecture (e.g. ``lm_head.weight``
-    with tied embeddings): found on a meta model, so the rule is the model's own, not a list of ours."""
+def meta_model_of(hf_config: Any) -> Any:
+    """The architecture on meta: its ties and its checkpoint format are the model's own, not lists of ours."""
     from bigtrain.models.build import build_meta_model
 
-    model = build_meta_model(copy.deepcopy(hf_config), "eager")
+    return build_meta_model(copy.deepcopy(hf_config), "eager")
+
+
+def tied_aliases(hf_config: Any, model: Any = None) -> set[str]:
+    """Parameter names that are another parameter under a second name in this architecture (e.g. ``lm_head.weight``
+    with tied embeddings)."""
+    model = model if model is not None else meta_model_of(hf_config)
     every = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     return every - {name for name, _ in model.named_parameters()}
 
@@ -61,7 +67,8 @@ def export_model(checkpoint: str | Path, out: str | Path, max_shard_bytes: int =
     check_files(folder, Manifest.read(folder))
     hf_config = AutoConfig.from_pretrained(folder / HF_FILES, local_files_only=True)
     tensors = _model_tensors(folder)
-    aliases = tied_aliases(hf_config)
+    meta = meta_model_of(hf_config)
+    aliases = tied_aliases(hf_config, meta)
     names = [name for name in tensors if name not in aliases]
     shards = _shards(names, tensors, max_shard_bytes)
 
@@ -69,7 +76,7 @@ def export_model(checkpoint: str | Path, out: str | Path, max_shard_bytes: int =
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     try:
-        _write_folder(folder, partial, names, tensors, shards)
+        _write_folder(folder, partial, names, tensors, shards, meta)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)  # a failed export (a full disk) leaves nothing half-written
         raise
@@ -79,9 +86,15 @@ def export_model(checkpoint: str | Path, out: str | Path, max_shard_bytes: int =
 
 
 def _write_folder(
-    folder: Path, partial: Path, names: list[str], tensors: dict[str, TensorStorageMetadata], shards: list[list[str]]
+    folder: Path,
+    partial: Path,
+    names: list[str],
+    tensors: dict[str, TensorStorageMetadata],
+    shards: list[list[str]],
+    meta: Any,
 ) -> None:
-    """The HF folder in ``partial``: the checkpoint's hf/ files and the weights, one safetensors shard at a time."""
+    """The HF folder in ``partial``: the checkpoint's hf/ files and the weights, one safetensors shard at a time,
+    under the family's own checkpoint keys (``to_checkpoint_keys``: e.g. Mixtral's per-expert tensors)."""
     from safetensors.torch import save_file
 
     shutil.copytree(folder / HF_FILES, partial)
@@ -92,8 +105,10 @@ def _write_folder(
         with warnings.catch_warnings():  # DCP warns that it reads in one process: that is the point here
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             load_into(state, folder, no_dist=True)
-        save_file({n: state[MODEL_PREFIX + n] for n in shard}, str(partial / file), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, file))
+        on_disk = to_checkpoint_keys(meta, {n: state[MODEL_PREFIX + n] for n in shard})
+        on_disk = {key: value.contiguous() for key, value in on_disk.items()}
+        save_file(on_disk, str(partial / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(on_disk, file))
         del state
     if len(shards) > 1:
         total = sum(_nbytes(tensors[n]) for n in names)
