@@ -55,6 +55,8 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
 # Families whose checkpoints transformers renames or converts at load time (GPT-NeoX's embed_out; the per-expert
 # tensors of Mixtral, Qwen3-MoE and DeepSeek-V3, fused per layer in the model): tiny, GQA 4:2 where it applies
 _SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=128)
+# Gemma 2: no sdpa in transformers (eager is its default), soft-capped logits and attention, tied embeddings
+TINY_GEMMA2: dict[str, Any] = dict(model_type="gemma2", **_SMALL, num_key_value_heads=2, head_dim=8)
 CONVERTED_FAMILIES: dict[str, dict[str, Any]] = {
     "gpt_neox": dict(model_type="gpt_neox", **_SMALL),
     "mixtral": dict(model_type="mixtral", **_SMALL, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
@@ -85,6 +87,8 @@ CONVERTED_FAMILIES: dict[str, dict[str, Any]] = {
         topk_group=1,
     ),
 }
+
+TINY_MODELS.update({"gemma2": TINY_GEMMA2, **CONVERTED_FAMILIES})
 
 # Odd shapes for the exact parameter-count check: untied, tied, GQA 8:2, learned positions, qk-norm with head_dim.
 COUNT_CHECK_MODELS: list[dict[str, Any]] = [

@@ -194,7 +194,7 @@ def check_plan_seq_len(model_config: dict[str, Any], seq_len: int) -> None:
     from bigtrain.train.checks import check_sequence_length
 
     hf_config = hf_config_from_dict(dict(model_config))
-    probe = build_meta_model(one_block(hf_config), "sdpa")
+    probe = build_meta_model(one_block(hf_config), "auto")
     check_sequence_length(hf_config, probe, seq_len, is_main=True, key="--seq-len")
 
 

@@ -54,7 +54,11 @@ class ModelConfig:
         "Config dict for AutoConfig.for_model (needs model_type); the model is built from scratch with its own init.",
         default=None,
     )
-    attn_implementation: str = doc("HF attention implementation: sdpa, eager, flash_attention_2, ...", default="sdpa")
+    attn_implementation: str = doc(
+        "HF attention implementation: auto (the family's own default: sdpa where transformers supports it for the "
+        "family, else eager), sdpa, eager, flash_attention_2 (where installed), flex_attention.",
+        default="auto",
+    )
 
 
 @dataclass

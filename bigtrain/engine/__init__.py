@@ -18,6 +18,7 @@ from bigtrain.engine.base import Engine, StepResult, train_step
 from bigtrain.engine.deepspeed_engine import DeepSpeedZeroEngine
 from bigtrain.engine.pipelined import PipelinedEngine
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory, TorchNativeEngine
+from bigtrain.models.build import resolve_attention
 from bigtrain.parallel.build import build_model
 from bigtrain.parallel.transforms.base import BuildOptions
 
@@ -32,7 +33,7 @@ def build_options(cfg: RecipeConfig, hf_config: Any, plan: Plan, device: torch.d
         plan=plan,
         device=device,
         mixed_precision=cfg.train.mixed_precision,
-        attn_implementation=cfg.model.attn_implementation,
+        attn_implementation=resolve_attention(hf_config, cfg.model.attn_implementation),
         compile=cfg.train.compile,
         method=cfg.train.method,
         lora=cfg.lora,

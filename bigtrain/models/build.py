@@ -38,11 +38,38 @@ def load_hf_config(cfg: ModelConfig) -> Any:
     return hf_config_from_dict(cfg.config or {}, key="model.config")
 
 
+AUTO_ATTENTION = "auto"
+
+
+def attention_choices(hf_config: Any) -> list[str]:
+    """The attention implementations transformers builds this family with, its own default first: sdpa where the
+    family's class supports it, else eager; flash_attention_2 where supported and installed; flex where supported."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers.utils import is_flash_attn_2_available
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(hf_config), None)
+    supports = {flag: getattr(cls, flag, False) for flag in ("_supports_sdpa", "_supports_flash_attn")}
+    choices = ["sdpa"] if supports["_supports_sdpa"] else []
+    choices.append("eager")
+    if supports["_supports_flash_attn"] and is_flash_attn_2_available():
+        choices.append("flash_attention_2")
+    if getattr(cls, "_supports_flex_attn", False):
+        choices.append("flex_attention")
+    return choices
+
+
+def resolve_attention(hf_config: Any, asked: str) -> str:
+    """``model.attn_implementation``: ``auto`` is the family's own default (``attention_choices``); anything else as
+    asked (``build_meta_model`` says what would work when it cannot build)."""
+    return attention_choices(hf_config)[0] if asked == AUTO_ATTENTION else asked
+
+
 def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:
     """An fp32 causal LM whose parameters and buffers live on ``meta``."""
     from transformers import AutoModelForCausalLM
 
     hf_config.use_cache = False  # training: no KV cache
+    attn_implementation = resolve_attention(hf_config, attn_implementation)
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(
@@ -50,10 +77,12 @@ def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:
             )
     except (ValueError, ImportError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first.split(". ")[0]  # transformers' first sentence says it; the rest is advice for its own API
         if attn_implementation not in ("sdpa", "eager") or "attn" in str(e).lower() or "attention" in str(e).lower():
+            works = " or ".join(attention_choices(hf_config))
             raise ConfigError(
                 f"model.attn_implementation={attn_implementation!r} cannot build {hf_config.model_type} ({first}); "
-                "use sdpa (the default) or eager"
+                f"for {hf_config.model_type} use {works} (or auto, the family's own default)"
             ) from e
         raise ConfigError(
             f"model config of type {hf_config.model_type!r} does not build as a causal LM ({first})"
@@ -79,7 +108,9 @@ def build_partitioned_model(hf_config: Any, attn_implementation: str, deepspeed_
     # accelerator without fp16 support (the CPU) and partitions in bf16 (an operator-precedence slip in
     # Init._set_dtype), which rounds every weight
     with deepspeed.zero.Init(config_dict_or_path=deepspeed_config):
-        return AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32, attn_implementation=attn_implementation)
+        return AutoModelForCausalLM.from_config(
+            hf_config, dtype=torch.float32, attn_implementation=resolve_attention(hf_config, attn_implementation)
+        )
 
 
 def model_shapes(hf_config: Any, attn_implementation: str) -> dict[str, tuple[int, ...]]:

@@ -42,7 +42,7 @@ from bigtrain.data.order import GlobalOrder
 from bigtrain.data.sources import TokenRows, check_vocabulary, hold_out, load_token_rows
 from bigtrain.engine import Engine, build_engine, build_options
 from bigtrain.errors import CheckpointNotWritten, ConfigError
-from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes
+from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes, resolve_attention
 from bigtrain.parallel.transforms.adapters import modules_trained_fully, target_modules, trained_shapes
 from bigtrain.parallel.transforms.base import BuildOptions
 from bigtrain.planner.auto import choose_plan
@@ -117,6 +117,9 @@ class TrainingJob:
         self.env = env or read_launch_env()
         warn_if_accelerate_started_one_process(self.env)
         self.hf_config = load_hf_config(cfg.model)
+        # attn_implementation auto: the family's own default, resolved once so every later check sees the real one
+        attention = resolve_attention(self.hf_config, cfg.model.attn_implementation)
+        self.cfg = cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attn_implementation=attention))
         auto = cfg.parallel.plan == "auto"
         self.device = pick_device(self.env)
         self.plan: Plan | None = None if auto else resolve_plan(cfg.parallel, self.env.world_size, cfg.train)

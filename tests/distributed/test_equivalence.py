@@ -207,6 +207,14 @@ CASES = [("llama-tied", plan) for plan in PLANS if plan not in TP_PLANS and plan
     ("qwen2-tied", "tp2-sequence_parallel-accum4"),
     ("llama-4layers", "tp2-dp_shard2-sequence_parallel-loss_parallel-accum2"),
     *[("llama-4layers", plan) for plan in PP_PLANS],
+    # families beyond Llama's layout, from their real save_pretrained folders: Gemma 2 (eager, soft-capping),
+    # GPT-NeoX (embed_out on disk), and mixture-of-experts models (experts fused at load time; no router loss: their
+    # configs leave output_router_logits off)
+    ("gemma2", "fsdp2-2ranks-mb1-reduce-every"),
+    ("gpt_neox", "fsdp2-2ranks-mb1-reduce-once"),
+    ("mixtral", "fsdp2-2ranks-mb1-reduce-every"),
+    ("qwen3_moe", "deepspeed-zero3-accum2"),
+    ("deepseek_v3", "fsdp2-2ranks-mb1-reduce-once"),
 ]
 
 

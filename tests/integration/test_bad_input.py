@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from cases import TINY_MODELS
+from cases import TINY_GEMMA2, TINY_MODELS
 from helpers import REPO, recipe_dict, run_cli, run_torchrun, save_rows, write_recipe
 
 SEQ = 17
@@ -80,6 +80,12 @@ CASES = {
             r["train"].update(method="qlora", mixed_precision="bf16") or r["parallel"].update(backend="deepspeed")
         ),
         "train.method=qlora with backend deepspeed is not built yet",
+    ),
+    "an attention implementation the family has not": (
+        lambda r: r["model"].update(config=dict(TINY_GEMMA2)) or r["model"].update(attn_implementation="sdpa"),
+        "model.attn_implementation='sdpa' cannot build gemma2 (Gemma2ForCausalLM does not support an attention "
+        "implementation through torch.nn.functional.scaled_dot_product_attention yet); for gemma2 use eager or "
+        "flex_attention (or auto, the family's own default)",
     ),
     "degrees mismatch": (
         lambda r: r["parallel"].update(dp_replicate=2, dp_shard=2),

@@ -1,7 +1,7 @@
 """Pretrained values come through transformers' own key renaming and weight conversion: for GPT-NeoX (its LM head is
 ``embed_out`` on disk), Mixtral, Qwen3-MoE and DeepSeek-V3 (per-expert tensors on disk, fused per layer in the
 model), what bigtrain's one-module-at-a-time loader reads equals what ``from_pretrained`` loads, and the way back
-gives the checkpoint's own keys and tensors."""
+gives the checkpoint's own keys and tensors; attention auto is the family's own default."""
 
 from __future__ import annotations
 
@@ -67,3 +67,13 @@ def test_experts_are_stacked_in_expert_order_not_string_order(tmp_path):
     fused = "model.layers.0.mlp.experts.down_proj"
     got = dict((n, v.clone()) for n, v, _ in full_values(twin, {fused}, str(folder), seed=0))
     assert torch.equal(got[fused], expected[fused])
+
+
+def test_attention_auto_is_the_family_s_own_default():
+    from cases import TINY_GEMMA2, TINY_LLAMA
+
+    from bigtrain.models.build import attention_choices, resolve_attention
+
+    gemma2, llama = hf_config_from_dict(TINY_GEMMA2), hf_config_from_dict(TINY_LLAMA)
+    assert resolve_attention(gemma2, "auto") == "eager" and "sdpa" not in attention_choices(gemma2)
+    assert resolve_attention(llama, "auto") == "sdpa" and resolve_attention(llama, "eager") == "eager"
