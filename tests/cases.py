@@ -88,7 +88,18 @@ CONVERTED_FAMILIES: dict[str, dict[str, Any]] = {
     ),
 }
 
-TINY_MODELS.update({"gemma2": TINY_GEMMA2, **CONVERTED_FAMILIES})
+# Dense families whose tensor-parallel layouts go beyond colwise/rowwise: Qwen3 (per-head q/k norms replicated with
+# summed gradients), Phi-3 (fused qkv and gate_up, outputs gathered, row-wise inputs split) and OLMo-2 (q/k/v
+# gathered for its full-width q/k norms); hidden 64 and GQA 4:2, so tp=2 splits both head counts
+_TP_SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+TP_FAMILIES: dict[str, dict[str, Any]] = {
+    "qwen3": dict(model_type="qwen3", **_TP_SMALL, head_dim=16, vocab_size=128, tie_word_embeddings=False),
+    "phi3": dict(model_type="phi3", **_TP_SMALL, vocab_size=128, pad_token_id=None),
+    "olmo2": dict(model_type="olmo2", **_TP_SMALL, vocab_size=128, pad_token_id=None),
+}
+# Mixtral asking for its router's load-balancing loss (weighted 0.1 so that leaving it out moves the gradients)
+ROUTED_MIXTRAL: dict[str, Any] = {**CONVERTED_FAMILIES["mixtral"], "output_router_logits": True, "router_aux_loss_coef": 0.1}
+TINY_MODELS.update({"gemma2": TINY_GEMMA2, **CONVERTED_FAMILIES, **TP_FAMILIES})
 
 # Odd shapes for the exact parameter-count check: untied, tied, GQA 8:2, learned positions, qk-norm with head_dim.
 COUNT_CHECK_MODELS: list[dict[str, Any]] = [

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from bigtrain.config.hf import TP_STYLES
+from bigtrain.config.hf import PLAIN_TP_STYLES, TP_STYLES
 from bigtrain.config.model_facts import ModelFacts
 from bigtrain.config.option_rules import (
     adapters_with_pp,
@@ -39,6 +39,7 @@ from bigtrain.config.option_rules import (
     qlora_computes_in_bf16,
     qlora_fsdp2_shards,
     qlora_with_deepspeed,
+    router_loss_with_pp_or_cp,
 )
 from bigtrain.config.pipeline import (
     MULTI_STAGE_SCHEDULES,
@@ -241,6 +242,19 @@ def _tp_style_not_mapped(s: Setup) -> str | None:
     return None
 
 
+def _sequence_parallel_plain_layout(s: Setup) -> str | None:
+    model = s.model
+    assert model is not None
+    others = [style for style in model.tp_styles if style not in PLAIN_TP_STYLES]
+    if s.plan.sequence_parallel and s.plan.tp > 1 and others:
+        return (
+            f"parallel.sequence_parallel=true with model_type {model.model_type!r} is not built yet: its layout uses "
+            f"{', '.join(others)}, and sequence parallelism is built for colwise/rowwise layouts; set "
+            "parallel.sequence_parallel=false"
+        )
+    return None
+
+
 # ---- the plan does not fit this model or batch (fit) --------------------------------------------------------------
 def _batch_splits_into_micro_batches(s: Setup) -> str | None:
     p, batch = s.plan, s.train.global_batch_size
@@ -256,7 +270,7 @@ def _batch_splits_into_micro_batches(s: Setup) -> str | None:
 def _no_tp_layout(model: ModelFacts, why: str) -> str:
     return (
         f"parallel.tp > 1: model_type {model.model_type!r} {why} in transformers' base_model_tp_plan; tensor "
-        "parallelism supports llama, mistral, qwen2 and their relatives: use parallel.tp=1"
+        f"parallelism maps the styles {', '.join(TP_STYLES)}: use parallel.tp=1"
     )
 
 
@@ -414,6 +428,7 @@ RULES: tuple[Rule, ...] = (
     _row(chunked_loss_keeps_logit_transform, "not_built", reads_model=True),
     _row(offload_activations_with_selective, "not_built"),
     _row(offload_activations_with_pp, "not_built"),
+    _row(router_loss_with_pp_or_cp, "not_built", reads_model=True),
     _row(qlora_computes_in_bf16, "invalid"),
     _row(adapters_with_tp, "not_built"),
     _row(adapters_with_pp, "not_built"),
@@ -422,6 +437,7 @@ RULES: tuple[Rule, ...] = (
     _row(qlora_fsdp2_shards, "fit"),
     _row(_tp_layout_shipped, "fit", reads_model=True),
     _row(_tp_style_not_mapped, "not_built", reads_model=True),
+    _row(_sequence_parallel_plain_layout, "not_built", reads_model=True),
     _row(_tp_divides_heads, "fit", reads_model=True),
     _row(_cp_divides_heads, "fit", reads_model=True),
     _row(_loss_parallel_untied, "fit", reads_model=True),

@@ -89,7 +89,19 @@ def hf_config_from_dict(spec: dict[str, Any], key: str = "model.config") -> Any:
 
 # The tensor-parallel styles bigtrain maps to torch's (parallel/transforms/tensor_parallel.py). Layouts using others
 # (Qwen3's per-head norms need "replicated_with_grad_allreduce") are refused by the capability table.
-TP_STYLES = ("colwise", "rowwise")
+# transformers' tensor-parallel styles that bigtrain maps onto torch's DTensor styles (parallel/transforms/
+# tensor_parallel.py): the plain Megatron pair, its variants that gather a column-wise output or take a replicated
+# row-wise input (Phi-3, OLMo-2), and per-head norms replicated with summed gradients (Qwen3's q_norm and k_norm)
+TP_STYLES = (
+    "colwise",
+    "rowwise",
+    "colwise_rep",
+    "colwise_gather_output",
+    "rowwise_rep",
+    "rowwise_split_input",
+    "replicated_with_grad_allreduce",
+)
+PLAIN_TP_STYLES = ("colwise", "rowwise")  # what sequence parallelism and the planner's tp terms assume
 
 
 def tp_layout(hf_config: Any) -> dict[str, str]:

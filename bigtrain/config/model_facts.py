@@ -26,6 +26,8 @@ class ModelFacts:
     # Cohere's and Granite's scaling), None if nothing: a chunked loss, which takes the head out of the forward,
     # would skip it
     logits_after_head: str | None = None
+    # the config asks for the router's load-balancing loss (output_router_logits with router_aux_loss_coef > 0)
+    router_loss: bool = False
 
     @classmethod
     def of(cls, hf_config: Any) -> ModelFacts:
@@ -43,4 +45,6 @@ class ModelFacts:
             logits_after_head=next(
                 (key for key in LOGIT_TRANSFORM_KEYS if getattr(hf_config, key, None) not in (None, 1, 1.0)), None
             ),
+            router_loss=bool(getattr(hf_config, "output_router_logits", False))
+            and bool(getattr(hf_config, "router_aux_loss_coef", 0.0)),
         )

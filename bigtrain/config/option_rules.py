@@ -1,5 +1,5 @@
 """Rows of the capability table (``capabilities.py``) about train-level options and what they change in the model:
-the chunked loss, activation offload, compile, and the adapter methods (LoRA, QLoRA)."""
+the chunked loss, activation offload, the router loss, compile, and the adapter methods (LoRA, QLoRA)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,17 @@ def offload_activations_with_pp(s: Setup) -> str | None:
             "micro-batches' blocks, which its fetch-ahead does not follow); use activation_checkpointing instead"
         )
     return None
+
+
+def router_loss_with_pp_or_cp(s: Setup) -> str | None:
+    if s.model is None or not s.model.router_loss or (s.plan.pp == 1 and s.plan.cp == 1):
+        return None
+    other = f"parallel.pp={s.plan.pp}" if s.plan.pp > 1 else f"parallel.cp={s.plan.cp}"
+    return (
+        f"{other} with the router's load-balancing loss of {s.model.model_type} (output_router_logits) is not built "
+        "yet: a stage or a slice of a row would see only part of each forward's routing; set "
+        "output_router_logits=false in the model config or that degree to 1"
+    )
 
 
 def compile_with_deepspeed(s: Setup) -> str | None:

@@ -27,7 +27,7 @@ from torch import nn
 
 from bigtrain.data.batch import MicroBatch
 from bigtrain.engine.base import Engine, StepResult
-from bigtrain.engine.loss import token_loss_sum
+from bigtrain.engine.loss import router_loss, router_loss_coef, token_loss_sum
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory
 from bigtrain.parallel.transforms.base import BuiltModel
 
@@ -79,12 +79,19 @@ class DeepSpeedZeroEngine(Engine):
 
     def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         factor = loss_factor * self.dp_size  # DeepSpeed averages over the ranks: back to the sum (module docstring)
+        # the router loss: its mean over every forward of the global batch (loss.router_loss; DeepSpeed's average
+        # over the ranks is the rest of that mean)
+        router_factor = router_loss_coef(self.built.parts[0].config) / len(micro_batches)
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
-            logits = self.ds(**batch.model_inputs()).logits
-            loss = token_loss_sum(self.built, logits, batch.labels)
-            del logits
-            self.ds.backward(loss * factor, scale_wrt_gas=False)
+            output = self.ds(**batch.model_inputs())
+            loss = token_loss_sum(self.built, output.logits, batch.labels)
+            router = router_loss(output)
+            del output
+            objective = loss * factor
+            if router is not None and router_factor:
+                objective = objective + router * router_factor
+            self.ds.backward(objective, scale_wrt_gas=False)
             loss_sum += loss.detach().float()
             if i < len(micro_batches) - 1:
                 self.ds.step()  # not a boundary: DeepSpeed only counts the micro-step

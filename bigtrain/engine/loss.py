@@ -8,6 +8,8 @@ over the whole global batch, for any split into ranks and micro-steps.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -55,3 +57,23 @@ def token_loss_sum(built: BuiltModel, logits: torch.Tensor, labels: torch.Tensor
     if built.loss_head is None:
         return labeled_loss_sum(logits, labels)
     return chunked_loss_sum(logits, labels, built.loss_head, built.plan.loss_chunk_tokens, built.autocast_dtype)
+
+
+def router_loss_coef(hf_config: Any) -> float:
+    """The weight of the router's load-balancing loss that a mixture-of-experts config asks for
+    (``output_router_logits`` with ``router_aux_loss_coef``, as transformers adds it to its own loss); 0: none."""
+    if not getattr(hf_config, "output_router_logits", False):
+        return 0.0
+    return float(getattr(hf_config, "router_aux_loss_coef", 0.0) or 0.0)
+
+
+def router_loss(output: Any) -> torch.Tensor | None:
+    """The load-balancing loss the model's forward computed for this micro-batch (``aux_loss``), if any.
+
+    How it joins the objective (``Engine.forward_backward``): each forward's router loss is a mean over that
+    forward's tokens, as transformers computes it; the step's objective adds ``coef`` times the mean of it over every
+    forward of the global batch (all micro-batches on all data-parallel ranks), beside the token-summed
+    cross-entropy over the global batch's labelled tokens. A single-process loop over the same micro-batches gets the
+    same objective (tests/distributed/test_moe.py)."""
+    aux = getattr(output, "aux_loss", None)
+    return aux if isinstance(aux, torch.Tensor) else None

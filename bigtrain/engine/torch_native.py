@@ -23,7 +23,7 @@ from bigtrain.config.schema import TrainConfig
 from bigtrain.data.batch import MicroBatch
 from bigtrain.engine.base import Engine, StepResult
 from bigtrain.engine.grad_norm import clip_global_grad_norm
-from bigtrain.engine.loss import token_loss_sum
+from bigtrain.engine.loss import router_loss, router_loss_coef, token_loss_sum
 from bigtrain.engine.loss_scale import DynamicLossScaler
 from bigtrain.parallel.transforms.base import BuiltModel
 
@@ -97,24 +97,28 @@ class TorchNativeEngine(Engine):
         dtype = self.built.autocast_dtype
         return contextlib.nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
 
-    def _forward_loss(self, batch: MicroBatch) -> torch.Tensor:
-        """Summed token loss of one micro-batch (a DTensor under loss_parallel). The compute-dtype logits are not
-        kept: the loss holds what backward needs."""
+    def _forward_loss(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Summed token loss of one micro-batch (a DTensor under loss_parallel), and the router's load-balancing
+        loss where the model computes one. The compute-dtype logits are not kept: the loss holds what backward
+        needs."""
         # Vocabulary-sharded logits (parallel.loss_parallel): torch's loss_parallel computes the cross-entropy on the
         # shards, in forward and in backward.
         with self._autocast():
-            logits = self.built.forward_module(**batch.model_inputs()).logits
+            output = self.built.forward_module(**batch.model_inputs())
         with self._loss_context():
-            return token_loss_sum(self.built, logits, batch.labels)
+            return token_loss_sum(self.built, output.logits, batch.labels), router_loss(output)
 
     def _loss_context(self) -> contextlib.AbstractContextManager:
         return loss_parallel() if self.built.plan.loss_parallel else contextlib.nullcontext()
 
-    def _micro_step(self, batch: MicroBatch, last: bool, factor: float) -> torch.Tensor:
+    def _micro_step(self, batch: MicroBatch, last: bool, factor: float, router_factor: float) -> torch.Tensor:
         with self.built.grad_sync(last):
-            loss = self._forward_loss(batch)
+            loss, router = self._forward_loss(batch)
             with self._loss_context():
-                (loss * factor).backward()
+                objective = loss * factor
+                if router is not None and router_factor:
+                    objective = objective + router * router_factor
+                objective.backward()
         return _local(loss.detach())
 
     def _gradient_factor(self, loss_factor: float) -> float:
@@ -125,9 +129,13 @@ class TorchNativeEngine(Engine):
 
     def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         factor = self._gradient_factor(loss_factor)
+        # the router loss: its mean over every forward of the global batch (``loss.router_loss``); the ranks'
+        # gradient average already divides by the data-parallel ranks
+        scale = self.loss_scaler.scale if self.loss_scaler else 1.0
+        router_factor = router_loss_coef(self.parts[0].config) / len(micro_batches) * scale
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
-            loss_sum += self._micro_step(batch, i == len(micro_batches) - 1, factor)
+            loss_sum += self._micro_step(batch, i == len(micro_batches) - 1, factor, router_factor)
         dist.all_reduce(loss_sum, group=self.mesh.batch_group)
         return loss_sum
 
@@ -147,7 +155,7 @@ class TorchNativeEngine(Engine):
         loss_sum = torch.zeros((), device=self.device)
         with self._evaluating():
             for batch in micro_batches:
-                loss_sum += _local(self._forward_loss(batch))
+                loss_sum += _local(self._forward_loss(batch)[0])
         dist.all_reduce(loss_sum, group=self.mesh.batch_group)
         return loss_sum
 

@@ -24,7 +24,7 @@ def config(**overrides):
         ({}, 3, "parallel.tp=3 does not divide num_attention_heads=4; try 1, 2"),
         ({}, 4, "parallel.tp=4 does not divide num_key_value_heads=2; try 1, 2"),
         ({"model_type": "gpt2"}, 2, "model_type 'gpt2' ships no tensor-parallel layout"),
-        ({"model_type": "qwen3"}, 2, "model_type 'qwen3' uses the style(s) replicated_with_grad_allreduce"),
+        ({"model_type": "mixtral"}, 2, "model_type 'mixtral' uses the style(s) moe_tp_experts, packed_colwise"),
     ],
 )
 def test_tp_that_cannot_split_the_model_is_refused_by_name(overrides, tp, expected):

@@ -1,7 +1,9 @@
 """Tensor parallelism (Megatron-style) inside each decoder block, with torch's DTensor ``parallelize_module``.
 
 The layout is data from the model itself: transformers ships ``base_model_tp_plan`` in the configs of Llama,
-Mistral, Qwen2 and their relatives (q/k/v and gate/up projections column-wise, o and down projections row-wise).
+Mistral, Qwen2 and their relatives (q/k/v and gate/up projections column-wise, o and down projections row-wise),
+and of Phi-3 and OLMo-2 (column-wise outputs gathered, row-wise inputs split locally) and Qwen3 (per-head norms
+replicated, their gradients summed); ``_torch_style`` maps each of transformers' style names onto torch's.
 Each attention and MLP then runs on its 1/tp slice of heads and hidden units and ends in one all-reduce (the
 row-wise output). HF's attention reshapes with -1, so the local head count needs no config change; the query and
 key/value heads must both divide by tp. Embeddings, norms and the LM head stay replicated over tp: every tp rank
@@ -28,11 +30,27 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from bigtrain.config.hf import TP_STYLES, tp_layout
+from bigtrain.config.hf import tp_layout
 from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transform
 
-_STYLE_CLASSES: dict[str, type[ParallelStyle]] = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-assert set(_STYLE_CLASSES) == set(TP_STYLES)
+
+def _torch_style(style: str, sequence_parallel: bool) -> ParallelStyle:
+    """transformers' style name as torch's DTensor style (``config.hf.TP_STYLES``)."""
+    if style == "rowwise" and sequence_parallel:
+        return RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+    if style == "replicated_with_grad_allreduce":
+        # a per-head norm (Qwen3's q_norm, k_norm) sees only this rank's heads (dimension -2 of its input): its weight
+        # is replicated and each rank's gradient is a partial sum, which DTensor all-reduces into the weight's grad
+        return SequenceParallel(sequence_dim=-2, use_local_output=True)
+    styles = {
+        "colwise": ColwiseParallel,
+        "rowwise": RowwiseParallel,
+        "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
+        "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Replicate()),
+    }
+    return styles[style]()
 
 
 def tp_module_plan(
@@ -46,10 +64,7 @@ def tp_module_plan(
     for name, _ in base_model.named_modules():
         for pattern, style in layout.items():
             if fnmatchcase(name, pattern):
-                if sequence_parallel and style == "rowwise":
-                    plan[name] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
-                else:
-                    plan[name] = _STYLE_CLASSES[style]()
+                plan[name] = _torch_style(style, sequence_parallel)
     return plan
 
 
