@@ -63,6 +63,7 @@ def main() -> int:
         plan += f" cp{c.cp}" if c.cp > 1 else ""
         plan += f" every {c.every}" if c.every > 1 else ""
         plan += f" chunked loss {c.loss_chunk}" if c.loss_chunk else ""
+        plan += " offload act" if c.offload else ""
         plan += " loss_parallel" if c.loss_parallel else ""
         plan += " sequence_parallel" if c.sequence_parallel else ""
         if c.pp > 1:
