@@ -199,8 +199,18 @@ class TrainingJob:
     def __enter__(self) -> TrainingJob:
         self._launched = as_launched(self.env)  # the launcher's variables a library may read, for the job's life
         self._launched.__enter__()
+        # a job inside a process group its caller already started (a script that trains several recipes in one
+        # launch) runs in that group and leaves it standing; otherwise the job starts and ends its own
+        self._owns_group = not dist.is_initialized()
         try:
-            init_process_group(self.env, self.device, self.cfg.train.collective_timeout_s)
+            if self._owns_group:
+                init_process_group(self.env, self.device, self.cfg.train.collective_timeout_s)
+            elif (dist.get_rank(), dist.get_world_size()) != (self.env.rank, self.env.world_size):
+                raise ConfigError(
+                    f"the process group already started here is rank {dist.get_rank()} of {dist.get_world_size()}, "
+                    f"but the launcher says rank {self.env.rank} of {self.env.world_size}; start the job in a fresh "
+                    "process"
+                )
         except BaseException:
             self._launched.__exit__(None, None, None)
             raise
@@ -237,7 +247,7 @@ class TrainingJob:
             # threads may free their tensors after Python is gone and abort the process that is reporting the error
             self.engine = self.checkpointer = None
             gc.collect()
-            dist.destroy_process_group()
+            self._end_group()
             self.output_lock.release()
             self._launched.__exit__(None, None, None)
             raise
@@ -265,8 +275,12 @@ class TrainingJob:
                 gc.collect()
                 dist.barrier()  # every rank finishes its last collective before any rank tears the group down
         finally:
-            dist.destroy_process_group()
+            self._end_group()
             self._launched.__exit__(None, None, None)
+
+    def _end_group(self) -> None:
+        if self._owns_group:
+            dist.destroy_process_group()
 
     def fit(self) -> TrainResult:
         assert self.engine is not None and self.plan is not None, "use TrainingJob as a context manager"

@@ -1,7 +1,9 @@
 """The defining test: every plan trains the same model as a plain single-process PyTorch loop, step for step.
 
 Each plan runs as a real job (torchrun, gloo, real collectives) of ``bigtrain.train.run.TrainingJob``, the code
-``bigtrain train`` runs, and ends by saving its trained parameters. The reference is what a user would write by
+``bigtrain train`` runs, and ends by saving its trained parameters. The plans of one architecture and world size
+share one launch (``launches``): their jobs run one after the other in the same ranks and process group, each from
+its own recipe into its own output_dir (DeepSpeed's plans get a launch each). The reference is what a user would write by
 hand: the whole global batch in one forward with HF's own mean loss, AdamW, ``clip_grad_norm_``, a warmup + cosine
 ``LambdaLR`` written out below, and the documented data order (a permutation seeded by seed + epoch). Compared:
 the loss and gradient norm of every step, and every parameter after the last step.
@@ -14,6 +16,7 @@ run with Adam's beta2 changed, or without clipping, lands far outside the tolera
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -256,24 +259,61 @@ def assert_plan_matches(model_dir, rows_path, nproc, parallel, reference, refere
     recipe = write_recipe(tmp_path / "recipe.yaml", recipe_for(model_dir, rows_path, parallel, tmp_path / "out"))
     proc = run_torchrun([str(WORKER), str(recipe), str(tmp_path / "params.pt")], nproc=nproc, module=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    got = read_metrics(tmp_path / "out")
+    assert_run_matches(tmp_path / "out", tmp_path / "params.pt", reference, reference_params)
+
+
+def assert_run_matches(output_dir, params_path, reference, reference_params) -> None:
+    got = read_metrics(output_dir)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
     for step, (mine, ref) in enumerate(zip(got, reference, strict=True), 1):
         assert mine["loss"] == pytest.approx(ref["loss"], rel=RTOL), f"step {step} loss"
         assert mine["grad_norm"] == pytest.approx(ref["grad_norm"], rel=RTOL), f"step {step} grad_norm"
         assert mine["lr"] == pytest.approx(LR * lr_lambda(step - 1), rel=1e-12), f"step {step} lr"
-    params = torch.load(tmp_path / "params.pt")
+    params = torch.load(params_path)
     assert set(params) == set(reference_params)  # the names a checkpoint of this plan would carry: HF's own
     for key, ref in reference_params.items():
         torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")
 
 
-@pytest.mark.parametrize("arch, name", CASES, ids=[f"{a}-{n}" for a, n in CASES])
-def test_plan_matches_single_process_loop(arch, name, data, models, tmp_path):
+def _shares_a_launch(name: str) -> bool:
+    # DeepSpeed keeps the groups it saw first for the life of its process: its plans get a launch each
+    return PLANS[name][1].get("backend") != "deepspeed"
+
+
+@pytest.fixture(scope="module")
+def launches(data, models, tmp_path_factory):
+    """The case's run: (launch result, its output_dir, its parameters file). The cases of one architecture and
+    world size are trained one after the other in one torchrun launch (train_and_save.py with several recipes:
+    starting the ranks costs several times what 10 steps of a tiny model do), each into its own output_dir."""
     root, _ = data
-    model_dir, reference, reference_params = models(arch)
-    nproc, parallel = PLANS[name]
-    assert_plan_matches(model_dir, root / "rows.npy", nproc, parallel, reference, reference_params, tmp_path)
+    runs: dict[tuple[str, str], tuple] = {}
+
+    def run(arch: str, name: str):
+        if (arch, name) not in runs:
+            nproc = PLANS[name][0]
+            group = [name]
+            if _shares_a_launch(name):
+                group = [n for a, n in CASES if a == arch and PLANS[n][0] == nproc and _shares_a_launch(n)]
+            folder = tmp_path_factory.mktemp(f"{arch}-{nproc}ranks")
+            model_dir = models(arch)[0]
+            args = []
+            for n in group:
+                recipe = recipe_for(model_dir, root / "rows.npy", PLANS[n][1], folder / n)
+                args += [str(write_recipe(folder / f"{n}.yaml", recipe)), str(folder / f"{n}.pt")]
+            proc = run_torchrun([str(WORKER), *args], nproc=nproc, module=False, timeout=120 + 60 * len(group))
+            runs.update({(arch, n): (proc, folder / n, folder / f"{n}.pt", len(group)) for n in group})
+        return runs[(arch, name)]
+
+    return run
+
+
+@pytest.mark.parametrize("arch, name", CASES, ids=[f"{a}-{n}" for a, n in CASES])
+def test_plan_matches_single_process_loop(arch, name, models, launches):
+    _, reference, reference_params = models(arch)
+    proc, output_dir, params, jobs = launches(arch, name)
+    finished = params.exists() and (jobs == 1 or Path(f"{params}.done0").exists())
+    assert finished and (jobs > 1 or proc.returncode == 0), proc.stderr[-3000:]
+    assert_run_matches(output_dir, params, reference, reference_params)
 
 
 def test_the_reference_is_not_vacuous(data, models):

@@ -9,17 +9,39 @@ rank holds only its stages' parameters: rank 0 gathers every rank's.
 
 from __future__ import annotations
 
+import gc
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from bigtrain.config.load import load_recipe
+from bigtrain.runtime import init_process_group, pick_device, read_launch_env
 from bigtrain.train.run import TrainingJob, write_final_model
 
 
-def main(recipe: str, out: str) -> None:
+def main(*pairs: str) -> None:
+    """``RECIPE OUT.pt`` pairs. One pair: the job starts and ends its process group, as ``bigtrain train`` does.
+    Several: this script starts the group and the jobs run in it one after the other (a launch costs more than a
+    tiny model's training); after each, ``OUT.pt.done<rank>`` marks that it finished on this rank."""
+    jobs = list(zip(pairs[0::2], pairs[1::2], strict=True))
+    if len(jobs) == 1:
+        train_and_save(*jobs[0])
+        return
+    env = read_launch_env()
+    init_process_group(env, pick_device(env), 300)
+    try:
+        for recipe, out in jobs:
+            train_and_save(recipe, out)
+            Path(f"{out}.done{env.rank}").write_text("ok\n")
+    finally:
+        gc.collect()  # as TrainingJob does before the group goes: gloo's pending work lives in module cycles
+        dist.destroy_process_group()
+
+
+def train_and_save(recipe: str, out: str) -> None:
     cfg = load_recipe(recipe)
     with TrainingJob(cfg) as job:
         result = job.fit()
@@ -36,4 +58,4 @@ def main(recipe: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])
