@@ -117,9 +117,9 @@ class TrainingJob:
         self.env = env or read_launch_env()
         warn_if_accelerate_started_one_process(self.env)
         self.hf_config = load_hf_config(cfg.model)
-        # attn_implementation auto: the family's own default, resolved once so every later check sees the real one
-        attention = resolve_attention(self.hf_config, cfg.model.attn_implementation)
-        self.cfg = cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attn_implementation=attention))
+        # attn_implementation auto: the family's own default (the recipe keeps "auto", as written: it is what a
+        # restart compares); the checks below need the implementation that will run
+        self.attention = resolve_attention(self.hf_config, cfg.model.attn_implementation)
         auto = cfg.parallel.plan == "auto"
         self.device = pick_device(self.env)
         self.plan: Plan | None = None if auto else resolve_plan(cfg.parallel, self.env.world_size, cfg.train)
@@ -136,7 +136,7 @@ class TrainingJob:
         self._packed = packed  # context parallelism cannot keep packed records apart yet (_build_options)
         packing_note = None
         if packed:
-            packing_note = check_packed_attention(self.hf_config, cfg.model.attn_implementation)
+            packing_note = check_packed_attention(self.hf_config, self.attention)
         check_writable(cfg.output_dir)
         if cfg.train.log_to == "tensorboard":
             check_tensorboard()
@@ -385,7 +385,7 @@ class TrainingJob:
         """The capability table's rows for this model and the engine's own inputs (its config files), checked on
         every rank before any process group for a written plan; then what the build reads."""
         check(Setup(plan, self.cfg.train, ModelFacts.of(self.hf_config)))
-        check_context_parallel(plan.cp, self.data.seq_len, self._packed, self.cfg.model.attn_implementation)
+        check_context_parallel(plan.cp, self.data.seq_len, self._packed, self.attention)
         dtype_bytes = Workload.of_train(self.cfg.train, self.data.seq_len, self.cfg.lora).dtype_bytes
         free_host = psutil.virtual_memory().available
         check_offload_host_memory(
