@@ -135,6 +135,12 @@ def root_activation_bytes_per_token(stats: ModelStats, a: int, tp: int = 1, sequ
     return (4 * stats.hidden + a * stats.hidden + 4) // split + a * stats.hidden + a * stats.hidden // split
 
 
+def block_input_bytes(stats: ModelStats, plan: Plan, tokens: int, a: int) -> int:
+    """A decoder block's input for ``tokens`` tokens: what full checkpointing keeps of it (a sequence shard under
+    sequence parallelism)."""
+    return a * stats.hidden * tokens // (plan.tp if plan.sequence_parallel else 1)
+
+
 def micro_batch_activations(
     stats: ModelStats, plan: Plan, seq_len: int, a: int, layers: float, has_loss: bool = True
 ) -> tuple[int, int]:
@@ -147,7 +153,7 @@ def micro_batch_activations(
         # nothing of the blocks waits on the device between forward and backward (offloaded_block_bytes); during a
         # block's backward its own tensors (or its recompute and its fetched input) are there, with what is fetched
         # ahead for the block before it: its input, or all it saved where it was not checkpointed; after the loss
-        block_input = a * stats.hidden * tokens // (plan.tp if plan.sequence_parallel else 1)
+        block_input = block_input_bytes(stats, plan, tokens, a)
         full = plan.activation_checkpointing == "full"
         # the block's backward also holds the gradient of its MLP's intermediate beside the tensors it was saved
         # with, which nothing else frees here (seen on the simulated step: one ffn-wide tensor's worth, within 6%)
@@ -165,8 +171,7 @@ def micro_batch_activations(
         # only each block's input survives (a sequence shard under sp); one block is recomputed at a time during
         # backward, after the loss's buffers are gone: the larger of the two counts
         loss = logits_bytes(stats, plan, seq_len, a) if has_loss else 0
-        block_input = a * stats.hidden * tokens // (plan.tp if plan.sequence_parallel else 1)
-        return int(checkpointed * block_input + plain), max(per_block - loss, 0)
+        return int(checkpointed * block_input_bytes(stats, plan, tokens, a) + plain), max(per_block - loss, 0)
     # selective: matmul and attention outputs kept; a block's element-wise tensors come back during its backward,
     # after the loss's buffers are gone (as for full)
     kept = selective_block_bytes_per_token(stats, a, plan.tp) * tokens
@@ -185,8 +190,7 @@ def offloaded_block_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int, l
     if plan.activation_checkpointing != "full":
         return int(layers * per_block)
     checkpointed = math.ceil(layers / plan.checkpoint_every)
-    block_input = a * stats.hidden * tokens // (plan.tp if plan.sequence_parallel else 1)
-    return int(checkpointed * block_input + (layers - checkpointed) * per_block)
+    return int(checkpointed * block_input_bytes(stats, plan, tokens, a) + (layers - checkpointed) * per_block)
 
 
 def activation_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:

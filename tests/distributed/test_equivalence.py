@@ -67,7 +67,17 @@ def global_batch_rows(step: int) -> np.ndarray:
     return np.array(out)
 
 
-def reference_run(model_dir, rows, betas=BETAS, clip=CLIP) -> tuple[list[dict], dict[str, torch.Tensor]]:
+def whole_batch_loss(model, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's objective and reported loss: the whole global batch in one forward, HF's own mean loss."""
+    loss = model(input_ids=batch, labels=batch).loss
+    return loss, loss
+
+
+def reference_run(
+    model_dir, rows, betas=BETAS, clip=CLIP, objective=whole_batch_loss, steps: int = STEPS
+) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    """The plain loop: AdamW, ``clip_grad_norm_``, the schedule and the data order written out; ``objective(model,
+    batch)`` gives (what backward runs on, the loss to report)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -76,10 +86,10 @@ def reference_run(model_dir, rows, betas=BETAS, clip=CLIP) -> tuple[list[dict], 
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=betas, eps=EPS, weight_decay=WD)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
     out = []
-    for step in range(STEPS):
+    for step in range(steps):
         batch = torch.from_numpy(rows[global_batch_rows(step)])
-        loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
+        target, loss = objective(model, batch)
+        target.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip else math.inf)
         opt.step()
         schedule.step()

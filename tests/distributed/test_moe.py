@@ -10,27 +10,12 @@ check has teeth: leaving the router loss out moves the first gradient norm far b
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
 from cases import ROUTED_MIXTRAL
 from helpers import learnable_rows, save_rows, save_tiny_model
-from test_equivalence import (
-    BETAS,
-    CLIP,
-    EPS,
-    LR,
-    NUM_ROWS,
-    RTOL,
-    SEQ_LEN,
-    STEPS,
-    WD,
-    assert_plan_matches,
-    global_batch_rows,
-    lr_lambda,
-)
+from test_equivalence import NUM_ROWS, RTOL, SEQ_LEN, STEPS, assert_plan_matches, reference_run
 
 MOE_PLANS = {
     "fsdp2-2ranks-mb1-accum4": (2, dict(backend="fsdp2", micro_batch_size=1)),
@@ -39,30 +24,19 @@ MOE_PLANS = {
 
 
 def routed_reference(model_dir, rows, coef: float, steps: int = STEPS):
-    """The plain loop: one forward per row (the plans' micro-batches), the objective of the module docstring."""
-    from transformers import AutoModelForCausalLM
+    """The plain loop with one forward per row (the plans' micro-batches) and the objective of the module
+    docstring."""
 
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
-    out = []
-    for step in range(steps):
-        batch = torch.from_numpy(rows[global_batch_rows(step)])
+    def objective(model, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         labelled = batch[:, 1:].numel()
         forwards = [model(input_ids=row[None]) for row in batch]
         ce = sum(
             F.cross_entropy(f.logits[0, :-1], row[1:], reduction="sum") for f, row in zip(forwards, batch, strict=True)
         )
         router = sum(f.aux_loss for f in forwards) / len(forwards)
-        (ce / labelled + coef * router).backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP if CLIP else math.inf)
-        opt.step()
-        schedule.step()
-        opt.zero_grad()
-        out.append({"loss": (ce / labelled).item(), "grad_norm": norm.item()})
-    return out, {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return ce / labelled + coef * router, (ce / labelled).detach()
+
+    return reference_run(model_dir, rows, objective=objective, steps=steps)
 
 
 @pytest.fixture(scope="module")

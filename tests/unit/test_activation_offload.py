@@ -11,6 +11,7 @@ import copy
 import pytest
 import torch
 from cases import TINY_LLAMA
+from helpers import make_plan
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
 from bigtrain.config.capabilities import ModelFacts, Setup, check
@@ -30,22 +31,8 @@ ROWS, SEQ = 2, 24
 
 
 def _plan(**changes) -> Plan:
-    base = dict(
-        backend="fsdp2",
-        zero_stage=3,
-        grad_reduce="every_micro_step",
-        dp_replicate=1,
-        dp_shard=8,
-        tp=1,
-        pp=1,
-        pp_schedule="1f1b",
-        activation_checkpointing="none",
-        micro_batch_size=1,
-        offload_optimizer=False,
-        offload_params=False,
-        offload_activations=True,
-    )
-    return Plan(**{**base, **changes})
+    """An offloading FSDP2 plan over 8 ranks, with ``changes``."""
+    return make_plan(**{"dp_shard": 8, "offload_activations": True, **changes})
 
 
 def _model(config=TINY_LLAMA):
@@ -155,7 +142,7 @@ def test_the_copies_hide_behind_long_compute_and_show_behind_short():
     "changes, says",
     [
         (dict(activation_checkpointing="selective"), "with activation_checkpointing=selective is not built"),
-        (dict(pp=2, dp_shard=4, grad_reduce="once_per_step"), "with parallel.pp > 1 is not built yet"),
+        (dict(pp=2, dp_shard=4), "with parallel.pp > 1 is not built yet"),
     ],
 )
 def test_what_offload_does_not_combine_with_is_refused(changes, says):
