@@ -49,7 +49,7 @@ import torch.distributed as dist
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from bigtrain.config.capabilities import ModelFacts, Setup, check
-from bigtrain.config.hf import hf_config_from_dict
+from bigtrain.config.hf import hf_config_from_dict, resolve_attention
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import AdapterConfig, TrainConfig
 from bigtrain.config.workload import Workload
@@ -67,7 +67,7 @@ def simulate(
     model_config: dict[str, Any],
     plan: Plan,
     workload: Workload,
-    attn_implementation: str = "sdpa",
+    attn_implementation: str = "auto",
     real_tensors: bool = False,
 ) -> dict[str, int]:
     """The tracker's peak snapshot of rank 0: bytes per category (parameters, gradients, ...) and "Total".
@@ -78,6 +78,7 @@ def simulate(
     ``real_tensors``: run on real CPU tensors instead of fake ones (memory and time of a real step: small models).
     """
     hf_config = hf_config_from_dict(model_config)
+    attn_implementation = resolve_attention(hf_config, attn_implementation)  # "auto": the family's own default
     check(Setup(plan, workload.train_config(), ModelFacts.of(hf_config)))  # what the trainer would refuse
     reason = not_simulated(plan, real_tensors, workload.method)
     if reason is not None:

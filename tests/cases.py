@@ -91,14 +91,20 @@ CONVERTED_FAMILIES: dict[str, dict[str, Any]] = {
 # Dense families whose tensor-parallel layouts go beyond colwise/rowwise: Qwen3 (per-head q/k norms replicated with
 # summed gradients), Phi-3 (fused qkv and gate_up, outputs gathered, row-wise inputs split) and OLMo-2 (q/k/v
 # gathered for its full-width q/k norms); hidden 64 and GQA 4:2, so tp=2 splits both head counts
-_TP_SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+_TP_SMALL = dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+)
 TP_FAMILIES: dict[str, dict[str, Any]] = {
     "qwen3": dict(model_type="qwen3", **_TP_SMALL, head_dim=16, vocab_size=128, tie_word_embeddings=False),
     "phi3": dict(model_type="phi3", **_TP_SMALL, vocab_size=128, pad_token_id=None),
     "olmo2": dict(model_type="olmo2", **_TP_SMALL, vocab_size=128, pad_token_id=None),
 }
 # Mixtral asking for its router's load-balancing loss (weighted 0.1 so that leaving it out moves the gradients)
-ROUTED_MIXTRAL: dict[str, Any] = {**CONVERTED_FAMILIES["mixtral"], "output_router_logits": True, "router_aux_loss_coef": 0.1}
+ROUTED_MIXTRAL: dict[str, Any] = {
+    **CONVERTED_FAMILIES["mixtral"],
+    "output_router_logits": True,
+    "router_aux_loss_coef": 0.1,
+}
 TINY_MODELS.update({"gemma2": TINY_GEMMA2, **CONVERTED_FAMILIES, **TP_FAMILIES})
 
 # Odd shapes for the exact parameter-count check: untied, tied, GQA 8:2, learned positions, qk-norm with head_dim.
@@ -392,6 +398,11 @@ REAL_WIDTH_ARCHS: dict[str, tuple[str | dict[str, Any], int]] = {
     "mistral-7b/2L": ("mistral-7b", 2),
     "mistral-7b/4L": ("mistral-7b", 4),
     "llama-3-70b/2L": ("llama-3-70b", 2),
+    # families the planner measures (block_probe.py) instead of its formulas: two dense, two mixtures of experts
+    "gemma-2-9b/2L": ("gemma-2-9b", 2),  # eager attention (its L x L scores), four norms per block, 256k vocabulary
+    "olmo-2-7b/2L": ("olmo-2-7b", 2),  # norms after attention and MLP, q/k norms over the whole width
+    "mixtral-8x7b/2L": ("mixtral-8x7b", 2),  # 8 experts, top-2
+    "qwen3-30b-a3b/2L": ("qwen3-30b-a3b", 2),  # 128 narrow experts, top-8
 }
 
 
@@ -406,7 +417,7 @@ def arch_config(arch: str) -> dict[str, Any]:
     return load_model_config(config)
 
 
-L1B, L3B, L8B, L8B4, Q7B, M7B, M7B4, L70B = REAL_WIDTH_ARCHS
+L1B, L3B, L8B, L8B4, Q7B, M7B, M7B4, L70B, G9B, O7B, MIX, Q30B = REAL_WIDTH_ARCHS
 EMBED_AND_HEAD = ("embed_tokens", "lm_head")
 REAL_WIDTH_CASES = [
     MemoryCase(L8B, "fsdp2", 3, 8, "none", 1, 2048, 8, "bf16"),
@@ -473,4 +484,13 @@ REAL_WIDTH_CASES = [
     MemoryCase(L8B, "fsdp2", 3, 8, "full", 1, 32768, 8, "bf16", loss_chunk=4096, method="lora", offload=True),
     MemoryCase(L1B, "ddp", 0, 8, "full", 1, 32768, 8, "bf16", loss_chunk=4096, every=2, offload=True),
     MemoryCase(Q7B, "fsdp2", 2, 8, "none", 1, 32768, 8, "bf16", loss_chunk=4096, cp=2, offload=True),
+    # measured families
+    MemoryCase(G9B, "fsdp2", 3, 8, "none", 1, 2048, 8, "bf16"),
+    MemoryCase(G9B, "fsdp2", 2, 16, "full", 2, 4096, 32, "bf16", ONCE),
+    MemoryCase(O7B, "fsdp2", 3, 8, "none", 2, 2048, 16, "bf16"),
+    MemoryCase(O7B, "fsdp2", 3, 32, "full", 1, 8192, 64, "bf16", ONCE),
+    MemoryCase(MIX, "fsdp2", 3, 8, "none", 1, 4096, 8, "bf16"),
+    MemoryCase(MIX, "fsdp2", 3, 64, "full", 2, 2048, 128, "bf16"),
+    MemoryCase(Q30B, "fsdp2", 3, 8, "none", 2, 2048, 16, "bf16"),
+    MemoryCase(Q30B, "fsdp2", 2, 16, "full", 1, 8192, 32, "bf16", ONCE),
 ]

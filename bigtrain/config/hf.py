@@ -108,3 +108,46 @@ def tp_layout(hf_config: Any) -> dict[str, str]:
     """The model's own tensor-parallel layout (``base_model_tp_plan``: module pattern -> style); the capability
     table has checked that it exists and uses only ``TP_STYLES``."""
     return dict(getattr(hf_config, "base_model_tp_plan", None) or {})
+
+
+AUTO_ATTENTION = "auto"
+
+
+def attention_choices(hf_config: Any) -> list[str]:
+    """The attention implementations transformers builds this family with, its own default first: sdpa where the
+    family's class supports it, else eager; flash_attention_2 where supported and installed; flex where supported."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers.utils import is_flash_attn_2_available
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(hf_config), None)
+    supports = {flag: getattr(cls, flag, False) for flag in ("_supports_sdpa", "_supports_flash_attn")}
+    choices = ["sdpa"] if supports["_supports_sdpa"] else []
+    choices.append("eager")
+    if supports["_supports_flash_attn"] and is_flash_attn_2_available():
+        choices.append("flash_attention_2")
+    if getattr(cls, "_supports_flex_attn", False):
+        choices.append("flex_attention")
+    return choices
+
+
+def resolve_attention(hf_config: Any, asked: str) -> str:
+    """``model.attn_implementation``: ``auto`` is the family's own default (``attention_choices``); anything else as
+    asked (``build_meta_model`` says what would work when it cannot build)."""
+    return attention_choices(hf_config)[0] if asked == AUTO_ATTENTION else asked
+
+
+def decoder_blocks(model: Any) -> list[tuple[Any, str, Any]]:
+    """The repeated transformer blocks as (parent, attribute name, block), found through HF's ``_no_split_modules``.
+
+    HF lists, for every architecture, the block classes that must not be split across devices: exactly the units we
+    shard (FSDP) and recompute (activation checkpointing) one at a time.
+    """
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    found = []
+    for _, parent in model.named_modules():
+        for attr, child in parent.named_children():
+            if type(child).__name__ in names:
+                found.append((parent, attr, child))
+    if not found:
+        raise ConfigError(f"cannot find the decoder blocks of {type(model).__name__} (no _no_split_modules match)")
+    return found

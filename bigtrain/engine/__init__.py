@@ -12,13 +12,13 @@ from typing import Any
 import torch
 
 from bigtrain.config.deepspeed import deepspeed_config
+from bigtrain.config.hf import resolve_attention
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig, TrainConfig
 from bigtrain.engine.base import Engine, StepResult, train_step
 from bigtrain.engine.deepspeed_engine import DeepSpeedZeroEngine
 from bigtrain.engine.pipelined import PipelinedEngine
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory, TorchNativeEngine
-from bigtrain.models.build import resolve_attention
 from bigtrain.parallel.build import build_model
 from bigtrain.parallel.transforms.base import BuildOptions
 

@@ -12,7 +12,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from bigtrain.config.hf import hf_config_from_dict, require_causal_attention, require_causal_lm
+from bigtrain.config.hf import (
+    attention_choices,
+    hf_config_from_dict,
+    require_causal_attention,
+    require_causal_lm,
+    resolve_attention,
+)
 from bigtrain.config.schema import ModelConfig
 from bigtrain.errors import ConfigError
 
@@ -36,32 +42,6 @@ def load_hf_config(cfg: ModelConfig) -> Any:
         require_causal_attention(config, key)
         return config
     return hf_config_from_dict(cfg.config or {}, key="model.config")
-
-
-AUTO_ATTENTION = "auto"
-
-
-def attention_choices(hf_config: Any) -> list[str]:
-    """The attention implementations transformers builds this family with, its own default first: sdpa where the
-    family's class supports it, else eager; flash_attention_2 where supported and installed; flex where supported."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-    from transformers.utils import is_flash_attn_2_available
-
-    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(hf_config), None)
-    supports = {flag: getattr(cls, flag, False) for flag in ("_supports_sdpa", "_supports_flash_attn")}
-    choices = ["sdpa"] if supports["_supports_sdpa"] else []
-    choices.append("eager")
-    if supports["_supports_flash_attn"] and is_flash_attn_2_available():
-        choices.append("flash_attention_2")
-    if getattr(cls, "_supports_flex_attn", False):
-        choices.append("flex_attention")
-    return choices
-
-
-def resolve_attention(hf_config: Any, asked: str) -> str:
-    """``model.attn_implementation``: ``auto`` is the family's own default (``attention_choices``); anything else as
-    asked (``build_meta_model`` says what would work when it cannot build)."""
-    return attention_choices(hf_config)[0] if asked == AUTO_ATTENTION else asked
 
 
 def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:
@@ -116,23 +96,6 @@ def build_partitioned_model(hf_config: Any, attn_implementation: str, deepspeed_
 def model_shapes(hf_config: Any, attn_implementation: str) -> dict[str, tuple[int, ...]]:
     """Every entry of the whole model's state dict (parameters and persistent buffers) by name and shape."""
     return {name: tuple(t.shape) for name, t in build_meta_model(hf_config, attn_implementation).state_dict().items()}
-
-
-def decoder_blocks(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
-    """The repeated transformer blocks as (parent, attribute name, block), found through HF's ``_no_split_modules``.
-
-    HF lists, for every architecture, the block classes that must not be split across devices: exactly the units we
-    shard (FSDP) and recompute (activation checkpointing) one at a time.
-    """
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    found = []
-    for _, parent in model.named_modules():
-        for attr, child in parent.named_children():
-            if type(child).__name__ in names:
-                found.append((parent, attr, child))
-    if not found:
-        raise ConfigError(f"cannot find the decoder blocks of {type(model).__name__} (no _no_split_modules match)")
-    return found
 
 
 def block_class_names(hf_config: Any) -> list[str]:

@@ -55,7 +55,10 @@ ALL_GATHER_BLOCKS = 4.5
 
 
 def adapter_params_per_block(stats: ModelStats, r: int) -> int:
-    """r·(in + out) over every linear of one decoder block."""
+    """r·(in + out) over every linear of one decoder block (measured families: over its nn.Linear modules; the
+    fused expert weights of transformers' mixtures are not nn.Linear, and peft leaves them alone)."""
+    if stats.profile:
+        return round(r * stats.profile.block.linear_in_out)
     h, f = stats.hidden, stats.ffn
     if stats.gated_mlp:
         return r * (7 * h + 2 * stats.q_width + 2 * stats.kv_width + 3 * f)
@@ -135,11 +138,12 @@ def adapter_flops_per_token(stats: ModelStats, seq_len: int, workload: Workload)
     """Forward (2N) and input gradients (2N) of the matmuls, the adapters' own 6 per parameter, the weight gradients
     (2 per parameter) of the LM head and of block modules trained fully, and attention (12·layers·L·d: its scores
     have no weights, so both backward matmuls stay). An embedding trained fully adds a scatter, not a matmul."""
-    matmul_params = stats.layers * stats.block_params + stats.vocab * stats.hidden
     _, block = fully_trained_params(stats, workload)
     weight_grads = stats.layers * block + (stats.vocab * stats.hidden if trained_head(stats, workload) else 0)
     adapters = adapter_params(stats, workload.lora_rank)
-    return 4.0 * matmul_params + 6.0 * adapters + 2.0 * weight_grads + 12.0 * stats.layers * seq_len * stats.q_width
+    # per block: two forwards' worth (forward, input gradients) and attention's weightless backward once more
+    blocks = stats.layers * (2.0 * stats.block_forward_flops(seq_len) + stats.attention_forward_flops(seq_len))
+    return blocks + 4.0 * stats.vocab * stats.hidden + 6.0 * adapters + 2.0 * weight_grads
 
 
 def dequant_bytes(stats: ModelStats, plan: Plan, workload: Workload) -> float:

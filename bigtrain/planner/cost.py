@@ -75,8 +75,8 @@ def model_flops_per_token(stats: ModelStats, seq_len: int, workload: Workload | 
     """Training FLOPs per token (module docstring); adapter methods skip the base's weight gradients."""
     if workload is not None and workload.adapters:
         return adapter_flops_per_token(stats, seq_len, workload)
-    matmul_params = stats.layers * stats.block_params + stats.vocab * stats.hidden
-    return 6.0 * matmul_params + 12.0 * stats.layers * seq_len * stats.q_width
+    # 2 forward + 4 backward per matmul parameter a token goes through, i.e. three forwards
+    return 3.0 * stats.layers * stats.block_forward_flops(seq_len) + 6.0 * stats.vocab * stats.hidden
 
 
 def recomputed_share(stats: ModelStats, plan: Plan) -> float:
@@ -221,10 +221,8 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     tokens = workload.tokens
     per_token = model_flops_per_token(stats, seq_len, workload)
     extra = 0.0
-    attention_fwd = 4.0 * stats.layers * seq_len * stats.q_width
     if plan.activation_checkpointing == "full":  # one more forward of the checkpointed blocks (2N per token each)
-        share = recomputed_share(stats, plan)
-        extra = share * (2.0 * stats.layers * stats.block_params + attention_fwd)
+        extra = recomputed_share(stats, plan) * stats.layers * stats.block_forward_flops(seq_len)
     # selective recomputes only element-wise ops: no FLOPs to speak of, one more element-wise pass (memory_bound_bytes)
     if plan.loss_chunk_tokens:  # each chunk's logits are computed again in its backward
         extra += 2.0 * stats.vocab * stats.hidden

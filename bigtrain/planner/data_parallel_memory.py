@@ -47,15 +47,17 @@ def estimate_data_parallel_memory(stats: ModelStats, plan: Plan, workload: Workl
     blocks, root = stage_params(stats, plan)
     psi = blocks + root
     accum = plan.grad_accum_steps(workload.global_batch_size)
-    one_block = stats.block_params // plan.tp
-    gathered = 0  # compute-dtype copies of parameters alive at the loss
+    # compute-dtype copies of parameters alive at the loss: the root unit (never resharded after forward) and under
+    # ZeRO-2 every block; ZeRO-3 has resharded every block, the last one included (seen on the simulated step: the
+    # unsharded parameters at the loss are the root's alone, at Llama-3-8B, OLMo-2-7B and Qwen3-30B-A3B widths)
+    gathered = 0
     accumulated = 0  # gradients alive at the loss
     if plan.backend == "fsdp2":
         shard = state_shards(plan)
         params, grads, optim = 4 * psi // shard, 4 * psi // shard, 8 * psi // shard
         if plan.offload_params:  # CPUOffloadPolicy: sharded params, grads and the optimizer step live on the host
             params = grads = optim = 0
-        gathered = a * (root + (blocks if plan.zero_stage == 2 else one_block))
+        gathered = a * (root + (blocks if plan.zero_stage == 2 else 0))
         if accum > 1 and plan.grad_reduce == "once_per_step":
             accumulated = 4 * psi  # unsharded fp32 gradients kept between micro-steps (sync only on the last)
         elif accum > 1:
@@ -116,7 +118,7 @@ def fsdp2_block_backward(stats: ModelStats, plan: Plan, seq_len: int, a: int, ac
     if plan.offload_activations:  # the block's own tensors fetched back and the next block's fetched ahead
         kept += transient
     elif plan.activation_checkpointing == "full":
-        kept += block_activation_bytes_per_token(stats, a, plan.tp, plan.sequence_parallel) * tokens
+        kept += block_activation_bytes_per_token(stats, a, plan.tp, plan.sequence_parallel, seq_len) * tokens
     return grads, kept, gathered
 
 

@@ -62,6 +62,16 @@ def _row(c: Candidate) -> str:
     )
 
 
+def _experts(stats: ModelStats) -> str:
+    """A mixture's active share and routing assumption (MFU and compute count active parameters)."""
+    if not stats.num_experts:
+        return ""
+    return (
+        f" ({stats.active_params / 1e9:.2f}B active: top-{stats.top_k} of {stats.num_experts} experts, "
+        "assumed evenly loaded)"
+    )
+
+
 def render_table(
     candidates: list[Candidate], stats: ModelStats, cluster: Cluster, workload: Workload, show_unrunnable: bool = False
 ) -> str:
@@ -69,7 +79,8 @@ def render_table(
     ``show_unrunnable`` the plans the trainer cannot run yet with the reason."""
     head = f"{'plan':{PLAN_WIDTH}s} {'peak GiB':>8s} {'+margin':>8s} {'step s':>9s} {'tok/s/dev':>11s} {'MFU':>6s}"
     lines = [
-        f"model {stats.model_type}: {stats.params / 1e9:.2f}B params, {stats.layers} layers, hidden {stats.hidden}, "
+        f"model {stats.model_type}: {stats.params / 1e9:.2f}B params{_experts(stats)}, {stats.layers} layers, "
+        f"hidden {stats.hidden}, "
         f"vocab {stats.vocab} | {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpu.memory_bytes / GiB:.1f} GiB, "
         f"{cluster.gpus_per_node} per node) | global batch {workload.global_batch_size} x seq {workload.seq_len}"
         + (" | train.compile" if workload.compile else "")

@@ -94,8 +94,13 @@ def stage_params(stats: ModelStats, plan: Plan) -> tuple[int, int]:
     return blocks // plan.tp, root
 
 
-def block_activation_bytes_per_token(stats: ModelStats, a: int, tp: int = 1, sequence_parallel: bool = False) -> int:
-    """Bytes autograd keeps for one decoder block per token, no checkpointing.
+def block_activation_bytes_per_token(
+    stats: ModelStats, a: int, tp: int = 1, sequence_parallel: bool = False, seq_len: int = 0
+) -> int:
+    """Bytes autograd keeps for one decoder block per token, no checkpointing, for rows of ``seq_len`` tokens.
+
+    Families without formulas: measured (``block_probe.py``), including what grows with the row (eager attention's
+    scores; the formulas' SDPA keeps none).
 
     Llama family (HF modeling_llama with SDPA; listed with saved-tensor hooks): each RMSNorm saves its input upcast
     to fp32 (4h), its rsqrt (4), the normalised input in the compute dtype (ah) and its output, which the next
@@ -109,6 +114,8 @@ def block_activation_bytes_per_token(stats: ModelStats, a: int, tp: int = 1, seq
     Sequence parallelism splits the norms' own tensors over tp too (4h + ah + 4 per norm, measured 13.5 MiB less
     against 14 MiB predicted on the simulated step); the projections still save their all-gathered input (ah).
     """
+    if stats.profile:
+        return round(stats.profile.saved_bytes(a).at(tp, sequence_parallel, seq_len))
     h, f = stats.hidden, stats.ffn
     if stats.gated_mlp:
         norm_own = 4 * h + a * h + 4  # fp32 input, rsqrt, normalised input: on the sequence shard under sp
@@ -148,7 +155,7 @@ def micro_batch_activations(
     block at a time during the backward), excluding the logits and what lies outside the blocks. ``has_loss``: the
     device also computes the loss (a pipeline's inner stages do not)."""
     tokens = plan.micro_batch_size * seq_len
-    per_block = block_activation_bytes_per_token(stats, a, plan.tp, plan.sequence_parallel) * tokens
+    per_block = block_activation_bytes_per_token(stats, a, plan.tp, plan.sequence_parallel, seq_len) * tokens
     if plan.offload_activations:
         # nothing of the blocks waits on the device between forward and backward (offloaded_block_bytes); during a
         # block's backward its own tensors (or its recompute and its fetched input) are there, with what is fetched
@@ -186,7 +193,7 @@ def offloaded_block_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int, l
     if not plan.offload_activations:
         return 0
     tokens = plan.micro_batch_size * seq_len
-    per_block = block_activation_bytes_per_token(stats, a, plan.tp, plan.sequence_parallel) * tokens
+    per_block = block_activation_bytes_per_token(stats, a, plan.tp, plan.sequence_parallel, seq_len) * tokens
     if plan.activation_checkpointing != "full":
         return int(layers * per_block)
     checkpointed = math.ceil(layers / plan.checkpoint_every)
@@ -219,7 +226,9 @@ def logits_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:
         # per logit (seen on the simulated step at Llama-3-8B width, bf16: a constant 0.56 GiB more than 12 bytes
         # for chunks of 2048 tokens, at 4k to 32k tokens per micro-batch; one chunk covering the micro-batch: 12)
         return tokens * stats.vocab * (12 + a)
-    return tokens * stats.vocab * 12
+    # a soft-capped head (Gemma 2) also keeps tanh's output in the compute dtype for its backward (seen on the
+    # simulated step at Gemma-2-9B width: 3.9 GiB for 8192 tokens of its 256k vocabulary, a bytes per logit)
+    return tokens * stats.vocab * (12 + (a if stats.logit_softcap else 0))
 
 
 def device_margin(stats: ModelStats, plan: Plan, seq_len: int, peak: int) -> int:

@@ -31,7 +31,7 @@ from bigtrain.checkpoint.run_dir import FINAL_ADAPTER, FINAL_MODEL, plan_start, 
 from bigtrain.checkpoint.saver import Checkpointer
 from bigtrain.checkpoint.storage import is_disk_full, storage_problem
 from bigtrain.config.capabilities import ModelFacts, Setup, check
-from bigtrain.config.hf import one_block
+from bigtrain.config.hf import one_block, resolve_attention
 from bigtrain.config.load import dump_recipe, load_recipe, recipe_warnings
 from bigtrain.config.plan import Plan
 from bigtrain.config.resolve import resolve_plan
@@ -42,7 +42,7 @@ from bigtrain.data.order import GlobalOrder
 from bigtrain.data.sources import TokenRows, check_vocabulary, hold_out, load_token_rows
 from bigtrain.engine import Engine, build_engine, build_options
 from bigtrain.errors import CheckpointNotWritten, ConfigError
-from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes, resolve_attention
+from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes
 from bigtrain.parallel.transforms.adapters import modules_trained_fully, target_modules, trained_shapes
 from bigtrain.parallel.transforms.base import BuildOptions
 from bigtrain.planner.auto import choose_plan

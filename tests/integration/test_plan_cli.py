@@ -23,6 +23,16 @@ def test_table_names_the_choice_and_why_others_lost(plan_cli):
     assert "best rejected:" in proc.stdout and "GiB budget" in proc.stdout
 
 
+@pytest.mark.parametrize("model", ["mixtral-8x7b", "qwen3-30b-a3b"])
+def test_a_mixture_of_experts_gets_a_fitting_explained_plan(plan_cli, model):
+    """Families without formulas are measured (block_probe.py); a mixture states its active share and assumption."""
+    proc = plan_cli(["plan", "--model", model, "--gpus", "8", "--gpu", "H100"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "B active: top-" in lines[0] and "assumed evenly loaded" in lines[0]
+    assert any(line.startswith("* ") for line in lines)
+
+
 def test_json_contract(plan_cli):
     proc = plan_cli(
         [

@@ -21,7 +21,7 @@ from bigtrain.config.schema import ParallelConfig, RecipeConfig, TrainConfig
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.hardware import make_cluster
-from bigtrain.planner.model_stats import MODELLED, ModelStats, load_model_config
+from bigtrain.planner.model_stats import ModelStats, load_model_config
 from bigtrain.planner.search import search
 
 UNTIED_4 = {**TINY_LLAMA, "num_hidden_layers": 4, "tie_word_embeddings": False}
@@ -71,7 +71,9 @@ EXAMPLES: dict[str, Example] = {
     "chunked_loss_with_pp": Example(2, dict(**PP2, loss_chunk_tokens=8), UNTIED_4),
     "chunked_loss_keeps_logit_transform": Example(
         # the key as Gemma 2/3 configs carry it (on a Llama config here: the planner models Llama, not Gemma yet)
-        2, dict(dp_shard=2, loss_chunk_tokens=8), {**TINY_LLAMA, "final_logit_softcapping": 30.0}
+        2,
+        dict(dp_shard=2, loss_chunk_tokens=8),
+        {**TINY_LLAMA, "final_logit_softcapping": 30.0},
     ),
     "offload_activations_with_selective": Example(
         2, dict(dp_shard=2, activation_checkpointing="selective", offload_activations=True)
@@ -175,10 +177,7 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
         simulate(ex.model, plan, workload)
     assert str(e.value) == message
 
-    # the planner with every plan field pinned (bigtrain plan --fix ...): the candidate says why, or the pins do;
-    # for a family the planner does not model yet it says that instead (tests/unit/test_planner.py)
-    if ex.model["model_type"] not in MODELLED:
-        return
+    # the planner with every plan field pinned (bigtrain plan --fix ...): the candidate says why, or the pins do
     stats = ModelStats.from_config(load_model_config(ex.model))
     try:
         candidates = search(stats, make_cluster(ex.world, None, "H100", "80GB"), workload, fixed=plan.to_dict())

@@ -72,7 +72,7 @@ def test_experts_are_stacked_in_expert_order_not_string_order(tmp_path):
 def test_attention_auto_is_the_family_s_own_default():
     from cases import TINY_GEMMA2, TINY_LLAMA
 
-    from bigtrain.models.build import attention_choices, resolve_attention
+    from bigtrain.config.hf import attention_choices, resolve_attention
 
     gemma2, llama = hf_config_from_dict(TINY_GEMMA2), hf_config_from_dict(TINY_LLAMA)
     assert resolve_attention(gemma2, "auto") == "eager" and "sdpa" not in attention_choices(gemma2)

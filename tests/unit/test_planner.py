@@ -86,6 +86,14 @@ PUBLISHED = {  # parameters reported by the model cards
     "qwen2.5-72b": 72.7e9,
     "gpt2": 124.4e6,
     "gpt2-xl": 1.558e9,
+    # measured families (block_probe.py); a mixture's total, its active count is tested in test_block_probe.py
+    "mixtral-8x7b": 46.7e9,
+    "qwen3-30b-a3b": 30.5e9,
+    "deepseek-v3": 671e9,
+    "gemma-2-9b": 9.24e9,
+    "phi-3-mini": 3.82e9,
+    "olmo-2-7b": 7.30e9,
+    "pythia-6.9b": 6.86e9,
 }
 
 

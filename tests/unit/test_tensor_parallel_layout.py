@@ -11,7 +11,7 @@ from bigtrain.config.hf import hf_config_from_dict, tp_layout
 from bigtrain.errors import ConfigError
 from bigtrain.models.build import build_meta_model
 from bigtrain.parallel.transforms.tensor_parallel import tp_module_plan
-from bigtrain.planner.model_stats import MODELLED, ModelStats, load_model_config
+from bigtrain.planner.model_stats import FORMULA_FAMILIES, ModelStats, load_model_config
 
 
 def config(**overrides):
@@ -61,7 +61,7 @@ def test_tp_that_divides_the_heads_is_accepted():
     check_fit(config(model_type="gpt2"), make_plan(tp=1))  # no layout needed without tensor parallelism
 
 
-@pytest.mark.parametrize("model_type", MODELLED)
+@pytest.mark.parametrize("model_type", FORMULA_FAMILIES)
 def test_the_planner_and_the_trainer_read_the_same_facts_of_every_family(model_type):
     """The capability table reads the same facts in the planner (its statistics) and the trainer (the HF config),
     and they agree with the counts the planner's memory terms use, so both refuse the same plans."""

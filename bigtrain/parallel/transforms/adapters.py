@@ -28,9 +28,10 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from bigtrain.config.hf import decoder_blocks
 from bigtrain.config.schema import ADAPTER_METHODS, AdapterConfig
 from bigtrain.errors import ConfigError
-from bigtrain.models.build import build_meta_model, decoder_blocks
+from bigtrain.models.build import build_meta_model
 from bigtrain.models.materialize import write_full
 from bigtrain.parallel.precision import COMPUTE_DTYPES
 from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transform

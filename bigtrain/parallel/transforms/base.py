@@ -22,9 +22,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from bigtrain.config.hf import decoder_blocks
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import AdapterConfig
-from bigtrain.models.build import decoder_blocks
 from bigtrain.parallel.mesh import WorldMesh
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import Shard
 
 from bigtrain.config.plan import Plan
 from bigtrain.parallel.mesh import WorldMesh
@@ -41,10 +42,25 @@ def apply_fsdp(model: nn.Module, blocks: list[nn.Module], plan: Plan, mesh: Worl
         else:
             log.warning("parallel.offload_params has no effect on CPU: parameters already live in host memory")
     reshard = plan.zero_stage == 3
+    kwargs = {"mesh": mesh.fsdp_mesh, "mp_policy": mp, "offload_policy": offload}
+    kwargs["shard_placement_fn"] = shard_placement(mesh.fsdp_mesh.size())
     for block in blocks:
-        fully_shard(block, mesh=mesh.fsdp_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=reshard)
+        fully_shard(block, **kwargs, reshard_after_forward=reshard)
     # The root's parameters (embeddings, head) are needed again at once by backward: never reshard them after forward.
-    fully_shard(model, mesh=mesh.fsdp_mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False)
+    fully_shard(model, **kwargs, reshard_after_forward=False)
+
+
+def shard_placement(shards: int) -> Callable[[nn.Parameter], Shard | None]:
+    """Where FSDP2 splits a parameter: dim 0 (its default), except for a parameter with fewer rows than ranks, such as
+    a mixture's fused experts (8 of them in Mixtral: on 64 ranks, dim 0 would leave each holding a whole expert, 8
+    times its share, and 56 ranks nothing), which is split along its widest dimension instead."""
+
+    def place(param: nn.Parameter) -> Shard | None:
+        if param.dim() < 2 or param.shape[0] >= shards:
+            return None
+        return Shard(max(range(param.dim()), key=lambda d: param.shape[d]))
+
+    return place
 
 
 def fsdp_grad_sync(
