@@ -75,6 +75,7 @@ FEATURES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [  # (row, plan fie
     ("activation checkpointing: selective (per op)", dict(activation_checkpointing="selective"), {}),
     ("activation checkpointing: every k-th block", dict(activation_checkpointing="full", checkpoint_every=2), {}),
     ("context parallel (cp, Ulysses all-to-all)", dict(cp=2), {}),
+    ("expert parallel (ep, mixtures of experts; all-to-all)", dict(ep=2), {}),
     ("chunked loss (`loss_chunk_tokens`)", dict(loss_chunk_tokens=4096), {}),
     ("offload activations (`offload_activations`)", dict(offload_activations=True), {}),
     ("offload parameters", dict(offload_params=True), {}),
@@ -108,6 +109,10 @@ def _plan(base: dict[str, Any], fields: dict[str, Any]) -> Plan:
     return Plan(**{**defaults, **merged})
 
 
+# the rows that need a mixture of experts are asked of a tiny Mixtral (and, for plan: auto, of Mixtral-8x7B)
+MOE_MODEL = dict(MODEL, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)
+
+
 def _cell(plan: Plan, train: TrainConfig, facts: ModelFacts) -> str:
     problem = first_problem(Setup(plan, train, facts))
     if problem is None:
@@ -116,14 +121,15 @@ def _cell(plan: Plan, train: TrainConfig, facts: ModelFacts) -> str:
 
 
 def _planner_offers(fields: dict[str, Any], train_fields: dict[str, Any]) -> str:
-    """Whether ``plan: auto`` can choose a plan with the feature (8 H100s, Llama-3-8B): a runnable candidate."""
+    """Whether ``plan: auto`` can choose a plan with the feature (8 H100s, Llama-3-8B; Mixtral-8x7B for ep): a
+    runnable candidate."""
     from bigtrain.planner.hardware import make_cluster
     from bigtrain.planner.model_stats import ModelStats, load_model_config
     from bigtrain.planner.search import search
 
     if train_fields:
         return "plans for it"  # a recipe option, not a choice: the planner keeps to it
-    stats = ModelStats.from_config(load_model_config("llama-3-8b"))
+    stats = ModelStats.from_config(load_model_config("mixtral-8x7b" if "ep" in fields else "llama-3-8b"))
     workload = Workload(seq_len=2048, global_batch_size=64)
     pins = {k: v for k, v in fields.items() if k not in ("grad_reduce", "dp_shard")}
     candidates = search(stats, make_cluster(8, 8, "H100", "80GB"), workload, fixed=pins)
@@ -132,13 +138,15 @@ def _planner_offers(fields: dict[str, Any], train_fields: dict[str, Any]) -> str
 
 def capability_matrix() -> str:
     facts = ModelFacts.of(hf_config_from_dict(MODEL))
+    moe_facts = ModelFacts.of(hf_config_from_dict(MOE_MODEL))
     rows = [
         "| feature | " + " | ".join(ENGINES) + " | `plan: auto` |",
         "|---|" + "---|" * (len(ENGINES) + 1),
     ]
     for name, fields, train_fields in FEATURES:
         train = TrainConfig(global_batch_size=8, **train_fields)
-        cells = [_cell(_plan(base, fields), train, facts) for base in ENGINES.values()]
+        model = moe_facts if "ep" in fields else facts
+        cells = [_cell(_plan(base, fields), train, model) for base in ENGINES.values()]
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {_planner_offers(fields, train_fields)} |")
     return "\n".join(rows)
 

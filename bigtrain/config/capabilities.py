@@ -20,11 +20,19 @@ train-level options live in ``option_rules.py``; what every row looks at, the ``
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from bigtrain.config.expert_rules import (
+    ep_divides_dp_shard,
+    ep_divides_experts,
+    ep_needs_experts,
+    ep_needs_fsdp2,
+    ep_with_tp_pp_or_cp,
+)
 from bigtrain.config.hf import PLAIN_TP_STYLES, TP_STYLES
 from bigtrain.config.model_facts import ModelFacts
 from bigtrain.config.option_rules import (
@@ -429,11 +437,16 @@ RULES: tuple[Rule, ...] = (
     _row(offload_activations_with_selective, "not_built"),
     _row(offload_activations_with_pp, "not_built"),
     _row(router_loss_with_pp_or_cp, "not_built", reads_model=True),
+    _row(ep_needs_fsdp2, "not_built"),
+    _row(ep_with_tp_pp_or_cp, "not_built"),
     _row(qlora_computes_in_bf16, "invalid"),
     _row(adapters_with_tp, "not_built"),
     _row(adapters_with_pp, "not_built"),
     _row(qlora_with_deepspeed, "not_built"),
     _row(_batch_splits_into_micro_batches, "fit"),
+    _row(ep_divides_dp_shard, "fit"),
+    _row(ep_needs_experts, "fit", reads_model=True),
+    _row(ep_divides_experts, "fit", reads_model=True),
     _row(qlora_fsdp2_shards, "fit"),
     _row(_tp_layout_shipped, "fit", reads_model=True),
     _row(_tp_style_not_mapped, "not_built", reads_model=True),
@@ -450,12 +463,16 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+@functools.cache
+def _rules(kinds: tuple[Kind, ...], model_known: bool) -> tuple[Rule, ...]:
+    """The rows of these kinds that can be asked (the planner asks tens of thousands of plans: filtered once)."""
+    return tuple(rule for rule in RULES if rule.kind in kinds and (model_known or not rule.reads_model))
+
+
 def problems(setup: Setup, kinds: tuple[Kind, ...] = ("invalid", "fit", "not_built")) -> Iterator[Problem]:
     """Every row of the given ``kinds`` that trips for ``setup``, in table order (rows that read the model only once
     it is known)."""
-    for rule in RULES:
-        if rule.kind not in kinds or (rule.reads_model and setup.model is None):
-            continue
+    for rule in _rules(kinds, setup.model is not None):
         message = rule.says(setup)
         if message is not None:
             yield Problem(rule, message)

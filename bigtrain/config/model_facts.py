@@ -8,6 +8,8 @@ from typing import Any
 PP_LAYOUT_PARTS = frozenset({"embed_tokens", "layers", "norm"})
 # config keys under which transformers' causal LMs change the logits after the LM head
 LOGIT_TRANSFORM_KEYS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+# config keys of the routed experts per MoE block (Mixtral, Qwen-MoE, DeepSeek)
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,8 @@ class ModelFacts:
     logits_after_head: str | None = None
     # the config asks for the router's load-balancing loss (output_router_logits with router_aux_loss_coef > 0)
     router_loss: bool = False
+    num_experts: int = 0  # routed experts per MoE block (0: dense)
+    ep_layout: bool = False  # transformers' base_model_ep_plan dispatches the experts (ep_dispatch_experts)
 
     @classmethod
     def of(cls, hf_config: Any) -> ModelFacts:
@@ -47,4 +51,6 @@ class ModelFacts:
             ),
             router_loss=bool(getattr(hf_config, "output_router_logits", False))
             and bool(getattr(hf_config, "router_aux_loss_coef", 0.0)),
+            num_experts=next((int(getattr(hf_config, k)) for k in EXPERT_COUNT_KEYS if getattr(hf_config, k, None)), 0),
+            ep_layout="ep_dispatch_experts" in (getattr(hf_config, "base_model_ep_plan", None) or {}).values(),
         )

@@ -45,6 +45,7 @@ class Plan:
     cp: int = 1  # context parallelism: each row's sequence split over cp ranks (all-to-all around attention)
     checkpoint_every: int = 1  # activation checkpointing applies to every k-th decoder block (1: all of them)
     offload_activations: bool = False  # what each decoder block saves for backward waits in host memory
+    ep: int = 1  # expert parallelism: a mixture's experts split over ep of the dp_shard ranks (all-to-all dispatch)
 
     @property
     def dp(self) -> int:

@@ -41,7 +41,7 @@ def _grad_reduce(cfg: ParallelConfig) -> str:
 
 
 def _check_ranges(cfg: ParallelConfig) -> None:
-    for key in ("micro_batch_size", "tp", "pp", "cp", "pp_virtual_stages", "checkpoint_every"):
+    for key in ("micro_batch_size", "tp", "pp", "cp", "ep", "pp_virtual_stages", "checkpoint_every"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"parallel.{key}={getattr(cfg, key)} must be at least 1")
     if cfg.loss_chunk_tokens < 0:
@@ -75,6 +75,7 @@ def _plan(cfg: ParallelConfig, replicate: int, shard: int) -> Plan:
         cp=cfg.cp,
         checkpoint_every=cfg.checkpoint_every,
         offload_activations=cfg.offload_activations,
+        ep=cfg.ep,
     )
 
 

@@ -213,6 +213,13 @@ class ParallelConfig:
         "attention and KV heads and the sequence length; attention sdpa or flash.",
         default=1,
     )
+    ep: int = doc(
+        "Expert-parallel degree (backend fsdp2, mixtures of experts): each block's routed experts split over ep of "
+        "the dp_shard ranks (ep consecutive ranks, each holding num_experts / ep whole experts), tokens sent to "
+        "their experts' rank and back by all-to-all (transformers' expert-parallel styles: base_model_ep_plan); "
+        "FSDP2 shards each expert over the dp_shard / ep ranks left. Must divide dp_shard and the experts.",
+        default=1,
+    )
     loss_chunk_tokens: int = doc(
         "Compute the LM head and the cross-entropy over chunks of this many tokens, each recomputed in backward, so "
         "the logits of a micro-batch never exist at once (with 128k-152k vocabularies they dominate long-sequence "

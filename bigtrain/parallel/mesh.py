@@ -10,6 +10,9 @@ read from this mesh; nothing assumes that the data-parallel rank is the global r
   gradients reduced over it (DDP all-reduces over it);
 - ``dp_shard_cp`` (dp_shard x cp): what FSDP2 shards parameters over (torchtitan's layout: the cp ranks of a row
   hold the same parameters, so they shard them too).
+With expert parallelism (``plan.ep``) dp_shard is also seen as (efsdp, ep), ep innermost: a mixture's experts are
+split over the ep ranks (consecutive ranks: the all-to-alls stay on the fastest links) and each expert is sharded
+by FSDP2 over the efsdp = dp_shard / ep ranks that hold the same experts (torchtitan's and transformers' layout).
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ class WorldMesh:
     dp_mesh: DeviceMesh  # dp_replicate x dp_shard flattened into one dimension named "dp"
     batch_mesh: DeviceMesh  # dp x cp flattened ("dp_cp"): every rank that sees different tokens
     shard_mesh: DeviceMesh  # dp_shard x cp flattened ("dp_shard_cp")
+    ep_mesh: DeviceMesh | None = None  # expert parallelism: the ranks a block's experts are split over
+    expert_fsdp_mesh: DeviceMesh | None = None  # what FSDP2 shards each expert over (efsdp; HSDP: dp_replicate x it)
 
     def degree(self, dim: str) -> int:
         return self.mesh[dim].size()
@@ -83,4 +88,8 @@ def build_world_mesh(plan: Plan, device_type: str) -> WorldMesh:
     dp = mesh["dp_replicate", "dp_shard"]._flatten("dp")
     batch = mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
     shard = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
-    return WorldMesh(mesh, dp, batch, shard)
+    if plan.ep == 1:
+        return WorldMesh(mesh, dp, batch, shard)
+    experts = mesh._unflatten("dp_shard", (plan.dp_shard // plan.ep, plan.ep), ("efsdp", "ep"))
+    efsdp = experts["dp_replicate", "efsdp"] if plan.dp_replicate > 1 else experts["efsdp"]
+    return WorldMesh(mesh, dp, batch, shard, ep_mesh=experts["ep"], expert_fsdp_mesh=efsdp)

@@ -68,6 +68,7 @@ class BlockCounts:
     active: float  # what one token goes through: all but the experts, plus top_k/num_experts of them
     linears: float  # nn.Linear modules (what LoRA adapts by default)
     linear_in_out: float  # the sum of in + out features over them (LoRA's r·(in + out))
+    routed: float  # 1 for a block with routed experts (averaged: the share of such blocks)
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,7 @@ def _count_block(block: Any, hf_config: Any) -> BlockCounts:
         active=active,
         linears=len(linears),
         linear_in_out=sum(m.in_features + m.out_features for m in linears),
+        routed=1.0 if experts else 0.0,
     )
 
 

@@ -17,6 +17,8 @@ Communication (ring collectives move (n-1)/n of the buffer per rank; an all-redu
   replicas per step in both modes (FSDP2 defers it to the last micro-step).
 - deepspeed: ZeRO-1/2 reduce-scatter gradients and all-gather updated parameters (2Ψ·a); ZeRO-3 also gathers in
   forward and backward (3Ψ·a, the ZeRO paper's 1.5x of data parallelism).
+- ep: two all-to-alls of top_k·b·L·h values per block with routed experts and pass (forward, backward,
+  recompute), not overlapped; each expert gathered and reduced over the dp_shard / ep ranks that hold it.
 - tp: 4 all-reduces of b·L·h activations per layer per micro-step (2 forward, 2 backward; Megatron-LM), not
   overlapped. pp: one activation send per micro-batch and direction; bubble (p-1)/(v·m+p-1) of the pipeline time
   (v = virtual stages per rank); not yet measured on GPUs (no multi-GPU machine has been available).
@@ -150,6 +152,21 @@ def _offload_seconds(
     return offload
 
 
+def ep_all_to_all_seconds(
+    stats: ModelStats, plan: Plan, cluster: Cluster, seq_len: int, a: int, micro_batches: int
+) -> float:
+    """Expert parallelism's exchanges, on the critical path (the experts wait for their tokens): per block with
+    routed experts and pass, each of a micro-batch's top_k·b·L (token, expert) pairs goes to its expert's rank and
+    its output comes back (two all-to-alls of top_k·b·L·h values; a rank keeps 1/ep of them, the routing assumed
+    evenly loaded); forward, backward (the reverse exchanges) and full checkpointing's recompute."""
+    if plan.ep == 1:
+        return 0.0
+    passes = 2 + (recomputed_share(stats, plan) if plan.activation_checkpointing == "full" else 0)
+    pairs = stats.top_k * plan.micro_batch_size * seq_len
+    per_block = 2 * _ring(plan.ep) * a * pairs * stats.hidden
+    return passes * micro_batches * stats.routed_layers * per_block / _bandwidth(cluster, plan.ep, 1)
+
+
 def cp_all_to_all_seconds(
     stats: ModelStats, plan: Plan, cluster: Cluster, seq_len: int, a: int, micro_batches: int
 ) -> float:
@@ -213,6 +230,21 @@ def _data_parallel_seconds(
     return dp_overlapped
 
 
+def _expert_fsdp_seconds(plan: Plan, cluster: Cluster, micro_batches: int, gathered: float, reduced: float) -> float:
+    """FSDP2's traffic for the experts under ep: this rank's num_experts / ep experts (``gathered`` bytes,
+    ``reduced`` parameters) gathered and reduce-scattered over the efsdp = dp_shard / ep ranks that hold them
+    (ranks ep apart), and all-reduced across HSDP replicas."""
+    if plan.ep == 1:
+        return 0.0
+    efsdp = plan.dp_shard // plan.ep
+    gathers = 2 if plan.zero_stage == 3 else 1
+    reduces = micro_batches if plan.grad_reduce == "every_micro_step" else 1
+    volume = gathers * micro_batches * gathered + reduces * 4 * reduced
+    seconds = _ring(efsdp) * volume / _bandwidth(cluster, efsdp, plan.ep)
+    rep_bw = _bandwidth(cluster, plan.dp_replicate, plan.dp_shard)
+    return seconds + 2 * _ring(plan.dp_replicate) * 4 * reduced / efsdp / rep_bw
+
+
 def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Workload) -> TimeEstimate:
     """The predicted step time of ``plan`` on ``cluster`` for ``workload`` (module docstring)."""
     seq_len, mixed_precision, a = workload.seq_len, workload.mixed_precision, workload.dtype_bytes
@@ -261,11 +293,15 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     psi = blocks + root
     # what is gathered (parameters, in bytes per compute-dtype value) and what is reduced (gradients, parameters)
     gathered, reduced = a * psi, psi
+    # under ep each expert is gathered and reduced over the efsdp ranks that hold it, apart (expert_fsdp_seconds)
+    experts = stage_layers(stats, plan.pp) * stats.expert_params // plan.tp if plan.ep > 1 else 0
+    gathered, reduced = gathered - a * experts, reduced - experts
     if workload.adapters:
         base_blocks, base_root = base_bytes(stats, plan, workload)
         gathered, reduced = base_blocks + base_root, trained_params(stats, workload) / plan.tp
     tp_bw = _bandwidth(cluster, plan.tp, 1)
     dp_overlapped = _data_parallel_seconds(plan, cluster, workload, micro_batches, psi, gathered, reduced)
+    dp_overlapped += _expert_fsdp_seconds(plan, cluster, micro_batches, a * experts / plan.ep, experts / plan.ep)
     if cluster.gpu.overlaps_comm:
         exposed = max(0.0, dp_overlapped - compute) + EXPOSED_FRACTION * min(dp_overlapped, compute)
     else:
@@ -276,6 +312,7 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     pp_comm = 2 * micro_batches * act / plan.tp / _bandwidth(cluster, 2, plan.tp * plan.dp) if plan.pp > 1 else 0.0
     offload = _offload_seconds(stats, plan, cluster, workload, micro_batches, (psi, gathered, reduced))
     cp_comm = cp_all_to_all_seconds(stats, plan, cluster, seq_len, a, micro_batches)
+    cp_comm += ep_all_to_all_seconds(stats, plan, cluster, seq_len, a, micro_batches)
     offload += activation_offload_seconds(stats, plan, cluster, seq_len, a, micro_batches, compute)
     comm = exposed + tp_comm + pp_comm + offload + cp_comm
     step = compute + comm

@@ -32,9 +32,11 @@ from bigtrain.planner.memory_terms import (
     activation_bytes,
     block_activation_bytes_per_token,
     device_margin,
+    gathered_block_params,
     logits_bytes,
     micro_batch_activations,
     rank_seq_len,
+    stage_layers,
     stage_params,
     state_shards,
 )
@@ -57,7 +59,7 @@ def estimate_data_parallel_memory(stats: ModelStats, plan: Plan, workload: Workl
         params, grads, optim = 4 * psi // shard, 4 * psi // shard, 8 * psi // shard
         if plan.offload_params:  # CPUOffloadPolicy: sharded params, grads and the optimizer step live on the host
             params = grads = optim = 0
-        gathered = a * (root + (blocks if plan.zero_stage == 2 else 0))
+        gathered = a * (root + (gathered_blocks(stats, plan, blocks) if plan.zero_stage == 2 else 0))
         if accum > 1 and plan.grad_reduce == "once_per_step":
             accumulated = 4 * psi  # unsharded fp32 gradients kept between micro-steps (sync only on the last)
         elif accum > 1:
@@ -86,6 +88,12 @@ def estimate_data_parallel_memory(stats: ModelStats, plan: Plan, workload: Workl
     return MemoryEstimate(params, peak[0], optim, peak[1], peak[2], margin)
 
 
+def gathered_blocks(stats: ModelStats, plan: Plan, blocks: int) -> int:
+    """What ZeRO-2 mode keeps gathered of the stage's ``blocks`` parameters: all, or under ep each block's own
+    experts only."""
+    return blocks if plan.ep == 1 else stage_layers(stats, plan.pp) * gathered_block_params(stats, plan)
+
+
 def fsdp2_block_backward(stats: ModelStats, plan: Plan, seq_len: int, a: int, accumulated: int) -> tuple[int, int, int]:
     """(grads, activations, other) during the backward of a decoder block under FSDP2, after the first.
 
@@ -105,13 +113,14 @@ def fsdp2_block_backward(stats: ModelStats, plan: Plan, seq_len: int, a: int, ac
       the device (the block's tensors and what is fetched ahead). The final norm's and the loss's tensors are gone.
     """
     blocks, root = stage_params(stats, plan)
-    one_block = stats.block_params // plan.tp
+    one_block = gathered_block_params(stats, plan)  # under ep: this rank's experts only
     tokens = plan.micro_batch_size * seq_len
     head = stats.vocab * stats.hidden // (plan.tp if plan.loss_parallel else 1)  # the tied weight's too
-    shard = 0 if plan.offload_params else 4 * one_block // state_shards(plan)  # offloaded gradients go to the host
+    # the previous block's reduced shard (offloaded gradients go to the host)
+    shard = 0 if plan.offload_params else 4 * (stats.block_params // plan.tp) // state_shards(plan)
     grads = accumulated + shard + a * (head + one_block) + 4 * one_block
     if plan.zero_stage == 2:
-        gathered = a * (root + blocks)
+        gathered = a * (root + gathered_blocks(stats, plan, blocks))
     else:
         gathered = a * (root + one_block * (2 if stats.layers >= 3 else 1))
     kept, transient = micro_batch_activations(stats, plan, seq_len, a, stats.layers, has_loss=False)
@@ -132,8 +141,9 @@ def fsdp2_embedding_backward(stats: ModelStats, plan: Plan, a: int, accumulated:
     has reduced into its gradient shard. No activations are left.
     """
     blocks, root = stage_params(stats, plan)
-    one_block = stats.block_params // plan.tp
+    one_block = gathered_block_params(stats, plan)
     shards = 0 if plan.offload_params else 4 * (blocks + root) // state_shards(plan)
     head = a * stats.vocab * stats.hidden // (plan.tp if plan.loss_parallel else 1)
     copies = head + a * stats.embed_params + (head if stats.tied else 0)  # tied: the out-of-place sum
-    return max(accumulated, shards) + copies + 4 * one_block, 0, a * (root if plan.zero_stage == 3 else root + blocks)
+    gathered = root if plan.zero_stage == 3 else root + gathered_blocks(stats, plan, blocks)
+    return max(accumulated, shards) + copies + 4 * one_block, 0, a * gathered

@@ -26,15 +26,16 @@ def describe(plan: Plan) -> str:
     sequence_parallel (norms and residual stream split over the sequence). ``rs=micro``: fsdp2
     reduce-scatters gradients after every micro-step (sharded between them); ``rs=step``: once per optimizer step
     (unsharded in between). Shown for fsdp2 only: ddp and deepspeed have one mode each. ``chunk=4096``: the LM head
-    and loss over chunks of that many tokens (parallel.loss_chunk_tokens); ``cp=2``: context parallelism;
-    ``ac=full/2``: every other block checkpointed (parallel.checkpoint_every); ``offload=act``: the blocks' saved
-    activations wait in host memory (parallel.offload_activations).
+    and loss over chunks of that many tokens (parallel.loss_chunk_tokens); ``cp=2``: context parallelism; ``ep=2``:
+    expert parallelism; ``ac=full/2``: every other block checkpointed (parallel.checkpoint_every); ``offload=act``:
+    the blocks' saved activations wait in host memory (parallel.offload_activations).
     """
     dp = f"{plan.dp_replicate}x{plan.dp_shard}" if plan.backend == "fsdp2" and plan.dp_replicate > 1 else f"{plan.dp}"
     parts = [plan.backend if plan.backend == "ddp" else f"{plan.backend} zero{plan.zero_stage}", f"dp={dp}"]
     tp = f"tp={plan.tp}" + ("+lp" if plan.loss_parallel else "") + ("+sp" if plan.sequence_parallel else "")
-    parts += [tp, f"pp={plan.pp}"] + ([f"cp={plan.cp}"] if plan.cp > 1 else [])
+    parts += [tp, f"pp={plan.pp}"]
     parts[-1] += f"/{plan.pp_schedule}" if plan.pp > 1 else ""
+    parts += ([f"cp={plan.cp}"] if plan.cp > 1 else []) + ([f"ep={plan.ep}"] if plan.ep > 1 else [])
     every = f"/{plan.checkpoint_every}" if plan.checkpoint_every > 1 and plan.activation_checkpointing != "none" else ""
     parts += [f"ac={plan.activation_checkpointing}{every}", f"mb={plan.micro_batch_size}"]
     if plan.backend == "fsdp2":

@@ -94,6 +94,14 @@ def stage_params(stats: ModelStats, plan: Plan) -> tuple[int, int]:
     return blocks // plan.tp, root
 
 
+def gathered_block_params(stats: ModelStats, plan: Plan) -> int:
+    """One block's parameters FSDP2 gathers to compute it, per tp rank: all of them, except that under expert
+    parallelism a rank gathers only its num_experts / ep experts (the experts unit is sharded over the efsdp ranks
+    that hold the same experts)."""
+    experts = stats.expert_params
+    return (stats.block_params - experts + experts // plan.ep) // plan.tp
+
+
 def block_activation_bytes_per_token(
     stats: ModelStats, a: int, tp: int = 1, sequence_parallel: bool = False, seq_len: int = 0
 ) -> int:
@@ -234,7 +242,7 @@ def logits_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:
 def device_margin(stats: ModelStats, plan: Plan, seq_len: int, peak: int) -> int:
     """CUDA context and NCCL, plus the allocator's reserve beyond the allocated ``peak`` (module docstring)."""
     vocab = stats.vocab // (plan.tp if plan.loss_parallel else 1)
-    transient = 4 * loss_tokens(plan, seq_len) * vocab + 4 * stats.block_params // plan.tp
+    transient = 4 * loss_tokens(plan, seq_len) * vocab + 4 * gathered_block_params(stats, plan)
     return MARGIN_FIXED + int(max(MARGIN_FRACTION * peak, FRAGMENTATION * transient))
 
 

@@ -106,6 +106,11 @@ class ModelStats:
         return round(self.profile.block.experts) if self.profile else 0
 
     @cached_property
+    def routed_layers(self) -> int:
+        """Blocks with routed experts (DeepSeek-V3's first blocks are dense)."""
+        return round(self.profile.block.routed * self.layers) if self.profile else 0
+
+    @cached_property
     def active_block_params(self) -> int:
         """What one token goes through in a block: all but the experts, and top_k/num_experts of them."""
         return round(self.profile.block.active) if self.profile else self.block_params

@@ -2,7 +2,8 @@
 
 Search space: backend (ddp, fsdp2 ZeRO-2/3, deepspeed ZeRO-1/2/3) x gradient reduction during accumulation (fsdp2:
 every micro-step or once per step) x dp_replicate/dp_shard (HSDP) x tp (dividing the attention and KV heads, within
-a node) x pp (dividing the layers; 1F1B or GPipe) x cp (long rows) x activation checkpointing (none, selective,
+a node) x pp (dividing the layers; 1F1B or GPipe) x cp (long rows) x ep (mixtures of experts) x activation
+checkpointing (none, selective,
 full, full every other block) x micro-batch (powers of two) x offload (parameters or optimizer; activations for long
 rows) x the chunked loss (rows longer than a chunk).
 
@@ -97,7 +98,7 @@ class Candidate:
 def complexity(plan: Plan) -> int:
     """How many moving parts a plan has; breaks near ties in favour of the simpler plan."""
     score = {"ddp": 0, "fsdp2": 1, "deepspeed": 2}[plan.backend] + (plan.zero_stage == 3)
-    score += 2 * (plan.tp > 1) + 2 * (plan.pp > 1) + 2 * (plan.cp > 1)
+    score += 2 * (plan.tp > 1) + 2 * (plan.pp > 1) + 2 * (plan.cp > 1) + 2 * (plan.ep > 1)
     score += plan.dp_replicate > 1 and plan.backend == "fsdp2"
     score += {"none": 0, "selective": 1, "full": 2}[plan.activation_checkpointing] + (plan.loss_chunk_tokens > 0)
     return score + 3 * (plan.offload_params or plan.offload_optimizer) + 2 * plan.offload_activations
@@ -235,6 +236,14 @@ def enumerate_plans(
                     variants += [replace(v, loss_chunk_tokens=chunk) for v in variants]
                 # activation offload: weighed for long rows, where the block inputs of full checkpointing or all
                 # a block saves are what does not fit; not with selective or pp (capability table)
+                # expert parallelism: for a mixture, on fsdp2 without tp/pp/cp, each ep dividing dp_shard and the
+                # experts within a node (the all-to-alls want the fastest links)
+                if "ep" in fixed:
+                    variants = [replace(v, ep=fixed["ep"]) for v in variants]
+                elif stats.num_experts and backend == "fsdp2" and tp == pp == cp == 1:
+                    degrees = [e for e in _divisors(shard) if e > 1 and e <= cluster.gpus_per_node]
+                    degrees = [e for e in degrees if stats.num_experts % e == 0]
+                    variants += [replace(v, ep=e) for v in variants for e in degrees]
                 offloads = fixed.get("offload_activations", seq_len // cp >= OFFLOAD_MIN_SEQ_LEN)
                 if offloads and ac != "selective" and tp == 1 and pp == 1:
                     variants += [replace(v, offload_activations=True) for v in variants]

@@ -182,6 +182,40 @@ ADAPTER_PLANS = {
 }
 
 
+def _shares_a_launch(name: str, parallel: dict) -> bool:
+    # DeepSpeed keeps the groups it saw first for the life of its process, and compile its caches: a launch each
+    return parallel.get("backend") != "deepspeed" and "compile" not in name
+
+
+@pytest.fixture(scope="module")
+def shared_runs(data, tmp_path_factory):
+    """``run(model_dir, plans, name, method)``: (metrics, parameters, output_dir) of one case of ``plans``. The cases
+    of one world size that can share a launch train one after the other in one torchrun launch (train_and_save.py
+    with several recipes, as test_equivalence.py's ``launches``: starting the ranks costs more than training)."""
+    root, _ = data
+    runs: dict[tuple[str, str], tuple] = {}
+
+    def run(model_dir, plans: dict, name: str, method: str = "lora"):
+        if (method, name) not in runs:
+            nproc, parallel = plans[name]
+            group = [name]
+            if _shares_a_launch(name, parallel):
+                group = [n for n, (k, p) in plans.items() if k == nproc and _shares_a_launch(n, p)]
+            folder = tmp_path_factory.mktemp(f"{method}-{nproc}ranks")
+            args = []
+            for n in group:
+                raw = lora_recipe(model_dir, root / "rows.npy", plans[n][1], folder / n, method)
+                raw = with_sections(raw, train={**raw["train"], "compile": "compile" in n})
+                args += [str(write_recipe(folder / f"{n}.yaml", raw)), str(folder / f"{n}.pt")]
+            proc = run_torchrun([str(WORKER), *args], nproc=nproc, module=False, timeout=120 + 60 * len(group))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            for n in group:
+                runs[(method, n)] = (read_metrics(folder / n), torch.load(folder / f"{n}.pt"), folder / n)
+        return runs[(method, name)]
+
+    return run
+
+
 def run_plan(model_dir, root, tmp_path, nproc, parallel, method="lora", compile_blocks=False, **lora):
     raw = lora_recipe(model_dir, root / "rows.npy", parallel, tmp_path / "out", method, **lora)
     raw = with_sections(raw, train={**raw["train"], "compile": compile_blocks})
@@ -212,15 +246,13 @@ AVX2_COMPILE_NAN = (
 
 
 @pytest.mark.parametrize("name", list(ADAPTER_PLANS))
-def test_lora_matches_a_peft_loop_and_saves_the_whole_adapter(name, data, lora_inputs, tmp_path, cli_in_process):
+def test_lora_matches_a_peft_loop_and_saves_the_whole_adapter(name, lora_inputs, shared_runs, cli_in_process):
     if "compile" in name and torch.backends.cpu.get_cpu_capability() != "AVX512":
         pytest.skip(AVX2_COMPILE_NAN)
-    root, _ = data
     model_dir, reference, reference_params = lora_inputs
-    nproc, parallel = ADAPTER_PLANS[name]
-    got, params = run_plan(model_dir, root, tmp_path, nproc, parallel, compile_blocks="compile" in name)
+    got, params, out = shared_runs(model_dir, ADAPTER_PLANS, name)
     assert_same(got, params, reference, reference_params)
-    assert_adapter_folder_is_whole(model_dir, tmp_path / "out", reference_params, cli_in_process)
+    assert_adapter_folder_is_whole(model_dir, out, reference_params, cli_in_process)
 
 
 def test_the_lora_comparison_catches_a_wrong_scaling_or_a_trained_base(data, lora_inputs):
@@ -293,11 +325,10 @@ def qlora_inputs(data):
 
 
 @pytest.mark.parametrize("name", list(QLORA_PLANS))
-def test_qlora_matches_a_peft_loop_over_the_same_nf4_base(name, data, qlora_inputs, tmp_path):
-    root, _ = data
+def test_qlora_matches_a_peft_loop_over_the_same_nf4_base(name, qlora_inputs, shared_runs):
     nproc, parallel = QLORA_PLANS[name]
     model_dir, reference, reference_params = qlora_inputs(nproc if parallel["backend"] == "fsdp2" else 1)
-    got, params = run_plan(model_dir, root, tmp_path, nproc, parallel, method="qlora")
+    got, params, _ = shared_runs(model_dir, QLORA_PLANS, name, method="qlora")
     assert_same(got, params, reference, reference_params, rtol=QLORA_RTOL, atol=QLORA_ATOL)
 
 

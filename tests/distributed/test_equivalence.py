@@ -205,10 +205,17 @@ PP_PLANS = {
         dict(backend="fsdp2", pp=2, pp_virtual_stages=2, pp_schedule="looped_bfs", micro_batch_size=2),
     ),
 }
+# expert parallelism (mixtures of experts): experts split over ep ranks, tokens exchanged by all-to-all, FSDP2 over
+# the ranks left (ep=2 x efsdp=2 on 4 ranks)
+EP_PLANS = {
+    "fsdp2-ep2-accum4": (2, dict(backend="fsdp2", ep=2, micro_batch_size=2)),
+    "fsdp2-ep2-dp_shard4-accum2": (4, dict(backend="fsdp2", ep=2, micro_batch_size=2)),
+}
 PLANS.update(DEEPSPEED_PLANS)
 PLANS.update(TP_PLANS)
 PLANS.update(PP_PLANS)
-CASES = [("llama-tied", plan) for plan in PLANS if plan not in TP_PLANS and plan not in PP_PLANS] + [
+PLANS.update(EP_PLANS)
+CASES = [("llama-tied", plan) for plan in PLANS if plan not in {**TP_PLANS, **PP_PLANS, **EP_PLANS}] + [
     ("gpt2", "fsdp2-2ranks-mb1-reduce-every"),
     ("gpt2", "ddp-2ranks-accum2"),
     ("qwen2-untied", "fsdp2-2ranks-mb1-reduce-once"),
@@ -228,6 +235,10 @@ CASES = [("llama-tied", plan) for plan in PLANS if plan not in TP_PLANS and plan
     ("mixtral", "fsdp2-2ranks-mb1-reduce-every"),
     ("qwen3_moe", "deepspeed-zero3-accum2"),
     ("deepseek_v3", "fsdp2-2ranks-mb1-reduce-once"),
+    ("mixtral", "fsdp2-ep2-accum4"),
+    ("qwen3_moe", "fsdp2-ep2-accum4"),
+    ("deepseek_v3", "fsdp2-ep2-accum4"),
+    ("deepseek_v3", "fsdp2-ep2-dp_shard4-accum2"),
     # tensor parallelism with the layouts of Qwen3 (replicated q/k norms) and Phi-3 (outputs gathered, inputs split).
     # OLMo-2 (the same gather/split styles) on tp2-accum4: loss within 2e-7 on every step, but the gradient norm off
     # by 1.2e-5 at step 5 and the parameters by 4.3e-5 after 10: not in the suite until that is explained

@@ -1,6 +1,7 @@
 """Mixture-of-experts training with the router's load-balancing loss (Mixtral with ``output_router_logits`` and
 ``router_aux_loss_coef``): FSDP2 x 2 with accumulation and DeepSpeed ZeRO-3 x 2 equal a single-process loop over the
-same micro-batches (loss and gradient norm 1e-5 per step over 10 steps, parameters 2e-5).
+same micro-batches (loss and gradient norm 1e-5 per step over 10 steps, parameters 2e-5), and so does expert
+parallelism (ep=2 x efsdp=2 on 4 ranks).
 
 The objective, as ``engine/loss.router_loss`` states it: the cross-entropy summed over the global batch's labelled
 tokens and divided by their count, plus ``coef`` times the mean of the per-forward router loss over every forward of
@@ -20,6 +21,9 @@ from test_equivalence import NUM_ROWS, RTOL, SEQ_LEN, STEPS, assert_plan_matches
 MOE_PLANS = {
     "fsdp2-2ranks-mb1-accum4": (2, dict(backend="fsdp2", micro_batch_size=1)),
     "deepspeed-zero3-2ranks-mb1-accum4": (2, dict(backend="deepspeed", zero_stage=3, micro_batch_size=1)),
+    # expert parallelism: the 4 experts split over 2 ranks (tokens exchanged by all-to-all), each expert sharded by
+    # FSDP2 over the 2 ranks that hold it (ep=2 x efsdp=2); ep=2 on 2 ranks: test_equivalence.py's EP_PLANS
+    "fsdp2-ep2-dp_shard4-4ranks-mb1-accum2": (4, dict(backend="fsdp2", micro_batch_size=1, ep=2)),
 }
 
 
@@ -59,3 +63,91 @@ def test_leaving_the_router_loss_out_would_be_caught(routed):
     _, rows, model_dir, reference, _ = routed
     without, _ = routed_reference(model_dir, rows, coef=0.0, steps=1)
     assert abs(without[0]["grad_norm"] / reference[0]["grad_norm"] - 1) > 10 * RTOL
+
+
+def _ep_worker(rank: int, port: int, model_dir: str, results) -> None:
+    """One of 4 ranks of an ep=2 x efsdp=2 plan: what it holds of each experts weight, and the whole weight."""
+    import os
+
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from bigtrain.config.load import load_recipe
+    from bigtrain.config.resolve import resolve_plan
+    from bigtrain.engine import build_engine, build_options
+    from bigtrain.models.build import load_hf_config
+    from bigtrain.runtime import init_process_group, read_launch_env
+    from bigtrain.train.optim import build_optimizer, build_scheduler
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="4", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cfg = load_recipe(None, [f"model.name_or_path={model_dir}", "parallel.ep=2", "train.global_batch_size=4"])
+    device = torch.device("cpu")
+    init_process_group(read_launch_env(), device, timeout_s=60)
+    try:
+        plan = resolve_plan(cfg.parallel, 4, cfg.train)
+        engine = build_engine(
+            build_options(cfg, load_hf_config(cfg.model), plan, device),
+            cfg.train,
+            lambda params: build_optimizer(params, cfg.train),
+            lambda optimizer: build_scheduler(optimizer, cfg.train),
+        )
+        model = engine.built.parts[0]
+        want = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+        held = {}
+        for name, param in model.named_parameters():
+            if ".experts." in name:
+                whole = param.full_tensor()
+                held[name] = (tuple(param.to_local().shape), tuple(whole.shape), torch.equal(whole, want[name]))
+        results.put((rank, held))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ep_splits_the_experts_and_fsdp2_shards_each_one(tmp_path):
+    """4 ranks, ep=2: each rank computes with 2 of the 4 experts, FSDP2 shards those 2 over the 2 ranks that hold
+    them (a quarter of each fused weight per rank), and the whole weight is the pretrained one."""
+    import torch.multiprocessing as mp
+    from helpers import free_port
+
+    model_dir = save_tiny_model(tmp_path / "mixtral", spec=ROUTED_MIXTRAL)
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_ep_worker, args=(free_port(), str(model_dir), results), nprocs=4, start_method="spawn")
+    got = dict(results.get() for _ in range(4))
+    assert sorted(got) == [0, 1, 2, 3]
+    for held in got.values():
+        assert held and all(matches for _, _, matches in held.values())
+        for local, whole, _ in held.values():
+            assert whole[0] == ROUTED_MIXTRAL["num_local_experts"]
+            assert torch.Size(local).numel() * 4 == torch.Size(whole).numel()
+
+
+def test_an_ep_checkpoint_resumes_without_ep_and_exports_the_family_s_format(tmp_path):
+    """A 2-rank ep=2 run's checkpoint (experts as DTensors on the ep mesh) resumes on plain FSDP2 x 2 and continues
+    as the uninterrupted ep run does; its final export loads with from_pretrained (per-expert tensors on disk)."""
+    from helpers import recipe_dict, run_torchrun, save_rows, write_recipe
+    from test_checkpoint_resume import RESHARD_RTOL, compare, final_weights, resume
+    from transformers import AutoModelForCausalLM
+
+    save_rows(tmp_path / "rows.npy", learnable=True)
+    model_dir = save_tiny_model(tmp_path / "mixtral", spec=ROUTED_MIXTRAL)
+    raw = recipe_dict(
+        tmp_path / "straight",
+        tmp_path / "rows.npy",
+        model_dir,
+        data={"shuffle": True},
+        train={"steps": 4, "global_batch_size": 8, "lr": 1e-2, "warmup_steps": 2, "grad_clip": 0.5, "seed": 3},
+        parallel={"backend": "fsdp2", "micro_batch_size": 2, "ep": 2},
+        checkpoint={"every": 2, "keep": 5},
+    )
+    recipe_path = write_recipe(tmp_path / "recipe.yaml", raw)
+    proc = run_torchrun(["train", str(recipe_path)], nproc=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    straight = tmp_path / "straight"
+    resume(recipe_path, straight / "checkpoints" / "step_2", tmp_path / "resumed", 2, "parallel.ep=1")
+    compare(tmp_path / "resumed", straight, RESHARD_RTOL)
+    mine, theirs = final_weights(tmp_path / "resumed"), final_weights(straight)
+    assert set(mine) == set(theirs) and any(".experts.0." in name for name in theirs)  # Mixtral's on-disk layout
+    for name, value in theirs.items():
+        torch.testing.assert_close(mine[name], value, rtol=1e-4, atol=1e-6, msg=name)
+    AutoModelForCausalLM.from_pretrained(straight / "model")

@@ -81,6 +81,13 @@ EXAMPLES: dict[str, Example] = {
     "offload_activations_with_pp": Example(2, dict(**PP2, offload_activations=True), UNTIED_4),
     "sequence_parallel_plain_layout": Example(2, dict(tp=2, sequence_parallel=True), TP_FAMILIES["phi3"]),
     "router_loss_with_pp_or_cp": Example(2, dict(cp=2), ROUTED_MIXTRAL),
+    "ep_needs_fsdp2": Example(2, dict(backend="deepspeed", zero_stage=3, ep=2), CONVERTED_FAMILIES["mixtral"]),
+    "ep_with_tp_pp_or_cp": Example(4, dict(dp_shard=2, tp=2, ep=2), CONVERTED_FAMILIES["mixtral"]),
+    "ep_divides_dp_shard": Example(4, dict(dp_shard=4, ep=3), CONVERTED_FAMILIES["mixtral"]),
+    "ep_needs_experts": Example(2, dict(dp_shard=2, ep=2)),
+    "ep_divides_experts": Example(
+        4, dict(dp_shard=4, ep=4), {**CONVERTED_FAMILIES["mixtral"], "num_local_experts": 6}
+    ),
     "cp_backends": Example(2, dict(backend="deepspeed", cp=2)),
     "cp_with_tp_or_pp": Example(4, dict(cp=2, tp=2), UNTIED_4),
     "cp_divides_heads": Example(4, dict(cp=4), UNTIED_4),

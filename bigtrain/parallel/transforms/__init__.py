@@ -7,6 +7,8 @@ Why this order (torchtitan's, extended):
   own under the unsplit model's parameter names;
 - tensor parallelism slices the projections before anything wraps or shards them, so FSDP2 shards the slices
   (2-D DTensors over dp x tp) and no rank holds a whole matrix;
+- expert parallelism splits the experts over the ep ranks, for the same reason (FSDP2 then shards each expert over
+  the ranks that hold it);
 - the chunked loss takes the LM head out of the forward (of the last stage) before anything wraps or shards it;
 - activation checkpointing wraps the sliced blocks, and compile compiles the wrapped ones, both before FSDP2, so
   FSDP2's all-gather hooks sit outside the recomputed and the compiled region;
@@ -30,6 +32,7 @@ from bigtrain.parallel.transforms import (
     compile_blocks,
     context_parallel,
     ddp,
+    expert_parallel,
     fsdp,
     load_values,
     pipeline_split,
@@ -41,6 +44,7 @@ ORDER: tuple[Transform, ...] = (
     adapters.TRANSFORM,
     pipeline_split.TRANSFORM,
     tensor_parallel.TRANSFORM,
+    expert_parallel.TRANSFORM,
     chunked_loss.TRANSFORM,
     activation_checkpoint.TRANSFORM,
     compile_blocks.TRANSFORM,

@@ -80,6 +80,8 @@ class BuiltModel:
     # parallel.loss_chunk_tokens: the LM head the loss applies chunk by chunk (the model's forward then returns its
     # final hidden states as "logits"); None: the model's forward computes the logits
     loss_head: nn.Module | None = None
+    # parallel.ep: the experts modules expert_parallel split over the ep ranks (FSDP2 shards them on their own mesh)
+    experts: list[nn.Module] = field(default_factory=list)
     _block_slots: dict[int, list[tuple[nn.Module, str]]] = field(default_factory=dict, repr=False)
 
     @property

@@ -33,7 +33,14 @@ from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transfor
 log = logging.getLogger("bigtrain")
 
 
-def apply_fsdp(model: nn.Module, blocks: list[nn.Module], plan: Plan, mesh: WorldMesh, mixed_precision: str) -> None:
+def apply_fsdp(
+    model: nn.Module,
+    blocks: list[nn.Module],
+    plan: Plan,
+    mesh: WorldMesh,
+    mixed_precision: str,
+    experts: list[nn.Module] | None = None,
+) -> None:
     mp = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPES[mixed_precision], reduce_dtype=torch.float32)
     offload: OffloadPolicy = OffloadPolicy()
     if plan.offload_params:
@@ -44,10 +51,26 @@ def apply_fsdp(model: nn.Module, blocks: list[nn.Module], plan: Plan, mesh: Worl
     reshard = plan.zero_stage == 3
     kwargs = {"mesh": mesh.fsdp_mesh, "mp_policy": mp, "offload_policy": offload}
     kwargs["shard_placement_fn"] = shard_placement(mesh.fsdp_mesh.size())
+    for module in experts or []:
+        _shard_experts(module, mesh, {**kwargs, "mesh": mesh.expert_fsdp_mesh, "shard_placement_fn": None}, reshard)
     for block in blocks:
         fully_shard(block, **kwargs, reshard_after_forward=reshard)
     # The root's parameters (embeddings, head) are needed again at once by backward: never reshard them after forward.
     fully_shard(model, **kwargs, reshard_after_forward=False)
+
+
+def _shard_experts(module: nn.Module, mesh: WorldMesh, kwargs: dict, reshard: bool) -> None:
+    """An experts module split over the ep ranks (``expert_parallel``), sharded on its own unit over the efsdp ranks
+    that hold the same experts. Its gradients are averaged over every data-parallel rank, as the rest of the
+    model's are: each rank's expert gradient already sums what the tokens of all ep ranks sent it (the
+    all-to-all's backward), the efsdp reduction sums the copies, and the divisor is the dense units' (dp_shard,
+    x dp_replicate under HSDP), not FSDP2's default of the efsdp group's size."""
+    fully_shard(module, **kwargs, reshard_after_forward=reshard)
+    module.set_gradient_divide_factor(float(mesh.fsdp_mesh.size()))
+    if kwargs["mesh"].size() > 1:
+        # a divisor other than the group's size is a PREMUL_SUM reduction, which gloo lacks (and NCCL zeroes in
+        # bf16 before torch 2.13): reduce with a sum and divide after; on one rank FSDP2 divides by itself
+        module.set_force_sum_reduction_for_comms(True)
 
 
 def shard_placement(shards: int) -> Callable[[nn.Parameter], Shard | None]:
@@ -58,7 +81,9 @@ def shard_placement(shards: int) -> Callable[[nn.Parameter], Shard | None]:
     def place(param: nn.Parameter) -> Shard | None:
         if param.dim() < 2 or param.shape[0] >= shards:
             return None
-        return Shard(max(range(param.dim()), key=lambda d: param.shape[d]))
+        # FSDP2 needs a dimension other than 0 to divide evenly
+        even = [d for d in range(1, param.dim()) if param.shape[d] % shards == 0]
+        return Shard(max(even, key=lambda d: param.shape[d])) if even else None
 
     return place
 
@@ -83,7 +108,8 @@ def fsdp_grad_sync(
 def _shard(built: BuiltModel, ctx: BuildContext) -> None:
     """Every part sharded on meta (nothing is allocated); FSDP2 casts parameters itself, so nothing is autocast."""
     for index, part in enumerate(built.parts):
-        apply_fsdp(part, built.blocks(index), built.plan, ctx.mesh, ctx.options.mixed_precision)
+        experts = [m for m in built.experts if any(m is sub for sub in part.modules())]
+        apply_fsdp(part, built.blocks(index), built.plan, ctx.mesh, ctx.options.mixed_precision, experts)
     built.autocast_dtype = None
     if built.plan.pp == 1:  # pipeline schedules drive the stages' gradient sync themselves
         built.grad_sync = fsdp_grad_sync(built.parts[0], built.plan, ctx.mesh)
