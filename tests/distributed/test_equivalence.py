@@ -239,12 +239,17 @@ CASES = [("llama-tied", plan) for plan in PLANS if plan not in {**TP_PLANS, **PP
     ("qwen3_moe", "fsdp2-ep2-accum4"),
     ("deepseek_v3", "fsdp2-ep2-accum4"),
     ("deepseek_v3", "fsdp2-ep2-dp_shard4-accum2"),
-    # tensor parallelism with the layouts of Qwen3 (replicated q/k norms) and Phi-3 (outputs gathered, inputs split).
+    # tensor parallelism with the layouts of Qwen3 (replicated q/k norms) and Phi-3 (outputs gathered, inputs split),
+    # and the plain ones of Gemma 2 (eager attention, soft-capping) and GPT-NeoX (fused per-head q/k/v).
     # OLMo-2 (the same gather/split styles) on tp2-accum4: loss within 2e-7 on every step, but the gradient norm off
     # by 1.2e-5 at step 5 and the parameters by 4.3e-5 after 10: not in the suite until that is explained
     ("qwen3", "tp2-accum4"),
     ("phi3", "tp2-accum4"),
+    ("gemma2", "tp2-accum4"),
+    ("gpt_neox", "tp2-accum4"),
     ("olmo2", "fsdp2-2ranks-mb1-reduce-every"),
+    ("qwen3", "fsdp2-zero2-ac-full"),
+    ("phi3", "fsdp2-2ranks-mb1-reduce-once"),
 ]
 
 
