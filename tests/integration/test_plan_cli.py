@@ -75,6 +75,7 @@ def test_json_contract(plan_cli):
         "cp",
         "checkpoint_every",
         "offload_activations",
+        "ep",
     }
     assert out["plan"]["backend"] == "fsdp2"
     assert set(out["memory"]) == {
