@@ -123,8 +123,7 @@ def _profile(config_json: str, attn_implementation: str) -> ModelProfile:
 
     saved = []
     for dtype in (torch.bfloat16, torch.float32):
-        short = _measure(hf_config, attn_implementation, dtype, firsts, SHORT)
-        long = _measure(hf_config, attn_implementation, dtype, firsts, LONG)
+        short, long = _measure(hf_config, attn_implementation, dtype, firsts, (SHORT, LONG))
         per_kind = [_fit(s, lg) for s, lg in zip(short, long, strict=True)]
         saved.append(_mean(SavedBytes, share, [k[0] for k in per_kind]))
     # FLOPs do not depend on the dtype: the last (fp32) measurement's
@@ -246,7 +245,11 @@ def _fit(short: _Seen, long: _Seen) -> tuple[SavedBytes, float, float]:
     return SavedBytes(round(norm_own), round(replicated), round(split), split_per_len), flops, flops_per_len
 
 
-def _measure(hf_config: Any, attn_implementation: str, dtype: Any, keep: list[int], seq_len: int) -> list[_Seen]:
+def _measure(
+    hf_config: Any, attn_implementation: str, dtype: Any, keep: list[int], lengths: tuple[int, ...]
+) -> list[list[_Seen]]:
+    """One forward per row length of the model cut down to the ``keep`` blocks, all on one fake-tensor model: per
+    length, a tally per kept block."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
@@ -255,23 +258,25 @@ def _measure(hf_config: Any, attn_implementation: str, dtype: Any, keep: list[in
     blocks = _layers(model)
     chosen = [blocks[i] for i in keep]
     _keep_blocks(model, chosen)
-    seen = [_Seen() for _ in chosen]
-    with FakeTensorMode(allow_non_fake_inputs=True), _fp32_experts(dtype), contextlib.ExitStack() as hooks:
+    per_length = []
+    with FakeTensorMode(allow_non_fake_inputs=True), _fp32_experts(dtype):
         model.to_empty(device="cpu")
         weights = {p.untyped_storage()._cdata for p in model.parameters()}
-        for block, tally in zip(chosen, seen, strict=True):
-            hooks.enter_context(_watch(block, tally, weights))
-        ids = torch.zeros((1, seq_len), dtype=torch.long)
-        counter = FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas())
-        with counter:
-            model(input_ids=ids)
-        by_module = counter.get_flop_counts()
         names = {id(m): n for n, m in model.named_modules()}
-        for block, tally in zip(chosen, seen, strict=True):
-            name = names[id(block)]
-            key = next((k for k in by_module if k.endswith(name)), None)
-            tally.flops = sum(by_module[key].values()) if key else 0
-    return seen
+        for seq_len in lengths:
+            seen = [_Seen() for _ in chosen]
+            counter = FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas())
+            with contextlib.ExitStack() as hooks:
+                for block, tally in zip(chosen, seen, strict=True):
+                    hooks.enter_context(_watch(block, tally, weights))
+                with counter:
+                    model(input_ids=torch.zeros((1, seq_len), dtype=torch.long))
+            by_module = counter.get_flop_counts()
+            for block, tally in zip(chosen, seen, strict=True):
+                key = next((k for k in by_module if k.endswith(names[id(block)])), None)
+                tally.flops = sum(by_module[key].values()) if key else 0
+            per_length.append(seen)
+    return per_length
 
 
 def _keep_blocks(model: Any, chosen: list[Any]) -> None:
