@@ -208,19 +208,13 @@ def _data_parallel_seconds(
     # rank order is (pp, dp_replicate, dp_shard, cp, tp) with tp innermost, as torchtitan lays out its mesh; FSDP2
     # shards over dp_shard x cp
     shards = plan.dp_shard * plan.cp
-    shard_bw = _bandwidth(cluster, shards, plan.tp)
-    rep_bw = _bandwidth(cluster, plan.dp_replicate, plan.tp * shards)
     dp_overlapped = 0.0
     if plan.backend == "ddp":
         # DDP all-reduces over every rank that sees different tokens (dp x cp)
         ranks = plan.dp * plan.cp
         dp_overlapped = 2 * _ring(ranks) * 4 * reduced / _bandwidth(cluster, ranks, plan.tp)
     elif plan.backend == "fsdp2":
-        gathers = 2 if plan.zero_stage == 3 else 1
-        reduces = micro_batches if plan.grad_reduce == "every_micro_step" else 1
-        shard_bytes = gathers * micro_batches * gathered + reduces * 4 * reduced
-        dp_overlapped = _ring(shards) * shard_bytes / shard_bw
-        dp_overlapped += 2 * _ring(plan.dp_replicate) * 4 * reduced / shards / rep_bw
+        dp_overlapped = _fsdp2_seconds(plan, cluster, micro_batches, gathered, reduced, shards, plan.tp)
     else:  # deepspeed; with adapters, ZeRO-3 gathers the base twice and only the adapters are reduced and updated
         if workload.adapters:
             volume = (2 * gathered if plan.zero_stage >= 3 else 0.0) + 2 * a * reduced
@@ -230,19 +224,26 @@ def _data_parallel_seconds(
     return dp_overlapped
 
 
-def _expert_fsdp_seconds(plan: Plan, cluster: Cluster, micro_batches: int, gathered: float, reduced: float) -> float:
-    """FSDP2's traffic for the experts under ep: this rank's num_experts / ep experts (``gathered`` bytes,
-    ``reduced`` parameters) gathered and reduce-scattered over the efsdp = dp_shard / ep ranks that hold them
-    (ranks ep apart), and all-reduced across HSDP replicas."""
-    if plan.ep == 1:
-        return 0.0
-    efsdp = plan.dp_shard // plan.ep
+def _fsdp2_seconds(
+    plan: Plan, cluster: Cluster, micro_batches: int, gathered: float, reduced: float, shards: int, stride: int
+) -> float:
+    """FSDP2's traffic for parameters sharded over ``shards`` ranks ``stride`` apart: ``gathered`` bytes all-gathered
+    per micro-step (in forward, and again in backward under ZeRO-3), ``reduced`` fp32 gradients reduce-scattered
+    every micro-step or once per step, and all-reduced across HSDP replicas."""
     gathers = 2 if plan.zero_stage == 3 else 1
     reduces = micro_batches if plan.grad_reduce == "every_micro_step" else 1
     volume = gathers * micro_batches * gathered + reduces * 4 * reduced
-    seconds = _ring(efsdp) * volume / _bandwidth(cluster, efsdp, plan.ep)
-    rep_bw = _bandwidth(cluster, plan.dp_replicate, plan.dp_shard)
-    return seconds + 2 * _ring(plan.dp_replicate) * 4 * reduced / efsdp / rep_bw
+    seconds = _ring(shards) * volume / _bandwidth(cluster, shards, stride)
+    rep_bw = _bandwidth(cluster, plan.dp_replicate, stride * shards)
+    return seconds + 2 * _ring(plan.dp_replicate) * 4 * reduced / shards / rep_bw
+
+
+def _expert_fsdp_seconds(plan: Plan, cluster: Cluster, micro_batches: int, gathered: float, reduced: float) -> float:
+    """FSDP2's traffic for the experts under ep: this rank's num_experts / ep experts (``gathered`` bytes,
+    ``reduced`` parameters), sharded over the efsdp = dp_shard / ep ranks that hold them (ranks ep apart)."""
+    if plan.ep == 1:
+        return 0.0
+    return _fsdp2_seconds(plan, cluster, micro_batches, gathered, reduced, plan.dp_shard // plan.ep, plan.ep)
 
 
 def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Workload) -> TimeEstimate:
