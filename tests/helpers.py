@@ -256,3 +256,25 @@ def run_torchrun(
     cmd = torchrun_command(args, nproc, module, launcher_args)
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=full_env)
+
+
+def recipe_engine(cfg: Any, world: int = 1, hf_config: Any = None, device: str = "cpu") -> tuple[Any, Any]:
+    """(engine, plan) as ``bigtrain train`` builds them for the recipe ``cfg`` on ``world`` ranks, inside a process
+    group that exists: the plan resolved, the model's config read (or ``hf_config``), AdamW and the train section's
+    schedule."""
+    import torch
+
+    from bigtrain.config.resolve import resolve_plan
+    from bigtrain.engine import build_engine, build_options
+    from bigtrain.models.build import load_hf_config
+    from bigtrain.train.optim import build_optimizer, build_scheduler
+
+    plan = resolve_plan(cfg.parallel, world, cfg.train)
+    hf_config = load_hf_config(cfg.model) if hf_config is None else hf_config
+    engine = build_engine(
+        build_options(cfg, hf_config, plan, torch.device(device)),
+        cfg.train,
+        lambda params: build_optimizer(params, cfg.train),
+        lambda optimizer: build_scheduler(optimizer, cfg.train),
+    )
+    return engine, plan

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from cases import TINY_LLAMA
-from helpers import free_port, save_rows
+from helpers import free_port, recipe_engine, save_rows
 
 
 def _worker(rank: int, world: int, port: int, rows_path: str, parallel: list[str], results) -> None:
@@ -28,9 +28,8 @@ def _worker(rank: int, world: int, port: int, rows_path: str, parallel: list[str
     from bigtrain.data.loader import StepLoader
     from bigtrain.data.order import GlobalOrder
     from bigtrain.data.sources import load_token_rows
-    from bigtrain.engine import build_engine, build_options, train_step
+    from bigtrain.engine import train_step
     from bigtrain.runtime import init_process_group, read_launch_env
-    from bigtrain.train.optim import build_optimizer, build_scheduler
 
     overrides = [f"data.path={rows_path}", "train.global_batch_size=8", "train.lr=1e-2", "train.warmup_steps=2"]
     cfg = load_recipe(None, overrides + [f"parallel.{p}" for p in parallel])
@@ -44,12 +43,7 @@ def _worker(rank: int, world: int, port: int, rows_path: str, parallel: list[str
 
         def make(seed: int):
             job = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=seed))
-            return build_engine(
-                build_options(job, hf_config, plan, device),
-                job.train,
-                lambda params: build_optimizer(params, cfg.train),
-                lambda optimizer: build_scheduler(optimizer, cfg.train),
-            )
+            return recipe_engine(job, world, hf_config)[0]
 
         a = make(seed=0)
         order = GlobalOrder(len(rows.rows), cfg.train.global_batch_size, True, 0)

@@ -14,14 +14,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from cases import TINY_LLAMA
-from helpers import free_port
+from helpers import free_port, recipe_engine
 
 from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.load import load_recipe
-from bigtrain.config.resolve import resolve_plan
 from bigtrain.data.batch import MicroBatch
-from bigtrain.engine import build_engine, build_options, train_step
-from bigtrain.train.optim import build_optimizer, build_scheduler
+from bigtrain.engine import train_step
 
 
 @contextlib.contextmanager
@@ -36,14 +34,7 @@ def one_rank_group() -> Iterator[None]:
 def make_engine(overrides: list[str]):
     cfg = load_recipe(None, ["train.global_batch_size=4", *overrides])
     cfg.model.config = dict(TINY_LLAMA)
-    plan = resolve_plan(cfg.parallel, 1, cfg.train)
-    engine = build_engine(
-        build_options(cfg, hf_config_from_dict(cfg.model.config), plan, torch.device("cpu")),
-        cfg.train,
-        lambda params: build_optimizer(params, cfg.train),
-        lambda optimizer: build_scheduler(optimizer, cfg.train),
-    )
-    return engine, plan
+    return recipe_engine(cfg, hf_config=hf_config_from_dict(cfg.model.config))
 
 
 def test_ddp_gradients_stay_in_its_buckets_between_steps():

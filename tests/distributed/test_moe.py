@@ -70,27 +70,17 @@ def _ep_worker(rank: int, port: int, model_dir: str, results) -> None:
     import os
 
     import torch.distributed as dist
+    from helpers import recipe_engine
     from transformers import AutoModelForCausalLM
 
     from bigtrain.config.load import load_recipe
-    from bigtrain.config.resolve import resolve_plan
-    from bigtrain.engine import build_engine, build_options
-    from bigtrain.models.build import load_hf_config
     from bigtrain.runtime import init_process_group, read_launch_env
-    from bigtrain.train.optim import build_optimizer, build_scheduler
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="4", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     cfg = load_recipe(None, [f"model.name_or_path={model_dir}", "parallel.ep=2", "train.global_batch_size=4"])
-    device = torch.device("cpu")
-    init_process_group(read_launch_env(), device, timeout_s=60)
+    init_process_group(read_launch_env(), torch.device("cpu"), timeout_s=60)
     try:
-        plan = resolve_plan(cfg.parallel, 4, cfg.train)
-        engine = build_engine(
-            build_options(cfg, load_hf_config(cfg.model), plan, device),
-            cfg.train,
-            lambda params: build_optimizer(params, cfg.train),
-            lambda optimizer: build_scheduler(optimizer, cfg.train),
-        )
+        engine, _ = recipe_engine(cfg, world=4)
         model = engine.built.parts[0]
         want = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
         held = {}

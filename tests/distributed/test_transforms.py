@@ -15,21 +15,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from cases import TINY_LLAMA
-from helpers import free_port, save_tiny_model
+from helpers import free_port, recipe_engine, save_tiny_model
 from safetensors.torch import load_file
 from torch import nn
 
 import bigtrain.engine as engine_module
 from bigtrain.config.load import load_recipe
-from bigtrain.config.resolve import resolve_plan
 from bigtrain.data.batch import MicroBatch
-from bigtrain.engine import build_engine, build_options, train_step
-from bigtrain.models.build import load_hf_config
+from bigtrain.engine import train_step
 from bigtrain.parallel.build import build_model
 from bigtrain.parallel.transforms import ORDER
 from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transform
 from bigtrain.runtime import LaunchEnv, as_launched
-from bigtrain.train.optim import build_optimizer, build_scheduler
 
 
 class Holder(nn.Module):
@@ -89,13 +86,7 @@ def test_a_transform_added_to_the_order_runs_in_every_engine(parallel, tmp_path,
     saved = load_file(str(model_dir / "model.safetensors"))
     cfg = load_recipe(None, [f"model.name_or_path={model_dir}", "train.global_batch_size=2", *parallel])
     monkeypatch.setattr(engine_module, "build_model", functools.partial(build_model, transforms=WITH_WRAP))
-    plan = resolve_plan(cfg.parallel, 1, cfg.train)
-    engine = build_engine(
-        build_options(cfg, load_hf_config(cfg.model), plan, torch.device("cpu")),
-        cfg.train,
-        lambda params: build_optimizer(params, cfg.train),
-        lambda optimizer: build_scheduler(optimizer, cfg.train),
-    )
+    engine, plan = recipe_engine(cfg)
     assert "wrap_final_norm" in [t.name for t in engine.built.applied]
     state = engine.state_dict()
     assert "model.norm.weight" in state["model"] and not any("inner" in k for k in state["model"])
@@ -132,13 +123,7 @@ def _pipelined_worker(rank: int, port: int, model_dir: str, results) -> None:
     init_process_group(read_launch_env(), device, timeout_s=60)
     try:
         engine_module.build_model = functools.partial(build_model, transforms=WITH_WRAP)
-        plan = resolve_plan(cfg.parallel, 2, cfg.train)
-        engine = build_engine(
-            build_options(cfg, load_hf_config(cfg.model), plan, device),
-            cfg.train,
-            lambda params: build_optimizer(params, cfg.train),
-            lambda optimizer: build_scheduler(optimizer, cfg.train),
-        )
+        engine, _ = recipe_engine(cfg, world=2)
         batches = [MicroBatch.of_ids(torch.randint(0, TINY_LLAMA["vocab_size"], (1, 16))) for _ in range(4)]
         for _ in range(2):
             train_step(engine, batches, 60.0, 1.0)
