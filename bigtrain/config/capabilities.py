@@ -33,6 +33,7 @@ from bigtrain.config.expert_rules import (
     ep_needs_fsdp2,
     ep_with_tp_pp_or_cp,
 )
+from bigtrain.config.fp8_rules import fp8_with_adapters, fp8_with_deepspeed, fp8_with_tp_or_pp
 from bigtrain.config.hf import PLAIN_TP_STYLES, TP_STYLES
 from bigtrain.config.model_facts import ModelFacts
 from bigtrain.config.option_rules import (
@@ -437,6 +438,9 @@ RULES: tuple[Rule, ...] = (
     _row(offload_activations_with_selective, "not_built"),
     _row(offload_activations_with_pp, "not_built"),
     _row(router_loss_with_pp_or_cp, "not_built", reads_model=True),
+    _row(fp8_with_deepspeed, "not_built"),
+    _row(fp8_with_tp_or_pp, "not_built"),
+    _row(fp8_with_adapters, "not_built"),
     _row(ep_needs_fsdp2, "not_built"),
     _row(ep_with_tp_pp_or_cp, "not_built"),
     _row(qlora_computes_in_bf16, "invalid"),

@@ -19,6 +19,7 @@ DataFormat = Literal["auto", "text", "chat", "instruction"]
 Packing = Literal["stream", "documents", "pad"]
 LogTo = Literal["jsonl", "tensorboard"]
 Method = Literal["full", "lora", "qlora", "auto"]
+Fp8 = Literal["none", "tensorwise", "rowwise"]
 PipelineSchedule = Literal[
     "1f1b", "gpipe", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble", "dual_pipe_v"
 ]
@@ -133,6 +134,14 @@ class TrainConfig:
         "torch.compile each decoder block (after tp and activation checkpointing, before FSDP2, as torchtitan does); "
         "the first steps pay the compilation.",
         default=False,
+    )
+    fp8: Fp8 = doc(
+        "FP8 matmuls in the decoder blocks' linear layers (torchao float8 training): tensorwise (one scale per "
+        "tensor; under FSDP2 on CUDA the weights are also all-gathered in FP8) or rowwise scaling (one per row). The "
+        "LM head, a mixture's router and linears with a dimension that is not a multiple of 16 stay in the compute "
+        "dtype. Runs on GPUs with FP8 tensor cores (H100, H200, B200, L40S, L4); elsewhere torchao emulates it "
+        "(slower: for tests). Backends ddp and fsdp2; not with tp, pp or adapters yet.",
+        default="none",
     )
     method: Method = doc(
         "What is trained: full (every parameter), lora (low-rank adapters on a frozen base in the compute dtype; "

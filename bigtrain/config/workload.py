@@ -20,6 +20,7 @@ class Workload:
     global_batch_size: int  # sequences per optimizer step, over every data-parallel rank and micro-step
     mixed_precision: str = "bf16"  # compute dtype: fp32, bf16 or fp16 (train.mixed_precision)
     compile: bool = False  # train.compile: torch.compile each decoder block
+    fp8: str = "none"  # train.fp8: float8 matmuls in the blocks' linears (tensorwise, rowwise)
     method: str = "full"  # train.method: full, lora, qlora, or auto (the planner chooses)
     lora_rank: int = 16  # lora.r: the adapters' rank under lora and qlora
     modules_to_save: tuple[str, ...] = ()  # lora.modules_to_save: modules trained fully beside the adapters
@@ -54,6 +55,7 @@ class Workload:
             global_batch_size=train.global_batch_size,
             mixed_precision=train.mixed_precision,
             compile=train.compile,
+            fp8=train.fp8,
             method=train.method,
             lora_rank=lora.r,
             modules_to_save=tuple(lora.modules_to_save or ()),
@@ -65,6 +67,7 @@ class Workload:
             global_batch_size=self.global_batch_size,
             mixed_precision=self.mixed_precision,
             compile=self.compile,
+            fp8=self.fp8,
             method=self.method,
             **fields,
         )

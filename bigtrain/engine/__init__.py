@@ -35,6 +35,7 @@ def build_options(cfg: RecipeConfig, hf_config: Any, plan: Plan, device: torch.d
         mixed_precision=cfg.train.mixed_precision,
         attn_implementation=resolve_attention(hf_config, cfg.model.attn_implementation),
         compile=cfg.train.compile,
+        fp8=cfg.train.fp8,
         method=cfg.train.method,
         lora=cfg.lora,
         pretrained=cfg.model.name_or_path,

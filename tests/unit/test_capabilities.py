@@ -39,6 +39,7 @@ class Example:
     compile: bool = False
     method: str = "full"
     precision: str = "fp32"
+    fp8: str = "none"
 
 
 EXAMPLES: dict[str, Example] = {
@@ -81,6 +82,9 @@ EXAMPLES: dict[str, Example] = {
     "offload_activations_with_pp": Example(2, dict(**PP2, offload_activations=True), UNTIED_4),
     "sequence_parallel_plain_layout": Example(2, dict(tp=2, sequence_parallel=True), TP_FAMILIES["phi3"]),
     "router_loss_with_pp_or_cp": Example(2, dict(cp=2), ROUTED_MIXTRAL),
+    "fp8_with_deepspeed": Example(2, dict(backend="deepspeed", zero_stage=2, dp_shard=2), fp8="tensorwise"),
+    "fp8_with_tp_or_pp": Example(2, dict(tp=2), fp8="rowwise"),
+    "fp8_with_adapters": Example(2, dict(dp_shard=2), method="lora", fp8="tensorwise"),
     "ep_needs_fsdp2": Example(2, dict(backend="deepspeed", zero_stage=3, ep=2), CONVERTED_FAMILIES["mixtral"]),
     "ep_with_tp_pp_or_cp": Example(4, dict(dp_shard=2, tp=2, ep=2), CONVERTED_FAMILIES["mixtral"]),
     "ep_divides_dp_shard": Example(4, dict(dp_shard=4, ep=3), CONVERTED_FAMILIES["mixtral"]),
@@ -133,7 +137,9 @@ def expected_message(name: str) -> str:
 
 
 def train_of(ex: Example) -> TrainConfig:
-    return TrainConfig(global_batch_size=ex.batch, compile=ex.compile, method=ex.method, mixed_precision=ex.precision)
+    return TrainConfig(
+        global_batch_size=ex.batch, compile=ex.compile, method=ex.method, mixed_precision=ex.precision, fp8=ex.fp8
+    )
 
 
 def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
@@ -145,6 +151,7 @@ def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
             "global_batch_size": ex.batch,
             "compile": ex.compile,
             "method": ex.method,
+            "fp8": ex.fp8,
             "mixed_precision": ex.precision,
         },
         parallel=make_plan(**ex.plan).to_dict(),
@@ -178,7 +185,12 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
     assert str(e.value) == message
 
     workload = Workload(
-        seq_len=16, global_batch_size=ex.batch, mixed_precision=ex.precision, compile=ex.compile, method=ex.method
+        seq_len=16,
+        global_batch_size=ex.batch,
+        mixed_precision=ex.precision,
+        compile=ex.compile,
+        method=ex.method,
+        fp8=ex.fp8,
     )
     with pytest.raises(ConfigError) as e:
         simulate(ex.model, plan, workload)

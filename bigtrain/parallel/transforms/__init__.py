@@ -9,6 +9,7 @@ Why this order (torchtitan's, extended):
   (2-D DTensors over dp x tp) and no rank holds a whole matrix;
 - expert parallelism splits the experts over the ep ranks, for the same reason (FSDP2 then shards each expert over
   the ranks that hold it);
+- FP8 linears (train.fp8) replace the blocks' linears before anything wraps or shards them (torchtitan's order);
 - the chunked loss takes the LM head out of the forward (of the last stage) before anything wraps or shards it;
 - activation checkpointing wraps the sliced blocks, and compile compiles the wrapped ones, both before FSDP2, so
   FSDP2's all-gather hooks sit outside the recomputed and the compiled region;
@@ -33,6 +34,7 @@ from bigtrain.parallel.transforms import (
     context_parallel,
     ddp,
     expert_parallel,
+    float8,
     fsdp,
     load_values,
     pipeline_split,
@@ -45,6 +47,7 @@ ORDER: tuple[Transform, ...] = (
     pipeline_split.TRANSFORM,
     tensor_parallel.TRANSFORM,
     expert_parallel.TRANSFORM,
+    float8.TRANSFORM,
     chunked_loss.TRANSFORM,
     activation_checkpoint.TRANSFORM,
     compile_blocks.TRANSFORM,

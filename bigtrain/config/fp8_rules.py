@@ -1,0 +1,35 @@
+"""The capability table's rows about FP8 training (``train.fp8``): where the float8 transform does not run yet.
+
+``capabilities.py`` lists them in ``RULES`` with the rest; each returns the one line a user gets, or None.
+"""
+
+from __future__ import annotations
+
+from bigtrain.config.schema import ADAPTER_METHODS
+from bigtrain.config.setup import Setup
+
+
+def fp8_with_deepspeed(s: Setup) -> str | None:
+    if s.train.fp8 != "none" and s.plan.backend == "deepspeed":
+        return (
+            f"train.fp8={s.train.fp8} converts the blocks' linears for the torch-native engines; the deepspeed "
+            "backend does not run them yet: set train.fp8=none or use backend fsdp2"
+        )
+    return None
+
+
+def fp8_with_tp_or_pp(s: Setup) -> str | None:
+    p = s.plan
+    if s.train.fp8 == "none" or (p.tp == 1 and p.pp == 1):
+        return None
+    degree = f"parallel.tp={p.tp}" if p.tp > 1 else f"parallel.pp={p.pp}"
+    return f"train.fp8={s.train.fp8} with {degree} is not built yet: set train.fp8=none or that degree to 1"
+
+
+def fp8_with_adapters(s: Setup) -> str | None:
+    if s.train.fp8 != "none" and s.train.method in ADAPTER_METHODS:
+        return (
+            f"train.fp8={s.train.fp8} with train.method={s.train.method} is not built yet (the frozen base would be "
+            "cast to FP8 in every step); set train.fp8=none"
+        )
+    return None
