@@ -25,6 +25,12 @@ def labeled_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
 
 
+# train.compile: the same loss through inductor, which fuses the fp32 upcast into the log-softmax and keeps only the
+# compute-dtype logits and one log-sum-exp per row for backward (eager keeps fp32 copies of the whole logits: on
+# Llama-3.2-1B at 16k tokens, 14 GiB of a 62 GiB peak on an H100). Compiled on first call; wrapping it costs nothing.
+compiled_labeled_loss_sum = torch.compile(labeled_loss_sum)
+
+
 def chunked_loss_sum(
     hidden: torch.Tensor, labels: torch.Tensor, head: nn.Module, chunk_tokens: int, autocast: torch.dtype | None
 ) -> torch.Tensor:
@@ -55,7 +61,7 @@ def token_loss_sum(built: BuiltModel, logits: torch.Tensor, labels: torch.Tensor
     """The summed token loss of one micro-batch from the model's output: its logits, or under a chunked loss
     (``built.loss_head``) its final hidden states."""
     if built.loss_head is None:
-        return labeled_loss_sum(logits, labels)
+        return (compiled_labeled_loss_sum if built.compile_loss else labeled_loss_sum)(logits, labels)
     return chunked_loss_sum(logits, labels, built.loss_head, built.plan.loss_chunk_tokens, built.autocast_dtype)
 
 

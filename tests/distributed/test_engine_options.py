@@ -67,8 +67,10 @@ def test_compile_compiles_every_decoder_block_in_place(ac: str):
         blocks = list(model.model.layers)
         assert len(blocks) == TINY_LLAMA["num_hidden_layers"]
         assert all(block._compiled_call_impl is not None for block in blocks)
+        assert engine.built.compile_loss  # the loss runs compiled too (tests/unit/test_compiled_loss.py)
         names = [n for n, _ in model.named_parameters()]
         assert not any("_orig_mod" in n for n in names)
         plain, _ = make_engine([f"parallel.activation_checkpointing={ac}"])
         assert names == [n for n, _ in plain.parts[0].named_parameters()]
         assert all(block._compiled_call_impl is None for block in plain.parts[0].model.layers)
+        assert not plain.built.compile_loss

@@ -38,6 +38,7 @@ class BuildOptions:
     mixed_precision: str = "fp32"
     attn_implementation: str = "sdpa"
     compile: bool = False  # train.compile
+    fp8: str = "none"  # train.fp8: none, tensorwise or rowwise
     method: str = "full"  # train.method, resolved: full, lora or qlora
     lora: AdapterConfig = field(default_factory=AdapterConfig)  # the lora section (read by lora and qlora)
     pretrained: str | None = None  # a HF folder to read the values from (model.name_or_path); None: HF's init
@@ -82,6 +83,10 @@ class BuiltModel:
     loss_head: nn.Module | None = None
     # parallel.ep: the experts modules expert_parallel split over the ep ranks (FSDP2 shards them on their own mesh)
     experts: list[nn.Module] = field(default_factory=list)
+    # train.fp8 under FSDP2 on CUDA (tensorwise): weights all-gathered in FP8, their scales precomputed after each step
+    fp8_all_gather: bool = False
+    # train.compile: the loss (engine/loss.py) runs compiled too
+    compile_loss: bool = False
     _block_slots: dict[int, list[tuple[nn.Module, str]]] = field(default_factory=dict, repr=False)
 
     @property

@@ -1,4 +1,4 @@
-"""``train.compile``: ``torch.compile`` each decoder block, in place.
+"""``train.compile``: ``torch.compile`` each decoder block, in place, and the loss (``engine/loss.py``).
 
 After tensor parallelism and activation checkpointing and before FSDP2 (torchtitan's order): the compiled region is
 the block with its recompute wrapper, and FSDP2's hooks stay outside it. ``Module.compile`` compiles in place, so
@@ -16,6 +16,7 @@ def _compile_blocks(built: BuiltModel, ctx: BuildContext) -> None:
     for part in range(len(built.parts)):
         for block in built.blocks(part):
             block.compile()
+    built.compile_loss = True
 
 
 TRANSFORM = Transform(name="compile", wanted=lambda options: options.compile, apply=_compile_blocks)
