@@ -58,6 +58,18 @@ EXPOSED_FRACTION = 0.10
 CPU_ADAM_PARAMS_PER_S = 1.0e9  # DeepSpeed CPU-Adam order of magnitude per GPU's share of host cores
 OPS_PER_BLOCK = 60  # operators one decoder block launches per micro-step in eager mode (~20 forward, ~40 backward)
 HALF_EFFICIENCY_TOKENS = 256  # tokens per micro-batch at which the GPU reaches half its large-matmul efficiency
+# train.compile, from the H100 runs (bench/results/side_by_side_h100.md, with bigtrain probe's H100 profile): inductor
+# fuses each block's element-wise chains (a third of eager's passes, and a third of its operators launched) and the
+# compiled loss moves ~8 bytes per logit (bf16 logits read twice, their gradient written, one log-sum-exp per row)
+# against eager's 40.
+COMPILED_ELEMENTWISE_SHARE = 1 / 3
+COMPILED_LOSS_BYTES_PER_LOGIT = 8.0
+# train.fp8: each float8 linear casts its input (forward) and its output gradient (backward) with scales from amax
+# passes, rowwise along both axes for the weight gradient. Per element of those tensors: a bytes (eager: 2a, the amax
+# read apart) plus FP8_CAST_EXTRA_BYTES, an effective figure fitted to the H100 runs, not an itemised count: with 3
+# (one float8 write and a transposed copy) the model predicted 27% under the measured fp8 step at 1B while it is 14%
+# under for bf16 compile; 12 puts both at the same ratio (rowwise, compiled, 1B and Llama-3-8B's width).
+FP8_CAST_EXTRA_BYTES = 12
 MEMORY_ACHIEVABLE = 0.7  # of the datasheet memory bandwidth, for streaming element-wise work (QLoRA's dequantisation)
 
 
@@ -93,7 +105,31 @@ def elementwise_forward_bytes(stats: ModelStats, plan: Plan, a: int) -> float:
     return whole + (19 * a * h + 5 * a * f) / plan.tp
 
 
-def memory_bound_bytes(stats: ModelStats, plan: Plan, tokens: float, a: int, trained: float | None = None) -> float:
+def fp8_peak(cluster: Cluster, recipe: str, micro_tokens: int, saturation: float) -> float:
+    """FLOP/s of the float8 matmuls: the probed ``_scaled_mm`` rate of ``recipe`` at the nearest shape, else the
+    datasheet's FP8 peak at the bf16 path's achievable fraction; 0 on a GPU without FP8."""
+    measured = measured_rate(cluster.gpu, f"fp8-{recipe}", micro_tokens)
+    if measured is not None:
+        return measured * 1e12
+    return cluster.gpu.fp8_tflops * 1e12 * ACHIEVABLE * saturation
+
+
+def fp8_cast_bytes(stats: ModelStats, plan: Plan, tokens: float, a: int, workload: Workload) -> float:
+    """Bytes train.fp8's casts move in one step on one rank (FP8_CAST_EXTRA_BYTES): per token and block, the inputs
+    of the seven projections (q, k, v, gate, up: the hidden state each; o: the attention output; down: the
+    intermediate) and their output gradients, split by tp."""
+    if workload.fp8 == "none":
+        return 0.0
+    h, f, kv = stats.hidden, stats.ffn, stats.kv_width
+    elements = (6 * h + f) + (3 * h + 2 * kv + 2 * f)
+    per_element = (a if workload.compile else 2 * a) + FP8_CAST_EXTRA_BYTES
+    passes = 1 + (recomputed_share(stats, plan) if plan.activation_checkpointing == "full" else 0)
+    return per_element * elements / plan.tp * passes * stage_layers(stats, plan.pp) * tokens
+
+
+def memory_bound_bytes(
+    stats: ModelStats, plan: Plan, tokens: float, a: int, trained: float | None = None, compiled: bool = False
+) -> float:
     """Bytes one rank's element-wise work moves in one step (reads + writes), for ``tokens`` tokens of that rank.
 
     Per token and block, counted pass by pass over HF's Llama block in eager mode, in units of a (the compute
@@ -103,13 +139,15 @@ def memory_bound_bytes(stats: ModelStats, plan: Plan, tokens: float, a: int, tra
     layout copies (3a·h), SwiGLU (silu and product: 5 passes over the intermediate width, 5a·f), split by tp.
     Backward moves about twice the forward's bytes; full checkpointing repeats the forward. The loss: ~40 bytes per
     logit (fp32 upcast, log-softmax, its backward, the downcast). AdamW: 28 bytes per fp32 parameter of the rank's
-    shard (reads p, g, m, v; writes p, m, v); none on the device when the optimizer is offloaded.
+    shard (reads p, g, m, v; writes p, m, v); none on the device when the optimizer is offloaded. ``compiled``
+    (train.compile): COMPILED_ELEMENTWISE_SHARE of the blocks' bytes, COMPILED_LOSS_BYTES_PER_LOGIT for the loss.
     """
     layers = stage_layers(stats, plan.pp)
     forward = elementwise_forward_bytes(stats, plan, a)
     passes = 3 + (recomputed_share(stats, plan) if plan.activation_checkpointing != "none" else 0)
-    elementwise = passes * forward * layers * tokens
-    loss = 40.0 * stats.vocab / (plan.tp if plan.loss_parallel else 1) * tokens
+    elementwise = passes * forward * layers * tokens * (COMPILED_ELEMENTWISE_SHARE if compiled else 1.0)
+    per_logit = COMPILED_LOSS_BYTES_PER_LOGIT if compiled and not plan.loss_chunk_tokens else 40.0
+    loss = per_logit * stats.vocab / (plan.tp if plan.loss_parallel else 1) * tokens
     blocks, root = stage_params(stats, plan)
     offloaded = plan.offload_params or plan.offload_optimizer
     updated = blocks + root if trained is None else trained
@@ -268,12 +306,19 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     if measured is not None:  # a probed profile: the rate this machine achieved at the nearest shape
         peak = measured * 1e12
     compute = (per_token + extra) * tokens / world / peak
+    if workload.fp8 != "none":  # the blocks' projections at the FP8 rate, the rest (attention scores, head) as before
+        linear = 3.0 * stats.layers * (stats.block_forward_flops(seq_len) - stats.attention_forward_flops(seq_len))
+        fp8_rate = fp8_peak(cluster, workload.fp8, micro_tokens, saturation)
+        if fp8_rate:
+            compute -= linear * tokens / world * (1 / peak - 1 / fp8_rate)
     if measured is not None and cluster.gpu.copy_gbps > 0:
         # tokens per rank: the dp ranks split the batch and the cp ranks each row; tp ranks see the same tokens, pp
         # stages each see all of them
         rank_tokens = tokens / plan.dp / plan.cp
         trained = trained_params(stats, workload) / plan.tp if workload.adapters else None
-        compute += memory_bound_bytes(stats, plan, rank_tokens, a, trained) / (cluster.gpu.copy_gbps * 1e9)
+        moved = memory_bound_bytes(stats, plan, rank_tokens, a, trained, compiled=workload.compile)
+        moved += fp8_cast_bytes(stats, plan, rank_tokens, a, workload)
+        compute += moved / (cluster.gpu.copy_gbps * 1e9)
     bandwidth = cluster.gpu.copy_gbps or cluster.gpu.memory_gbps * MEMORY_ACHIEVABLE
     compute += micro_batches * dequant_bytes(stats, plan, workload) / (bandwidth * 1e9)
     if plan.activation_checkpointing == "selective" and not (measured is not None and cluster.gpu.copy_gbps > 0):
@@ -283,7 +328,8 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
         compute += redo * tokens / plan.dp / plan.cp / (bandwidth * 1e9)
     # the floor: every micro-step launches each block's operators, whatever their size
     layers = stage_layers(stats, plan.pp)
-    compute += micro_batches * layers * OPS_PER_BLOCK * cluster.gpu.op_overhead_s
+    ops = OPS_PER_BLOCK * (COMPILED_ELEMENTWISE_SHARE if workload.compile else 1.0)
+    compute += micro_batches * layers * ops * cluster.gpu.op_overhead_s
     if plan.pp > 1:
         # pipeline bubble: p - 1 idle slots of one stage's micro-batch time; the looped schedules run v stages of
         # 1/v the layers per rank, so their slots are v times shorter (Narayanan et al. 2021, sec. 2.2)

@@ -31,6 +31,7 @@ from bigtrain.planner.memory_terms import (
     MemoryEstimate,
     activation_bytes,
     block_activation_bytes_per_token,
+    compiled_activation_bytes,
     device_margin,
     gathered_block_params,
     logits_bytes,
@@ -75,7 +76,10 @@ def estimate_data_parallel_memory(stats: ModelStats, plan: Plan, workload: Workl
             head = 0 if plan.loss_chunk_tokens else stats.vocab * stats.hidden // plan.tp  # chunks recompute it
             gathered = a * (kept + head)
         optimizer_temp = 4 * psi
-    activations = activation_bytes(stats, plan, seq_len, a) + logits_bytes(stats, plan, seq_len, a)
+    if workload.compile:
+        activations = compiled_activation_bytes(stats, plan, seq_len, a)
+    else:
+        activations = activation_bytes(stats, plan, seq_len, a) + logits_bytes(stats, plan, seq_len, a)
     # the parts at each moment: (grads, activations, other); params and optimizer states are the same in all
     at_loss = (accumulated, activations, gathered)
     at_step = (grads, 0, optimizer_temp)

@@ -13,6 +13,8 @@ Sources of the table (vendor datasheets; dense, i.e. without 2:4 sparsity):
 - V100 SXM2 32 GB: 125 TFLOP/s fp16 tensor cores (no bf16), NVLink 2 at 300 GB/s (150 each way).
 - Memory bandwidth (HBM or GDDR, GB/s): H100 SXM 3350, H200 4800, B200 8000, A100 80 GB 2039, 40 GB 1555, L40S 864,
   L4 300, A10G 600, RTX 4090 1008, V100 900.
+- FP8 tensor cores (dense, e4m3 with fp32 accumulation, the datasheets' sparse figures halved): H100 / H200 1979,
+  B200 4500, L40S 733, L4 242, RTX 4090 330; none on A100, A10G, V100 (compute capability below 8.9).
 Memory is the usable capacity torch reports (``torch.cuda.mem_get_info`` total), in GiB.
 """
 
@@ -48,20 +50,22 @@ class GPU:
     # datasheet memory bandwidth (GB/s): the rate of streaming element-wise work without a probe (QLoRA's
     # dequantisation)
     memory_gbps: float = 2000.0
+    # dense FP8 tensor-core peak (TFLOP/s); 0: the GPU has no FP8 matmul (train.fp8 cannot run on it)
+    fp8_tflops: float = 0.0
 
 
 KNOWN_GPUS: dict[str, GPU] = {
     g.name: g
     for g in [
-        GPU("H100", int(79.1 * GiB), 989.0, 450.0, 50.0, 64.0, memory_gbps=3350.0),
-        GPU("H200", int(139.8 * GiB), 989.0, 450.0, 50.0, 64.0, memory_gbps=4800.0),
-        GPU("B200", int(178.0 * GiB), 2250.0, 900.0, 100.0, 64.0, memory_gbps=8000.0),
+        GPU("H100", int(79.1 * GiB), 989.0, 450.0, 50.0, 64.0, memory_gbps=3350.0, fp8_tflops=1979.0),
+        GPU("H200", int(139.8 * GiB), 989.0, 450.0, 50.0, 64.0, memory_gbps=4800.0, fp8_tflops=1979.0),
+        GPU("B200", int(178.0 * GiB), 2250.0, 900.0, 100.0, 64.0, memory_gbps=8000.0, fp8_tflops=4500.0),
         GPU("A100-80GB", int(79.2 * GiB), 312.0, 300.0, 25.0, 32.0, memory_gbps=2039.0),
         GPU("A100-40GB", int(39.4 * GiB), 312.0, 300.0, 25.0, 32.0, memory_gbps=1555.0),
-        GPU("L40S", int(44.4 * GiB), 362.0, 32.0, 12.5, 32.0, memory_gbps=864.0),
-        GPU("L4", int(22.0 * GiB), 121.0, 32.0, 12.5, 32.0, memory_gbps=300.0),
+        GPU("L40S", int(44.4 * GiB), 362.0, 32.0, 12.5, 32.0, memory_gbps=864.0, fp8_tflops=733.0),
+        GPU("L4", int(22.0 * GiB), 121.0, 32.0, 12.5, 32.0, memory_gbps=300.0, fp8_tflops=242.0),
         GPU("A10G", int(22.0 * GiB), 125.0, 32.0, 12.5, 32.0, memory_gbps=600.0),
-        GPU("RTX4090", int(23.6 * GiB), 165.0, 32.0, 12.5, 32.0, memory_gbps=1008.0),
+        GPU("RTX4090", int(23.6 * GiB), 165.0, 32.0, 12.5, 32.0, memory_gbps=1008.0, fp8_tflops=330.0),
         GPU("V100-32GB", int(31.7 * GiB), 125.0, 150.0, 12.5, 16.0, memory_gbps=900.0),
     ]
 }

@@ -45,7 +45,10 @@ def load_profile(path: str | Path) -> dict[str, Any]:
 
 
 def matmul_rates(profile: dict[str, Any]) -> tuple[tuple[str, int, float], ...]:
-    return tuple((str(r["dtype"]), int(r["m"]), float(r["tflops"])) for r in profile["matmul"])
+    """(dtype, m, TFLOP/s) of every measured product; the float8 ones as ``fp8-tensorwise`` / ``fp8-rowwise``."""
+    rows = [(str(r["dtype"]), int(r["m"]), float(r["tflops"])) for r in profile["matmul"]]
+    rows += [(f"fp8-{r['scaling']}", int(r["m"]), float(r["tflops"])) for r in profile.get("fp8_matmul", [])]
+    return tuple(rows)
 
 
 def link_gbps(profile: dict[str, Any]) -> float | None:
