@@ -66,9 +66,16 @@ class Rank0Case:
     global_batch: int
     precision: str = "bf16"
     compile: bool = False
+    fp8: str = "none"  # train.fp8
     steps: int = 5  # the first `warmup` are not timed
     warmup: int = 2
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def workload(self):  # noqa: ANN201 - bigtrain is imported inside the case's process
+        from bigtrain.config.workload import Workload
+
+        return Workload(seq_len=self.seq_len, global_batch_size=self.global_batch, mixed_precision=self.precision,
+                        compile=self.compile, fp8=self.fp8)
 
 
 def _fsdp(zero: int, mb: int, ac: str = "none", **kw: Any) -> dict[str, Any]:
@@ -105,6 +112,28 @@ CASES = [
     Rank0Case("1b-1gpu-mb8-compile", "llama-1b", 1, _fsdp(2, 8), 2048, 8, compile=True, steps=6, warmup=3),
     Rank0Case("1b-1gpu-mb8-full-compile", "llama-1b", 1, _fsdp(2, 8, "full"), 2048, 8, compile=True, steps=6, warmup=3),
 ]
+# The regret grid on one GPU (bench/gpu/regret_gpu.py reads its results): every single-GPU plan of micro-batch x
+# checkpointing x (eager, compile, compile + fp8 rowwise) on FSDP2, and micro-batch x checkpointing on DDP (eager),
+# Llama-3.2-1B, 8 sequences of 2048 tokens per step.
+GRID = [
+    Rank0Case(
+        f"grid-{backend}-mb{mb}-{ac}-{variant}",
+        "llama-1b",
+        1,
+        {"backend": backend, "micro_batch_size": mb, "activation_checkpointing": ac}
+        | ({"zero_stage": 2} if backend == "fsdp2" else {}),
+        2048,
+        8,
+        compile=variant != "eager",
+        fp8="rowwise" if variant == "fp8" else "none",
+        steps=6 if variant != "eager" else 5,
+        warmup=3 if variant != "eager" else 2,
+    )
+    for backend, variants in (("fsdp2", ("eager", "compile", "fp8")), ("ddp", ("eager",)))
+    for variant in variants
+    for mb in (2, 8)
+    for ac in ("none", "full")
+]
 # Not here: pp plans. torch's pipeline schedule exchanges stage metadata with recv_object_list before the first
 # step, whose size the fake process group cannot answer.
 
@@ -130,7 +159,8 @@ def run_one(case: Rank0Case) -> dict[str, Any]:
     raw = {
         "model": {"config": MODELS[case.model]},
         "data": {"seq_len": case.seq_len},
-        "train": {"global_batch_size": case.global_batch, "mixed_precision": case.precision, "compile": case.compile},
+        "train": {"global_batch_size": case.global_batch, "mixed_precision": case.precision, "compile": case.compile}
+        | ({"fp8": case.fp8} if case.fp8 != "none" else {}),
         "parallel": case.parallel,
     }
     cfg: RecipeConfig = build_dataclass(RecipeConfig, raw, "")
@@ -267,8 +297,9 @@ def main() -> int:
         "--repredict", action="store_true", help="with --report: the predictions of today's planner, not the recorded"
     )
     parser.add_argument("--profile", help="with --repredict: time with this bigtrain probe profile (e.g. the H200's)")
+    parser.add_argument("--budget", type=float, default=1e9, help="seconds for all cases; later cases are skipped")
     args = parser.parse_args()
-    by_name = {c.name: c for c in CASES}
+    by_name = {c.name: c for c in CASES + GRID}
     if args.list:
         for c in CASES:
             print(c.name, json.dumps(asdict(c)))
@@ -285,13 +316,25 @@ def main() -> int:
                 result.update(predict(by_name[name], result["plan"], args.profile))
             print(f"| {name} | failed: {error[-1][:200]} |" if error else table_row(by_name[name], result))
         return 0
-    names = args.cases.split(",") if args.cases else list(by_name)
+    names = args.cases.split(",") if args.cases else [c.name for c in CASES]
+    if names == ["grid"]:
+        names = [c.name for c in GRID]
     print(HEADER)
+    start = time.monotonic()
     for name in names:
         case = by_name[name]
-        proc = subprocess.run(
-            [sys.executable, __file__, "--one", name], capture_output=True, text=True, cwd=REPO, timeout=900
-        )
+        left = args.budget - (time.monotonic() - start)
+        if left < 20:
+            print(f"| {name} | skipped: the budget is spent |", flush=True)
+            continue
+        try:
+            proc = subprocess.run(
+                [sys.executable, __file__, "--one", name], capture_output=True, text=True, cwd=REPO,
+                timeout=min(900, left),
+            )
+        except subprocess.TimeoutExpired:
+            print(f"| {name} | over the time left ({left:.0f} s) |", flush=True)
+            continue
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:
             err = (proc.stderr.strip().splitlines() or ["no output"])[-1]

@@ -29,6 +29,13 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # (m, k, n): m tokens of a micro-batch through a k -> n projection, and one square product
 GPU_SHAPES = [(2048, 2048, 2048), (8192, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096), (8192, 8192, 8192)]
 CPU_SHAPES = [(256, 256, 256), (1024, 1024, 1024)]
+# The projections of a decoder block as tensor parallelism splits them: (hidden, ffn) of Llama-3.2-1B, Llama-3-8B and
+# Llama-3-70B, each column-parallel (k -> n/tp) and row-parallel (k/tp -> n) at tp 1-8, for two micro-batch sizes:
+# how a matmul's rate falls as tp makes it smaller (the planner's tp time term).
+PROJECTION_WIDTHS = [(2048, 8192), (4096, 14336), (8192, 28672)]
+PROJECTION_TOKENS = [2048, 8192]
+TP_DEGREES = [1, 2, 4, 8]
+FP8_SHAPES = [(8192, 2048, 8192), (8192, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096), (8192, 8192, 8192)]
 GPU_COLLECTIVE_MIB = [1, 16, 256]
 CPU_COLLECTIVE_MIB = [1, 16]
 MAX_CALL_S = 0.25  # a shape whose product would take longer than this at the rate just measured is not timed
@@ -79,6 +86,51 @@ def matmul_rates(
                 del a, b
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
+    return out
+
+
+def projection_shapes() -> list[tuple[int, int, int]]:
+    """(m, k, n) of the column- and row-parallel projections of PROJECTION_WIDTHS at every tp degree."""
+    shapes = set()
+    for hidden, ffn in PROJECTION_WIDTHS:
+        for tp in TP_DEGREES:
+            for m in PROJECTION_TOKENS:
+                shapes |= {(m, hidden, hidden // tp), (m, hidden // tp, hidden), (m, hidden, ffn // tp),
+                           (m, ffn // tp, hidden)}
+    return sorted(shapes)
+
+
+def projection_rates(device: torch.device) -> list[dict[str, Any]]:
+    """bf16 TFLOP/s of every projection shape (``projection_shapes``)."""
+    out = []
+    for m, k, n in projection_shapes():
+        a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+        seconds = median_seconds(lambda a=a, b=b: torch.mm(a, b), device)
+        out.append({"dtype": "bf16", "m": m, "k": k, "n": n, "tflops": 2 * m * k * n / seconds / 1e12})
+    return out
+
+
+def fp8_rates(device: torch.device) -> list[dict[str, Any]]:
+    """TFLOP/s of ``torch._scaled_mm`` in float8 e4m3 with bf16 output, one scale per tensor and one per row (the
+    products float8 training runs), on GPUs with FP8 tensor cores (compute capability 8.9 or later); else nothing."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        return []
+    out = []
+    for m, k, n in FP8_SHAPES:
+        a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
+        scales = {
+            "tensorwise": (torch.ones((), device=device), torch.ones((), device=device)),
+            "rowwise": (torch.ones(m, 1, device=device), torch.ones(1, n, device=device)),
+        }
+        for recipe, (sa, sb) in scales.items():
+            def product(a=a, b=b, sa=sa, sb=sb):
+                return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+            seconds = median_seconds(product, device)
+            out.append({"dtype": "fp8", "scaling": recipe, "m": m, "k": k, "n": n,
+                        "tflops": 2 * m * k * n / seconds / 1e12})
     return out
 
 
@@ -138,6 +190,8 @@ def probe(device: torch.device) -> dict[str, Any]:
     }
     if cuda:
         profile["memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
+        profile["projections"] = projection_rates(device)
+        profile["fp8_matmul"] = fp8_rates(device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         profile["collectives"] = collective_bandwidth(device, GPU_COLLECTIVE_MIB if cuda else CPU_COLLECTIVE_MIB)
         profile["backend"] = dist.get_backend()
