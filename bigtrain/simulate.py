@@ -26,7 +26,7 @@ gradient sync, global-norm clipping, AdamW. What the simulator adds is only the 
   bytes per local logit in bf16 (the excess does not shrink with tp) where the same step on real tensors holds 16
   (``real_tensors=True``, three models). Such plans are refused on fake tensors; ``real_tensors=True`` runs the step
   on real (uninitialised) CPU tensors instead, which is affordable at test widths only.
-- ``train.compile`` is not simulated (the blocks run eagerly): the planner does not model compile's memory yet.
+- ``train.compile`` is not simulated (the blocks run eagerly): the planner's compiled terms are measured on a GPU.
 - Pipelined plans (pp > 1) run torch's own schedule over the trainer's stages, once for every pp coordinate (each
   holds other layers and keeps other micro-batches in flight), with every micro-batch of the step. Three things
   differ from the other plans: the schedule's start-up vote over the pp ranks (STATIC shapes or not) is answered as

@@ -17,7 +17,7 @@ import yaml
 
 from bigtrain.config.load import check_minimum, coerce
 from bigtrain.config.plan import ZERO_STAGES
-from bigtrain.config.schema import METHODS, PRECISIONS, ParallelConfig
+from bigtrain.config.schema import FP8_CHOICES, METHODS, PRECISIONS, ParallelConfig
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.explain import render_table, to_json, what_would_fit
@@ -53,6 +53,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="plan for train.compile true or false (default: the recipe's): plans it cannot run are not offered",
+    )
+    parser.add_argument(
+        "--fp8",
+        choices=FP8_CHOICES,
+        help="plan for train.fp8 (default: the recipe's, else none); auto: the planner weighs none, tensorwise and "
+        "rowwise where --hardware-profile measured FP8 matmuls",
     )
     parser.add_argument(
         "--hardware-profile",
@@ -135,7 +141,8 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
     else:
         batch = max(1, DEFAULT_TOKENS_PER_STEP // seq_len // gpus) * gpus
     precision = args.mixed_precision or (recipe.train.mixed_precision if recipe else "bf16")
-    compile_blocks = args.compile if args.compile is not None else bool(recipe and recipe.train.compile)
+    compile_blocks = args.compile if args.compile is not None else (recipe.train.compile if recipe else False)
+    fp8 = getattr(args, "fp8", None) or (recipe.train.fp8 if recipe else "none")
     method = args.method or (recipe.train.method if recipe else "full")
     lora_rank = args.lora_r or (recipe.lora.r if recipe else 16)
     if lora_rank < 1:
@@ -145,6 +152,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         global_batch_size=batch,
         mixed_precision=precision,
         compile=compile_blocks,
+        fp8=fp8,
         method=method,
         lora_rank=lora_rank,
         modules_to_save=tuple(recipe.lora.modules_to_save or ()) if recipe else (),

@@ -10,7 +10,7 @@ from bigtrain.config.setup import Setup
 
 
 def fp8_with_deepspeed(s: Setup) -> str | None:
-    if s.train.fp8 != "none" and s.plan.backend == "deepspeed":
+    if s.train.fp8 not in ("none", "auto") and s.plan.backend == "deepspeed":
         return (
             f"train.fp8={s.train.fp8} converts the blocks' linears for the torch-native engines; the deepspeed "
             "backend does not run them yet: set train.fp8=none or use backend fsdp2"
@@ -20,14 +20,14 @@ def fp8_with_deepspeed(s: Setup) -> str | None:
 
 def fp8_with_tp_or_pp(s: Setup) -> str | None:
     p = s.plan
-    if s.train.fp8 == "none" or (p.tp == 1 and p.pp == 1):
+    if s.train.fp8 in ("none", "auto") or (p.tp == 1 and p.pp == 1):
         return None
     degree = f"parallel.tp={p.tp}" if p.tp > 1 else f"parallel.pp={p.pp}"
     return f"train.fp8={s.train.fp8} with {degree} is not built yet: set train.fp8=none or that degree to 1"
 
 
 def fp8_with_adapters(s: Setup) -> str | None:
-    if s.train.fp8 != "none" and s.train.method in ADAPTER_METHODS:
+    if s.train.fp8 not in ("none", "auto") and s.train.method in ADAPTER_METHODS:
         return (
             f"train.fp8={s.train.fp8} with train.method={s.train.method} is not built yet (the frozen base would be "
             "cast to FP8 in every step); set train.fp8=none"

@@ -63,7 +63,7 @@ def router_loss_with_pp_or_cp(s: Setup) -> str | None:
 
 
 def compile_with_deepspeed(s: Setup) -> str | None:
-    if s.train.compile and s.plan.backend == "deepspeed":
+    if s.train.compile is True and s.plan.backend == "deepspeed":
         return (
             "train.compile=true compiles decoder blocks for the torch-native engines; the deepspeed backend does "
             "not compile them yet: set train.compile=false or use backend fsdp2"

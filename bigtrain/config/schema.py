@@ -19,7 +19,7 @@ DataFormat = Literal["auto", "text", "chat", "instruction"]
 Packing = Literal["stream", "documents", "pad"]
 LogTo = Literal["jsonl", "tensorboard"]
 Method = Literal["full", "lora", "qlora", "auto"]
-Fp8 = Literal["none", "tensorwise", "rowwise"]
+Fp8 = Literal["none", "tensorwise", "rowwise", "auto"]
 PipelineSchedule = Literal[
     "1f1b", "gpipe", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble", "dual_pipe_v"
 ]
@@ -31,6 +31,7 @@ CHECKPOINTING: tuple[str, ...] = get_args(Checkpointing)
 GRAD_REDUCE: tuple[str, ...] = get_args(GradReduce)
 PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 METHODS: tuple[str, ...] = get_args(Method)
+FP8_CHOICES: tuple[str, ...] = get_args(Fp8)
 ADAPTER_METHODS: tuple[str, ...] = ("lora", "qlora")
 
 
@@ -130,9 +131,10 @@ class TrainConfig:
         "Initial loss scale under fp16; halved on every overflow, doubled after 2000 clean steps.", default=65536.0
     )
     seed: int = doc("Seed of the data order and of from-scratch initialisation.", default=0)
-    compile: bool = doc(
-        "torch.compile each decoder block (after tp and activation checkpointing, before FSDP2, as torchtitan does); "
-        "the first steps pay the compilation.",
+    compile: bool | Literal["auto"] = doc(
+        "torch.compile each decoder block (after tp and activation checkpointing, before FSDP2, as torchtitan does) "
+        "and the loss; the first steps pay the compilation. auto: the planner turns it on where it predicts a faster "
+        "step (decided when the job plans, as train.method auto).",
         default=False,
     )
     fp8: Fp8 = doc(
@@ -140,7 +142,9 @@ class TrainConfig:
         "tensor; under FSDP2 on CUDA the weights are also all-gathered in FP8) or rowwise scaling (one per row). The "
         "LM head, a mixture's router and linears with a dimension that is not a multiple of 16 stay in the compute "
         "dtype. Runs on GPUs with FP8 tensor cores (H100, H200, B200, L40S, L4); elsewhere torchao emulates it "
-        "(slower: for tests). Backends ddp and fsdp2; not with tp, pp or adapters yet.",
+        "(slower: for tests). Backends ddp and fsdp2; not with tp, pp or adapters yet. auto: the planner picks none, "
+        "tensorwise or rowwise by its predicted step, FP8 only where a bigtrain probe profile "
+        "(parallel.hardware_profile) measured FP8 matmuls: the datasheet overstates FP8's gain at small widths.",
         default="none",
     )
     method: Method = doc(

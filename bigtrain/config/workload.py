@@ -19,8 +19,8 @@ class Workload:
     seq_len: int  # tokens per sequence
     global_batch_size: int  # sequences per optimizer step, over every data-parallel rank and micro-step
     mixed_precision: str = "bf16"  # compute dtype: fp32, bf16 or fp16 (train.mixed_precision)
-    compile: bool = False  # train.compile: torch.compile each decoder block
-    fp8: str = "none"  # train.fp8: float8 matmuls in the blocks' linears (tensorwise, rowwise)
+    compile: bool | str = False  # train.compile: torch.compile the blocks and the loss; "auto": the planner decides
+    fp8: str = "none"  # train.fp8: float8 matmuls in the blocks' linears (tensorwise, rowwise; auto: the planner)
     method: str = "full"  # train.method: full, lora, qlora, or auto (the planner chooses)
     lora_rank: int = 16  # lora.r: the adapters' rank under lora and qlora
     modules_to_save: tuple[str, ...] = ()  # lora.modules_to_save: modules trained fully beside the adapters

@@ -25,6 +25,8 @@ CPU = GPU("CPU", 0, peak_tflops=0.5, intra_node_gbps=10.0, inter_node_gbps=1.25,
 class Choice(NamedTuple):
     plan: Plan
     method: str  # train.method as chosen (full, lora, qlora): the workload's own unless it is auto
+    compile: bool | str  # train.compile as chosen (the workload's own unless it is auto)
+    fp8: str  # train.fp8 as chosen (the workload's own unless it is auto)
     table: str  # the explanation (planner/explain.py)
 
 
@@ -66,4 +68,4 @@ def choose_plan(
             f"parallel.plan=auto found no plan the trainer can run on {world_size} x {gpu.name}: best was "
             f"'{best.rejected_because}'; use more devices, a smaller train.global_batch_size or data.seq_len"
         )
-    return Choice(best.plan, best.method, table)
+    return Choice(best.plan, best.method, best.compile, best.fp8, table)

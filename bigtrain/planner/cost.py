@@ -114,6 +114,21 @@ def fp8_peak(cluster: Cluster, recipe: str, micro_tokens: int, saturation: float
     return cluster.gpu.fp8_tflops * 1e12 * ACHIEVABLE * saturation
 
 
+def fp8_seconds_saved(
+    stats: ModelStats, cluster: Cluster, workload: Workload, micro_tokens: int, saturation: float, peak: float
+) -> float:
+    """train.fp8: the seconds the step's projections (all blocks, all tokens) save at the FP8 rate over ``peak``;
+    attention scores and the LM head stay at ``peak``. 0 without FP8 or on a GPU without it."""
+    if workload.fp8 == "none":
+        return 0.0
+    fp8_rate = fp8_peak(cluster, workload.fp8, micro_tokens, saturation)
+    if not fp8_rate:
+        return 0.0
+    seq_len = workload.seq_len
+    linear = 3.0 * stats.layers * (stats.block_forward_flops(seq_len) - stats.attention_forward_flops(seq_len))
+    return linear * workload.tokens * (1 / peak - 1 / fp8_rate)
+
+
 def fp8_cast_bytes(stats: ModelStats, plan: Plan, tokens: float, a: int, workload: Workload) -> float:
     """Bytes train.fp8's casts move in one step on one rank (FP8_CAST_EXTRA_BYTES): per token and block, the inputs
     of the seven projections (q, k, v, gate, up: the hidden state each; o: the attention output; down: the
@@ -306,11 +321,7 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     if measured is not None:  # a probed profile: the rate this machine achieved at the nearest shape
         peak = measured * 1e12
     compute = (per_token + extra) * tokens / world / peak
-    if workload.fp8 != "none":  # the blocks' projections at the FP8 rate, the rest (attention scores, head) as before
-        linear = 3.0 * stats.layers * (stats.block_forward_flops(seq_len) - stats.attention_forward_flops(seq_len))
-        fp8_rate = fp8_peak(cluster, workload.fp8, micro_tokens, saturation)
-        if fp8_rate:
-            compute -= linear * tokens / world * (1 / peak - 1 / fp8_rate)
+    compute -= fp8_seconds_saved(stats, cluster, workload, micro_tokens, saturation, peak) / world
     if measured is not None and cluster.gpu.copy_gbps > 0:
         # tokens per rank: the dp ranks split the batch and the cp ranks each row; tp ranks see the same tokens, pp
         # stages each see all of them

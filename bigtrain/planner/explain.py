@@ -52,8 +52,10 @@ def describe(plan: Plan) -> str:
 
 
 def _name(c: Candidate) -> str:
-    """The plan's name, led by the method when it is not full fine-tuning."""
-    return describe(c.plan) if c.method == "full" else f"{c.method} {describe(c.plan)}"
+    """The plan's name, led by the method when it is not full fine-tuning, with the compile and FP8 it was timed
+    for (train.compile / train.fp8 auto)."""
+    name = describe(c.plan) if c.method == "full" else f"{c.method} {describe(c.plan)}"
+    return name + (" compile" if c.compile is True else "") + (f" fp8={c.fp8}" if c.fp8 != "none" else "")
 
 
 def _row(c: Candidate) -> str:
@@ -84,7 +86,8 @@ def render_table(
         f"hidden {stats.hidden}, "
         f"vocab {stats.vocab} | {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpu.memory_bytes / GiB:.1f} GiB, "
         f"{cluster.gpus_per_node} per node) | global batch {workload.global_batch_size} x seq {workload.seq_len}"
-        + (" | train.compile" if workload.compile else "")
+        + (f" | train.compile {workload.compile}".replace(" True", "") if workload.compile else "")
+        + (f" | train.fp8 {workload.fp8}" if workload.fp8 != "none" else "")
         + (f" | method {workload.method}" if workload.method != "full" else ""),
         "",
         head,

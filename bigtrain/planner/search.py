@@ -65,6 +65,8 @@ class Candidate:
     unsupported: str | None  # why it is not offered: the trainer cannot run it yet, or its terms are unchecked
     predict_time: Callable[[Plan], TimeEstimate] = field(repr=False, compare=False)
     method: str = "full"  # the train.method it was predicted for
+    compile: bool = False  # the train.compile it was predicted for
+    fp8: str = "none"  # the train.fp8 it was predicted for
 
     @property
     def offloads(self) -> bool:
@@ -88,6 +90,8 @@ class Candidate:
         return {
             "plan": self.plan.to_dict(),
             "method": self.method,
+            "compile": self.compile,
+            "fp8": self.fp8,
             "memory": self.memory.to_dict(),
             "time": self.time.to_dict(),
             "fits": fits,
@@ -260,7 +264,23 @@ def search(
     With ``workload.method`` auto, every method's candidates, the preferred method's best first (``rank_methods``)."""
     if workload.method == "auto":
         return rank_methods([search(stats, cluster, replace(workload, method=m), fixed) for m in AUTO_METHODS])
+    if workload.compile == "auto" or workload.fp8 == "auto":
+        every = [c for w in speed_workloads(workload, cluster) for c in _search_method(stats, cluster, w, fixed or {})]
+        return _rank([c for c in every if c.runnable]) + _rank([c for c in every if not c.runnable])
     return _search_method(stats, cluster, workload, fixed or {})
+
+
+def speed_workloads(workload: Workload, cluster: Cluster) -> list[Workload]:
+    """``train.compile`` / ``train.fp8`` auto: the concrete workloads weighed. Compile on and off; FP8 none, and
+    tensorwise and rowwise only where the GPU's profile measured FP8 matmuls (``bigtrain probe`` on a GPU with FP8
+    tensor cores): on the datasheet's peak alone the model predicts gains the H100 runs did not show at small
+    widths (bench/results/side_by_side_h100.md)."""
+    compiles = [False, True] if workload.compile == "auto" else [workload.compile]
+    fp8s = [workload.fp8]
+    if workload.fp8 == "auto":
+        measured = {dtype for dtype, _, _ in cluster.gpu.measured_tflops}
+        fp8s = ["none"] + [r for r in ("tensorwise", "rowwise") if f"fp8-{r}" in measured and cluster.gpu.fp8_tflops]
+    return [replace(workload, compile=c, fp8=f) for c in compiles for f in fp8s]
 
 
 def rank_methods(per_method: list[list[Candidate]]) -> list[Candidate]:
@@ -305,7 +325,12 @@ def _search_method(stats: ModelStats, cluster: Cluster, workload: Workload, fixe
                 f"needs {host / GiB:.0f} GiB of host memory per node for its offload > "
                 f"{cluster.host_bytes_per_node / GiB:.0f} GiB (--host-memory)"
             )
-        out.append(Candidate(plan, mem, reason is None, reason, not_offered, predict_time, workload.method))
+        out.append(
+            Candidate(
+                plan, mem, reason is None, reason, not_offered, predict_time, workload.method, workload.compile,
+                workload.fp8,
+            )
+        )
     if not out:
         pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "none"
         if fixed:  # pins that contradict each other, the batch or the model: the words a recipe would get
@@ -336,7 +361,8 @@ def _rank(candidates: list[Candidate]) -> list[Candidate]:
             for c in fitting
             if c.time.step_s <= limit and c.plan.offload_activations == fitting[0].plan.offload_activations
         ]
-        best = min(near, key=lambda c: (complexity(c.plan), c.time.step_s))
+        # compile and FP8 count as moving parts too: chosen where they are faster, not on a near tie
+        best = min(near, key=lambda c: (complexity(c.plan) + c.compile + 2 * (c.fp8 != "none"), c.time.step_s))
         fitting.remove(best)
         fitting.insert(0, best)
     # rejected: structurally valid ones that only lack memory first, smallest need first

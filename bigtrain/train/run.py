@@ -108,6 +108,11 @@ def _with_method(cfg: RecipeConfig, method: str) -> RecipeConfig:
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, method=method))
 
 
+def _with_speed(cfg: RecipeConfig, compile_blocks: bool | str, fp8: str) -> RecipeConfig:
+    """``cfg`` with ``train.compile`` and ``train.fp8`` resolved (what checkpoints and the saved recipe record)."""
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile=compile_blocks, fp8=fp8))
+
+
 class TrainingJob:
     """Validates on construction; ``with`` starts the process group, plans and builds the engine; ``fit`` trains;
     leaving the block tears the group down (after every rank has finished, when nothing failed)."""
@@ -148,10 +153,13 @@ class TrainingJob:
             resume_from = self.start.resume_from
             if cfg.train.method == "auto":  # a resumed run keeps the method its checkpoint was trained with
                 self.cfg = cfg = _with_method(cfg, load_recipe(resume_from / RECIPE).train.method)
+            if "auto" in (cfg.train.compile, cfg.train.fp8):  # and the compile and FP8 choices
+                saved = load_recipe(resume_from / RECIPE).train
+                self.cfg = cfg = _with_speed(cfg, saved.compile, saved.fp8)
             # an adapter checkpoint names its base: still the same files?
             check_base(cfg.model.name_or_path, Manifest.read(resume_from).base, f"resuming from {resume_from}")
         # plan: auto and method: auto are chosen at start-up, together, for the memory the job really has
-        choose = self.plan is None or cfg.train.method == "auto"
+        choose = self.plan is None or "auto" in (cfg.train.method, cfg.train.compile, cfg.train.fp8)
         self.options: BuildOptions | None = None if choose else self._build_options(self.plan)
         self.output_lock = OutputDirLock(cfg.output_dir)
         self.engine: Engine | None = None
@@ -372,12 +380,17 @@ class TrainingJob:
             host_memory_bytes=psutil.virtual_memory().available,
         )
         chose = " and ".join(
-            [f"train.method={choice.method}"] * (cfg.train.method == "auto") + ["the plan"] * (self.plan is None)
+            [f"train.method={choice.method}"] * (cfg.train.method == "auto")
+            + [f"train.compile={str(choice.compile).lower()}"] * (cfg.train.compile == "auto")
+            + [f"train.fp8={choice.fp8}"] * (cfg.train.fp8 == "auto")
+            + ["the plan"] * (self.plan is None)
         )
         if self.env.rank == 0:
             log.info("auto chose %s:\n%s", chose, choice.table)
         if cfg.train.method == "auto":
             self.cfg = _with_method(cfg, choice.method)
+        if "auto" in (cfg.train.compile, cfg.train.fp8):
+            self.cfg = _with_speed(self.cfg, choice.compile, choice.fp8)
         # validated as if the user had written it
         return resolve_plan(ParallelConfig(**choice.plan.to_dict()), self.env.world_size, self.cfg.train)
 

@@ -193,6 +193,19 @@ def test_recipe_with_plan_auto_trains(tmp_path):
     assert len(read_metrics(out)) == 4
 
 
+def test_compile_and_fp8_auto_are_chosen_at_start_and_recorded(tmp_path):
+    """train.compile / train.fp8 auto: the planner decides them with the plan; on this CPU, with no probe profile
+    that measured FP8 matmuls, FP8 is not weighed; the checkpoint's recipe records the choice."""
+    out = tmp_path / "auto"
+    sets = ["train.steps=2", "train.compile=auto", "train.fp8=auto", f"output_dir={out}"]
+    args = ["train", str(REPO / "recipes" / "auto_quickstart.yaml")]
+    proc = run_cli(args + [x for s in sets for x in ("--set", s)], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "auto chose train.compile=" in proc.stderr and "train.fp8=none and the plan:" in proc.stderr
+    saved = (next((out / "checkpoints").iterdir()) / "recipe.yaml").read_text()
+    assert "fp8: none" in saved and "compile: auto" not in saved
+
+
 @pytest.mark.parametrize("pin", ["backend=fsdp2", "pp=2"])
 def test_simulate_adds_the_simulated_peak(tmp_path, pin, plan_cli):
     """--simulate runs the chosen plan's step on fake tensors; a pipelined plan on every pp rank (the busiest kept)."""

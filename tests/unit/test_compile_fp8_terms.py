@@ -94,3 +94,37 @@ def test_compile_and_fp8_in_the_step_time():
     assert cost.estimate_time(stats, plan, a100, replace(base, fp8="rowwise")).compute_s == pytest.approx(
         cost.estimate_time(stats, plan, a100, base).compute_s
     )
+
+
+PROFILE = "bench/results/h100_probe.json"  # bigtrain probe on an H100, with its FP8 matmuls
+
+
+def _speed_choices(gpu: str, config: dict, gpus: int, seq_len: int, batch: int):
+    from pathlib import Path
+
+    from bigtrain.planner.profile import gpu_from_profile, load_profile
+    from bigtrain.planner.search import search
+
+    cluster = make_cluster(gpus, None, gpu)
+    profile = load_profile(Path(__file__).resolve().parents[2] / PROFILE)
+    cluster = replace(cluster, gpu=gpu_from_profile(profile, cluster.gpu))
+    workload = Workload(seq_len=seq_len, global_batch_size=batch, compile="auto", fp8="auto")
+    candidates = search(ModelStats.from_config(config), cluster, workload)
+    return candidates[0], {(c.compile, c.fp8) for c in candidates}
+
+
+def test_auto_offers_compile_and_fp8_on_an_h100_profile_where_they_win():
+    # Llama-3-8B's width at 4 layers, 8 x 2048 tokens on one H100: compile and tensorwise FP8 predicted fastest
+    wide = dict(CONFIG, hidden_size=4096, intermediate_size=14336, num_hidden_layers=4)
+    best, offered = _speed_choices("H100", wide, 1, 2048, 8)
+    assert offered == {(c, f) for c in (False, True) for f in ("none", "tensorwise", "rowwise")}
+    assert (best.compile, best.fp8) == (True, "tensorwise")
+    # Llama-3.2-1B's width: FP8 is no faster there (as measured), so the simpler bf16 compile is chosen
+    best, _ = _speed_choices("H100", dict(CONFIG, num_hidden_layers=16), 1, 2048, 8)
+    assert (best.compile, best.fp8) == (True, "none")
+
+
+def test_auto_never_offers_fp8_on_a_gpu_without_it():
+    wide = dict(CONFIG, hidden_size=4096, intermediate_size=14336, num_hidden_layers=4)
+    _, offered = _speed_choices("A100", wide, 1, 2048, 8)  # the H100's measured rates on an A100's table entry
+    assert {fp8 for _, fp8 in offered} == {"none"}

@@ -108,7 +108,8 @@ def test_pipeline_bubble(schedule, virtual):
 
 def _candidate(step_s: float, complexity_backend: str, fits: bool = True):
     p = plan(2, 2, backend=complexity_backend, micro_batch_size=1)
-    return SimpleNamespace(plan=p, fits=fits, time=SimpleNamespace(step_s=step_s), memory=None, rejected_because=None)
+    return SimpleNamespace(plan=p, fits=fits, time=SimpleNamespace(step_s=step_s), memory=None, rejected_because=None,
+                           compile=False, fp8="none")
 
 
 def test_near_tie_goes_to_the_simpler_plan_and_a_real_gap_does_not():

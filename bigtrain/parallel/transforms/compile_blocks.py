@@ -3,8 +3,9 @@
 After tensor parallelism and activation checkpointing and before FSDP2 (torchtitan's order): the compiled region is
 the block with its recompute wrapper, and FSDP2's hooks stay outside it. ``Module.compile`` compiles in place, so
 parameter names (and checkpoints) keep no ``_orig_mod`` prefix. The first steps pay the compilation. The planner
-does not model compile's memory and time yet; the capability table refuses it where the engine does not run it
-(DeepSpeed), and ``plan: auto`` sees the option, so it never picks such a plan.
+prices it (``cost.py``: COMPILED_*; ``memory_terms.py``: COMPILED_ACTIVATION_SHARE, COMPILED_LOGIT_BYTES, fitted to
+H100 runs), and with ``train.compile: auto`` chooses it where it predicts a faster step; the capability table refuses
+it where the engine does not run it (DeepSpeed).
 """
 
 from __future__ import annotations
