@@ -139,7 +139,8 @@ def recipe_differences(saved: dict[str, Any], cfg: RecipeConfig) -> list[str]:
     for key in sorted(set(old) | set(new)):
         if key.startswith(MAY_CHANGE_ON_RESUME) or old.get(key) == new.get(key):
             continue
-        if key == "train.method" and new.get(key) == "auto":  # auto resumes with the saved run's method
+        # auto resumes with the saved run's method, compile and FP8 choices
+        if key in ("train.method", "train.compile", "train.fp8") and new.get(key) == "auto":
             continue
         out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
     return out

@@ -19,10 +19,18 @@ from bigtrain.engine.base import Engine, StepResult, train_step
 from bigtrain.engine.deepspeed_engine import DeepSpeedZeroEngine
 from bigtrain.engine.pipelined import PipelinedEngine
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory, TorchNativeEngine
+from bigtrain.errors import ConfigError
 from bigtrain.parallel.build import build_model
 from bigtrain.parallel.transforms.base import BuildOptions
 
 __all__ = ["Engine", "StepResult", "build_engine", "build_options", "train_step"]
+
+
+def _resolved(value: Any, key: str) -> Any:
+    """A train option the planner decides under ``auto`` must be decided before the build (bigtrain train does)."""
+    if value == "auto":
+        raise ConfigError(f"{key}=auto is decided by the planner when the job starts; build with a chosen value")
+    return value
 
 
 def build_options(cfg: RecipeConfig, hf_config: Any, plan: Plan, device: torch.device) -> BuildOptions:
@@ -34,8 +42,8 @@ def build_options(cfg: RecipeConfig, hf_config: Any, plan: Plan, device: torch.d
         device=device,
         mixed_precision=cfg.train.mixed_precision,
         attn_implementation=resolve_attention(hf_config, cfg.model.attn_implementation),
-        compile=cfg.train.compile,
-        fp8=cfg.train.fp8,
+        compile=_resolved(cfg.train.compile, "train.compile"),
+        fp8=_resolved(cfg.train.fp8, "train.fp8"),
         method=cfg.train.method,
         lora=cfg.lora,
         pretrained=cfg.model.name_or_path,

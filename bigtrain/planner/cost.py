@@ -50,7 +50,7 @@ from bigtrain.planner.adapter_memory import adapter_flops_per_token, base_bytes,
 from bigtrain.planner.hardware import Cluster
 from bigtrain.planner.memory_terms import offloaded_block_bytes, rank_seq_len, stage_layers, stage_params, state_shards
 from bigtrain.planner.model_stats import ModelStats
-from bigtrain.planner.profile import measured_rate
+from bigtrain.planner.profile import measured_rate, measured_row
 
 ACHIEVABLE = 0.45
 FP32_SLOWDOWN = 8.0
@@ -106,11 +106,16 @@ def elementwise_forward_bytes(stats: ModelStats, plan: Plan, a: int) -> float:
 
 
 def fp8_peak(cluster: Cluster, recipe: str, micro_tokens: int, saturation: float) -> float:
-    """FLOP/s of the float8 matmuls: the probed ``_scaled_mm`` rate of ``recipe`` at the nearest shape, else the
-    datasheet's FP8 peak at the bf16 path's achievable fraction; 0 on a GPU without FP8."""
-    measured = measured_rate(cluster.gpu, f"fp8-{recipe}", micro_tokens)
-    if measured is not None:
-        return measured * 1e12
+    """FLOP/s of the float8 matmuls: with a probed profile, the bf16 rate at ``micro_tokens`` times the FP8/bf16
+    ratio the probe measured at the FP8 product's own shape (the probe's FP8 shapes start at 8192 rows: a small
+    micro-batch must not be compared with a large FP8 product); else the datasheet's FP8 peak at the bf16 path's
+    achievable fraction; 0 on a GPU without FP8."""
+    fp8 = measured_row(cluster.gpu, f"fp8-{recipe}", micro_tokens)
+    if fp8 is not None:
+        same_shape, here = measured_rate(cluster.gpu, "bf16", fp8[0]), measured_rate(cluster.gpu, "bf16", micro_tokens)
+        if same_shape and here:
+            return here * fp8[1] / same_shape * 1e12
+        return fp8[1] * 1e12
     return cluster.gpu.fp8_tflops * 1e12 * ACHIEVABLE * saturation
 
 

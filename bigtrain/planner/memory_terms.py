@@ -228,17 +228,20 @@ def loss_tokens(plan: Plan, seq_len: int) -> int:
 # one log-sum-exp per row instead of three fp32 tensors: 4 bytes per logit against 12. Against the H100's peaks of
 # the compiled runs: 47.1 GiB predicted for 46.2 measured (untied 1B, 16k tokens, +2.0%), 35.8 for 33.6 (Llama-3-8B's
 # width at 4 layers, 8k tokens, +6.7%).
-COMPILED_ACTIVATION_SHARE = 0.70
-COMPILED_LOGIT_BYTES = 4
+COMPILED_ACTIVATION_SHARE = 0.70  # fitted without checkpointing; checkpointed blocks keep their inputs only
+COMPILED_LOGIT_BYTES_PER_DTYPE_BYTE = 2  # 4 bytes per logit in bf16: the gradient and the saved logits' share
 
 
 def compiled_activation_bytes(stats: ModelStats, plan: Plan, seq_len: int, a: int) -> int:
-    """``activation_bytes`` + ``logits_bytes`` under train.compile (the constants above). The chunked and the
-    vocabulary-parallel losses are not compiled: their logits keep the eager count."""
-    blocks = int(COMPILED_ACTIVATION_SHARE * activation_bytes(stats, plan, seq_len, a))
+    """``activation_bytes`` + ``logits_bytes`` under train.compile (the constants above; the blocks' share only
+    without checkpointing, where it was measured). The chunked and the vocabulary-parallel losses keep the eager
+    count of their logits (the first is not compiled, the second not measured)."""
+    blocks = activation_bytes(stats, plan, seq_len, a)
+    if plan.activation_checkpointing == "none":
+        blocks = int(COMPILED_ACTIVATION_SHARE * blocks)
     logits = logits_bytes(stats, plan, seq_len, a)
     if not plan.loss_chunk_tokens and not (plan.tp > 1 and plan.loss_parallel):
-        logits = logits * COMPILED_LOGIT_BYTES // 12
+        logits = logits * COMPILED_LOGIT_BYTES_PER_DTYPE_BYTE * a // 12
     return blocks + logits
 
 

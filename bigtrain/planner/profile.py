@@ -80,7 +80,13 @@ def gpu_from_profile(profile: dict[str, Any], base: GPU, memory_bytes: int | Non
 
 def measured_rate(gpu: GPU, dtype: str, tokens: int) -> float | None:
     """TFLOP/s the profile measured for ``dtype`` at the shape nearest ``tokens`` rows, or None without one."""
+    row = measured_row(gpu, dtype, tokens)
+    return row[1] if row else None
+
+
+def measured_row(gpu: GPU, dtype: str, tokens: int) -> tuple[int, float] | None:
+    """(rows m, TFLOP/s) of the profile's ``dtype`` measurement nearest ``tokens`` rows, or None without one."""
     rows = [(m, t) for d, m, t in gpu.measured_tflops if d == dtype]
     if not rows:
         return None
-    return min(rows, key=lambda row: abs(math.log(row[0] / max(tokens, 1))))[1]
+    return min(rows, key=lambda row: abs(math.log(row[0] / max(tokens, 1))))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 import pytest
@@ -201,9 +202,14 @@ def test_compile_and_fp8_auto_are_chosen_at_start_and_recorded(tmp_path):
     args = ["train", str(REPO / "recipes" / "auto_quickstart.yaml")]
     proc = run_cli(args + [x for s in sets for x in ("--set", s)], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "auto chose train.compile=" in proc.stderr and "train.fp8=none and the plan:" in proc.stderr
+    chose = re.search(r"auto chose train.compile=(true|false) and train.fp8=none and the plan:", proc.stderr)
+    assert chose, proc.stderr[-2000:]
     saved = (next((out / "checkpoints").iterdir()) / "recipe.yaml").read_text()
-    assert "fp8: none" in saved and "compile: auto" not in saved
+    assert "fp8: none" in saved and f"compile: {chose.group(1)}" in saved
+    # resumed with the same recipe (auto): the saved choices, not a refusal for a changed recipe
+    proc = run_cli(args + [x for s in [*sets[1:], "train.steps=3"] for x in ("--set", s)], timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stderr and len(read_metrics(out)) == 3
 
 
 @pytest.mark.parametrize("pin", ["backend=fsdp2", "pp=2"])

@@ -37,6 +37,7 @@ SAVED_OPS = frozenset(
         _aten.mm.default,
         _aten.addmm.default,
         _aten.bmm.default,
+        _aten._scaled_mm.default,  # train.fp8's float8 matmuls on CUDA (emulation runs mm)
         _aten._scaled_dot_product_flash_attention.default,
         _aten._scaled_dot_product_efficient_attention.default,
         _aten._scaled_dot_product_cudnn_attention.default,

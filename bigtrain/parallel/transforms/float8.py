@@ -78,8 +78,12 @@ def _convert(built: BuiltModel, ctx: BuildContext) -> None:
             f"L40S, L4, RTX 4090); {name} has none; set train.fp8=none"
         )
     emulate = device.type != "cuda"
-    for part in built.parts:
-        apply_float8(part, ctx.options.fp8, emulate, _gathers_in_fp8(ctx))
+    converted = sum(apply_float8(part, ctx.options.fp8, emulate, _gathers_in_fp8(ctx)) for part in built.parts)
+    if not converted:
+        raise ConfigError(
+            f"train.fp8={ctx.options.fp8} converts nn.Linear layers of the decoder blocks, and this model has none "
+            "that qualify (GPT-2's blocks use Conv1D; fused expert weights are not linears); set train.fp8=none"
+        )
     built.fp8_all_gather = _gathers_in_fp8(ctx)
 
 
