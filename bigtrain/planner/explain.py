@@ -190,6 +190,8 @@ def to_json(
     return {
         "plan": best.plan.to_dict(),
         "method": best.method,
+        "compile": best.compile,
+        "fp8": best.fp8,
         "fits": best.fits and best.runnable,
         "memory": best.memory.to_dict(),
         "time": best.time.to_dict(),

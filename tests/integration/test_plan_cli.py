@@ -92,7 +92,10 @@ def test_json_contract(plan_cli):
     assert out["model"]["params"] == 8030261248
     # "method": what is trained (full, lora, qlora): the planner's choice under --method auto, else the asked one
     assert out["method"] == "full"
-    assert all(set(c) == {"plan", "method", "memory", "time", "fits", "rejected_because"} for c in out["candidates"])
+    # "compile", "fp8": what the plan was timed for (the planner's choice under train.compile / train.fp8 auto)
+    assert out["compile"] is False and out["fp8"] == "none"
+    keys = {"plan", "method", "compile", "fp8", "memory", "time", "fits", "rejected_because"}
+    assert all(set(c) == keys for c in out["candidates"])
     assert out["candidates"][0]["fits"] and out["candidates"][0]["plan"] == out["plan"]
 
 
