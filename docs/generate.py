@@ -81,6 +81,7 @@ FEATURES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [  # (row, plan fie
     ("offload parameters", dict(offload_params=True), {}),
     ("offload optimizer states", dict(offload_optimizer=True), {}),
     ("`train.compile`", {}, dict(compile=True)),
+    ("`train.fp8` (torchao float8 linears; GPUs with FP8)", {}, dict(fp8="rowwise")),
     ("LoRA (`train.method: lora`)", {}, dict(method="lora")),
     ("QLoRA (`train.method: qlora`, bf16)", {}, dict(method="qlora", mixed_precision="bf16")),
 ]
