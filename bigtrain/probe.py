@@ -6,7 +6,10 @@
 - operator overhead: seconds per operator that does almost nothing (launch and dispatch);
 - collective bandwidth over the ranks it was launched with (``bigtrain probe --nproc N`` or torchrun): all-gather,
   reduce-scatter and all-reduce of several sizes, as *bus* bandwidth (nccl-tests' convention: algorithm bandwidth
-  times (n-1)/n for gather/scatter, 2(n-1)/n for all-reduce), so that one number per group describes the link.
+  times (n-1)/n for gather/scatter, 2(n-1)/n for all-reduce), so that one number per group describes the link, and
+  their seconds, from which the planner fits a collective's latency (tp sends small all-reduces, many per step);
+- tensor parallelism's machinery per decoder block (``probe_tp.py``): DTensor dispatch and wrapping beyond the
+  matmuls, measured on a fake two-rank group, so also on one device.
 
 Every figure is the median of timed repeats after warm-up (device synchronised around each timing). Rank 0 writes
 the profile as JSON; collectives run on every rank with the job's own backend (NCCL on GPUs, gloo on CPUs).
@@ -36,8 +39,11 @@ PROJECTION_WIDTHS = [(2048, 8192), (4096, 14336), (8192, 28672)]
 PROJECTION_TOKENS = [2048, 8192]
 TP_DEGREES = [1, 2, 4, 8]
 FP8_SHAPES = [(8192, 2048, 8192), (8192, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096), (8192, 8192, 8192)]
-GPU_COLLECTIVE_MIB = [1, 16, 256]
-CPU_COLLECTIVE_MIB = [1, 16]
+# buffer sizes of the collectives timed: the small ones are what tp's per-block all-reduces send (b·L·h values of a
+# micro-batch: 0.25-4 MiB for 1-8k tokens at width 128-2048 in bf16), where a collective's latency outweighs its
+# bandwidth; the large ones are data parallelism's buckets
+GPU_COLLECTIVE_MIB = [0.25, 1, 4, 16, 256]
+CPU_COLLECTIVE_MIB = [0.25, 1, 16]
 MAX_CALL_S = 0.25  # a shape whose product would take longer than this at the rate just measured is not timed
 
 
@@ -163,7 +169,7 @@ def collective_bandwidth(device: torch.device, sizes_mib: list[int]) -> list[dic
     n = dist.get_world_size()
     out = []
     for mib in sizes_mib:
-        numel = mib * 2**20 // 4 // n * n  # fp32, divisible by the group
+        numel = int(mib * 2**20) // 4 // n * n  # fp32, divisible by the group
         full = torch.randn(numel, device=device)
         shard = torch.empty(numel // n, device=device)
         ops = {
@@ -173,12 +179,16 @@ def collective_bandwidth(device: torch.device, sizes_mib: list[int]) -> list[dic
         }
         for op, (fn, factor) in ops.items():
             seconds = median_seconds(fn, device, repeats=5, warmup=2)
-            out.append({"op": op, "ranks": n, "mib": mib, "bus_gbps": full.numel() * 4 * factor / seconds / 1e9})
+            out.append({
+                "op": op, "ranks": n, "mib": mib, "seconds": seconds,
+                "bus_gbps": full.numel() * 4 * factor / seconds / 1e9,
+            })
     return out
 
 
-def probe(device: torch.device) -> dict[str, Any]:
-    """The profile of this rank's device, and of the default group's links when there are several ranks."""
+def probe(device: torch.device, tp_overhead: dict[str, float] | None = None) -> dict[str, Any]:
+    """The profile of this rank's device, and of the default group's links when there are several ranks;
+    ``tp_overhead``: ``probe_tp.tp_block_overhead``'s figures, measured before the group was joined."""
     cuda = device.type == "cuda"
     profile: dict[str, Any] = {
         "device": torch.cuda.get_device_name(device) if cuda else f"cpu ({platform.processor() or platform.machine()})",
@@ -192,6 +202,8 @@ def probe(device: torch.device) -> dict[str, Any]:
         profile["memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
         profile["projections"] = projection_rates(device)
         profile["fp8_matmul"] = fp8_rates(device)
+    if tp_overhead is not None:
+        profile["tp_block_overhead_s"] = tp_overhead
     if dist.is_initialized() and dist.get_world_size() > 1:
         profile["collectives"] = collective_bandwidth(device, GPU_COLLECTIVE_MIB if cuda else CPU_COLLECTIVE_MIB)
         profile["backend"] = dist.get_backend()
@@ -200,14 +212,16 @@ def probe(device: torch.device) -> dict[str, Any]:
 
 def run_probe(output: Path | None) -> dict[str, Any]:
     """One rank of ``bigtrain probe``: join the launcher's group when there is one, measure, rank 0 writes."""
+    from bigtrain.probe_tp import tp_block_overhead
     from bigtrain.runtime import init_process_group, pick_device, read_launch_env
 
     env = read_launch_env()
     device = pick_device(env)
+    tp_overhead = tp_block_overhead(device)  # on a fake group of its own, before joining the real one
     if env.launched:
         init_process_group(env, device, timeout_s=600)
     try:
-        profile = probe(device)
+        profile = probe(device, tp_overhead)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

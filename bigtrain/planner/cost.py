@@ -19,9 +19,11 @@ Communication (ring collectives move (n-1)/n of the buffer per rank; an all-redu
   forward and backward (3Ψ·a, the ZeRO paper's 1.5x of data parallelism).
 - ep: two all-to-alls of top_k·b·L·h values per block with routed experts and pass (forward, backward,
   recompute), not overlapped; each expert gathered and reduced over the dp_shard / ep ranks that hold it.
-- tp: 4 all-reduces of b·L·h activations per layer per micro-step (2 forward, 2 backward; Megatron-LM), not
-  overlapped. pp: one activation send per micro-batch and direction; bubble (p-1)/(v·m+p-1) of the pipeline time
-  (v = virtual stages per rank); not yet measured on GPUs (no multi-GPU machine has been available).
+- tp (``tp_time.py``): 2 all-reduces of b·L·h activations per layer and pass (Megatron-LM), each with the link's
+  latency, not overlapped; the sliced projections at their measured (slower) rates, the LM head repeated on every
+  tp rank, and DTensor's per-block machinery, all measured by ``bigtrain probe``.
+- pp: one activation send per micro-batch and direction; bubble (p-1)/(v·m+p-1) of the pipeline time (v = virtual
+  stages per rank); not yet measured on GPUs (no multi-GPU machine has been available).
 - offload: host<->device copies over PCIe, and the optimizer step on the CPU at CPU_ADAM_PARAMS_PER_S per GPU;
   activation offload's copies run beside compute, only what compute does not hide counts
   (``activation_offload_seconds``).
@@ -46,6 +48,7 @@ from dataclasses import dataclass
 
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
+from bigtrain.planner import tp_time
 from bigtrain.planner.adapter_memory import adapter_flops_per_token, base_bytes, dequant_bytes, trained_params
 from bigtrain.planner.hardware import Cluster
 from bigtrain.planner.memory_terms import offloaded_block_bytes, rank_seq_len, stage_layers, stage_params, state_shards
@@ -145,6 +148,21 @@ def fp8_cast_bytes(stats: ModelStats, plan: Plan, tokens: float, a: int, workloa
     per_element = (a if workload.compile else 2 * a) + FP8_CAST_EXTRA_BYTES
     passes = 1 + (recomputed_share(stats, plan) if plan.activation_checkpointing == "full" else 0)
     return per_element * elements / plan.tp * passes * stage_layers(stats, plan.pp) * tokens
+
+
+def tp_matmul_seconds(
+    stats: ModelStats, plan: Plan, cluster: Cluster, workload: Workload, micro_tokens: int, recomputed: float
+) -> float:
+    """FLOPs per token (of the whole step, like ``model_flops_per_token``) that tp's ranks spend beyond an even
+    1/tp share: the measured slowdown of the sliced projections and the LM head each rank keeps whole
+    (``tp_time.py``); 0 without tp."""
+    if plan.tp == 1:
+        return 0.0
+    passes = 2.0 if workload.adapters else 3.0  # adapters skip the base's weight gradients
+    slowdown = tp_time.projection_slowdown(stats, cluster.gpu, plan.tp, micro_tokens)
+    projections = stats.layers * tp_time.projection_flops_per_token(stats) * (passes + recomputed)
+    head = passes * 2.0 * stats.vocab * stats.hidden
+    return (slowdown - 1.0) * projections + tp_time.replicated_head_flops(stats, plan, head)
 
 
 def memory_bound_bytes(
@@ -327,6 +345,8 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
         peak = measured * 1e12
     compute = (per_token + extra) * tokens / world / peak
     compute -= fp8_seconds_saved(stats, cluster, workload, micro_tokens, saturation, peak) / world
+    recomputed = recomputed_share(stats, plan) if plan.activation_checkpointing == "full" else 0.0
+    compute += tp_matmul_seconds(stats, plan, cluster, workload, micro_tokens, recomputed) * tokens / world / peak
     if measured is not None and cluster.gpu.copy_gbps > 0:
         # tokens per rank: the dp ranks split the batch and the cp ranks each row; tp ranks see the same tokens, pp
         # stages each see all of them
@@ -346,6 +366,7 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     layers = stage_layers(stats, plan.pp)
     ops = OPS_PER_BLOCK * (COMPILED_ELEMENTWISE_SHARE if workload.compile else 1.0)
     compute += micro_batches * layers * ops * cluster.gpu.op_overhead_s
+    compute = tp_time.with_machinery(compute, plan, cluster.gpu, layers, micro_batches, recomputed)
     if plan.pp > 1:
         # pipeline bubble: p - 1 idle slots of one stage's micro-batch time; the looped schedules run v stages of
         # 1/v the layers per rank, so their slots are v times shorter (Narayanan et al. 2021, sec. 2.2)
@@ -362,7 +383,6 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     if workload.adapters:
         base_blocks, base_root = base_bytes(stats, plan, workload)
         gathered, reduced = base_blocks + base_root, trained_params(stats, workload) / plan.tp
-    tp_bw = _bandwidth(cluster, plan.tp, 1)
     dp_overlapped = _data_parallel_seconds(plan, cluster, workload, micro_batches, psi, gathered, reduced)
     dp_overlapped += _expert_fsdp_seconds(plan, cluster, micro_batches, a * experts / plan.ep, experts / plan.ep)
     if cluster.gpu.overlaps_comm:
@@ -370,8 +390,8 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     else:
         exposed = dp_overlapped
 
-    act = plan.micro_batch_size * seq_len * stats.hidden * a
-    tp_comm = 4 * layers * micro_batches * 2 * _ring(plan.tp) * act / tp_bw if plan.tp > 1 else 0.0
+    tp_bw, act = _bandwidth(cluster, plan.tp, 1), plan.micro_batch_size * seq_len * stats.hidden * a
+    tp_comm = tp_time.collective_seconds(stats, plan, cluster.gpu, tp_bw, act, layers, micro_batches, recomputed)
     pp_comm = 2 * micro_batches * act / plan.tp / _bandwidth(cluster, 2, plan.tp * plan.dp) if plan.pp > 1 else 0.0
     offload = _offload_seconds(stats, plan, cluster, workload, micro_batches, (psi, gathered, reduced))
     cp_comm = cp_all_to_all_seconds(stats, plan, cluster, seq_len, a, micro_batches)

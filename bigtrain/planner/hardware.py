@@ -52,6 +52,16 @@ class GPU:
     memory_gbps: float = 2000.0
     # dense FP8 tensor-core peak (TFLOP/s); 0: the GPU has no FP8 matmul (train.fp8 cannot run on it)
     fp8_tflops: float = 0.0
+    # seconds a small collective takes whatever its size, in a node: NCCL's all-reduce of a few KiB over NVLink or
+    # PCIe is ~10-30 us (nccl-tests' small-message rows); an assumption until ``bigtrain probe --nproc N`` fits it
+    link_latency_s: float = 20e-6
+    # (m, k, n, TFLOP/s) of bf16 products at the shapes tensor parallelism cuts a block's projections into, measured
+    # by ``bigtrain probe`` on GPUs; empty: tp's smaller matmuls are taken to run at the whole ones' rate
+    projection_tflops: tuple[tuple[int, int, int, float], ...] = ()
+    # seconds per decoder block and micro-step that tp's DTensor machinery adds (without, with sequence
+    # parallelism), measured by ``bigtrain probe`` (probe_tp.py); None: TP_DISPATCH_OPS_PER_BLOCK operators at
+    # op_overhead_s (cost.py / tp_time.py)
+    tp_block_overhead_s: tuple[float, float] | None = None
 
 
 KNOWN_GPUS: dict[str, GPU] = {

@@ -10,7 +10,9 @@ What the profile replaces in the time model (``cost.py``):
 - memory: the device memory the probe read (a CUDA device's total), unless ``--gpu-memory`` says otherwise;
 - memory bandwidth: the element-wise work, the loss and the optimizer step are timed at the measured copy rate;
 - overlap: a CPU profile's collectives run on the cores that compute (gloo), so none of their time is hidden;
-- the per-operator floor: the measured seconds of one tiny operator (launch and dispatch).
+- the per-operator floor: the measured seconds of one tiny operator (launch and dispatch);
+- tensor parallelism (``tp_time.py``): the rates of the projections at the shapes tp cuts them into, the DTensor
+  machinery's seconds per block, and the links' latency: what the smallest all-reduces took beyond their bytes.
 MFU stays relative to the datasheet peak of the GPU named (or to the fastest measured rate for devices the table
 does not know, e.g. a CPU).
 Pure Python: the profile is JSON, read here without torch.
@@ -60,10 +62,25 @@ def link_gbps(profile: dict[str, Any]) -> float | None:
     return statistics.median(c["bus_gbps"] for c in rows if c["mib"] == largest)
 
 
+def link_latency_s(profile: dict[str, Any]) -> float | None:
+    """Seconds of a collective's fixed cost: for each smaller all-reduce measured, its seconds less its bus bytes at
+    the bus bandwidth of the largest all-reduce; the least of them (noise only adds time). None without two sizes."""
+    rows = [c for c in profile.get("collectives", []) if c["op"] == "all_reduce" and c.get("seconds", 0) > 0]
+    if len({c["mib"] for c in rows}) < 2:
+        return None
+    largest = max(c["mib"] for c in rows)
+    bandwidth = statistics.median(c["bus_gbps"] for c in rows if c["mib"] == largest) * 1e9
+    n = rows[0]["ranks"]
+    fixed = [c["seconds"] - c["mib"] * 2**20 * 2 * (n - 1) / n / bandwidth for c in rows if c["mib"] < largest]
+    return max(0.0, min(fixed))
+
+
 def gpu_from_profile(profile: dict[str, Any], base: GPU, memory_bytes: int | None = None) -> GPU:
     """``base`` (the table's GPU of that name, or a stand-in) with the profile's measured rates, link and memory."""
     rates = matmul_rates(profile)
     link = link_gbps(profile)
+    latency = link_latency_s(profile)
+    overhead = profile.get("tp_block_overhead_s")
     known_peak = base.peak_tflops if base.name in str(profile.get("device", "")).upper() else 0.0
     return replace(
         base,
@@ -75,6 +92,11 @@ def gpu_from_profile(profile: dict[str, Any], base: GPU, memory_bytes: int | Non
         copy_gbps=float(profile.get("copy_gbps") or 0.0),
         overlaps_comm=not str(profile.get("device", "")).lower().startswith("cpu"),
         op_overhead_s=float(profile.get("op_overhead_s") or base.op_overhead_s),
+        link_latency_s=latency if latency is not None else base.link_latency_s,
+        projection_tflops=tuple(
+            (int(r["m"]), int(r["k"]), int(r["n"]), float(r["tflops"])) for r in profile.get("projections", [])
+        ),
+        tp_block_overhead_s=(float(overhead["plain"]), float(overhead["sequence_parallel"])) if overhead else None,
     )
 
 

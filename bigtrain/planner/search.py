@@ -2,9 +2,9 @@
 
 Search space: backend (ddp, fsdp2 ZeRO-2/3, deepspeed ZeRO-1/2/3) x gradient reduction during accumulation (fsdp2:
 every micro-step or once per step) x dp_replicate/dp_shard (HSDP) x tp (dividing the attention and KV heads, within
-a node) x pp (dividing the layers; 1F1B or GPipe) x cp (long rows) x ep (mixtures of experts) x activation
-checkpointing (none, selective,
-full, full every other block) x micro-batch (powers of two) x offload (parameters or optimizer; activations for long
+a node; with loss and sequence parallelism where the model allows them) x pp (dividing the layers; 1F1B or
+GPipe) x cp (long rows) x ep (mixtures of experts) x activation checkpointing (none, selective, full, full every
+other block) x micro-batch (powers of two) x offload (parameters or optimizer; activations for long
 rows) x the chunked loss (rows longer than a chunk).
 
 Every candidate is judged by the capability table (``config/capabilities.py``) with the workload's train options
@@ -27,6 +27,7 @@ from functools import cached_property
 from typing import Any
 
 from bigtrain.config.capabilities import Setup, check, problems
+from bigtrain.config.hf import PLAIN_TP_STYLES
 from bigtrain.config.plan import CHOOSES_GRAD_REDUCE, DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan
 from bigtrain.config.resolve import resolve_plan
 from bigtrain.config.schema import BACKENDS, CHECKPOINTING, GRAD_REDUCE, ParallelConfig, TrainConfig
@@ -108,26 +109,15 @@ def complexity(plan: Plan) -> int:
     return score + 3 * (plan.offload_params or plan.offload_optimizer) + 2 * plan.offload_activations
 
 
-def not_weighed_yet(plan: Plan) -> str | None:
-    """Plans the trainer runs but the planner does not offer yet, because the terms that would rank them have not
-    been checked against a measurement (a wrong term would make ``plan: auto`` pick them for the wrong reasons).
-
-    deepspeed is offered: its ZeRO memory terms are checked against DeepSpeed's real step on gloo ranks
-    (planner/deepspeed_memory.py, bench/results/deepspeed_memory.md, within 10%).
-    tp: its memory terms are checked (tests/cases.py MEMORY_CASES, within 4% of the simulated step), its time term is
-    not, and it is wrong where it was measured: the auto quickstart on 2 CPU ranks predicts tp=2 10% faster than
-    dp=2 and runs it 1.8x slower (per-layer all-reduces are latency-bound at small widths), and rank 0 of tp=2/4
-    plans on an H200 computed 1.5-2.1x slower than predicted (bench/results/rank0_h200.md).
-    pp is offered: its memory terms are checked per pp rank against the simulated pipelined step
-    (tests/cases.py PIPELINE_MEMORY_CASES), and its time term is the schedule's bubble, which only adds time, so the
-    planner reaches for pp when the alternatives do not fit or must cross nodes.
-    """
-    if plan.tp > 1:
-        return (
-            f"parallel.tp={plan.tp} runs when set in a recipe, but the planner does not offer it yet: its tp time "
-            "term is not calibrated (memory is)"
-        )
-    return None
+def _tp_companions(stats: ModelStats, tp: int, fixed: dict[str, Any]) -> tuple[bool, bool]:
+    """(loss_parallel, sequence_parallel) for a tp plan: what torchtitan runs with tp wherever the model allows it
+    (the capability table's rows): the LM head and loss split over the vocabulary (an untied head whose vocabulary
+    tp divides) and the norms and residual stream over the sequence (the plain column/row layout). Both save memory
+    and time in the model (``tp_time.py``); weighing each both ways would cost the search a third more tp plans. A
+    pin overrides its own."""
+    lp = not stats.facts.tied and stats.vocab % tp == 0
+    sp = all(style in PLAIN_TP_STYLES for style in stats.facts.tp_styles)
+    return bool(fixed.get("loss_parallel", lp)), bool(fixed.get("sequence_parallel", sp))
 
 
 def _divisors(n: int) -> list[int]:
@@ -146,7 +136,7 @@ def judge(stats: ModelStats, plan: Plan, cluster: Cluster, train: TrainConfig) -
             not_offered = not_offered or problem.message
         else:
             rejected = rejected or problem.message
-    return rejected, not_offered or not_weighed_yet(plan)
+    return rejected, not_offered
 
 
 def _cp_degrees(cluster: Cluster, backend: str, seq_len: int, fixed: dict[str, Any]) -> list[int]:
@@ -223,10 +213,9 @@ def enumerate_plans(
                 variants = [plan]
                 if backend in CHOOSES_GRAD_REDUCE and pp == 1 and plan.grad_accum_steps(global_batch_size) > 1:
                     variants += [Plan(grad_reduce=mode, **common) for mode in GRAD_REDUCE if mode != reduce]
-                # only when asked: tp is not offered by default (not_weighed_yet), and neither are these
-                for option in ("loss_parallel", "sequence_parallel"):
-                    if fixed.get(option) and backend == "fsdp2" and tp > 1 and pp == 1:
-                        variants = [replace(v, **{option: True}) for v in variants]
+                if backend == "fsdp2" and tp > 1 and pp == 1:
+                    lp, sp = _tp_companions(stats, tp, fixed)
+                    variants = [replace(v, loss_parallel=lp, sequence_parallel=sp) for v in variants]
                 # full checkpointing of every other block: between none and full in memory and in time
                 every = fixed.get("checkpoint_every", 1)
                 # (weighed without tp and pp: where rows are long and memory is activations, not model states)

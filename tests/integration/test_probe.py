@@ -20,7 +20,11 @@ def test_probe_over_two_ranks_writes_a_profile_the_planner_uses(tmp_path: Path, 
     assert profile["copy_gbps"] > 0
     assert profile["backend"] == "gloo"
     ops = {(c["op"], c["mib"]) for c in profile["collectives"] if c["ranks"] == 2 and c["bus_gbps"] > 0}
-    assert ops == {(op, mib) for op in ("all_gather", "reduce_scatter", "all_reduce") for mib in (1, 16)}
+    assert ops == {(op, mib) for op in ("all_gather", "reduce_scatter", "all_reduce") for mib in (0.25, 1, 16)}
+    assert all(c["seconds"] > 0 for c in profile["collectives"])
+    # tp's DTensor machinery per block, on a fake two-rank group (measured 6-8 ms on the 2-core CI machine)
+    assert set(profile["tp_block_overhead_s"]) == {"plain", "sequence_parallel"}
+    assert all(0 < s < 1 for s in profile["tp_block_overhead_s"].values())
 
     # the profile's measured rates set the planner's predicted times (the table's H100 otherwise)
     args = ["plan", "recipes/quickstart.yaml", "--gpus", "2", "--gpu-memory", "8GB", "--json"]
