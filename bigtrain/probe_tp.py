@@ -69,3 +69,5 @@ def tp_block_overhead(device: torch.device) -> dict[str, float]:
         return out
     finally:
         dist.destroy_process_group()
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # the mesh may have made another device current; the real group wants ours
