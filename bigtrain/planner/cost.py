@@ -391,7 +391,7 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
         exposed = dp_overlapped
 
     tp_bw, act = _bandwidth(cluster, plan.tp, 1), plan.micro_batch_size * seq_len * stats.hidden * a
-    tp_comm = tp_time.collective_seconds(stats, plan, cluster.gpu, tp_bw, act, layers, micro_batches, recomputed)
+    tp_comm = tp_time.collective_seconds(plan, cluster.gpu, tp_bw, act, layers, micro_batches, recomputed)
     pp_comm = 2 * micro_batches * act / plan.tp / _bandwidth(cluster, 2, plan.tp * plan.dp) if plan.pp > 1 else 0.0
     offload = _offload_seconds(stats, plan, cluster, workload, micro_batches, (psi, gathered, reduced))
     cp_comm = cp_all_to_all_seconds(stats, plan, cluster, seq_len, a, micro_batches)

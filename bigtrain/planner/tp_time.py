@@ -85,8 +85,7 @@ def replicated_head_flops(stats: ModelStats, plan: Plan, head_flops_per_token: f
 
 
 def collective_seconds(
-    stats: ModelStats, plan: Plan, gpu: GPU, bandwidth: float, act_bytes: float, layers: int, micro_batches: int,
-    recomputed: float,
+    plan: Plan, gpu: GPU, bandwidth: float, act_bytes: float, layers: int, micro_batches: int, recomputed: float
 ) -> float:
     """Seconds of tp's collectives in one step: per block and pass two all-reduces of ``act_bytes`` (or two
     all-gathers and two reduce-scatters under sequence parallelism), latency plus ring volume over ``bandwidth``

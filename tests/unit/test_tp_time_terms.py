@@ -58,16 +58,15 @@ def test_the_lm_head_is_repeated_on_every_tp_rank_unless_loss_parallel():
 
 
 def test_collective_seconds_by_hand():
-    stats = ModelStats.from_config(SMALL)
     gpu = replace(lookup_gpu("H100"), link_latency_s=1e-4)
     plan = make_plan(tp=2)
     # 2 layers x 3 micro-batches x 2 passes x 2 all-reduces x (1e-4 s + 2 x 1/2 x 1e6 B / 1e9 B/s)
-    assert tp_time.collective_seconds(stats, plan, gpu, 1e9, 1e6, 2, 3, 0.0) == pytest.approx(24 * 1.1e-3)
+    assert tp_time.collective_seconds(plan, gpu, 1e9, 1e6, 2, 3, 0.0) == pytest.approx(24 * 1.1e-3)
     # sequence parallel: 4 collectives of half the volume each; full checkpointing: a third pass
     sp = replace(plan, sequence_parallel=True)
-    assert tp_time.collective_seconds(stats, sp, gpu, 1e9, 1e6, 2, 3, 0.0) == pytest.approx(48 * 6e-4)
-    assert tp_time.collective_seconds(stats, plan, gpu, 1e9, 1e6, 2, 3, 1.0) == pytest.approx(36 * 1.1e-3)
-    assert tp_time.collective_seconds(stats, replace(plan, tp=1), gpu, 1e9, 1e6, 2, 3, 0.0) == 0.0
+    assert tp_time.collective_seconds(sp, gpu, 1e9, 1e6, 2, 3, 0.0) == pytest.approx(48 * 6e-4)
+    assert tp_time.collective_seconds(plan, gpu, 1e9, 1e6, 2, 3, 1.0) == pytest.approx(36 * 1.1e-3)
+    assert tp_time.collective_seconds(replace(plan, tp=1), gpu, 1e9, 1e6, 2, 3, 0.0) == 0.0
 
 
 def test_machinery_is_added_on_a_cpu_and_hidden_behind_a_gpus_kernels():
