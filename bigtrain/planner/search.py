@@ -295,17 +295,27 @@ def rank_methods(per_method: list[list[Candidate]]) -> list[Candidate]:
     return ([chosen] if chosen else []) + rest + _rank([c for c in every if not c.runnable])
 
 
-def _search_method(stats: ModelStats, cluster: Cluster, workload: Workload, fixed: dict[str, Any]) -> list[Candidate]:
-    budget = cluster.gpu.memory_bytes
-    train = workload.train_config()
-    out = []
+def candidate(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Workload) -> Candidate:
+    """One plan judged and predicted for ``workload`` on ``cluster``: its memory, whether it fits the GPU's and the
+    node's host memory (and why not), whether the trainer runs it; its time on first use."""
+    return _Judge(stats, cluster, workload)(plan)
 
-    def predict_time(plan: Plan) -> TimeEstimate:
-        return estimate_time(stats, plan, cluster, workload)
 
-    for plan in enumerate_plans(stats, cluster, workload.global_batch_size, fixed, workload.seq_len):
+class _Judge:
+    """Judges the plans of one search: what every candidate shares is made once (a search judges thousands)."""
+
+    def __init__(self, stats: ModelStats, cluster: Cluster, workload: Workload) -> None:
+        self.stats, self.cluster, self.workload = stats, cluster, workload
+        self.train = workload.train_config()
+
+    def predict_time(self, plan: Plan) -> TimeEstimate:
+        return estimate_time(self.stats, plan, self.cluster, self.workload)
+
+    def __call__(self, plan: Plan) -> Candidate:
+        stats, cluster, workload = self.stats, self.cluster, self.workload
+        budget = cluster.gpu.memory_bytes
         mem = estimate_memory(stats, plan, workload)
-        reason, not_offered = judge(stats, plan, cluster, train)
+        reason, not_offered = judge(stats, plan, cluster, self.train)
         if reason is None and mem.budget_bytes > budget:
             reason = f"needs {mem.budget_bytes / GiB:.1f} GiB > {budget / GiB:.1f} GiB budget"
         host = host_bytes(stats, plan, workload) * min(cluster.gpus_per_node, cluster.num_gpus)
@@ -314,12 +324,16 @@ def _search_method(stats: ModelStats, cluster: Cluster, workload: Workload, fixe
                 f"needs {host / GiB:.0f} GiB of host memory per node for its offload > "
                 f"{cluster.host_bytes_per_node / GiB:.0f} GiB (--host-memory)"
             )
-        out.append(
-            Candidate(
-                plan, mem, reason is None, reason, not_offered, predict_time, workload.method, workload.compile,
-                workload.fp8,
-            )
+        fits = reason is None
+        return Candidate(
+            plan, mem, fits, reason, not_offered, self.predict_time, workload.method, workload.compile, workload.fp8
         )
+
+
+def _search_method(stats: ModelStats, cluster: Cluster, workload: Workload, fixed: dict[str, Any]) -> list[Candidate]:
+    judge_plan = _Judge(stats, cluster, workload)
+    train = judge_plan.train
+    out = [judge_plan(p) for p in enumerate_plans(stats, cluster, workload.global_batch_size, fixed, workload.seq_len)]
     if not out:
         pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "none"
         if fixed:  # pins that contradict each other, the batch or the model: the words a recipe would get

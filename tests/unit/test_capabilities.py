@@ -5,7 +5,6 @@ refuses, with ``train.compile`` as with any option."""
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,7 +160,7 @@ def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_path):
-    from bigtrain.cli.export import export_plan
+    from bigtrain.api import recipe_plan
     from bigtrain.runtime import LaunchEnv
     from bigtrain.simulate import simulate
     from bigtrain.train.run import TrainingJob
@@ -181,7 +180,7 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
     assert str(e.value) == message
 
     with pytest.raises(ConfigError) as e:
-        export_plan(cfg, argparse.Namespace(gpus=ex.world, gpus_per_node=None, to="accelerate"))
+        recipe_plan(cfg, gpus=ex.world).export("accelerate")
     assert str(e.value) == message
 
     workload = Workload(

@@ -9,7 +9,7 @@ import pytest
 from cases import COUNT_CHECK_MODELS
 from helpers import make_plan
 
-from bigtrain.cli.plan import parse_fix
+from bigtrain.api.request import parse_fix
 from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
@@ -346,27 +346,12 @@ def test_long_rows_on_8_h100_get_a_fitting_plan_through_context_parallelism(seq_
 
 def test_a_long_row_that_fits_no_gpu_is_told_the_lever():
     """Llama-3-8B at 262,144 tokens on one H100: the way out names context parallelism over more GPUs."""
-    import argparse
+    from bigtrain.api.alternatives import alternatives_that_fit
+    from bigtrain.api.planning import plan
 
-    from bigtrain.cli.plan import alternatives_that_fit, build_request
-
-    args = argparse.Namespace(
-        model="llama-3-8b",
-        gpus=1,
-        gpus_per_node=None,
-        gpu="H100",
-        gpu_memory=None,
-        seq_len=262144,
-        global_batch_size=1,
-        mixed_precision=None,
-        compile=None,
-        method=None,
-        lora_r=None,
-        fix=[],
-        recipe=None,
-        hardware_profile=None,
-    )
-    found = alternatives_that_fit(build_request(args))
+    result = plan("llama-3-8b", gpus=1, gpu="H100", seq_len=262144, global_batch_size=1)
+    assert not result.fits
+    found = alternatives_that_fit(result.request)
     assert found["gpus"] == "2 GPUs (--gpus 2: each row split over 2 of them, --fix cp=2)"
 
 

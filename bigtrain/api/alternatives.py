@@ -1,0 +1,57 @@
+"""When nothing fits: which of the obvious ways out (more GPUs, offload, a shorter sequence) would."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from bigtrain.api.request import PlanRequest
+from bigtrain.errors import ConfigError
+from bigtrain.planner.search import Candidate, search
+
+
+def _search(req: PlanRequest, **changes: Any) -> list[Candidate]:
+    """The search for ``req`` with some of its parts changed (``cluster``, ``fixed``, or the workload's fields)."""
+    workload_fields = {k: changes.pop(k) for k in ("seq_len", "global_batch_size") if k in changes}
+    r = replace(req, workload=replace(req.workload, **workload_fields), **changes)
+    return search(r.stats, r.cluster, r.workload, r.fixed)
+
+
+def _fits(candidates: list[Candidate]) -> bool:
+    """Whether the best candidate is a plan the trainer can run and that fits (the search ranks those first)."""
+    return candidates[0].fits and candidates[0].runnable
+
+
+def alternatives_that_fit(req: PlanRequest) -> dict[str, str]:
+    """Try the obvious ways out (more GPUs, offload, shorter sequences) and say which would fit. More GPUs come as
+    nodes of 8 when the request's nodes are smaller than that (a lone GPU's "node" says nothing about the nodes it
+    would join), which is what lets context parallelism split long rows over them."""
+    found: dict[str, str] = {}
+    for factor in (2, 4, 8, 16, 32, 64):
+        gpus = req.cluster.num_gpus * factor
+        batch = max(req.workload.global_batch_size, gpus) // gpus * gpus
+        per_node = max(req.cluster.gpus_per_node, min(gpus, 8))
+        more = replace(req.cluster, num_gpus=gpus, gpus_per_node=per_node)
+        candidates = _search(req, cluster=more, global_batch_size=batch)
+        if _fits(candidates):
+            best = candidates[0].plan
+            how = f": each row split over {best.cp} of them, --fix cp={best.cp}" if best.cp > 1 else ""
+            found["gpus"] = f"{gpus} GPUs (--gpus {gpus}{how})"
+            break
+    # offloading needs a sharded backend, and is only a way out if the user has not pinned it already
+    if req.fixed.get("backend") != "ddp":
+        for key in ("offload_params", "offload_optimizer"):
+            if key in req.fixed:
+                continue
+            try:
+                if _fits(_search(req, fixed={**req.fixed, key: True})):
+                    found["offload"] = f"offload (--fix {key}=true)"
+                    break
+            except ConfigError:  # no plan of that kind meets the pins
+                continue
+    for div in (2, 4, 8, 16):
+        seq = req.workload.seq_len // div
+        if seq >= 2 and _fits(_search(req, seq_len=seq)):
+            found["seq"] = f"a shorter sequence (--seq-len {seq})"
+            break
+    return found

@@ -1,0 +1,141 @@
+"""A plan as the live objects other tools take: ``TrainingArguments``, TRL's ``SFTConfig``, ``Accelerator`` keyword
+arguments (its FSDP / DeepSpeed plugin and ``ParallelismConfig``), a DeepSpeed config dict.
+
+Each takes the plan as a recipe runs it (``cfg``: the recipe with ``parallel`` set to ``plan``) and the model's
+config, and starts from the plain-data translation ``bigtrain export`` writes to a file (``integrations/``), so a
+file and an object made from one plan say the same. The translation's notes (what a target cannot say) are logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from bigtrain.config.capabilities import ModelFacts, Setup, check
+from bigtrain.config.hf import hf_config_from_dict
+from bigtrain.config.plan import Plan
+from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
+from bigtrain.errors import ConfigError
+from bigtrain.integrations import TARGETS, Export, dropped_memory_options
+
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
+
+log = logging.getLogger("bigtrain")
+
+
+def export(
+    cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any], target: str, gpus_per_node: int | None = None
+) -> Export:
+    """The plan for ``target`` as plain data and the notes on its translation (what ``bigtrain export`` writes)."""
+    from bigtrain.integrations.accelerate_config import export_accelerate
+    from bigtrain.integrations.deepspeed_json import export_deepspeed
+    from bigtrain.integrations.hf_trainer import export_hf_trainer
+    from bigtrain.models.build import block_class_names
+
+    if target not in TARGETS:
+        raise ConfigError(f"target {target!r} is not one of {', '.join(TARGETS)}")
+    hf_config = hf_config_from_dict(dict(model_config))
+    check(Setup(plan, cfg.train, ModelFacts.of(hf_config)))  # the rows that read the model, as start-up asks them
+    per_node = gpus_per_node or min(plan.world_size, 8)
+    if per_node < 1:
+        raise ConfigError(f"--gpus-per-node {per_node} must be at least 1")
+    if target == "accelerate":
+        out = export_accelerate(cfg, plan, block_class_names(hf_config), per_node)
+    elif target == "deepspeed":
+        out = export_deepspeed(cfg, plan, hf_config)
+    else:
+        out = export_hf_trainer(cfg, plan, hf_config, block_class_names(hf_config))
+    out.notes += dropped_memory_options(plan, target)
+    if cfg.train.method in ADAPTER_METHODS:
+        out.notes.append(_adapter_note(cfg, target))
+    return out
+
+
+def _adapter_note(cfg: RecipeConfig, target: str) -> str:
+    lora = cfg.lora
+    return (
+        f"train.method={cfg.train.method}: the adapters are not part of a {target} config; wrap the model with "
+        f"peft in your script (LoraConfig(r={lora.r}, lora_alpha={lora.alpha:g}, lora_dropout={lora.dropout:g}, "
+        f"target_modules={lora.target_modules or 'all-linear'!r}"
+        + (f", modules_to_save={lora.modules_to_save!r}" if lora.modules_to_save else "")
+        + ")"
+        + (", the base loaded 4-bit NF4" if cfg.train.method == "qlora" else "")
+        + "); this file carries the parallel plan"
+    )
+
+
+def _logged(out: Export) -> Export:
+    for note in out.notes:
+        log.warning("bigtrain: %s", note)
+    return out
+
+
+def to_deepspeed(cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any]) -> dict[str, Any]:
+    if plan.backend != "deepspeed":
+        raise ConfigError(
+            f"the plan's backend is {plan.backend}, not deepspeed; plan with fix={{'backend': 'deepspeed'}} "
+            "for a DeepSpeed config"
+        )
+    return _logged(export(cfg, plan, model_config, "deepspeed")).content
+
+
+def trainer_keywords(
+    cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any], overrides: dict[str, Any]
+) -> dict[str, Any]:
+    """``TrainingArguments`` keywords for the plan with ``overrides`` applied, ``parallelism_config`` as the object."""
+    kwargs = {**_logged(export(cfg, plan, model_config, "hf-trainer")).content, **overrides}
+    if isinstance(kwargs.get("parallelism_config"), dict):
+        from accelerate.parallelism_config import ParallelismConfig
+
+        kwargs["parallelism_config"] = ParallelismConfig(**kwargs["parallelism_config"])
+    return kwargs
+
+
+def to_training_arguments(
+    cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any], overrides: dict[str, Any]
+) -> TrainingArguments:
+    from transformers import TrainingArguments
+
+    return TrainingArguments(**trainer_keywords(cfg, plan, model_config, overrides))
+
+
+def to_sft_config(cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any], overrides: dict[str, Any]) -> Any:
+    try:
+        from trl import SFTConfig
+    except ImportError as e:
+        raise ConfigError("to_sft_config needs TRL: pip install 'bigtrain[trl]'") from e
+    overrides = {"max_length": cfg.data.seq_len, **overrides}
+    return SFTConfig(**trainer_keywords(cfg, plan, model_config, overrides))
+
+
+def to_accelerate(cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any]) -> dict[str, Any]:
+    """``Accelerator(**kwargs)``: the plugin objects built from the keys ``bigtrain export --to accelerate`` writes."""
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+
+    content = _logged(export(cfg, plan, model_config, "accelerate")).content
+    kwargs: dict[str, Any] = {
+        "mixed_precision": content["mixed_precision"],
+        "gradient_accumulation_steps": plan.grad_accum_steps(cfg.train.global_batch_size),
+    }
+    if plan.backend == "fsdp2":
+        fsdp = content["fsdp_config"]
+        kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(
+            fsdp_version=2,
+            auto_wrap_policy="transformer_based_wrap",
+            transformer_cls_names_to_wrap=fsdp["fsdp_transformer_layer_cls_to_wrap"].split(","),
+            reshard_after_forward=fsdp["fsdp_reshard_after_forward"],
+            cpu_offload=fsdp["fsdp_offload_params"],
+            state_dict_type="SHARDED_STATE_DICT",
+            activation_checkpointing=fsdp["fsdp_activation_checkpointing"],
+        )
+        if "parallelism_config" in content:
+            from accelerate.parallelism_config import ParallelismConfig
+
+            kwargs["parallelism_config"] = ParallelismConfig(
+                dp_replicate_size=plan.dp_replicate, dp_shard_size=plan.dp_shard, tp_size=plan.tp
+            )
+    elif plan.backend == "deepspeed":
+        # the complete config (the same as to_deepspeed): the plugin reads stage, offload and batch from it
+        kwargs["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=export(cfg, plan, model_config, "deepspeed").content)
+    return kwargs

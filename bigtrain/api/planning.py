@@ -1,0 +1,174 @@
+"""``bigtrain.plan``: the planner's choice for a model on some GPUs; ``bigtrain.recipe_plan``: the plan a recipe runs
+(``parallel.plan: auto`` chosen the same way, a written plan resolved and predicted). ``bigtrain plan`` and
+``bigtrain export`` call these, so the command line and Python cannot disagree."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bigtrain.api.request import (
+    PYTHON,
+    Hardware,
+    ModelSpec,
+    PlanRequest,
+    Spelling,
+    build_request,
+    cluster_of,
+)
+from bigtrain.api.result import PlanResult
+from bigtrain.config.load import load_recipe
+from bigtrain.config.resolve import resolve_plan
+from bigtrain.config.schema import RecipeConfig
+from bigtrain.errors import ConfigError
+from bigtrain.planner.hardware import detect_local, make_cluster
+from bigtrain.planner.search import candidate, search
+
+
+def plan(
+    model: ModelSpec | None = None,
+    *,
+    recipe: str | Path | RecipeConfig | None = None,
+    gpus: int | None = None,
+    gpu: str | None = None,
+    gpu_memory: str | int | None = None,
+    gpus_per_node: int | None = None,
+    host_memory: str | None = None,
+    seq_len: int | None = None,
+    global_batch_size: int | None = None,
+    mixed_precision: str | None = None,
+    method: str | None = None,
+    lora_r: int | None = None,
+    compile: bool | str | None = None,
+    fp8: str | None = None,
+    fix: dict[str, Any] | None = None,
+    hardware_profile: str | Path | None = None,
+    allow_unrunnable: bool = False,
+    _spell: Spelling = PYTHON,
+) -> PlanResult:
+    """Choose how to train ``model`` on ``gpus`` GPUs, and explain it.
+
+    Args:
+        model: a preset name (``bigtrain plan --help`` lists them), a local HF model folder or ``config.json``, a
+            config dict with ``model_type``, a ``transformers.PretrainedConfig``, or a built model (its ``.config``).
+            Optional when ``recipe`` names the model.
+        recipe: a bigtrain recipe (path or loaded) to take the model, sequence length, batch, precision and method
+            from; the other arguments win over it.
+        gpus: GPUs of the job (default: this machine's, or the whole job's under torchrun/accelerate).
+        gpu: GPU type, e.g. ``"H100"``, ``"A100-40GB"``, ``"L4"`` (default: detected, else H100).
+        gpu_memory: memory per GPU, e.g. ``"80GB"`` (binary units) or bytes; overrides the GPU table.
+        gpus_per_node: GPUs per machine (default: ``min(gpus, 8)``).
+        host_memory: host memory per node for offloaded state, e.g. ``"2TB"``.
+        seq_len: tokens per sequence (default: the recipe's, else the model's maximum up to 2048).
+        global_batch_size: sequences per optimizer step (default: the recipe's, else about 1M tokens).
+        mixed_precision: ``"bf16"`` (default), ``"fp16"`` or ``"fp32"``.
+        method: ``"full"`` (default), ``"lora"``, ``"qlora"`` or ``"auto"`` (the planner picks).
+        lora_r: adapter rank under lora/qlora (default 16).
+        compile: plan for ``torch.compile`` of the blocks (True/False/``"auto"``).
+        fp8: ``"none"``, ``"tensorwise"``, ``"rowwise"`` or ``"auto"`` (needs a measured ``hardware_profile``).
+        fix: plan fields to pin, e.g. ``{"backend": "deepspeed", "zero_stage": 3}``.
+        hardware_profile: a ``bigtrain probe`` profile: measured rates and links instead of the GPU table's.
+        allow_unrunnable: return the best plan even when the trainer cannot run it (``bigtrain plan --all``).
+
+    Returns:
+        A :class:`PlanResult` (``result.plan``, ``result.explain()``, ``result.to_training_arguments()``, ...).
+        ``result.fits`` is False when nothing fits; ``result.what_would_fit()`` then says what would.
+
+    Raises:
+        ConfigError: bad input, named by its argument, with what would work.
+    """
+    profile = str(hardware_profile) if hardware_profile else None
+    hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, host_memory, profile)
+    request = build_request(
+        model,
+        recipe,
+        hw,
+        seq_len=seq_len,
+        global_batch_size=global_batch_size,
+        mixed_precision=mixed_precision,
+        method=method,
+        lora_r=lora_r,
+        compile=compile,
+        fp8=fp8,
+        fix=fix,
+        spell=_spell,
+    )
+    return searched(request, allow_unrunnable)
+
+
+def searched(request: PlanRequest, allow_unrunnable: bool = False) -> PlanResult:
+    """The search's result for ``request``; a ConfigError when the pins leave only plans the trainer cannot run."""
+    r = request
+    candidates = search(r.stats, r.cluster, r.workload, r.fixed)
+    best = candidates[0]
+    if not best.runnable and not allow_unrunnable:
+        raise ConfigError(
+            f"no plan the planner offers meets the pins: {best.unsupported}; "
+            "add --all to see such plans predicted anyway"
+        )
+    return PlanResult.of(request, candidates)
+
+
+def recipe_plan(
+    recipe: str | Path | RecipeConfig,
+    *,
+    overrides: list[str] | tuple[str, ...] = (),
+    gpus: int | None = None,
+    gpus_per_node: int | None = None,
+    gpu: str | None = None,
+    gpu_memory: str | int | None = None,
+    hardware_profile: str | Path | None = None,
+    _spell: Spelling = PYTHON,
+) -> PlanResult:
+    """The plan ``bigtrain train`` would run for ``recipe`` (with ``overrides``, ``"key.sub=value"`` items): a
+    written plan resolved for ``gpus`` ranks (or the product of its degrees when it states them all) and predicted
+    on ``gpu`` (default: detected, else H100); ``parallel.plan: auto`` chosen by the planner for ``gpus`` of ``gpu``
+    / ``gpu_memory`` (or the GPUs detected here), refused when nothing fits."""
+    cfg = recipe if isinstance(recipe, RecipeConfig) else load_recipe(recipe, overrides)
+    if gpus is not None and gpus < 1:
+        raise ConfigError(f"{_spell.value('gpus', gpus)} must be at least 1")
+    profile = str(hardware_profile) if hardware_profile else cfg.parallel.hardware_profile
+    if cfg.parallel.plan == "auto":
+        hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, None, profile)
+        no_gpu = (
+            "parallel.plan=auto is planned for the GPUs it will run on: no GPU detected here, give "
+            + f"{_spell.example('gpus', 'N')} and {_spell.example('gpu', 'NAME')} or "
+            + _spell.example("gpu_memory", "SIZE")
+        )
+        cluster = cluster_of(hw, no_gpu, _spell)
+        request = build_request(None, cfg, hw, spell=_spell, cluster=cluster)
+        result = searched(request)
+        if not result.fits:
+            raise ConfigError(
+                f"parallel.plan=auto found no plan that fits {cluster.num_gpus} x {cluster.gpu.name} "
+                f"({cluster.gpu.memory_bytes / 2**30:.0f} GiB): best was '{result.searched[0].rejected_because}'; "
+                "run bigtrain plan on the recipe for what would fit"
+            )
+        return result
+    world = gpus or stated_world(cfg)
+    if world is None:
+        raise ConfigError(
+            "the recipe's plan fills the world with parallel.dp_shard (or dp_replicate for ddp): give the job's "
+            f"size with {_spell.example('gpus', 'N')}"
+        )
+    written = resolve_plan(cfg.parallel, world, cfg.train)
+    name, _, free = (None, 0, None) if (gpu or gpu_memory) else detect_local()
+    cluster = make_cluster(world, gpus_per_node, gpu or name, gpu_memory or free)
+    if profile:
+        from bigtrain.planner.profile import gpu_from_profile, load_profile
+
+        cluster = replace(cluster, gpu=gpu_from_profile(load_profile(profile), cluster.gpu))
+    request = build_request(None, cfg, Hardware(), spell=_spell, cluster=cluster)
+    return PlanResult.of(request, [candidate(request.stats, written, cluster, request.workload)])
+
+
+def stated_world(cfg: RecipeConfig) -> int | None:
+    """The world size a written plan states by itself (every degree given), else None."""
+    p = cfg.parallel
+    if p.backend == "ddp":
+        return None if p.dp_replicate in (None, -1) else p.dp_replicate * p.tp * p.pp * p.cp
+    if p.dp_shard in (None, -1):
+        return None
+    replicate = 1 if p.dp_replicate in (None, -1) else p.dp_replicate
+    return replicate * p.dp_shard * p.tp * p.pp * p.cp

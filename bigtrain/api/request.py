@@ -1,0 +1,263 @@
+"""What a plan is asked for: the model, the hardware and the workload, read from keyword arguments (``bigtrain.plan``)
+or from the command line's flags (``bigtrain plan``, ``bigtrain export``), with the same checks and the same words.
+
+Errors name the argument as the caller wrote it: ``--seq-len`` on the command line, ``seq_len=`` in Python.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bigtrain.config.load import check_minimum, coerce, load_recipe
+from bigtrain.config.plan import ZERO_STAGES
+from bigtrain.config.schema import FP8_CHOICES, METHODS, PRECISIONS, ParallelConfig, RecipeConfig
+from bigtrain.config.workload import Workload
+from bigtrain.errors import ConfigError
+from bigtrain.planner.hardware import Cluster, detect_local, make_cluster
+from bigtrain.planner.model_stats import ModelStats, load_model_config
+from bigtrain.planner.search import PLAN_FIELDS
+
+DEFAULT_TOKENS_PER_STEP = 2**20  # ~1M tokens per optimizer step when no batch is given
+ModelSpec = typing.Union[str, Path, dict, Any]  # noqa: UP007 - a preset, folder, config dict, PretrainedConfig, module
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How the caller names an argument in messages: ``--gpus`` (command line) or ``gpus=`` (Python)."""
+
+    cli: bool
+
+    def __call__(self, name: str) -> str:
+        """The argument's name: ``--gpus-per-node`` or ``gpus_per_node``."""
+        return f"--{name.replace('_', '-')}" if self.cli else name
+
+    def value(self, name: str, value: Any) -> str:
+        """The argument with a value: ``--gpus 3`` or ``gpus=3``."""
+        return f"{self(name)} {value}" if self.cli else f"{name}={value!r}"
+
+    def example(self, name: str, placeholder: str) -> str:
+        """The argument with a placeholder: ``--gpus N`` or ``gpus=N``."""
+        return f"{self(name)} {placeholder}" if self.cli else f"{name}={placeholder}"
+
+
+CLI, PYTHON = Spelling(True), Spelling(False)
+
+
+@dataclass
+class Hardware:
+    """The hardware arguments, as given (None: detect or default)."""
+
+    gpus: int | None = None
+    gpus_per_node: int | None = None
+    gpu: str | None = None
+    gpu_memory: str | int | None = None
+    host_memory: str | None = None
+    hardware_profile: str | None = None
+
+
+@dataclass
+class PlanRequest:
+    stats: ModelStats
+    model_config: dict[str, Any]
+    cluster: Cluster
+    workload: Workload
+    fixed: dict[str, Any]
+    model_source: str | None = None  # a local HF folder the model came from (what a recipe's name_or_path takes)
+    recipe: RecipeConfig | None = None
+
+
+def model_config_of(model: ModelSpec) -> tuple[dict[str, Any], str | None]:
+    """A full HF config dict from what ``bigtrain.plan`` takes as ``model``, and the local folder it came from."""
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        folder = str(path) if path.is_dir() and (path / "config.json").is_file() else None
+        return load_model_config(str(model)), folder
+    if isinstance(model, dict):
+        return load_model_config(model), None
+    config = getattr(model, "config", model)  # a built model (or a peft model around one): its config
+    if hasattr(config, "to_dict") and hasattr(config, "model_type"):
+        return load_model_config({**config.to_dict(), "model_type": config.model_type}), None
+    raise ConfigError(
+        f"model={type(model).__name__}: pass a preset name, a local HF model folder, a config.json path, a config "
+        "dict, a transformers PretrainedConfig, or a model with a .config"
+    )
+
+
+def parse_fix(items: dict[str, Any] | list[str], spell: Spelling = CLI) -> dict[str, Any]:
+    """Pinned plan fields, each read and checked exactly as the recipe's ``parallel.key``: ``--fix key=value`` items
+    on the command line, a dict in Python."""
+    pairs: list[tuple[str, Any, str]] = []
+    if isinstance(items, dict):
+        pairs = [(k, v, f"fix[{k!r}]") for k, v in items.items()]
+    else:
+        for item in items:
+            key, sep, text = item.partition("=")
+            key = key.strip()
+            if not sep:
+                key = ""  # reported below as an unknown field
+            try:
+                value = yaml.safe_load(text)
+            except yaml.YAMLError:
+                value = text
+            pairs.append((key, value, item))
+    hints = typing.get_type_hints(ParallelConfig)
+    out: dict[str, Any] = {}
+    shown_key = "--fix" if spell.cli else "fix"
+    for key, value, shown in pairs:
+        if key not in PLAN_FIELDS:
+            raise ConfigError(f"{shown_key} {shown!r}: unknown plan field; use one of {', '.join(PLAN_FIELDS)}")
+        if value is None:
+            raise ConfigError(f"{shown_key} {key}= needs a value")
+        out[key] = coerce(value, hints[key], f"{shown_key} {key}")
+        check_minimum(f"parallel.{key}", out[key], shown=f"{shown_key} {key}")
+        if key == "zero_stage" and not any(out[key] in stages for stages in ZERO_STAGES.values()):
+            modes = ", ".join(f"{', '.join(map(str, v))} ({k})" for k, v in ZERO_STAGES.items())
+            raise ConfigError(f"{shown_key} zero_stage={out[key]} is not a stage of any backend; use {modes}")
+    return out
+
+
+def cluster_of(hw: Hardware, no_gpu: str, spell: Spelling = CLI) -> Cluster:
+    """The cluster the arguments describe, else this machine's GPUs (the whole job's under a launcher); with a
+    ``bigtrain probe`` profile, its measured rates and link. ``no_gpu``: the error when there is nothing to plan for."""
+    for name in ("gpus", "gpus_per_node"):
+        value = getattr(hw, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"{spell.value(name, value)} must be at least 1")
+    if hw.gpus and hw.gpus_per_node and hw.gpus > hw.gpus_per_node and hw.gpus % hw.gpus_per_node:
+        raise ConfigError(
+            f"{spell.value('gpus', hw.gpus)} is not a whole number of nodes of "
+            f"{spell.value('gpus_per_node', hw.gpus_per_node)}; use a multiple such as "
+            f"{hw.gpus // hw.gpus_per_node * hw.gpus_per_node or hw.gpus_per_node}"
+        )
+    per_node = hw.gpus_per_node
+    if hw.gpus and (hw.gpu or hw.gpu_memory):
+        name, count, free = None, 0, None
+    else:
+        name, count, free = detect_local()
+        job = _job_hardware() if name is not None else None
+        if job is not None:  # inside torchrun/accelerate: the whole job, limited by its most constrained rank
+            count, per_node, free = job
+    gpus = hw.gpus or count
+    if not gpus:
+        raise ConfigError(no_gpu)
+    cluster = make_cluster(gpus, per_node, hw.gpu or name, hw.gpu_memory or free, hw.host_memory)
+    if hw.hardware_profile:
+        from bigtrain.planner.profile import gpu_from_profile, load_profile
+
+        stated = cluster.gpu.memory_bytes if (hw.gpu_memory or free) else None
+        gpu = gpu_from_profile(load_profile(hw.hardware_profile), cluster.gpu, memory_bytes=stated)
+        cluster = replace(cluster, gpu=gpu)
+    return cluster
+
+
+def no_gpu_message(spell: Spelling) -> str:
+    return (
+        f"no GPU detected on this machine; give {spell.example('gpus', 'N')} (and {spell.example('gpu', 'NAME')} or "
+        f"{spell.example('gpu_memory', 'SIZE')})"
+    )
+
+
+def build_request(
+    model: ModelSpec | None,
+    recipe: str | Path | RecipeConfig | None,
+    hw: Hardware,
+    *,
+    seq_len: int | None = None,
+    global_batch_size: int | None = None,
+    mixed_precision: str | None = None,
+    method: str | None = None,
+    lora_r: int | None = None,
+    compile: bool | str | None = None,
+    fp8: str | None = None,
+    fix: dict[str, Any] | list[str] | None = None,
+    spell: Spelling = CLI,
+    cluster: Cluster | None = None,
+) -> PlanRequest:
+    """The search's inputs: arguments first, then the recipe's values, then defaults (a ~1M-token global batch, the
+    model's positions up to 2048, bf16, full fine-tuning). ``cluster``: one already made from ``hw``."""
+    cfg = recipe if isinstance(recipe, RecipeConfig) or recipe is None else load_recipe(recipe)
+    if model is not None:
+        model_config, source = model_config_of(model)
+    elif cfg is not None:
+        model_config = load_model_config(cfg.model.config or cfg.model.name_or_path or "")
+        source = cfg.model.name_or_path
+    else:
+        raise ConfigError(f"bigtrain plan needs a model: {spell.example('model', 'PRESET|PATH')}, or a recipe")
+    stats = ModelStats.from_config(model_config)
+    _check_choice(spell, "mixed_precision", mixed_precision, PRECISIONS)
+    _check_choice(spell, "method", method, METHODS)
+    _check_choice(spell, "fp8", fp8, FP8_CHOICES)
+    cluster = cluster or cluster_of(hw, no_gpu_message(spell), spell)
+    gpus = cluster.num_gpus
+    for name, value, minimum in (("seq_len", seq_len, 2), ("global_batch_size", global_batch_size, 1)):
+        if value is not None and value < minimum:
+            raise ConfigError(f"{spell.value(name, value)} must be at least {minimum}")
+    seq_len = seq_len or (cfg.data.seq_len if cfg and cfg.data.seq_len else default_seq_len(model_config))
+    check_plan_seq_len(model_config, seq_len, spell("seq_len"))
+    if global_batch_size:
+        batch = global_batch_size
+    elif cfg is not None:
+        batch = cfg.train.global_batch_size
+    else:
+        batch = max(1, DEFAULT_TOKENS_PER_STEP // seq_len // gpus) * gpus
+    lora_rank = lora_r if lora_r is not None else (cfg.lora.r if cfg else 16)
+    if lora_rank < 1:
+        raise ConfigError(f"{spell.value('lora_r', lora_rank)} must be at least 1")
+    workload = Workload(
+        seq_len=seq_len,
+        global_batch_size=batch,
+        mixed_precision=mixed_precision or (cfg.train.mixed_precision if cfg else "bf16"),
+        compile=compile if compile is not None else (cfg.train.compile if cfg else False),
+        fp8=fp8 or (cfg.train.fp8 if cfg else "none"),
+        method=method or (cfg.train.method if cfg else "full"),
+        lora_rank=lora_rank,
+        modules_to_save=tuple(cfg.lora.modules_to_save or ()) if cfg else (),
+    )
+    return PlanRequest(stats, model_config, cluster, workload, parse_fix(fix or [], spell), source, cfg)
+
+
+def _check_choice(spell: Spelling, name: str, value: str | None, choices: tuple[str, ...]) -> None:
+    if value is not None and value not in choices:
+        raise ConfigError(f"{spell.value(name, value)} is not one of {', '.join(choices)}")
+
+
+def check_plan_seq_len(model_config: dict[str, Any], seq_len: int, key: str = "--seq-len") -> None:
+    """The sequence against the model's positions, by the rule ``bigtrain train`` applies (train/checks.py): beyond
+    a learned position table (GPT-2) refused, beyond a rotary model's max_position_embeddings a warning."""
+    from bigtrain.config.hf import hf_config_from_dict, one_block
+    from bigtrain.models.build import build_meta_model
+    from bigtrain.train.checks import check_sequence_length
+
+    hf_config = hf_config_from_dict(dict(model_config))
+    probe = build_meta_model(one_block(hf_config), "auto")
+    check_sequence_length(hf_config, probe, seq_len, is_main=True, key=key)
+
+
+def default_seq_len(model_config: dict[str, Any]) -> int:
+    """The sequence length to plan for when none is given: the model's maximum, at most 2048."""
+    max_len = model_config.get("max_position_embeddings") or model_config.get("n_positions") or 2048
+    return min(2048, max_len)
+
+
+def _job_hardware() -> tuple[int, int, int] | None:
+    """(world size, ranks per node, smallest free memory of any rank) when run under a launcher, else None."""
+    from bigtrain.runtime import init_process_group, pick_device, read_launch_env, smallest_free_memory
+
+    env = read_launch_env()
+    if not env.launched:
+        return None
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # the user's script made the job's group already: use it, leave it
+        return env.world_size, env.local_world_size, smallest_free_memory(env, pick_device(env))
+    device = pick_device(env)
+    init_process_group(env, device, timeout_s=120)
+    try:
+        return env.world_size, env.local_world_size, smallest_free_memory(env, device)
+    finally:
+        dist.destroy_process_group()

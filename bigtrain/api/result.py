@@ -1,0 +1,251 @@
+"""What ``bigtrain.plan`` returns: the chosen plan with its predicted memory and time, the ranked alternatives with
+why each lost, the table that explains it, and the plan converted for HF Trainer, TRL, accelerate, DeepSpeed or a
+bigtrain recipe (``convert.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from bigtrain.config.load import build_dataclass, check_ranges, recipe_to_dict
+from bigtrain.config.plan import Plan
+from bigtrain.config.schema import RecipeConfig
+from bigtrain.config.workload import Workload
+from bigtrain.planner.cost import TimeEstimate
+from bigtrain.planner.explain import describe, render_table, to_json
+from bigtrain.planner.hardware import Cluster, GiB
+from bigtrain.planner.memory_terms import MemoryEstimate
+from bigtrain.planner.model_stats import ModelStats
+from bigtrain.planner.search import Candidate
+
+if TYPE_CHECKING:
+    from accelerate.utils import DeepSpeedPlugin  # noqa: F401
+    from transformers import TrainingArguments
+
+    from bigtrain.api.request import PlanRequest
+    from bigtrain.integrations import Export
+
+
+@dataclass(frozen=True)
+class RankedPlan:
+    """One candidate as the ranking saw it. ``why_not``: None for the choice, else why it lost (slower by how much,
+    over which budget, or what the trainer cannot run)."""
+
+    rank: int
+    name: str  # the table's one-line name, e.g. "fsdp2 zero3 dp=8 tp=1 pp=1 ac=none mb=2 rs=micro"
+    plan: Plan
+    method: str
+    compile: bool | str
+    fp8: str
+    peak_bytes: int
+    budget_bytes: int
+    step_s: float
+    tokens_per_s_per_device: float
+    fits: bool
+    runnable: bool
+    why_not: str | None
+
+
+@dataclass
+class PlanResult:
+    """A plan for a model on some GPUs, with the reasoning.
+
+    ``plan`` is the chosen layout (its fields are the recipe's ``parallel.`` keys); ``method``, ``compile`` and
+    ``fp8`` the train options it was chosen with; ``memory`` and ``time`` its predicted peak per GPU (bytes, by
+    part) and step; ``fits`` whether it fits and the trainer runs it. ``candidates`` ranks the alternatives.
+    """
+
+    plan: Plan
+    method: str
+    compile: bool | str
+    fp8: str
+    fits: bool
+    memory: MemoryEstimate
+    time: TimeEstimate
+    model: ModelStats
+    cluster: Cluster
+    workload: Workload
+    request: PlanRequest = field(repr=False)
+    searched: list[Candidate] = field(repr=False)
+
+    @classmethod
+    def of(cls, request: PlanRequest, candidates: list[Candidate]) -> PlanResult:
+        best = candidates[0]  # the search ranks the plans the trainer can run first
+        return cls(
+            best.plan,
+            best.method,
+            best.compile,
+            best.fp8,
+            best.fits and best.runnable,
+            best.memory,
+            best.time,
+            request.stats,
+            request.cluster,
+            request.workload,
+            request,
+            candidates,
+        )
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.plan.micro_batch_size
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.plan.grad_accum_steps(self.workload.global_batch_size)
+
+    @property
+    def predicted_peak_bytes(self) -> int:
+        """The predicted peak of tensor memory on the busiest GPU (what ``torch.cuda.max_memory_allocated`` reads)."""
+        return self.memory.total_bytes
+
+    def candidates(self, limit: int = 20, include_unrunnable: bool = False) -> list[RankedPlan]:
+        """The best ``limit`` fitting plans, then the best ``limit`` rejected ones (and with ``include_unrunnable``
+        the plans the trainer cannot run yet), each with why it lost to the choice."""
+        runnable = [c for c in self.searched if c.runnable]
+        shown = [c for c in runnable if c.fits][:limit] + [c for c in runnable if not c.fits][:limit]
+        if include_unrunnable:
+            shown += [c for c in self.searched if not c.runnable][:limit]
+        return [self._ranked(i, c) for i, c in enumerate(shown)]
+
+    def _ranked(self, rank: int, c: Candidate) -> RankedPlan:
+        best = self.searched[0]
+        if not c.runnable:
+            why: str | None = f"not runnable yet: {c.unsupported}"
+        elif not c.fits:
+            why = c.rejected_because
+        elif c is best:
+            why = None
+        elif c.time.step_s > best.time.step_s:
+            why = f"slower: {c.time.step_s:.3f} s per step, {c.time.step_s / best.time.step_s - 1:.1%} more"
+        else:  # a near tie: the choice has fewer moving parts
+            why = f"near tie ({c.time.step_s:.3f} s per step): the choice has fewer moving parts"
+        name = describe(c.plan) if c.method == "full" else f"{c.method} {describe(c.plan)}"
+        return RankedPlan(
+            rank,
+            name + (" compile" if c.compile is True else "") + (f" fp8={c.fp8}" if c.fp8 != "none" else ""),
+            c.plan,
+            c.method,
+            c.compile,
+            c.fp8,
+            c.memory.total_bytes,
+            c.memory.budget_bytes,
+            c.time.step_s,
+            c.time.tokens_per_s_per_device,
+            c.fits and c.runnable,
+            c.runnable,
+            why,
+        )
+
+    def explain(self, show_unrunnable: bool = False) -> str:
+        """The table ``bigtrain plan`` prints: the fitting plans ("*" the choice), the best rejected ones and why."""
+        return render_table(self.searched, self.model, self.cluster, self.workload, show_unrunnable=show_unrunnable)
+
+    def to_dict(self, include_unrunnable: bool = False) -> dict[str, Any]:
+        """What ``bigtrain plan --json`` prints."""
+        return to_json(self.searched, self.model, include_unrunnable=include_unrunnable)
+
+    def what_would_fit(self) -> str | None:
+        """When nothing fits: one sentence naming what would (more GPUs, offload, a shorter sequence); else None."""
+        if self.fits:
+            return None
+        from bigtrain.api.alternatives import alternatives_that_fit
+        from bigtrain.planner.explain import what_would_fit
+
+        return what_would_fit(alternatives_that_fit(self.request))
+
+    def simulate(self) -> dict[str, Any]:
+        """The chosen plan's peak memory measured by running its training step on fake tensors (one rank of the
+        plan's world, simulated here in seconds): ``{"peak_bytes", "world_size"[, "pp_rank"]}``. A ConfigError
+        says why a plan cannot be simulated."""
+        from bigtrain.errors import ConfigError
+        from bigtrain.simulate import not_simulated, simulate
+
+        reason = not_simulated(self.plan)
+        if reason is not None:
+            raise ConfigError(f"the chosen plan cannot be simulated: {reason}")
+        workload = replace(self.workload, method=self.method, compile=self.compile, fp8=self.fp8)
+        peak = simulate(self.request.model_config, self.plan, workload)
+        out = {"peak_bytes": peak["Total"], "world_size": self.plan.world_size}
+        if "pp_rank" in peak:  # pipelined: every pp rank was simulated, this is the busiest
+            out["pp_rank"] = peak["pp_rank"]
+        return out
+
+    # ---- conversions: the plan as the objects other tools take (convert.py) ----
+
+    def to_recipe(self) -> dict[str, Any]:
+        """A bigtrain recipe (plain data, as the YAML holds it) that runs this plan: the request's recipe, or the
+        model, sequence and batch it was planned for, with ``parallel`` set to the plan and the chosen method,
+        compile and FP8."""
+        req = self.request
+        if req.recipe is not None:
+            raw = recipe_to_dict(req.recipe)
+        else:
+            model = {"name_or_path": req.model_source} if req.model_source else {"config": dict(req.model_config)}
+            raw = {"model": model, "data": {}, "train": {}, "lora": {"r": self.workload.lora_rank}}
+            if self.workload.modules_to_save:
+                raw["lora"]["modules_to_save"] = list(self.workload.modules_to_save)
+        raw["data"]["seq_len"] = self.workload.seq_len
+        raw["train"].update(
+            global_batch_size=self.workload.global_batch_size,
+            mixed_precision=self.workload.mixed_precision,
+            method=self.method,
+            compile=self.compile,
+            fp8=self.fp8,
+        )
+        raw["parallel"] = {"plan": "manual", **self.plan.to_dict()}
+        return raw
+
+    def recipe_config(self) -> RecipeConfig:
+        """``to_recipe()`` read as ``bigtrain train`` reads a recipe (the conversions start from it)."""
+        cfg = build_dataclass(RecipeConfig, self.to_recipe(), prefix="")
+        check_ranges(cfg)
+        return cfg
+
+    def _conversion_inputs(self) -> tuple[RecipeConfig, Plan, dict[str, Any]]:
+        return self.recipe_config(), self.plan, self.request.model_config
+
+    def export(self, target: str, gpus_per_node: int | None = None) -> Export:
+        """The plan for ``target`` (accelerate, deepspeed, hf-trainer) as plain data, with notes on what the
+        translation changes: what ``bigtrain export`` writes."""
+        from bigtrain.api.convert import export
+
+        return export(self.recipe_config(), self.plan, self.request.model_config, target, gpus_per_node)
+
+    def to_deepspeed(self) -> dict[str, Any]:
+        """The complete DeepSpeed config (``deepspeed.initialize(config=...)``, ``TrainingArguments(deepspeed=...)``,
+        ``DeepSpeedPlugin(hf_ds_config=...)``)."""
+        from bigtrain.api.convert import to_deepspeed
+
+        return to_deepspeed(*self._conversion_inputs())
+
+    def to_training_arguments(self, **overrides: Any) -> TrainingArguments:
+        """A ``transformers.TrainingArguments`` carrying the plan (FSDP2 / DeepSpeed / DDP, per-device batch,
+        accumulation, checkpointing, precision) and the recipe's optimizer and schedule; ``overrides`` are
+        TrainingArguments keywords that win (``output_dir``, ``learning_rate``, ...)."""
+        from bigtrain.api.convert import to_training_arguments
+
+        return to_training_arguments(*self._conversion_inputs(), overrides)
+
+    def to_sft_config(self, **overrides: Any) -> Any:
+        """TRL's ``SFTConfig`` (a TrainingArguments) with the plan, and ``max_length`` the planned sequence length;
+        needs ``pip install 'bigtrain[trl]'``."""
+        from bigtrain.api.convert import to_sft_config
+
+        return to_sft_config(*self._conversion_inputs(), overrides)
+
+    def to_accelerate(self) -> dict[str, Any]:
+        """The keyword arguments of ``accelerate.Accelerator`` for the plan: ``mixed_precision``,
+        ``gradient_accumulation_steps``, and the ``fsdp_plugin`` / ``deepspeed_plugin`` / ``parallelism_config``
+        objects it needs. The micro-batch (``result.micro_batch_size``) is the script's DataLoader's."""
+        from bigtrain.api.convert import to_accelerate
+
+        return to_accelerate(*self._conversion_inputs())
+
+    def summary(self) -> str:
+        """One line: the plan, its predicted peak and step time."""
+        return (
+            f"{describe(self.plan)}: peak {self.memory.total_bytes / GiB:.2f} GiB per GPU, "
+            f"{self.time.step_s:.3f} s per step, micro-batch {self.micro_batch_size} x accumulation "
+            f"{self.gradient_accumulation_steps}"
+        )
