@@ -1,10 +1,15 @@
-"""Train a recipe's model on its data with the HuggingFace Trainer, configured by arguments bigtrain exported.
+"""Train a recipe's model on its data with the HuggingFace Trainer, configured by ``bigtrain.plan``.
 
-    bigtrain export recipes/deepspeed_zero3.yaml --to hf-trainer --gpus 2 -o trainer_args.json
-    torchrun --nproc-per-node 2 recipes/hf_trainer_train.py recipes/deepspeed_zero3.yaml trainer_args.json
+    torchrun --nproc-per-node 8 recipes/hf_trainer_train.py recipes/finetune_local.yaml
 
-The plan (DeepSpeed ZeRO, FSDP2 or DDP), batch, accumulation, optimizer, schedule, clipping and precision come from
-the JSON; the model and the token rows from the recipe, read with bigtrain's loaders. Extra ``--set key=value``
+``bigtrain.plan(recipe=...)`` chooses the plan for the GPUs of the job (FSDP2, DeepSpeed ZeRO or DDP, micro-batch,
+accumulation, checkpointing) and ``to_training_arguments`` hands it to the Trainer with the recipe's optimizer,
+schedule, clipping and precision. The model and the token rows come from the recipe. On a machine without GPUs the
+Trainer runs DDP over CPU processes (its FSDP and DeepSpeed need GPUs), so the plan is pinned to ddp there.
+``MemoryCheckCallback`` logs the measured peak beside the planner's prediction after two steps.
+
+The Trainer is aligned with ``bigtrain train`` where its defaults would train another model (bigtrain/api/same_run.py:
+data order, warmup, weight decay), so both train the same model on the same rows. Extra ``--set key=value``
 arguments override recipe keys as in ``bigtrain train``.
 """
 
@@ -12,67 +17,70 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+import logging
+import os
 
-import numpy as np
+import psutil
 import torch
-from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+from transformers import AutoModelForCausalLM, Trainer
 
+import bigtrain
+from bigtrain.api.same_run import aligned_trainer, hf_examples, step_order, training_rows
 from bigtrain.config.load import load_recipe
-from bigtrain.data import TokenRows, load_token_rows
-from bigtrain.data.labels import IGNORE_INDEX
-from bigtrain.data.sources import hold_out
 from bigtrain.models.build import load_hf_config
 
 
-def training_arguments(path: str) -> TrainingArguments:
-    kwargs = json.loads(Path(path).read_text())
-    if "parallelism_config" in kwargs:  # JSON holds ParallelismConfig's arguments; TrainingArguments wants the object
-        from accelerate.parallelism_config import ParallelismConfig
-
-        kwargs["parallelism_config"] = ParallelismConfig(**kwargs["parallelism_config"])
-    return TrainingArguments(**kwargs)
-
-
-def trainer_examples(data: TokenRows) -> list[dict[str, torch.Tensor]]:
-    """bigtrain's rows as the Trainer's examples, with the same labels: HF's loss shifts labels by one itself, so
-    bigtrain's already-shifted labels (IGNORE_INDEX on prompts, padding, ...) move one position right; packed
-    documents keep their restarting position ids."""
-    out = []
-    for i in range(data.num_rows):
-        batch = data.micro_batch(np.array([i]))
-        labels = torch.cat([torch.tensor([IGNORE_INDEX]), batch.labels[0, :-1]])
-        example = {"input_ids": batch.input_ids[0], "labels": labels}
-        if batch.position_ids is not None:
-            example["position_ids"] = batch.position_ids[0]
-        out.append(example)
-    return out
+def hardware(cli: argparse.Namespace) -> dict:
+    """The GPUs to plan for: as given, else detected (the whole job under torchrun); on a CPU machine the job's
+    processes with their share of the host's memory."""
+    if cli.gpus or torch.cuda.is_available():
+        return {"gpus": cli.gpus, "gpu": cli.gpu, "gpu_memory": cli.gpu_memory}
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    return {"gpus": world, "gpus_per_node": ranks, "gpu_memory": psutil.virtual_memory().available // ranks}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipe")
-    parser.add_argument("trainer_args", help="JSON written by bigtrain export --to hf-trainer")
+    parser.add_argument("--gpus", type=int, help="GPUs to plan for (default: the job's)")
+    parser.add_argument("--gpu", help="GPU type to plan for (default: detected)")
+    parser.add_argument("--gpu-memory", help="memory per GPU to plan for, e.g. 80GB (default: detected)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     cli = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = load_recipe(cli.recipe, cli.overrides)
+    on_cpu = not torch.cuda.is_available()
+    result = bigtrain.plan(recipe=cfg, fix={"backend": "ddp"} if on_cpu else None, **hardware(cli))
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(result.explain())
     # The arguments first: with DeepSpeed ZeRO-3 they make the model below be built partitioned (zero.Init).
-    args = training_arguments(cli.trainer_args)
+    args = result.to_training_arguments(
+        output_dir=cfg.output_dir, use_cpu=on_cpu, train_sampling_strategy="sequential", save_strategy="no"
+    )
     torch.manual_seed(cfg.train.seed)
     if cfg.model.name_or_path:
         model = AutoModelForCausalLM.from_pretrained(cfg.model.name_or_path)
     else:
         model = AutoModelForCausalLM.from_config(load_hf_config(cfg.model))
-    data = load_token_rows(cfg.data)
-    if cfg.data.eval_fraction > 0:  # train on the rows bigtrain trains on, not its held-out ones
-        data, _ = hold_out(data, cfg.data.eval_fraction, cfg.train.seed)
-    dataset = trainer_examples(data)
-    trainer = Trainer(model=model, args=args, train_dataset=dataset)
+    data = training_rows(cfg)
+    dataset = hf_examples(data, step_order(data.num_rows, cfg))
+    check = bigtrain.MemoryCheckCallback(result, after_steps=min(2, cfg.train.steps))
+    trainer = aligned_trainer(Trainer, cfg.train)(model=model, args=args, train_dataset=dataset, callbacks=[check])
     trainer.train()
     if trainer.is_world_process_zero():
         losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-        kind = str(trainer.accelerator.distributed_type)
-        print(json.dumps({"distributed_type": kind, "world_size": args.world_size, "losses": losses}))
+        print(
+            json.dumps(
+                {
+                    "distributed_type": str(trainer.accelerator.distributed_type),
+                    "world_size": args.world_size,
+                    "plan": result.plan.to_dict(),
+                    "losses": losses,
+                    "memory_check": check.check.line() if check.check else None,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from bigtrain.api.request import planning
 from bigtrain.config.capabilities import ModelFacts, Setup, check
 from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.plan import Plan
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("bigtrain")
 
 
+@planning
 def export(
     cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any], target: str, gpus_per_node: int | None = None
 ) -> Export:

@@ -16,6 +16,7 @@ from bigtrain.api.request import (
     Spelling,
     build_request,
     cluster_of,
+    planning,
 )
 from bigtrain.api.result import PlanResult
 from bigtrain.config.load import load_recipe
@@ -26,6 +27,7 @@ from bigtrain.planner.hardware import detect_local, make_cluster
 from bigtrain.planner.search import candidate, search
 
 
+@planning
 def plan(
     model: ModelSpec | None = None,
     *,
@@ -94,10 +96,10 @@ def plan(
         fix=fix,
         spell=_spell,
     )
-    return searched(request, allow_unrunnable)
+    return searched(request, allow_unrunnable, _spell)
 
 
-def searched(request: PlanRequest, allow_unrunnable: bool = False) -> PlanResult:
+def searched(request: PlanRequest, allow_unrunnable: bool = False, spell: Spelling = PYTHON) -> PlanResult:
     """The search's result for ``request``; a ConfigError when the pins leave only plans the trainer cannot run."""
     r = request
     candidates = search(r.stats, r.cluster, r.workload, r.fixed)
@@ -105,11 +107,12 @@ def searched(request: PlanRequest, allow_unrunnable: bool = False) -> PlanResult
     if not best.runnable and not allow_unrunnable:
         raise ConfigError(
             f"no plan the planner offers meets the pins: {best.unsupported}; "
-            "add --all to see such plans predicted anyway"
+            f"add {'--all' if spell.cli else 'allow_unrunnable=True'} to see such plans predicted anyway"
         )
     return PlanResult.of(request, candidates)
 
 
+@planning
 def recipe_plan(
     recipe: str | Path | RecipeConfig,
     *,
@@ -138,7 +141,7 @@ def recipe_plan(
         )
         cluster = cluster_of(hw, no_gpu, _spell)
         request = build_request(None, cfg, hw, spell=_spell, cluster=cluster)
-        result = searched(request)
+        result = searched(request, spell=_spell)
         if not result.fits:
             raise ConfigError(
                 f"parallel.plan=auto found no plan that fits {cluster.num_gpus} x {cluster.gpu.name} "

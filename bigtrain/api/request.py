@@ -6,7 +6,10 @@ Errors name the argument as the caller wrote it: ``--seq-len`` on the command li
 
 from __future__ import annotations
 
+import functools
 import typing
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -110,7 +113,8 @@ def parse_fix(items: dict[str, Any] | list[str], spell: Spelling = CLI) -> dict[
     shown_key = "--fix" if spell.cli else "fix"
     for key, value, shown in pairs:
         if key not in PLAN_FIELDS:
-            raise ConfigError(f"{shown_key} {shown!r}: unknown plan field; use one of {', '.join(PLAN_FIELDS)}")
+            where = f"--fix {shown!r}" if spell.cli else shown
+            raise ConfigError(f"{where}: unknown plan field; use one of {', '.join(PLAN_FIELDS)}")
         if value is None:
             raise ConfigError(f"{shown_key} {key}= needs a value")
         out[key] = coerce(value, hints[key], f"{shown_key} {key}")
@@ -261,3 +265,31 @@ def _job_hardware() -> tuple[int, int, int] | None:
         return env.world_size, env.local_world_size, smallest_free_memory(env, device)
     finally:
         dist.destroy_process_group()
+
+
+@contextmanager
+def zero3_init_paused() -> Iterator[None]:
+    """While a ``TrainingArguments`` with a ZeRO-3 DeepSpeed config lives in the process, transformers builds every
+    model partitioned (``deepspeed.zero.Init``); the planner's probe models are meta-device sketches and must not be.
+    The user's config is set back on the way out."""
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    ref = hf_deepspeed._hf_deepspeed_config_weak_ref  # transformers keeps only a weak reference to it
+    config = ref() if ref is not None else None
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        if config is not None:
+            hf_deepspeed.set_hf_deepspeed_config(config)
+
+
+def planning(fn: Callable) -> Callable:
+    """``fn`` run with ZeRO-3 model building paused (``zero3_init_paused``)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: typing.Any, **kwargs: typing.Any) -> typing.Any:
+        with zero3_init_paused():
+            return fn(*args, **kwargs)
+
+    return wrapper

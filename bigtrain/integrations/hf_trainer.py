@@ -59,7 +59,7 @@ def export_hf_trainer(cfg: RecipeConfig, plan: Plan, hf_config: Any, block_class
         # group exists), which fails for every multi-rank job
         del export.content["train_batch_size"]
         kwargs["deepspeed"] = export.content
-        kwargs["gradient_checkpointing"] = plan.activation_checkpointing == "full"
+        kwargs["activation_checkpointing"] = plan.activation_checkpointing == "full"
         notes += export.notes
     elif plan.backend == "fsdp2":
         kwargs["fsdp"] = True
@@ -83,5 +83,5 @@ def export_hf_trainer(cfg: RecipeConfig, plan: Plan, hf_config: Any, block_class
             )
         notes += dropped_tp_options(plan, "hf-trainer")
     else:
-        kwargs["gradient_checkpointing"] = plan.activation_checkpointing == "full"
+        kwargs["activation_checkpointing"] = plan.activation_checkpointing == "full"
     return Export(kwargs, notes)

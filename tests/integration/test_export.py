@@ -11,9 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-from helpers import REPO, docs_commands, free_port, recipe_dict, run_torchrun, save_rows, save_tiny_model, write_recipe
+from helpers import REPO, docs_commands, free_port, save_tiny_model
 
 TARGETS = ("accelerate", "deepspeed", "hf-trainer")
 RECIPES = sorted(p.stem for p in (REPO / "recipes").glob("*.yaml"))
@@ -134,32 +133,6 @@ def test_bad_input_is_one_line_and_writes_nothing(cli_in_process, tmp_path, args
 def test_plan_auto_needs_the_gpus_it_is_planned_for(cli_in_process, tmp_path):
     proc = cli_in_process(["export", "recipes/auto_quickstart.yaml", "--to", "deepspeed", "-o", str(tmp_path / "x")])
     assert proc.returncode == 2 and "give --gpus N and --gpu NAME or --gpu-memory SIZE" in proc.stderr
-
-
-def test_hf_trainer_script_trains_with_exported_arguments(cli_in_process, tmp_path):
-    """The HF Trainer route on 2 CPU ranks (DDP: the Trainer's FSDP and DeepSpeed need GPUs, see the README)."""
-    recipe = write_recipe(
-        tmp_path / "ddp.yaml",
-        recipe_dict(
-            tmp_path / "out",
-            save_rows(tmp_path / "rows.npy"),
-            train={"steps": 3, "global_batch_size": 8, "lr": 1e-2, "warmup_steps": 1},
-            parallel={"backend": "ddp", "micro_batch_size": 2},
-        ),
-    )
-    args_json = tmp_path / "trainer_args.json"
-    proc = cli_in_process(["export", str(recipe), "--to", "hf-trainer", "--gpus", "2", "-o", str(args_json)])
-    assert proc.returncode == 0, proc.stderr
-    kwargs = json.loads(args_json.read_text())
-    assert (kwargs["per_device_train_batch_size"], kwargs["gradient_accumulation_steps"]) == (2, 2)
-    args_json.write_text(json.dumps({**kwargs, "use_cpu": True}))  # this host has no GPU
-    proc = run_torchrun(
-        ["recipes/hf_trainer_train.py", str(recipe), str(args_json)], nproc=2, module=False, timeout=240
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
-    assert result["world_size"] == 2 and result["distributed_type"] == "DistributedType.MULTI_CPU"
-    assert len(result["losses"]) == 3 and all(np.isfinite(result["losses"]))
 
 
 def test_the_docs_export_commands_run_as_written(cli_in_process, tmp_path, monkeypatch):

@@ -1,0 +1,85 @@
+"""What another trainer needs to train exactly what ``bigtrain train`` trains on a recipe: the rows in bigtrain's
+order, its labels, its learning-rate schedule and its weight decay.
+
+The HF Trainer, TRL and a plain accelerate loop differ from bigtrain by library defaults, each of which changes the
+model trained (checked by tests/integration/test_api_routes.py):
+- order: the Trainer shuffles with its own sampler; bigtrain reads ``GlobalOrder`` (``data/order.py``). Hand the
+  rows over in bigtrain's order (``step_order``) with ``train_sampling_strategy="sequential"``.
+- warmup: transformers' schedules give step ``s`` of ``W`` warmup steps ``s / W`` of the rate (the first step
+  trains at 0); bigtrain gives ``(s + 1) / W``. Its cosine ends at the last step, transformers' one step later.
+  ``lr_lambda`` is bigtrain's factor, for ``LambdaLR``.
+- weight decay: the Trainer leaves biases and norm weights undecayed; bigtrain's AdamW decays every parameter.
+- labels: bigtrain's rows hold labels already shifted by one; HF's loss shifts them itself (``hf_examples``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from bigtrain.config.schema import RecipeConfig, TrainConfig
+from bigtrain.data import TokenRows, load_token_rows
+from bigtrain.data.labels import IGNORE_INDEX
+from bigtrain.data.order import GlobalOrder
+from bigtrain.data.sources import hold_out
+from bigtrain.train.optim import lr_factor
+
+
+def step_order(num_rows: int, cfg: RecipeConfig) -> np.ndarray:
+    """Row indices in the order ``bigtrain train`` reads them, step after step over ``train.steps`` steps (a
+    global batch per step): hand them to a trainer that reads its data sequentially."""
+    order = GlobalOrder(num_rows, cfg.train.global_batch_size, cfg.data.shuffle, cfg.train.seed)
+    return np.concatenate([order.global_batch(step) for step in range(cfg.train.steps)])
+
+
+def training_rows(cfg: RecipeConfig) -> TokenRows:
+    """The recipe's training rows as bigtrain reads them (its held-out fraction left out)."""
+    data = load_token_rows(cfg.data)
+    if cfg.data.eval_path is None and cfg.data.eval_fraction > 0:
+        data, _ = hold_out(data, cfg.data.eval_fraction, cfg.train.seed)
+    return data
+
+
+def hf_examples(data: TokenRows, rows: np.ndarray) -> list[dict[str, torch.Tensor]]:
+    """The rows (in the given order) as HF examples with the same labels: bigtrain's already-shifted labels
+    (IGNORE_INDEX on prompts, padding, ...) move one position right, since HF's loss shifts them itself; packed
+    documents keep their restarting position ids."""
+    out = []
+    for i in rows:
+        batch = data.micro_batch(np.array([i]))
+        labels = torch.cat([torch.tensor([IGNORE_INDEX]), batch.labels[0, :-1]])
+        example = {"input_ids": batch.input_ids[0], "labels": labels}
+        if batch.position_ids is not None:
+            example["position_ids"] = batch.position_ids[0]
+        out.append(example)
+    return out
+
+
+def lr_lambda(train: TrainConfig) -> Callable[[int], float]:
+    """bigtrain's learning-rate factor of optimizer step ``s`` (warmup, then constant or cosine to min_lr_ratio)."""
+    return lambda step: lr_factor(step, train)
+
+
+def same_schedule(optimizer: torch.optim.Optimizer, train: TrainConfig) -> Any:
+    """A ``LambdaLR`` stepping bigtrain's schedule, one call per optimizer step."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train))
+
+
+def aligned_trainer(trainer_cls: type, train: TrainConfig) -> type:
+    """``trainer_cls`` (``transformers.Trainer`` or TRL's ``SFTTrainer``) with bigtrain's weight decay (every
+    parameter) and learning-rate schedule in place of the library's defaults; all else is the library's."""
+
+    class Aligned(trainer_cls):  # type: ignore[misc, valid-type]
+        def get_decay_parameter_names(self, model: torch.nn.Module) -> list[str]:
+            return [name for name, _ in model.named_parameters()]
+
+        def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
+            if self.lr_scheduler is None:
+                self.lr_scheduler = same_schedule(optimizer or self.optimizer, train)
+            return self.lr_scheduler
+
+    Aligned.__name__ = Aligned.__qualname__ = f"{trainer_cls.__name__}AlignedWithBigtrain"
+    return Aligned
