@@ -17,7 +17,7 @@ from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
 from bigtrain.errors import ConfigError
-from bigtrain.integrations import TARGETS, Export, dropped_memory_options
+from bigtrain.integrations import TARGETS, Export, dropped_memory_options, speed_notes
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -48,7 +48,7 @@ def export(
         out = export_deepspeed(cfg, plan, hf_config)
     else:
         out = export_hf_trainer(cfg, plan, hf_config, block_class_names(hf_config))
-    out.notes += dropped_memory_options(plan, target)
+    out.notes += dropped_memory_options(plan, target) + speed_notes(cfg, target)
     if cfg.train.method in ADAPTER_METHODS:
         out.notes.append(_adapter_note(cfg, target))
     return out
@@ -113,13 +113,15 @@ def to_sft_config(cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any], o
 
 def to_accelerate(cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any]) -> dict[str, Any]:
     """``Accelerator(**kwargs)``: the plugin objects built from the keys ``bigtrain export --to accelerate`` writes."""
-    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin, TorchDynamoPlugin
 
     content = _logged(export(cfg, plan, model_config, "accelerate")).content
     kwargs: dict[str, Any] = {
         "mixed_precision": content["mixed_precision"],
         "gradient_accumulation_steps": plan.grad_accum_steps(cfg.train.global_batch_size),
     }
+    if "dynamo_config" in content:
+        kwargs["dynamo_plugin"] = TorchDynamoPlugin(backend="inductor", use_regional_compilation=True)
     if plan.backend == "fsdp2":
         fsdp = content["fsdp_config"]
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(

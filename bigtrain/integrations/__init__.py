@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bigtrain.config.plan import Plan
+from bigtrain.config.schema import RecipeConfig
 from bigtrain.errors import ConfigError
 
 TARGETS = ("accelerate", "deepspeed", "hf-trainer")
@@ -70,3 +71,17 @@ def dropped_tp_options(plan: Plan, target: str) -> list[str]:
         f"{' and '.join('parallel.' + k for k in dropped)} have no {target} key and are left out: tp={plan.tp} "
         "trains the same model with more activation memory per GPU than the plan was sized for"
     ]
+
+
+def speed_notes(cfg: RecipeConfig, target: str) -> list[str]:
+    """Notes for the train options a target does not carry: FP8 linears everywhere, compile for DeepSpeed (the HF
+    Trainer and accelerate carry ``train.compile`` as their own torch.compile switch)."""
+    notes = []
+    if cfg.train.fp8 not in ("none", "auto"):
+        notes.append(
+            f"train.fp8={cfg.train.fp8} has no {target} key here: the model trains with bf16 matmuls, slower than "
+            "the plan was timed for (torchao's convert_to_float8_training in your script would add them)"
+        )
+    if cfg.train.compile is True and target == "deepspeed":
+        notes.append("train.compile=true has no deepspeed key here: call torch.compile on the blocks in your script")
+    return notes

@@ -49,6 +49,8 @@ def export_accelerate(cfg: RecipeConfig, plan: Plan, block_classes: list[str], g
         "use_cpu": False,
         "downcast_bf16": "no",
     }
+    if cfg.train.compile is True:  # each repeated block compiled once, as bigtrain compiles its blocks
+        content["dynamo_config"] = {"dynamo_backend": "INDUCTOR", "dynamo_use_regional_compilation": True}
     notes: list[str] = []
     if plan.backend == "deepspeed":
         content["distributed_type"] = "DEEPSPEED"

@@ -46,6 +46,8 @@ def export_hf_trainer(cfg: RecipeConfig, plan: Plan, hf_config: Any, block_class
         "logging_steps": 1,
         "report_to": "none",
     }
+    if train.compile is True:  # the Trainer compiles the whole model; bigtrain compiles each block and the loss
+        kwargs["torch_compile"] = True
     if train.lr_schedule == "cosine":
         kwargs["lr_scheduler_type"] = "cosine_with_min_lr"
         kwargs["lr_scheduler_kwargs"] = {"min_lr_rate": train.min_lr_ratio}

@@ -226,3 +226,20 @@ def test_the_docs_plan_example_runs_as_written(capsys):
     exec(compile(block, "docs/api.md", "exec"), {})
     out = capsys.readouterr().out
     assert out.startswith("model llama: 8.03B params") and "fsdp2 zero2 dp=8" in out
+
+
+def test_compile_is_carried_where_the_target_has_a_switch_and_fp8_is_said(tmp_path):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from bigtrain.integrations.accelerate_config import to_yaml
+
+    compiled = bigtrain.plan("llama-3-8b", gpus=8, gpu="H100", seq_len=4096, global_batch_size=64, compile=True)
+    assert compiled.to_accelerate()["dynamo_plugin"].use_regional_compilation is True
+    assert compiled.export("hf-trainer").content["torch_compile"] is True
+    export = compiled.export("accelerate")
+    path = tmp_path / "acc.yaml"
+    path.write_text(to_yaml(export, compiled.recipe_config(), compiled.plan, "python"))
+    assert load_config_from_file(str(path)).dynamo_config["dynamo_backend"] == "INDUCTOR"
+    fp8 = bigtrain.plan("llama-3-8b", gpus=8, gpu="H100", seq_len=4096, global_batch_size=64, fp8="rowwise")
+    assert fp8.fp8 == "rowwise"
+    assert any(n.startswith("train.fp8=rowwise has no hf-trainer key") for n in fp8.export("hf-trainer").notes)
