@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 
-import psutil
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
@@ -34,16 +32,6 @@ from bigtrain.api.same_run import hf_examples, same_schedule, step_order, traini
 from bigtrain.config.load import load_recipe
 from bigtrain.models.build import load_hf_config
 from bigtrain.train.optim import build_optimizer
-
-
-def hardware() -> dict:
-    """The GPUs to plan for: detected (the whole job under a launcher); on a CPU machine the job's processes with
-    their share of the host's memory."""
-    if torch.cuda.is_available():
-        return {}
-    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    return {"gpus": world, "gpus_per_node": ranks, "gpu_memory": psutil.virtual_memory().available // ranks}
 
 
 def summed_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,7 +49,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = load_recipe(cli.recipe, cli.overrides)
     on_cpu = not torch.cuda.is_available()
-    result = bigtrain.plan(recipe=cfg, fix={"backend": "ddp"} if on_cpu else None, **hardware())
+    result = bigtrain.plan(recipe=cfg, fix={"backend": "ddp"} if on_cpu else None)
     accelerator = Accelerator(cpu=on_cpu, **result.to_accelerate())
     if accelerator.is_main_process:
         print(result.explain())

@@ -20,7 +20,6 @@ import json
 import logging
 import os
 
-import psutil
 import torch
 from transformers import AutoModelForCausalLM, Trainer
 
@@ -30,28 +29,15 @@ from bigtrain.config.load import load_recipe
 from bigtrain.models.build import load_hf_config
 
 
-def hardware(cli: argparse.Namespace) -> dict:
-    """The GPUs to plan for: as given, else detected (the whole job under torchrun); on a CPU machine the job's
-    processes with their share of the host's memory."""
-    if cli.gpus or torch.cuda.is_available():
-        return {"gpus": cli.gpus, "gpu": cli.gpu, "gpu_memory": cli.gpu_memory}
-    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    return {"gpus": world, "gpus_per_node": ranks, "gpu_memory": psutil.virtual_memory().available // ranks}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipe")
-    parser.add_argument("--gpus", type=int, help="GPUs to plan for (default: the job's)")
-    parser.add_argument("--gpu", help="GPU type to plan for (default: detected)")
-    parser.add_argument("--gpu-memory", help="memory per GPU to plan for, e.g. 80GB (default: detected)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     cli = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = load_recipe(cli.recipe, cli.overrides)
     on_cpu = not torch.cuda.is_available()
-    result = bigtrain.plan(recipe=cfg, fix={"backend": "ddp"} if on_cpu else None, **hardware(cli))
+    result = bigtrain.plan(recipe=cfg, fix={"backend": "ddp"} if on_cpu else None)
     if int(os.environ.get("RANK", 0)) == 0:
         print(result.explain())
     # The arguments first: with DeepSpeed ZeRO-3 they make the model below be built partitioned (zero.Init).

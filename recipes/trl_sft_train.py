@@ -22,7 +22,6 @@ import json
 import logging
 import os
 
-import psutil
 import torch
 from datasets import load_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -31,16 +30,6 @@ from trl import SFTTrainer
 import bigtrain
 from bigtrain.api.same_run import aligned_trainer, step_order
 from bigtrain.config.load import load_recipe
-
-
-def hardware() -> dict:
-    """The GPUs to plan for: detected (the whole job under torchrun); on a CPU machine the job's processes with
-    their share of the host's memory."""
-    if torch.cuda.is_available():
-        return {}
-    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    return {"gpus": world, "gpus_per_node": ranks, "gpu_memory": psutil.virtual_memory().available // ranks}
 
 
 def main() -> None:
@@ -56,7 +45,7 @@ def main() -> None:
             f"(the recipe has packing={cfg.data.packing}, eval_fraction={cfg.data.eval_fraction})"
         )
     on_cpu = not torch.cuda.is_available()
-    result = bigtrain.plan(recipe=cfg, fix={"backend": "ddp"} if on_cpu else None, **hardware())
+    result = bigtrain.plan(recipe=cfg, fix={"backend": "ddp"} if on_cpu else None)
     if int(os.environ.get("RANK", 0)) == 0:
         print(result.explain())
     args = result.to_sft_config(

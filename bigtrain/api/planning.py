@@ -58,7 +58,8 @@ def plan(
         recipe: a bigtrain recipe (path or loaded) to take the model, sequence length, batch, precision and method
             from; the other arguments win over it.
         gpus: GPUs of the job (default: this machine's; under torchrun/accelerate the whole job's, which asks every
-            rank for its free memory: call it on every rank then, as a training script does).
+            rank for its free memory: call it on every rank then, as a training script does; without a process
+            group it starts the job's default one, gloo on CPUs and NCCL on GPUs, and leaves it for your trainer).
         gpu: GPU type, e.g. ``"H100"``, ``"A100-40GB"``, ``"L4"`` (default: detected, else H100).
         gpu_memory: memory per GPU, e.g. ``"80GB"`` (binary units) or bytes; overrides the GPU table.
         gpus_per_node: GPUs per machine (default: ``min(gpus, 8)``).

@@ -21,7 +21,7 @@ from bigtrain.config.plan import ZERO_STAGES
 from bigtrain.config.schema import FP8_CHOICES, METHODS, PRECISIONS, ParallelConfig, RecipeConfig
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
-from bigtrain.planner.hardware import Cluster, detect_local, make_cluster
+from bigtrain.planner.hardware import Cluster, detect_local, make_cluster, parse_memory
 from bigtrain.planner.model_stats import ModelStats, load_model_config
 from bigtrain.planner.search import PLAN_FIELDS
 
@@ -126,8 +126,9 @@ def parse_fix(items: dict[str, Any] | list[str], spell: Spelling = CLI) -> dict[
 
 
 def cluster_of(hw: Hardware, no_gpu: str, spell: Spelling = CLI) -> Cluster:
-    """The cluster the arguments describe, else this machine's GPUs (the whole job's under a launcher); with a
-    ``bigtrain probe`` profile, its measured rates and link. ``no_gpu``: the error when there is nothing to plan for."""
+    """The cluster the arguments describe, else this machine's GPUs (the whole job's under a launcher; a launched job
+    without GPUs: its CPU processes); with a ``bigtrain probe`` profile, its measured rates and link. ``no_gpu``: the
+    error when there is nothing to plan for."""
     for name in ("gpus", "gpus_per_node"):
         value = getattr(hw, name)
         if value is not None and value < 1:
@@ -139,24 +140,39 @@ def cluster_of(hw: Hardware, no_gpu: str, spell: Spelling = CLI) -> Cluster:
             f"{hw.gpus // hw.gpus_per_node * hw.gpus_per_node or hw.gpus_per_node}"
         )
     per_node = hw.gpus_per_node
+    cpu_job = None
     if hw.gpus and (hw.gpu or hw.gpu_memory):
         name, count, free = None, 0, None
     else:
         name, count, free = detect_local()
-        job = _job_hardware() if name is not None else None
-        if job is not None:  # inside torchrun/accelerate: the whole job, limited by its most constrained rank
+        job = _job_hardware(keep_group=not spell.cli) if name is not None or not hw.gpus else None
+        if job is not None and name is None:  # a launched job on CPUs: its processes, as plan: auto sees them
+            cpu_job = _cpu_job(hw, *job)
+        elif job is not None:  # inside torchrun/accelerate: the whole job, limited by its most constrained rank
             count, per_node, free = job
-    gpus = hw.gpus or count
-    if not gpus:
+    if cpu_job is not None:
+        cluster = cpu_job
+    elif not (hw.gpus or count):
         raise ConfigError(no_gpu)
-    cluster = make_cluster(gpus, per_node, hw.gpu or name, hw.gpu_memory or free, hw.host_memory)
+    else:
+        cluster = make_cluster(hw.gpus or count, per_node, hw.gpu or name, hw.gpu_memory or free, hw.host_memory)
     if hw.hardware_profile:
         from bigtrain.planner.profile import gpu_from_profile, load_profile
 
-        stated = cluster.gpu.memory_bytes if (hw.gpu_memory or free) else None
+        stated = cluster.gpu.memory_bytes if (hw.gpu_memory or free or cpu_job) else None
         gpu = gpu_from_profile(load_profile(hw.hardware_profile), cluster.gpu, memory_bytes=stated)
         cluster = replace(cluster, gpu=gpu)
     return cluster
+
+
+def _cpu_job(hw: Hardware, world: int, per_node: int, free: int) -> Cluster:
+    """A launched job without GPUs: its processes planned as devices of the smallest share of host memory any rank
+    has (the CPU stand-in ``plan: auto`` uses; nothing to offload to)."""
+    from bigtrain.planner.auto import CPU
+
+    memory = parse_memory(hw.gpu_memory, "gpu_memory") if isinstance(hw.gpu_memory, str) else hw.gpu_memory
+    gpu = replace(CPU, memory_bytes=memory or free)
+    return Cluster(gpu, world, max(1, min(per_node, world)), host_memory_bytes=0)
 
 
 def no_gpu_message(spell: Spelling) -> str:
@@ -248,8 +264,11 @@ def default_seq_len(model_config: dict[str, Any]) -> int:
     return min(2048, max_len)
 
 
-def _job_hardware() -> tuple[int, int, int] | None:
-    """(world size, ranks per node, smallest free memory of any rank) when run under a launcher, else None."""
+def _job_hardware(keep_group: bool) -> tuple[int, int, int] | None:
+    """(world size, ranks per node, smallest free memory of any rank) when run under a launcher, else None. Asking
+    every rank needs the job's process group: an existing one is used; else one is started, and kept for the
+    trainer that follows with ``keep_group`` (a group started again over torchrun's store would meet the first
+    one's stale addresses), destroyed without (the command line, which trains nothing after)."""
     from bigtrain.runtime import init_process_group, pick_device, read_launch_env, smallest_free_memory
 
     env = read_launch_env()
@@ -257,14 +276,15 @@ def _job_hardware() -> tuple[int, int, int] | None:
         return None
     import torch.distributed as dist
 
-    if dist.is_initialized():  # the user's script made the job's group already: use it, leave it
-        return env.world_size, env.local_world_size, smallest_free_memory(env, pick_device(env))
     device = pick_device(env)
+    if dist.is_initialized():  # the user's script made the job's group already: use it, leave it
+        return env.world_size, env.local_world_size, smallest_free_memory(env, device)
     init_process_group(env, device, timeout_s=120)
     try:
         return env.world_size, env.local_world_size, smallest_free_memory(env, device)
     finally:
-        dist.destroy_process_group()
+        if not keep_group:
+            dist.destroy_process_group()
 
 
 @contextmanager

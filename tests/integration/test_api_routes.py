@@ -73,6 +73,7 @@ def run_route(script: str, recipe: Path, out: Path) -> tuple[dict, str]:
     proc = run_torchrun([script, str(recipe), "--set", f"output_dir={out}"], nproc=2, module=False, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads([line for line in proc.stdout.splitlines() if line.startswith('{"distributed_type"')][-1])
+    assert "| 2 x CPU (" in proc.stdout  # bigtrain.plan planned for the job it runs in: 2 CPU processes
     return result, proc.stdout + proc.stderr
 
 
