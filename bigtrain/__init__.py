@@ -10,6 +10,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+# bigtrain.api's names (tests/unit/test_api.py checks the two lists agree)
 __all__ = [
     "ConfigError",
     "MemoryCheck",

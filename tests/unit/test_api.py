@@ -53,6 +53,9 @@ def test_import_bigtrain_exposes_the_api_and_nothing_else():
         "plan",
         "recipe_plan",
     }
+    from bigtrain import api
+
+    assert set(bigtrain.__all__) - {"__version__"} == set(api.__all__)
     with pytest.raises(AttributeError, match="no attribute 'search'"):
         bigtrain.search  # noqa: B018 - the planner's internals stay internal
     for name in (n for n in bigtrain.__all__ if n != "__version__"):
