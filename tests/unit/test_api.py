@@ -246,3 +246,15 @@ def test_compile_is_carried_where_the_target_has_a_switch_and_fp8_is_said(tmp_pa
     fp8 = bigtrain.plan("llama-3-8b", gpus=8, gpu="H100", seq_len=4096, global_batch_size=64, fp8="rowwise")
     assert fp8.fp8 == "rowwise"
     assert any(n.startswith("train.fp8=rowwise has no hf-trainer key") for n in fp8.export("hf-trainer").notes)
+
+
+def test_hybrid_and_tensor_parallel_plans_hand_over_a_parallelism_config(tmp_path):
+    result = bigtrain.plan(
+        "llama-3-8b", gpus=16, gpu="H100", seq_len=4096, global_batch_size=64, fix={"tp": 2, "dp_replicate": 2}
+    )
+    assert (result.plan.dp_replicate, result.plan.dp_shard, result.plan.tp) == (2, 4, 2)
+    parallelism = result.to_accelerate()["parallelism_config"]
+    assert (parallelism.dp_replicate_size, parallelism.dp_shard_size, parallelism.tp_size) == (2, 4, 2)
+    args = result.to_training_arguments(output_dir=str(tmp_path), use_cpu=True)
+    assert (args.parallelism_config.tp_size, args.parallelism_config.dp_replicate_size) == (2, 2)
+    assert args.fsdp and args.per_device_train_batch_size == result.micro_batch_size
