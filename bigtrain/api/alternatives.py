@@ -35,8 +35,9 @@ def alternatives_that_fit(req: PlanRequest) -> dict[str, str]:
         candidates = _search(req, cluster=more, global_batch_size=batch)
         if _fits(candidates):
             best = candidates[0].plan
-            how = f": each row split over {best.cp} of them, --fix cp={best.cp}" if best.cp > 1 else ""
-            found["gpus"] = f"{gpus} GPUs (--gpus {gpus}{how})"
+            pin = f"--fix cp={best.cp}" if req.spell.cli else f"fix={{'cp': {best.cp}}}"
+            how = f": each row split over {best.cp} of them, {pin}" if best.cp > 1 else ""
+            found["gpus"] = f"{gpus} GPUs ({req.spell.value('gpus', gpus)}{how})"
             break
     # offloading needs a sharded backend, and is only a way out if the user has not pinned it already
     if req.fixed.get("backend") != "ddp":
@@ -45,13 +46,14 @@ def alternatives_that_fit(req: PlanRequest) -> dict[str, str]:
                 continue
             try:
                 if _fits(_search(req, fixed={**req.fixed, key: True})):
-                    found["offload"] = f"offload (--fix {key}=true)"
+                    pin = f"--fix {key}=true" if req.spell.cli else f"fix={{'{key}': True}}"
+                    found["offload"] = f"offload ({pin})"
                     break
             except ConfigError:  # no plan of that kind meets the pins
                 continue
     for div in (2, 4, 8, 16):
         seq = req.workload.seq_len // div
         if seq >= 2 and _fits(_search(req, seq_len=seq)):
-            found["seq"] = f"a shorter sequence (--seq-len {seq})"
+            found["seq"] = f"a shorter sequence ({req.spell.value('seq_len', seq)})"
             break
     return found

@@ -68,8 +68,12 @@ def _adapter_note(cfg: RecipeConfig, target: str) -> str:
 
 
 def _logged(out: Export) -> Export:
-    for note in out.notes:
-        log.warning("bigtrain: %s", note)
+    """The notes logged once per job (by rank 0 under a launcher), the export returned."""
+    from bigtrain.runtime import read_launch_env
+
+    if read_launch_env().rank == 0:
+        for note in out.notes:
+            log.warning("bigtrain: %s", note)
     return out
 
 

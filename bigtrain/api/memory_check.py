@@ -90,7 +90,9 @@ def check_memory(
     prediction: Any, device: torch.device | str | None = None, tolerance: float = STATED_ERROR, logs: bool = True
 ) -> MemoryCheck:
     """Compare this rank's measured peak with ``prediction`` (a ``PlanResult`` or bytes) and log the line (a
-    warning when a GPU's figure is beyond ``tolerance``). Local to this rank: no collective, call it on any rank."""
+    warning when a GPU's figure is beyond ``tolerance``). Local to this rank: no collective, call it on any rank.
+    The peak counts since the process started or since ``torch.cuda.reset_peak_memory_stats`` (call that before
+    the first step to leave model loading out)."""
     measured, measures = measured_peak(device)
     check = MemoryCheck(_predicted(prediction), measured, measures, tolerance)
     if logs:
@@ -112,6 +114,13 @@ class MemoryCheckCallback(TrainerCallback):
         self.after_steps = after_steps
         self.tolerance = tolerance
         self.check: MemoryCheck | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        # the peak of training, not of loading: what is allocated now (the model, its shards) stays counted
+        device = getattr(args, "device", None)
+        if device is not None and torch.device(device).type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        return control
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if self.check is not None or state.global_step < self.after_steps:

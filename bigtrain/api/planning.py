@@ -17,13 +17,13 @@ from bigtrain.api.request import (
     build_request,
     cluster_of,
     planning,
+    written_plan_cluster,
 )
 from bigtrain.api.result import PlanResult
 from bigtrain.config.load import load_recipe
 from bigtrain.config.resolve import resolve_plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.errors import ConfigError
-from bigtrain.planner.hardware import detect_local, make_cluster
 from bigtrain.planner.search import candidate, search
 
 
@@ -57,9 +57,10 @@ def plan(
             Optional when ``recipe`` names the model.
         recipe: a bigtrain recipe (path or loaded) to take the model, sequence length, batch, precision and method
             from; the other arguments win over it.
-        gpus: GPUs of the job (default: this machine's; under torchrun/accelerate the whole job's, which asks every
-            rank for its free memory: call it on every rank then, as a training script does; without a process
-            group it starts the job's default one, gloo on CPUs and NCCL on GPUs, and leaves it for your trainer).
+        gpus: GPUs of the job (default: this machine's). Under torchrun/accelerate, unless ``gpus`` and ``gpu`` or
+            ``gpu_memory`` are all given, the whole job's: every rank is asked for its free memory, so call it on
+            every rank, as a training script does; without a process group it starts the job's default one (gloo
+            on CPUs, NCCL on GPUs, 30-minute timeout) and leaves it for your trainer.
         gpu: GPU type, e.g. ``"H100"``, ``"A100-40GB"``, ``"L4"`` (default: detected, else H100).
         gpu_memory: memory per GPU, e.g. ``"80GB"`` (binary units) or bytes; overrides the GPU table.
         gpus_per_node: GPUs per machine (default: ``min(gpus, 8)``).
@@ -130,27 +131,19 @@ def recipe_plan(
     written plan resolved for ``gpus`` ranks (or the product of its degrees when it states them all) and predicted
     on ``gpu`` (default: detected, else H100); ``parallel.plan: auto`` chosen by the planner for ``gpus`` of ``gpu``
     / ``gpu_memory`` (or the GPUs detected here), refused when nothing fits."""
+    if isinstance(recipe, RecipeConfig) and overrides:
+        raise ConfigError("overrides apply to a recipe read from a file: pass its path, or change the RecipeConfig")
     cfg = recipe if isinstance(recipe, RecipeConfig) else load_recipe(recipe, overrides)
-    if gpus is not None and gpus < 1:
-        raise ConfigError(f"{_spell.value('gpus', gpus)} must be at least 1")
     profile = str(hardware_profile) if hardware_profile else cfg.parallel.hardware_profile
+    hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, None, profile)
     if cfg.parallel.plan == "auto":
-        hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, None, profile)
         no_gpu = (
             "parallel.plan=auto is planned for the GPUs it will run on: no GPU detected here, give "
             + f"{_spell.example('gpus', 'N')} and {_spell.example('gpu', 'NAME')} or "
             + _spell.example("gpu_memory", "SIZE")
         )
         cluster = cluster_of(hw, no_gpu, _spell)
-        request = build_request(None, cfg, hw, spell=_spell, cluster=cluster)
-        result = searched(request, spell=_spell)
-        if not result.fits:
-            raise ConfigError(
-                f"parallel.plan=auto found no plan that fits {cluster.num_gpus} x {cluster.gpu.name} "
-                f"({cluster.gpu.memory_bytes / 2**30:.0f} GiB): best was '{result.searched[0].rejected_because}'; "
-                "run bigtrain plan on the recipe for what would fit"
-            )
-        return result
+        return _chosen(build_request(None, cfg, hw, spell=_spell, cluster=cluster), "parallel.plan=auto")
     world = gpus or stated_world(cfg)
     if world is None:
         raise ConfigError(
@@ -158,14 +151,27 @@ def recipe_plan(
             f"size with {_spell.example('gpus', 'N')}"
         )
     written = resolve_plan(cfg.parallel, world, cfg.train)
-    name, _, free = (None, 0, None) if (gpu or gpu_memory) else detect_local()
-    cluster = make_cluster(world, gpus_per_node, gpu or name, gpu_memory or free)
-    if profile:
-        from bigtrain.planner.profile import gpu_from_profile, load_profile
-
-        cluster = replace(cluster, gpu=gpu_from_profile(load_profile(profile), cluster.gpu))
-    request = build_request(None, cfg, Hardware(), spell=_spell, cluster=cluster)
+    cluster = written_plan_cluster(replace(hw, gpus=world), _spell)
+    request = build_request(None, cfg, hw, spell=_spell, cluster=cluster)
+    chosen = [k for k in ("method", "compile", "fp8") if getattr(cfg.train, k) == "auto"]
+    if chosen:  # the written plan, with what train.X: auto leaves to the planner chosen as bigtrain train does
+        keys = " and ".join(f"train.{k}=auto" for k in chosen)
+        return _chosen(replace(request, fixed=written.to_dict()), keys)
     return PlanResult.of(request, [candidate(request.stats, written, cluster, request.workload)])
+
+
+def _chosen(request: PlanRequest, what: str) -> PlanResult:
+    """The search's choice for a recipe's ``auto``, refused as bigtrain train refuses it when nothing fits."""
+    result = searched(request, allow_unrunnable=True)
+    if not result.fits:
+        best, cluster = result.searched[0], request.cluster
+        why = best.rejected_because if best.runnable else f"not runnable yet: {best.unsupported}"
+        raise ConfigError(
+            f"{what} found no plan that fits {cluster.num_gpus} x {cluster.gpu.name} "
+            f"({cluster.gpu.memory_bytes / 2**30:.0f} GiB): best was '{why}'; "
+            "run bigtrain plan on the recipe for what would fit"
+        )
+    return result
 
 
 def stated_world(cfg: RecipeConfig) -> int | None:

@@ -21,9 +21,10 @@ from bigtrain.config.plan import ZERO_STAGES
 from bigtrain.config.schema import FP8_CHOICES, METHODS, PRECISIONS, ParallelConfig, RecipeConfig
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
-from bigtrain.planner.hardware import Cluster, detect_local, make_cluster, parse_memory
+from bigtrain.planner.hardware import GPU, Cluster, detect_local, lookup_gpu, parse_memory
 from bigtrain.planner.model_stats import ModelStats, load_model_config
 from bigtrain.planner.search import PLAN_FIELDS
+from bigtrain.runtime import LaunchEnv
 
 DEFAULT_TOKENS_PER_STEP = 2**20  # ~1M tokens per optimizer step when no batch is given
 ModelSpec = typing.Union[str, Path, dict, Any]  # noqa: UP007 - a preset, folder, config dict, PretrainedConfig, module
@@ -72,14 +73,16 @@ class PlanRequest:
     fixed: dict[str, Any]
     model_source: str | None = None  # a local HF folder the model came from (what a recipe's name_or_path takes)
     recipe: RecipeConfig | None = None
+    model_given: bool = False  # the model was an argument (it wins over the recipe's)
+    spell: Spelling = CLI  # how the caller names its arguments (in messages and suggestions)
 
 
-def model_config_of(model: ModelSpec) -> tuple[dict[str, Any], str | None]:
+def model_config_of(model: ModelSpec, spell: Spelling = CLI) -> tuple[dict[str, Any], str | None]:
     """A full HF config dict from what ``bigtrain.plan`` takes as ``model``, and the local folder it came from."""
     if isinstance(model, (str, Path)):
         path = Path(model)
         folder = str(path) if path.is_dir() and (path / "config.json").is_file() else None
-        return load_model_config(str(model)), folder
+        return load_model_config(str(model), key=spell("model")), folder
     if isinstance(model, dict):
         return load_model_config(model), None
     config = getattr(model, "config", model)  # a built model (or a peft model around one): its config
@@ -126,52 +129,110 @@ def parse_fix(items: dict[str, Any] | list[str], spell: Spelling = CLI) -> dict[
 
 
 def cluster_of(hw: Hardware, no_gpu: str, spell: Spelling = CLI) -> Cluster:
-    """The cluster the arguments describe, else this machine's GPUs (the whole job's under a launcher; a launched job
-    without GPUs: its CPU processes); with a ``bigtrain probe`` profile, its measured rates and link. ``no_gpu``: the
-    error when there is nothing to plan for."""
+    """The cluster the arguments describe, else this machine's GPUs; under a launcher the whole job's (a job without
+    GPUs: its CPU processes), which asks every rank, unless ``gpus`` and ``gpu`` or ``gpu_memory`` are all given.
+    With a ``bigtrain probe`` profile, its measured rates and link. ``no_gpu``: the error when there is nothing to
+    plan for."""
+    _check_counts(hw, spell)
+    per_node, name, count, free = hw.gpus_per_node, None, 0, None
+    if not (hw.gpus and (hw.gpu or hw.gpu_memory)):
+        from bigtrain.runtime import read_launch_env
+
+        env = read_launch_env()
+        if env.launched:  # inside torchrun/accelerate: the whole job, limited by its most constrained rank
+            count, local, free, name = _job_hardware(env, keep_group=not spell.cli)
+            per_node = per_node or local
+            if name is None and not (hw.gpus or hw.gpu):  # a job on CPUs: its processes, as plan: auto sees them
+                return _with_profile(_cpu_job(hw, count, per_node, free, spell), hw, stated=True)
+            free = free if name is not None else None  # CPUs planned for named GPUs: the GPU's memory
+        else:
+            name, count, free = detect_local()
+    gpus = hw.gpus or count
+    if not gpus:
+        raise ConfigError(no_gpu)
+    gpu = _gpu_type(hw.gpu, name, spell)
+    memory = _memory(hw.gpu_memory, "gpu_memory", spell) or free
+    if memory:
+        gpu = replace(gpu, memory_bytes=memory)
+    host = _memory(hw.host_memory, "host_memory", spell)
+    cluster = Cluster(gpu, gpus, per_node or min(gpus, 8), host_memory_bytes=host)
+    return _with_profile(cluster, hw, stated=bool(memory))
+
+
+def written_plan_cluster(hw: Hardware, spell: Spelling = CLI) -> Cluster:
+    """The GPUs a written plan of ``hw.gpus`` ranks is predicted on, asking no other rank (its world is known):
+    ``gpu`` / ``gpu_memory`` as given, else this machine's GPU type at its table's memory, else an H100."""
+    _check_counts(hw, spell, whole_nodes=False)  # whether the nodes are whole is the export target's to say
+    detected = None
+    if hw.gpu is None:
+        import torch
+
+        detected = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    gpu = _gpu_type(hw.gpu, detected, spell)
+    memory = _memory(hw.gpu_memory, "gpu_memory", spell)
+    if memory:
+        gpu = replace(gpu, memory_bytes=memory)
+    world = hw.gpus or 1
+    cluster = Cluster(gpu, world, min(hw.gpus_per_node or 8, world))
+    return _with_profile(cluster, hw, stated=bool(memory))
+
+
+def _check_counts(hw: Hardware, spell: Spelling, whole_nodes: bool = True) -> None:
     for name in ("gpus", "gpus_per_node"):
         value = getattr(hw, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ConfigError(f"{spell.value(name, value)} must be a whole number of GPUs")
         if value is not None and value < 1:
             raise ConfigError(f"{spell.value(name, value)} must be at least 1")
-    if hw.gpus and hw.gpus_per_node and hw.gpus > hw.gpus_per_node and hw.gpus % hw.gpus_per_node:
+    if whole_nodes and hw.gpus and hw.gpus_per_node and hw.gpus > hw.gpus_per_node and hw.gpus % hw.gpus_per_node:
         raise ConfigError(
             f"{spell.value('gpus', hw.gpus)} is not a whole number of nodes of "
             f"{spell.value('gpus_per_node', hw.gpus_per_node)}; use a multiple such as "
             f"{hw.gpus // hw.gpus_per_node * hw.gpus_per_node or hw.gpus_per_node}"
         )
-    per_node = hw.gpus_per_node
-    cpu_job = None
-    if hw.gpus and (hw.gpu or hw.gpu_memory):
-        name, count, free = None, 0, None
-    else:
-        name, count, free = detect_local()
-        job = _job_hardware(keep_group=not spell.cli) if name is not None or not hw.gpus else None
-        if job is not None and name is None:  # a launched job on CPUs: its processes, as plan: auto sees them
-            cpu_job = _cpu_job(hw, *job)
-        elif job is not None:  # inside torchrun/accelerate: the whole job, limited by its most constrained rank
-            count, per_node, free = job
-    if cpu_job is not None:
-        cluster = cpu_job
-    elif not (hw.gpus or count):
-        raise ConfigError(no_gpu)
-    else:
-        cluster = make_cluster(hw.gpus or count, per_node, hw.gpu or name, hw.gpu_memory or free, hw.host_memory)
-    if hw.hardware_profile:
-        from bigtrain.planner.profile import gpu_from_profile, load_profile
-
-        stated = cluster.gpu.memory_bytes if (hw.gpu_memory or free or cpu_job) else None
-        gpu = gpu_from_profile(load_profile(hw.hardware_profile), cluster.gpu, memory_bytes=stated)
-        cluster = replace(cluster, gpu=gpu)
-    return cluster
 
 
-def _cpu_job(hw: Hardware, world: int, per_node: int, free: int) -> Cluster:
+def _gpu_type(asked: str | None, detected: str | None, spell: Spelling) -> GPU:
+    """The GPU as asked (an unknown name is an error), else as detected (an unknown one planned at H100 speeds under
+    its own name, as plan: auto does: its memory is measured anyway), else an H100."""
+    if asked is not None:
+        return lookup_gpu(asked, shown_as=spell("gpu"))
+    if detected is None:
+        return lookup_gpu("H100")
+    try:
+        return lookup_gpu(detected)
+    except ConfigError:
+        return replace(lookup_gpu("H100"), name=detected)
+
+
+def _memory(value: str | int | None, name: str, spell: Spelling) -> int | None:
+    """Bytes from a size such as "80GB" or a byte count; None when not given."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(f"{spell.value(name, value)} must be a size such as '80GB' or a number of bytes")
+    memory = parse_memory(value, spell(name)) if isinstance(value, str) else value
+    if memory < 1:
+        raise ConfigError(f"{spell.value(name, value)} must be positive")
+    return memory
+
+
+def _with_profile(cluster: Cluster, hw: Hardware, stated: bool) -> Cluster:
+    """The cluster with a ``bigtrain probe`` profile's measured rates and link (its memory kept when stated)."""
+    if not hw.hardware_profile:
+        return cluster
+    from bigtrain.planner.profile import gpu_from_profile, load_profile
+
+    memory = cluster.gpu.memory_bytes if stated else None
+    return replace(cluster, gpu=gpu_from_profile(load_profile(hw.hardware_profile), cluster.gpu, memory_bytes=memory))
+
+
+def _cpu_job(hw: Hardware, world: int, per_node: int, free: int, spell: Spelling) -> Cluster:
     """A launched job without GPUs: its processes planned as devices of the smallest share of host memory any rank
     has (the CPU stand-in ``plan: auto`` uses; nothing to offload to)."""
     from bigtrain.planner.auto import CPU
 
-    memory = parse_memory(hw.gpu_memory, "gpu_memory") if isinstance(hw.gpu_memory, str) else hw.gpu_memory
-    gpu = replace(CPU, memory_bytes=memory or free)
+    gpu = replace(CPU, memory_bytes=_memory(hw.gpu_memory, "gpu_memory", spell) or free)
     return Cluster(gpu, world, max(1, min(per_node, world)), host_memory_bytes=0)
 
 
@@ -202,9 +263,12 @@ def build_request(
     model's positions up to 2048, bf16, full fine-tuning). ``cluster``: one already made from ``hw``."""
     cfg = recipe if isinstance(recipe, RecipeConfig) or recipe is None else load_recipe(recipe)
     if model is not None:
-        model_config, source = model_config_of(model)
-    elif cfg is not None:
-        model_config = load_model_config(cfg.model.config or cfg.model.name_or_path or "")
+        model_config, source = model_config_of(model, spell)
+    elif cfg is not None:  # the recipe's model, checked with the words bigtrain train uses
+        from bigtrain.models.build import load_hf_config
+
+        hf_config = load_hf_config(cfg.model)
+        model_config = load_model_config({**hf_config.to_dict(), "model_type": hf_config.model_type})
         source = cfg.model.name_or_path
     else:
         raise ConfigError(f"bigtrain plan needs a model: {spell.example('model', 'PRESET|PATH')}, or a recipe")
@@ -212,6 +276,8 @@ def build_request(
     _check_choice(spell, "mixed_precision", mixed_precision, PRECISIONS)
     _check_choice(spell, "method", method, METHODS)
     _check_choice(spell, "fp8", fp8, FP8_CHOICES)
+    if compile not in (None, True, False, "auto"):
+        raise ConfigError(f"{spell.value('compile', compile)} is not one of true, false, auto")
     cluster = cluster or cluster_of(hw, no_gpu_message(spell), spell)
     gpus = cluster.num_gpus
     for name, value, minimum in (("seq_len", seq_len, 2), ("global_batch_size", global_batch_size, 1)):
@@ -238,7 +304,8 @@ def build_request(
         lora_rank=lora_rank,
         modules_to_save=tuple(cfg.lora.modules_to_save or ()) if cfg else (),
     )
-    return PlanRequest(stats, model_config, cluster, workload, parse_fix(fix or [], spell), source, cfg)
+    fixed = parse_fix(fix or [], spell)
+    return PlanRequest(stats, model_config, cluster, workload, fixed, source, cfg, model is not None, spell)
 
 
 def _check_choice(spell: Spelling, name: str, value: str | None, choices: tuple[str, ...]) -> None:
@@ -264,24 +331,26 @@ def default_seq_len(model_config: dict[str, Any]) -> int:
     return min(2048, max_len)
 
 
-def _job_hardware(keep_group: bool) -> tuple[int, int, int] | None:
-    """(world size, ranks per node, smallest free memory of any rank) when run under a launcher, else None. Asking
-    every rank needs the job's process group: an existing one is used; else one is started, and kept for the
-    trainer that follows with ``keep_group`` (a group started again over torchrun's store would meet the first
-    one's stale addresses), destroyed without (the command line, which trains nothing after)."""
-    from bigtrain.runtime import init_process_group, pick_device, read_launch_env, smallest_free_memory
+KEPT_GROUP_TIMEOUT_S = 1800  # a group left for the user's trainer: the HF Trainer's own default (ddp_timeout)
 
-    env = read_launch_env()
-    if not env.launched:
-        return None
+
+def _job_hardware(env: LaunchEnv, keep_group: bool) -> tuple[int, int, int, str | None]:
+    """(world size, ranks per node, smallest free memory of any rank's own device, this rank's device name or None
+    on CPUs) of a launched job. Asking every rank needs the job's process group: an existing one is used; else one
+    is started, and kept for the trainer that follows with ``keep_group`` (a group started again over torchrun's
+    store would meet the first one's stale addresses), destroyed without (the command line trains nothing after)."""
+    import torch
     import torch.distributed as dist
 
-    device = pick_device(env)
+    from bigtrain.runtime import init_process_group, pick_device, smallest_free_memory
+
+    device = pick_device(env)  # this rank's own GPU only: touching the others would give each a CUDA context
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     if dist.is_initialized():  # the user's script made the job's group already: use it, leave it
-        return env.world_size, env.local_world_size, smallest_free_memory(env, device)
-    init_process_group(env, device, timeout_s=120)
+        return env.world_size, env.local_world_size, smallest_free_memory(env, device), name
+    init_process_group(env, device, timeout_s=KEPT_GROUP_TIMEOUT_S if keep_group else 120)
     try:
-        return env.world_size, env.local_world_size, smallest_free_memory(env, device)
+        return env.world_size, env.local_world_size, smallest_free_memory(env, device), name
     finally:
         if not keep_group:
             dist.destroy_process_group()

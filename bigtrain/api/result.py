@@ -16,7 +16,7 @@ from bigtrain.planner.explain import describe, render_table, to_json
 from bigtrain.planner.hardware import Cluster, GiB
 from bigtrain.planner.memory_terms import MemoryEstimate
 from bigtrain.planner.model_stats import ModelStats
-from bigtrain.planner.search import Candidate
+from bigtrain.planner.search import COMPETITIVE, NEAR_TIE, Candidate
 
 if TYPE_CHECKING:
     from accelerate.utils import DeepSpeedPlugin  # noqa: F401
@@ -116,9 +116,16 @@ class PlanResult:
             why = c.rejected_because
         elif c is best:
             why = None
-        elif c.time.step_s > best.time.step_s:
+        elif c.time.step_s > best.time.step_s * (1 + NEAR_TIE):
             why = f"slower: {c.time.step_s:.3f} s per step, {c.time.step_s / best.time.step_s - 1:.1%} more"
-        else:  # a near tie: the choice has fewer moving parts
+        elif c.method != best.method:  # method: auto prefers full fine-tuning while it is competitive
+            why = (
+                f"{c.method} at {c.time.step_s:.3f} s per step: {best.method} is preferred while its step takes at "
+                f"most {COMPETITIVE:g}x an adapter plan's"
+            )
+        elif c.plan.offload_activations and not best.plan.offload_activations:
+            why = "offloads activations: chosen only where no plan without it fits (its copies are not yet measured)"
+        else:  # within 2% of each other: the one with fewer moving parts wins
             why = f"near tie ({c.time.step_s:.3f} s per step): the choice has fewer moving parts"
         name = describe(c.plan) if c.method == "full" else f"{c.method} {describe(c.plan)}"
         return RankedPlan(
@@ -178,13 +185,14 @@ class PlanResult:
         model, sequence and batch it was planned for, with ``parallel`` set to the plan and the chosen method,
         compile and FP8."""
         req = self.request
-        if req.recipe is not None:
-            raw = recipe_to_dict(req.recipe)
-        else:
+        raw = recipe_to_dict(req.recipe) if req.recipe is not None else {"data": {}, "train": {}, "lora": {}}
+        if req.recipe is None or req.model_given:  # the model planned for, which wins over the recipe's
+            kept = {k: v for k, v in raw.get("model", {}).items() if k not in ("name_or_path", "config")}
             model = {"name_or_path": req.model_source} if req.model_source else {"config": dict(req.model_config)}
-            raw = {"model": model, "data": {}, "train": {}, "lora": {"r": self.workload.lora_rank}}
-            if self.workload.modules_to_save:
-                raw["lora"]["modules_to_save"] = list(self.workload.modules_to_save)
+            raw["model"] = {**kept, **model}
+        raw["lora"]["r"] = self.workload.lora_rank
+        if self.workload.modules_to_save:
+            raw["lora"]["modules_to_save"] = list(self.workload.modules_to_save)
         raw["data"]["seq_len"] = self.workload.seq_len
         raw["train"].update(
             global_batch_size=self.workload.global_batch_size,

@@ -81,7 +81,7 @@ def export_hf_trainer(cfg: RecipeConfig, plan: Plan, hf_config: Any, block_class
             }
             notes.append(
                 "parallelism_config holds the keyword arguments of accelerate's ParallelismConfig: TrainingArguments "
-                "takes the object, ParallelismConfig(**value) (recipes/hf_trainer_train.py does this)"
+                "takes the object, ParallelismConfig(**value) (bigtrain.plan(...).to_training_arguments() does this)"
             )
         notes += dropped_tp_options(plan, "hf-trainer")
     else:

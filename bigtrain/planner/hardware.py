@@ -86,8 +86,9 @@ def _normalise(name: str) -> str:
     return re.sub(r"[\s_]+", "-", name.strip()).upper()
 
 
-def lookup_gpu(name: str) -> GPU:
-    """A GPU of the table by name (case-insensitive; 'NVIDIA H100 80GB HBM3' style device names work too)."""
+def lookup_gpu(name: str, shown_as: str = "--gpu") -> GPU:
+    """A GPU of the table by name (case-insensitive; 'NVIDIA H100 80GB HBM3' style device names work too);
+    ``shown_as``: how the caller's input is named in the error (a flag, or a Python argument)."""
     key = _normalise(name).removeprefix("NVIDIA-")
     table = {_normalise(k): v for k, v in KNOWN_GPUS.items()}
     table.update({_normalise(k): KNOWN_GPUS[v] for k, v in ALIASES.items()})
@@ -98,7 +99,10 @@ def lookup_gpu(name: str) -> GPU:
         family, _, size = known.partition("-")
         if family in key and (not size or size in key):
             return table[known]
-    raise ConfigError(f"--gpu {name!r} is not a known GPU; use one of {', '.join(KNOWN_GPUS)} or give --gpu-memory")
+    flag = shown_as.startswith("--")
+    shown = f"{shown_as} {name!r}" if flag else f"{shown_as}={name!r}"
+    memory = "--gpu-memory" if flag else "gpu_memory"
+    raise ConfigError(f"{shown} is not a known GPU; use one of {', '.join(KNOWN_GPUS)} or give {memory}")
 
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -109,13 +113,14 @@ def parse_memory(text: str, flag: str = "--gpu-memory") -> int:
     binary (80GB = 80 GiB), as GPU vendors' 'GB' are: an "80 GB" H100 has 80 GiB of HBM, of which torch sees about
     79.1 GiB."""
     m = _SIZE.match(str(text))
+    shown = f"{flag} {text!r}" if flag.startswith("--") else f"{flag}={text!r}"  # a flag, or a Python argument
     if not m:
-        raise ConfigError(f"{flag} {text!r} is not a size; write e.g. 80GB, 79.6GiB or 24G")
+        raise ConfigError(f"{shown} is not a size; write e.g. 80GB, 79.6GiB or 24G")
     if m.group(2) is None:  # "80" is far likelier to mean 80 GB than 80 bytes: ask instead of guessing
-        raise ConfigError(f"{flag} {text!r} has no unit; write e.g. {text}GB (or {text}B for bytes)")
+        raise ConfigError(f"{shown} has no unit; write e.g. {text}GB (or {text}B for bytes)")
     value, unit = float(m.group(1)), m.group(2).upper()
     if value <= 0:
-        raise ConfigError(f"{flag} {text!r} must be more than 0")
+        raise ConfigError(f"{shown} must be more than 0")
     powers = {"K": 1, "M": 2, "G": 3, "T": 4}
     if unit == "B":
         return int(value)

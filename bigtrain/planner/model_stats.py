@@ -262,11 +262,13 @@ def _presets() -> dict[str, Any]:
     return json.loads(resources.files("bigtrain.planner").joinpath("presets.json").read_text())
 
 
-def load_model_config(spec: str | dict[str, Any]) -> dict[str, Any]:
+def load_model_config(spec: str | dict[str, Any], key: str = "--model") -> dict[str, Any]:
     """A full HF config dict from a preset name, a model folder, a config.json path, or a recipe's config dict.
 
-    transformers fills in the defaults a partial dict leaves out; anything but a causal LM is refused.
+    transformers fills in the defaults a partial dict leaves out; anything but a causal LM is refused. ``key``: how
+    the caller's input is named in errors (a flag, or a Python argument such as ``model``).
     """
+    shown = f"{key} {spec!r}" if key.startswith("--") else f"{key}={spec!r}"
     if isinstance(spec, dict):
         raw = dict(spec)
     else:
@@ -280,10 +282,10 @@ def load_model_config(spec: str | dict[str, Any]) -> dict[str, Any]:
             try:
                 raw = json.loads(path.read_text())
             except json.JSONDecodeError as e:
-                raise ConfigError(f"--model {spec!r} is not a JSON config ({e.msg})") from e
+                raise ConfigError(f"{shown} is not a JSON config ({e.msg})") from e
         else:
             raise ConfigError(
-                f"--model {spec!r} is neither a preset nor a local model folder or config.json; "
+                f"{shown} is neither a preset nor a local model folder or config.json; "
                 f"presets: {', '.join(preset_names())}"
             )
     full = hf_config_from_dict(raw, key="the model config").to_dict()

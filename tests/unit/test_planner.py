@@ -352,7 +352,7 @@ def test_a_long_row_that_fits_no_gpu_is_told_the_lever():
     result = plan("llama-3-8b", gpus=1, gpu="H100", seq_len=262144, global_batch_size=1)
     assert not result.fits
     found = alternatives_that_fit(result.request)
-    assert found["gpus"] == "2 GPUs (--gpus 2: each row split over 2 of them, --fix cp=2)"
+    assert found["gpus"] == "2 GPUs (gpus=2: each row split over 2 of them, fix={'cp': 2})"  # as Python spells it
 
 
 def test_one_gpu_reaches_long_rows_through_activation_offload_within_its_host_memory():
