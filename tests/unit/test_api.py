@@ -131,6 +131,10 @@ def test_nothing_fits_is_a_result_that_says_what_would():
         ({"gpus": 8, "gpu": "H100", "seq_len": 1}, "seq_len=1 must be at least 2"),
         ({"gpus": 8, "gpu": "H100", "fix": {"bogus": 1}}, "fix['bogus']: unknown plan field; use one of backend,"),
         ({"gpus": 6, "gpus_per_node": 4, "gpu": "H100"}, "gpus=6 is not a whole number of nodes of gpus_per_node=4"),
+        ({"gpus": 8, "gpu": "Z80"}, "gpu='Z80' is not a known GPU; use one of H100,"),
+        ({"gpus": 8, "gpu_memory": "80"}, "gpu_memory='80' has no unit; write e.g. 80GB"),
+        ({"gpus": "8", "gpu": "H100"}, "gpus='8' must be a whole number of GPUs"),
+        ({"gpus": 8, "gpu": "H100", "compile": "yes"}, "compile='yes' is not one of true, false, auto"),
         (
             {"gpus": 8, "gpu": "H100", "fix": {"tp": 3}},
             "parallel.tp=3 x parallel.pp=1 = 3 does not divide the world size 8; use degrees whose product divides "
@@ -258,3 +262,20 @@ def test_hybrid_and_tensor_parallel_plans_hand_over_a_parallelism_config(tmp_pat
     args = result.to_training_arguments(output_dir=str(tmp_path), use_cpu=True)
     assert (args.parallelism_config.tp_size, args.parallelism_config.dp_replicate_size) == (2, 2)
     assert args.fsdp and args.per_device_train_batch_size == result.micro_batch_size
+
+
+def test_recipe_plan_chooses_what_a_written_plan_leaves_to_auto():
+    """A written plan with train.method: auto: the method chosen for that plan, as bigtrain train chooses it."""
+    result = bigtrain.recipe_plan(
+        REPO / "recipes/quickstart.yaml", overrides=["train.method=auto"], gpus=2, gpu_memory="24GB"
+    )
+    cfg = load_recipe(REPO / "recipes/quickstart.yaml")
+    assert result.method in ("full", "lora", "qlora") and result.plan == resolve_plan(cfg.parallel, 2, cfg.train)
+
+
+def test_a_model_argument_wins_over_the_recipe_s_in_the_recipe_it_writes(tmp_path):
+    folder = save_tiny_model(tmp_path / "m")
+    result = bigtrain.plan(folder, recipe=REPO / "recipes/quickstart.yaml", gpus=2, gpu_memory="8GB", lora_r=4)
+    recipe = result.to_recipe()
+    assert recipe["model"]["name_or_path"] == str(folder) and recipe["model"].get("config") is None
+    assert recipe["lora"]["r"] == 4 and recipe["data"]["path"] == load_recipe(REPO / "recipes/quickstart.yaml").data.path
