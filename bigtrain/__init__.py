@@ -10,18 +10,9 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# bigtrain.api's names (tests/unit/test_api.py checks the two lists agree)
-__all__ = [
-    "ConfigError",
-    "MemoryCheck",
-    "MemoryCheckCallback",
-    "PlanResult",
-    "RankedPlan",
-    "__version__",
-    "check_memory",
-    "plan",
-    "recipe_plan",
-]
+from bigtrain.api import __all__ as _api_names  # a name table only: bigtrain.api loads each name on first use
+
+__all__ = [*_api_names, "__version__"]
 
 
 def __getattr__(name: str) -> Any:
