@@ -12,7 +12,7 @@ from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.config.workload import Workload
 from bigtrain.planner.cost import TimeEstimate
-from bigtrain.planner.explain import describe, render_table, to_json
+from bigtrain.planner.explain import candidate_name, describe, render_table, to_json
 from bigtrain.planner.hardware import Cluster, GiB
 from bigtrain.planner.memory_terms import MemoryEstimate
 from bigtrain.planner.model_stats import ModelStats
@@ -127,10 +127,9 @@ class PlanResult:
             why = "offloads activations: chosen only where no plan without it fits (its copies are not yet measured)"
         else:  # within 2% of each other: the one with fewer moving parts wins
             why = f"near tie ({c.time.step_s:.3f} s per step): the choice has fewer moving parts"
-        name = describe(c.plan) if c.method == "full" else f"{c.method} {describe(c.plan)}"
         return RankedPlan(
             rank,
-            name + (" compile" if c.compile is True else "") + (f" fp8={c.fp8}" if c.fp8 != "none" else ""),
+            candidate_name(c),
             c.plan,
             c.method,
             c.compile,

@@ -51,7 +51,7 @@ def describe(plan: Plan) -> str:
     return " ".join(parts)
 
 
-def _name(c: Candidate) -> str:
+def candidate_name(c: Candidate) -> str:
     """The plan's name, led by the method when it is not full fine-tuning, with the compile and FP8 it was timed
     for (train.compile / train.fp8 auto)."""
     name = describe(c.plan) if c.method == "full" else f"{c.method} {describe(c.plan)}"
@@ -60,7 +60,7 @@ def _name(c: Candidate) -> str:
 
 def _row(c: Candidate) -> str:
     return (
-        f"{_name(c):{PLAN_WIDTH}s} {c.memory.total_bytes / GiB:8.1f} {c.memory.budget_bytes / GiB:8.1f} "
+        f"{candidate_name(c):{PLAN_WIDTH}s} {c.memory.total_bytes / GiB:8.1f} {c.memory.budget_bytes / GiB:8.1f} "
         f"{c.time.step_s:9.3f} {c.time.tokens_per_s_per_device:11,.0f} {c.time.mfu:6.1%}"
     )
 
@@ -112,7 +112,7 @@ def render_table(
             if key in seen:
                 continue
             seen.add(key)
-            lines.append(f"  {_name(c):{PLAN_WIDTH}s} {c.rejected_because}")
+            lines.append(f"  {candidate_name(c):{PLAN_WIDTH}s} {c.rejected_because}")
             if len(seen) >= SHOWN_REJECTED:
                 break
     unrunnable = [c for c in candidates if not c.runnable]
@@ -162,7 +162,7 @@ def adapter_note(choice: Candidate, candidates: list[Candidate], stats: ModelSta
             line += "; full fine-tuning fits no plan"
         else:
             how = "only with offload" if full.offloads else "but is slower"
-            line += f"; full fine-tuning fits {how} (best: {_name(full)}, {full.time.step_s:.3f} s)"
+            line += f"; full fine-tuning fits {how} (best: {candidate_name(full)}, {full.time.step_s:.3f} s)"
     return line
 
 
