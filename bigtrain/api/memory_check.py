@@ -14,12 +14,13 @@ step; another trainer running the same plan may differ, which is what this line 
 from __future__ import annotations
 
 import logging
-import resource
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
+
+from bigtrain.train.metrics import peak_memory_bytes
 
 log = logging.getLogger("bigtrain")
 
@@ -72,10 +73,7 @@ def measured_peak(device: torch.device | str | None = None) -> tuple[int, str]:
     """This rank's peak memory and what it measures: the CUDA allocator's peak on a GPU, the peak RSS on a CPU."""
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated"
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak RSS"  # KiB on Linux
+    return peak_memory_bytes(torch.device(device))  # what bigtrain train's metrics record
 
 
 def _predicted(prediction: Any) -> int:
