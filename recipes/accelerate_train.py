@@ -28,10 +28,10 @@ from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM
 
 import bigtrain
-from bigtrain.api.same_run import hf_examples, same_schedule, step_order, training_rows
+from bigtrain.api.same_run import hf_examples, step_order, training_rows
 from bigtrain.config.load import load_recipe
 from bigtrain.models.build import load_hf_config
-from bigtrain.train.optim import build_optimizer
+from bigtrain.train.optim import build_optimizer, build_scheduler
 
 
 def summed_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,7 +65,7 @@ def main() -> None:
     loader = DataLoader(examples, batch_size=result.micro_batch_size, shuffle=False)
     optimizer = build_optimizer(list(model.parameters()), cfg.train)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    scheduler = same_schedule(optimizer, cfg.train)  # not prepared: stepped once per optimizer step
+    scheduler = build_scheduler(optimizer, cfg.train)  # not prepared: stepped once per optimizer step
     accum = result.gradient_accumulation_steps
     batches = iter(loader)
     losses = []

@@ -7,14 +7,13 @@ model trained (checked by tests/integration/test_api_routes.py):
   rows over in bigtrain's order (``step_order``) with ``train_sampling_strategy="sequential"``.
 - warmup: transformers' schedules give step ``s`` of ``W`` warmup steps ``s / W`` of the rate (the first step
   trains at 0); bigtrain gives ``(s + 1) / W``. Its cosine ends at the last step, transformers' one step later.
-  ``lr_lambda`` is bigtrain's factor, for ``LambdaLR``.
+  ``train.optim.build_scheduler`` is bigtrain's schedule (a ``LambdaLR``).
 - weight decay: the Trainer leaves biases and norm weights undecayed; bigtrain's AdamW decays every parameter.
 - labels: bigtrain's rows hold labels already shifted by one; HF's loss shifts them itself (``hf_examples``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,7 @@ from bigtrain.data import TokenRows, load_token_rows
 from bigtrain.data.labels import IGNORE_INDEX
 from bigtrain.data.order import GlobalOrder
 from bigtrain.data.sources import hold_out
-from bigtrain.train.optim import lr_factor
+from bigtrain.train.optim import build_scheduler
 
 
 def step_order(num_rows: int, cfg: RecipeConfig) -> np.ndarray:
@@ -58,16 +57,6 @@ def hf_examples(data: TokenRows, rows: np.ndarray) -> list[dict[str, torch.Tenso
     return out
 
 
-def lr_lambda(train: TrainConfig) -> Callable[[int], float]:
-    """bigtrain's learning-rate factor of optimizer step ``s`` (warmup, then constant or cosine to min_lr_ratio)."""
-    return lambda step: lr_factor(step, train)
-
-
-def same_schedule(optimizer: torch.optim.Optimizer, train: TrainConfig) -> Any:
-    """A ``LambdaLR`` stepping bigtrain's schedule, one call per optimizer step."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train))
-
-
 def aligned_trainer(trainer_cls: type, train: TrainConfig) -> type:
     """``trainer_cls`` (``transformers.Trainer`` or TRL's ``SFTTrainer``) with bigtrain's weight decay (every
     parameter) and learning-rate schedule in place of the library's defaults; all else is the library's."""
@@ -78,7 +67,7 @@ def aligned_trainer(trainer_cls: type, train: TrainConfig) -> type:
 
         def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
             if self.lr_scheduler is None:
-                self.lr_scheduler = same_schedule(optimizer or self.optimizer, train)
+                self.lr_scheduler = build_scheduler(optimizer or self.optimizer, train)
             return self.lr_scheduler
 
     Aligned.__name__ = Aligned.__qualname__ = f"{trainer_cls.__name__}AlignedWithBigtrain"
