@@ -22,7 +22,6 @@ import json
 import logging
 
 import torch
-import torch.nn.functional as F
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM
@@ -30,15 +29,10 @@ from transformers import AutoModelForCausalLM
 import bigtrain
 from bigtrain.api.same_run import hf_examples, step_order, training_rows
 from bigtrain.config.load import load_recipe
+from bigtrain.data.labels import IGNORE_INDEX
+from bigtrain.engine.loss import labeled_loss_sum
 from bigtrain.models.build import load_hf_config
 from bigtrain.train.optim import build_optimizer, build_scheduler
-
-
-def summed_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed next-token loss of a micro-batch and its label count (HF labels: shifted here)."""
-    logits, labels = logits[:, :-1].float(), labels[:, 1:]
-    loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100, reduction="sum")
-    return loss, (labels != -100).sum()
 
 
 def main() -> None:
@@ -71,13 +65,14 @@ def main() -> None:
     losses = []
     for step in range(cfg.train.steps):
         micro = [next(batches) for _ in range(accum)]
-        tokens = sum((b["labels"][:, 1:] != -100).sum() for b in micro)
+        tokens = sum((b["labels"][:, 1:] != IGNORE_INDEX).sum() for b in micro)
         global_tokens = accelerator.reduce(tokens.to(accelerator.device), reduction="sum")
         step_loss = torch.zeros((), device=accelerator.device)
         for batch in micro:
             with accelerator.accumulate(model):
                 logits = model(input_ids=batch["input_ids"], position_ids=batch.get("position_ids")).logits
-                loss_sum, _ = summed_loss(logits, batch["labels"])
+                # HF labels: the next token of each position is the label one to the right
+                loss_sum = labeled_loss_sum(logits[:, :-1], batch["labels"][:, 1:])
                 accelerator.backward(loss_sum / global_tokens * accelerator.num_processes * accum)
                 step_loss += loss_sum.detach()
                 if accelerator.sync_gradients:

@@ -50,7 +50,7 @@ from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
 from bigtrain.planner import tp_time
 from bigtrain.planner.adapter_memory import adapter_flops_per_token, base_bytes, dequant_bytes, trained_params
-from bigtrain.planner.hardware import Cluster
+from bigtrain.planner.hardware import Cluster, ring_share
 from bigtrain.planner.memory_terms import offloaded_block_bytes, rank_seq_len, stage_layers, stage_params, state_shards
 from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.profile import measured_rate, measured_row
@@ -193,10 +193,6 @@ def memory_bound_bytes(
     return elementwise + loss + optimizer
 
 
-def _ring(n: int) -> float:
-    return (n - 1) / n if n > 1 else 0.0
-
-
 def _bandwidth(cluster: Cluster, group: int, stride: int) -> float:
     """GB/s each way for a group of ``group`` ranks spaced ``stride`` apart in rank order."""
     spans_nodes = group * stride > cluster.gpus_per_node or stride >= cluster.gpus_per_node
@@ -239,7 +235,7 @@ def ep_all_to_all_seconds(
         return 0.0
     passes = 2 + (recomputed_share(stats, plan) if plan.activation_checkpointing == "full" else 0)
     pairs = stats.top_k * plan.micro_batch_size * seq_len
-    per_block = 2 * _ring(plan.ep) * a * pairs * stats.hidden
+    per_block = 2 * ring_share(plan.ep) * a * pairs * stats.hidden
     return passes * micro_batches * stats.routed_layers * per_block / _bandwidth(cluster, plan.ep, 1)
 
 
@@ -254,7 +250,7 @@ def cp_all_to_all_seconds(
     local_tokens = plan.micro_batch_size * seq_len // plan.cp
     per_block = a * local_tokens * (2 * stats.q_width + 2 * stats.kv_width) / plan.tp
     passes = 3 if plan.activation_checkpointing == "full" else 2
-    volume = stage_layers(stats, plan.pp) * passes * micro_batches * per_block * (plan.cp - 1) / plan.cp
+    volume = stage_layers(stats, plan.pp) * passes * micro_batches * per_block * ring_share(plan.cp)
     return volume / _bandwidth(cluster, plan.cp, plan.tp)
 
 
@@ -288,7 +284,7 @@ def _data_parallel_seconds(
     if plan.backend == "ddp":
         # DDP all-reduces over every rank that sees different tokens (dp x cp)
         ranks = plan.dp * plan.cp
-        dp_overlapped = 2 * _ring(ranks) * 4 * reduced / _bandwidth(cluster, ranks, plan.tp)
+        dp_overlapped = 2 * ring_share(ranks) * 4 * reduced / _bandwidth(cluster, ranks, plan.tp)
     elif plan.backend == "fsdp2":
         dp_overlapped = _fsdp2_seconds(plan, cluster, micro_batches, gathered, reduced, shards, plan.tp)
     else:  # deepspeed; with adapters, ZeRO-3 gathers the base twice and only the adapters are reduced and updated
@@ -296,7 +292,7 @@ def _data_parallel_seconds(
             volume = (2 * gathered if plan.zero_stage >= 3 else 0.0) + 2 * a * reduced
         else:
             volume = (3 if plan.zero_stage >= 3 else 2) * a * psi
-        dp_overlapped = _ring(plan.dp) * volume / _bandwidth(cluster, plan.dp, plan.tp)
+        dp_overlapped = ring_share(plan.dp) * volume / _bandwidth(cluster, plan.dp, plan.tp)
     return dp_overlapped
 
 
@@ -309,9 +305,9 @@ def _fsdp2_seconds(
     gathers = 2 if plan.zero_stage == 3 else 1
     reduces = micro_batches if plan.grad_reduce == "every_micro_step" else 1
     volume = gathers * micro_batches * gathered + reduces * 4 * reduced
-    seconds = _ring(shards) * volume / _bandwidth(cluster, shards, stride)
+    seconds = ring_share(shards) * volume / _bandwidth(cluster, shards, stride)
     rep_bw = _bandwidth(cluster, plan.dp_replicate, stride * shards)
-    return seconds + 2 * _ring(plan.dp_replicate) * 4 * reduced / shards / rep_bw
+    return seconds + 2 * ring_share(plan.dp_replicate) * 4 * reduced / shards / rep_bw
 
 
 def _expert_fsdp_seconds(plan: Plan, cluster: Cluster, micro_batches: int, gathered: float, reduced: float) -> float:

@@ -149,6 +149,11 @@ class Cluster:
         return -(-self.num_gpus // self.gpus_per_node)
 
 
+def ring_share(n: int) -> float:
+    """The share of a collective's data each of ``n`` ranks sends over its link in a ring ((n - 1) / n; none alone)."""
+    return (n - 1) / n if n > 1 else 0.0
+
+
 def make_cluster(
     num_gpus: int,
     gpus_per_node: int | None = None,

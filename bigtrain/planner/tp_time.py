@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 
 from bigtrain.config.plan import Plan
-from bigtrain.planner.hardware import GPU
+from bigtrain.planner.hardware import GPU, ring_share
 from bigtrain.planner.model_stats import ModelStats
 
 # Seconds per block and micro-step of tp's DTensor machinery when no probe measured it: an assumption, a third of the
@@ -92,7 +92,7 @@ def collective_seconds(
     (bytes/s); ``recomputed``: the share of blocks whose forward runs again (full checkpointing)."""
     if plan.tp == 1:
         return 0.0
-    ring = (plan.tp - 1) / plan.tp
+    ring = ring_share(plan.tp)
     passes = 2.0 + recomputed
     calls, volume = (4, ring * act_bytes) if plan.sequence_parallel else (2, 2 * ring * act_bytes)
     return layers * micro_batches * passes * calls * (gpu.link_latency_s + volume / bandwidth)
