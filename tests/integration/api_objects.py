@@ -13,22 +13,16 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
 import bigtrain
 
-TINY = {
-    "model_type": "llama",
-    "vocab_size": 128,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared model configs
+from cases import TINY_LLAMA  # noqa: E402
+
 PLANS = {  # ZeRO-3 first: its TrainingArguments make transformers build every later model partitioned, not bigtrain's
     "deepspeed_zero3_offload": {"backend": "deepspeed", "zero_stage": 3, "offload_optimizer": True},
     "ddp": {"backend": "ddp"},
@@ -98,7 +92,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, fix in PLANS.items():
             result = bigtrain.plan(
-                TINY, gpus=world, gpu_memory="8GB", seq_len=128, global_batch_size=16, fix={**fix, "micro_batch_size": 2}
+                TINY_LLAMA, gpus=world, gpu_memory="8GB", seq_len=128, global_batch_size=16, fix={**fix, "micro_batch_size": 2}
             )
             out[name] = read_back(result, tmp)
     if dist.get_rank() == 0:
