@@ -18,7 +18,6 @@ bigtrain's order (bigtrain/api/same_run.py), so this loop trains the same model 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 
 import torch
@@ -27,7 +26,7 @@ from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM
 
 import bigtrain
-from bigtrain.api.same_run import hf_examples, step_order, training_rows
+from bigtrain.api.same_run import hf_examples, plan_this_job, step_order, summary_line, training_rows
 from bigtrain.config.load import load_recipe
 from bigtrain.data.labels import IGNORE_INDEX
 from bigtrain.engine.loss import labeled_loss_sum
@@ -42,11 +41,8 @@ def main() -> None:
     cli = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = load_recipe(cli.recipe, cli.overrides)
-    on_cpu = not torch.cuda.is_available()
-    result = bigtrain.plan(recipe=cfg, fix={"backend": "ddp"} if on_cpu else None)
-    accelerator = Accelerator(cpu=on_cpu, **result.to_accelerate())
-    if accelerator.is_main_process:
-        print(result.explain())
+    result = plan_this_job(cfg)  # bigtrain.plan(recipe=cfg) for this job (ddp on CPUs), its table printed once
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), **result.to_accelerate())
     torch.manual_seed(cfg.train.seed)
     if cfg.model.name_or_path:
         model = AutoModelForCausalLM.from_pretrained(cfg.model.name_or_path)
@@ -84,10 +80,8 @@ def main() -> None:
         if step + 1 == min(2, cfg.train.steps):
             check = bigtrain.check_memory(result, accelerator.device, logs=accelerator.is_main_process)
     if accelerator.is_main_process:
-        kind = str(accelerator.distributed_type)
-        summary = {"distributed_type": kind, "world_size": accelerator.num_processes, "plan": result.plan.to_dict()}
-        print(json.dumps({**summary, "losses": losses, "memory_check": check.line()}))
-
+        kind, world = accelerator.distributed_type, accelerator.num_processes
+        print(summary_line(result, kind, world, losses, check))
 
 if __name__ == "__main__":
     main()

@@ -16,15 +16,13 @@ arguments override recipe keys as in ``bigtrain train``.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 
 import torch
 from transformers import AutoModelForCausalLM, Trainer
 
 import bigtrain
-from bigtrain.api.same_run import aligned_trainer, hf_examples, step_order, training_rows
+from bigtrain.api.same_run import aligned_trainer, hf_examples, plan_this_job, step_order, summary_line, training_rows
 from bigtrain.config.load import load_recipe
 from bigtrain.models.build import load_hf_config
 
@@ -36,10 +34,8 @@ def main() -> None:
     cli = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = load_recipe(cli.recipe, cli.overrides)
+    result = plan_this_job(cfg)  # bigtrain.plan(recipe=cfg) for this job (ddp on CPUs), its table printed once
     on_cpu = not torch.cuda.is_available()
-    result = bigtrain.plan(recipe=cfg, fix={"backend": "ddp"} if on_cpu else None)
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(result.explain())
     # The arguments first: with DeepSpeed ZeRO-3 they make the model below be built partitioned (zero.Init).
     args = result.to_training_arguments(
         output_dir=cfg.output_dir, use_cpu=on_cpu, train_sampling_strategy="sequential", save_strategy="no"
@@ -56,18 +52,8 @@ def main() -> None:
     trainer.train()
     if trainer.is_world_process_zero():
         losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-        print(
-            json.dumps(
-                {
-                    "distributed_type": str(trainer.accelerator.distributed_type),
-                    "world_size": args.world_size,
-                    "plan": result.plan.to_dict(),
-                    "losses": losses,
-                    "memory_check": check.check.line() if check.check else None,
-                }
-            )
-        )
-
+        kind = trainer.accelerator.distributed_type
+        print(summary_line(result, kind, args.world_size, losses, check.check))
 
 if __name__ == "__main__":
     main()

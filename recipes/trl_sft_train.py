@@ -18,9 +18,7 @@ conversations arrive in bigtrain's order, and TRL's Trainer is aligned with bigt
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 
 import torch
 from datasets import load_dataset
@@ -28,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTTrainer
 
 import bigtrain
-from bigtrain.api.same_run import aligned_trainer, step_order
+from bigtrain.api.same_run import aligned_trainer, plan_this_job, step_order, summary_line
 from bigtrain.config.load import load_recipe
 
 
@@ -44,10 +42,8 @@ def main() -> None:
             "trl_sft_train.py reads one conversation per row: set data.packing=pad and data.eval_fraction=0 "
             f"(the recipe has packing={cfg.data.packing}, eval_fraction={cfg.data.eval_fraction})"
         )
+    result = plan_this_job(cfg)  # bigtrain.plan(recipe=cfg) for this job (ddp on CPUs), its table printed once
     on_cpu = not torch.cuda.is_available()
-    result = bigtrain.plan(recipe=cfg, fix={"backend": "ddp"} if on_cpu else None)
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(result.explain())
     args = result.to_sft_config(
         output_dir=cfg.output_dir,
         use_cpu=on_cpu,
@@ -69,18 +65,8 @@ def main() -> None:
     trainer.train()
     if trainer.is_world_process_zero():
         losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-        print(
-            json.dumps(
-                {
-                    "distributed_type": str(trainer.accelerator.distributed_type),
-                    "world_size": args.world_size,
-                    "plan": result.plan.to_dict(),
-                    "losses": losses,
-                    "memory_check": check.check.line() if check.check else None,
-                }
-            )
-        )
-
+        kind = trainer.accelerator.distributed_type
+        print(summary_line(result, kind, args.world_size, losses, check.check))
 
 if __name__ == "__main__":
     main()

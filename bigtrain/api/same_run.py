@@ -72,3 +72,32 @@ def aligned_trainer(trainer_cls: type, train: TrainConfig) -> type:
 
     Aligned.__name__ = Aligned.__qualname__ = f"{trainer_cls.__name__}AlignedWithBigtrain"
     return Aligned
+
+
+def plan_this_job(cfg: RecipeConfig) -> Any:
+    """``bigtrain.plan`` for the recipe on the job this script runs in, its table printed once (rank 0). On CPUs the
+    plan is pinned to ddp: DDP is what the Trainer, TRL and accelerate run there (their FSDP and DeepSpeed need
+    GPUs)."""
+    from bigtrain.api.planning import plan
+    from bigtrain.runtime import read_launch_env
+
+    result = plan(recipe=cfg, fix=None if torch.cuda.is_available() else {"backend": "ddp"})
+    if read_launch_env().rank == 0:
+        print(result.explain())
+    return result
+
+
+def summary_line(result: Any, distributed_type: Any, world_size: int, losses: list[float], check: Any) -> str:
+    """The JSON line a script ends with: how it ran, the plan, the loss of each step and the memory check's line
+    (what tests/integration/test_api_routes.py compares with bigtrain train's run)."""
+    import json
+
+    return json.dumps(
+        {
+            "distributed_type": str(distributed_type),
+            "world_size": world_size,
+            "plan": result.plan.to_dict(),
+            "losses": losses,
+            "memory_check": check.line() if check is not None else None,
+        }
+    )
