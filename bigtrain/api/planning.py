@@ -112,7 +112,7 @@ def searched(request: PlanRequest, allow_unrunnable: bool = False, spell: Spelli
             f"no plan the planner offers meets the pins: {best.unsupported}; "
             f"add {'--all' if spell.cli else 'allow_unrunnable=True'} to see such plans predicted anyway"
         )
-    return PlanResult.of(request, candidates)
+    return PlanResult(request, candidates)
 
 
 @planning
@@ -157,7 +157,7 @@ def recipe_plan(
     if chosen:  # the written plan, with what train.X: auto leaves to the planner chosen as bigtrain train does
         keys = " and ".join(f"train.{k}=auto" for k in chosen)
         return _chosen(replace(request, fixed=written.to_dict()), keys)
-    return PlanResult.of(request, [candidate(request.stats, written, cluster, request.workload)])
+    return PlanResult(request, [candidate(request.stats, written, cluster, request.workload)])
 
 
 def _chosen(request: PlanRequest, what: str) -> PlanResult:

@@ -4,7 +4,7 @@ bigtrain recipe (``convert.py``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bigtrain.config.load import build_dataclass, check_ranges, recipe_to_dict
@@ -46,7 +46,7 @@ class RankedPlan:
     why_not: str | None
 
 
-@dataclass
+@dataclass(repr=False)
 class PlanResult:
     """A plan for a model on some GPUs, with the reasoning.
 
@@ -55,36 +55,51 @@ class PlanResult:
     part) and step; ``fits`` whether it fits and the trainer runs it. ``candidates`` ranks the alternatives.
     """
 
-    plan: Plan
-    method: str
-    compile: bool | str
-    fp8: str
-    fits: bool
-    memory: MemoryEstimate
-    time: TimeEstimate
-    model: ModelStats
-    cluster: Cluster
-    workload: Workload
-    request: PlanRequest = field(repr=False)
-    searched: list[Candidate] = field(repr=False)
+    request: PlanRequest
+    searched: list[Candidate]  # ranked, the choice first (the search ranks the plans the trainer can run first)
 
-    @classmethod
-    def of(cls, request: PlanRequest, candidates: list[Candidate]) -> PlanResult:
-        best = candidates[0]  # the search ranks the plans the trainer can run first
-        return cls(
-            best.plan,
-            best.method,
-            best.compile,
-            best.fp8,
-            best.fits and best.runnable,
-            best.memory,
-            best.time,
-            request.stats,
-            request.cluster,
-            request.workload,
-            request,
-            candidates,
-        )
+    def __repr__(self) -> str:
+        return f"PlanResult({self.summary()})"
+
+    @property
+    def plan(self) -> Plan:
+        return self.searched[0].plan
+
+    @property
+    def method(self) -> str:
+        return self.searched[0].method
+
+    @property
+    def compile(self) -> bool | str:
+        return self.searched[0].compile
+
+    @property
+    def fp8(self) -> str:
+        return self.searched[0].fp8
+
+    @property
+    def fits(self) -> bool:
+        return self.searched[0].fits and self.searched[0].runnable
+
+    @property
+    def memory(self) -> MemoryEstimate:
+        return self.searched[0].memory
+
+    @property
+    def time(self) -> TimeEstimate:
+        return self.searched[0].time
+
+    @property
+    def model(self) -> ModelStats:
+        return self.request.stats
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.request.cluster
+
+    @property
+    def workload(self) -> Workload:
+        return self.request.workload
 
     @property
     def micro_batch_size(self) -> int:
