@@ -28,9 +28,39 @@ EXIT_CODES = {
 }
 
 
+# the libraries whose versions decide what bigtrain does; constraints.txt pins the set the suite passed on
+VERSIONED = ("torch", "transformers", "accelerate", "deepspeed", "peft", "torchao", "datasets")
+
+
+def _versions() -> str:
+    """``bigtrain --version``: bigtrain's own, then each library it runs with (read from the installed metadata, so
+    nothing is imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    libraries = ", ".join(f"{name} {installed(name)}" for name in VERSIONED)
+    return f"bigtrain {__version__} ({libraries}; tested: constraints.txt)"
+
+
+class _VersionAction(argparse.Action):
+    """``--version`` as one unwrapped line (argparse's own action rewraps it to the terminal's width)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help=kwargs.get("help"))  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        print(_versions())
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bigtrain", description="Train HuggingFace causal LMs on 1 to N GPUs.")
-    parser.add_argument("--version", action="version", version=f"bigtrain {__version__}")
+    parser.add_argument("--version", action=_VersionAction, help="print the versions of bigtrain and its libraries")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train with a recipe (this rank under torchrun/accelerate, or --nproc N)")
     train.add_argument("recipe", help="YAML recipe, e.g. recipes/quickstart.yaml")

@@ -34,7 +34,7 @@ from bigtrain.config.expert_rules import (
     ep_with_tp_pp_or_cp,
 )
 from bigtrain.config.fp8_rules import fp8_with_adapters, fp8_with_deepspeed, fp8_with_tp_or_pp
-from bigtrain.config.hf import PLAIN_TP_STYLES, TP_STYLES
+from bigtrain.config.hf import PLAIN_TP_STYLES, REFUSED_TP_STYLES, TP_STYLES
 from bigtrain.config.model_facts import ModelFacts
 from bigtrain.config.option_rules import (
     adapters_with_pp,
@@ -247,7 +247,8 @@ def _tp_style_not_mapped(s: Setup) -> str | None:
     assert model is not None
     others = [style for style in model.tp_styles if style not in TP_STYLES]
     if s.plan.tp > 1 and model.tp_styles and others:
-        return _no_tp_layout(model, f"uses the style(s) {', '.join(others)}")
+        why = "; ".join(f"{style}: {REFUSED_TP_STYLES.get(style, 'unknown to bigtrain')}" for style in others)
+        return _no_tp_layout(model, f"uses the style(s) {', '.join(others)} ({why})")
     return None
 
 

@@ -87,11 +87,12 @@ def hf_config_from_dict(spec: dict[str, Any], key: str = "model.config") -> Any:
     return config
 
 
-# The tensor-parallel styles bigtrain maps to torch's (parallel/transforms/tensor_parallel.py). Layouts using others
-# (Qwen3's per-head norms need "replicated_with_grad_allreduce") are refused by the capability table.
 # transformers' tensor-parallel styles that bigtrain maps onto torch's DTensor styles (parallel/transforms/
 # tensor_parallel.py): the plain Megatron pair, its variants that gather a column-wise output or take a replicated
-# row-wise input (Phi-3, OLMo-2), and per-head norms replicated with summed gradients (Qwen3's q_norm and k_norm)
+# row-wise input (Phi-3, OLMo-2), per-head norms replicated with summed gradients (Qwen3's q_norm and k_norm), and
+# vocabulary-parallel input embeddings (GPT-NeoX's embed_in from transformers 5.24). A layout with any other style is
+# refused by the capability table with the style's name; tests/unit/test_tp_styles.py reads every family's layout in
+# the installed transformers, so a release that brings a new style fails one test instead of a training run.
 TP_STYLES = (
     "colwise",
     "rowwise",
@@ -100,7 +101,21 @@ TP_STYLES = (
     "rowwise_rep",
     "rowwise_split_input",
     "replicated_with_grad_allreduce",
+    "embedding_rowwise",
 )
+# Styles of the installed transformers that bigtrain knows and refuses, each with why (the capability table's line
+# names the style and this reason). A style in neither tuple is refused too, as unknown, and fails the unit test.
+REFUSED_TP_STYLES = {
+    "packed_colwise": "fused gate/up (or q/k/v) weights split per packed part: not mapped yet",
+    "packed_rowwise": "fused expert weights split per packed part: not mapped yet",
+    "moe_tp_experts": "experts split by tensor parallelism: bigtrain splits experts with parallel.ep instead",
+    "moe_identity_expert": "identity experts under tensor parallelism: not mapped yet",
+    "mla_kv_a_proj": "multi-head latent attention's shared KV projection: not mapped yet",
+    "local_params": "parameters kept local to each rank outside DTensor: not mapped yet",
+    "embedding_colwise": "embeddings split on the hidden dimension: not mapped yet",
+    "all_reduce": "a module whose output transformers all-reduces by hand: not mapped yet",
+    "replicate": "modules replicated by transformers' own hooks: not mapped yet",
+}
 PLAIN_TP_STYLES = ("colwise", "rowwise")  # what sequence parallelism and the planner's tp terms assume
 
 

@@ -263,7 +263,10 @@ def test_version(cli_in_process):
     from bigtrain import __version__
 
     proc = cli_in_process(["--version"])
-    assert proc.returncode == 0 and proc.stdout.strip() == f"bigtrain {__version__}"
+    assert proc.returncode == 0 and proc.stdout.startswith(f"bigtrain {__version__} (torch ")
+    from importlib.metadata import version
+
+    assert f"transformers {version('transformers')}," in proc.stdout and len(proc.stdout.splitlines()) == 1
 
 
 def test_dry_run_checks_everything_and_trains_nothing(tmp_path, rows_file, cli_in_process):

@@ -82,7 +82,7 @@ def test_quickstart_loss_falls_fast_on_two_workers(tmp_path):
     over 20% in under 3 minutes."""
     assert shutil.which("bigtrain"), "the bigtrain console script is installed"
     install, train = docs_commands("quickstart")[0].rsplit(" && ", 1)
-    assert install == "pip install torch==2.13.0 && pip install -e ."
+    assert install == "pip install torch==2.13.0 && pip install -c constraints.txt -e ."
     assert train == "bigtrain train recipes/quickstart.yaml --nproc 2"
     start = time.monotonic()
     proc = run_cli([*shlex.split(train)[1:], "--set", f"output_dir={tmp_path / 'qs'}"], timeout=400)

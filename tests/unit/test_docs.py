@@ -72,4 +72,6 @@ def test_ci_runs_the_readme_s_test_command():
     assert parts[-2:] == ["ruff check .", "python -m pytest -q"]
     positions = [ci.index(part) for part in ("pip install -q torch==2.13.0", "ruff check .", "python -m pytest -q")]
     assert positions == sorted(positions)
-    assert "pip install -q -e '.[dev]'" in ci and "pip install -e '.[dev]'" in test_command
+    pinned = "pip install -c constraints.txt -e '.[dev]'"  # the versions the suite passed on, in both
+    assert pinned.replace("pip install", "pip install -q") in ci and pinned in test_command
+    assert (REPO / "constraints.txt").read_text().count("\ntransformers==") == 1

@@ -49,6 +49,9 @@ def _torch_style(style: str, sequence_parallel: bool) -> ParallelStyle:
         "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
         "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
         "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Replicate()),
+        # an nn.Embedding under RowwiseParallel is vocabulary-parallel: each rank holds a slice of the rows (Shard(0)),
+        # looks up the token ids it owns (the ids replicated on every rank) and the partial lookups are all-reduced
+        "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
     }
     return styles[style]()
 
