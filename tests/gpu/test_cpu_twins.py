@@ -1,6 +1,8 @@
 """The GPU tier's harness (``single_rank.py``) on the CPU, in the default tier: bigtrain's one-rank engine equals the
 plain loop step by step from identical weights, and the comparison catches a reference that is slightly off. So a
-GPU test that passes is held by a harness that is itself checked on every CI run."""
+GPU test that passes is held by a harness that is itself checked on every CI run. FP8's CPU twin (torchao emulates
+the float8 casts and matmuls with the real kernels' rounding) is compared on every one of 10 steps, each from
+identical weights, for tensorwise and rowwise scaling."""
 
 from __future__ import annotations
 
@@ -32,3 +34,37 @@ def test_the_comparison_catches_a_learning_rate_10_percent_off():
             group["lr"] *= 1.1
 
     assert max(r["param_abs"] for r in _rows({"micro_batch_size": 8}, faster)) > 4e-5
+
+
+def _torchao_float8_emulated(recipe_name: str):
+    """The reference's float8 linears with torchao's own API (emulated on the CPU, the real kernels' rounding): every
+    linear but the LM head (the tiny model's widths are multiples of 16)."""
+
+    def prepare(model: torch.nn.Module) -> None:
+        import dataclasses
+
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe_name), emulate=True)
+        convert_to_float8_training(model, config=config, module_filter_fn=lambda module, name: name != "lm_head")
+
+    return prepare
+
+
+@pytest.mark.parametrize("recipe_name", ["tensorwise", "rowwise"])
+def test_fp8_matches_torchao_s_float8_linears_on_every_step_from_identical_weights(recipe_name):
+    """FP8's rounding makes two runs part after a few steps (tests/distributed/test_fp8.py), so each of 10 steps
+    starts from bigtrain's weights: that step's loss, gradient norm and update are compared, on every step."""
+    with one_rank(recipe({"config": TINY_LLAMA}, {"micro_batch_size": 8}, fp8=recipe_name), CPU) as job:
+        reference = PlainLoop(job.hf_config, CPU, prepare=_torchao_float8_emulated(recipe_name))
+        rows = compare_step_by_step(job, reference, token_batches(10, TINY_LLAMA["vocab_size"]))
+    for step, r in enumerate(rows, 1):
+        assert r["loss_rel"] < 1e-5 and r["grad_norm_rel"] < 1e-5 and r["param_abs"] < 1e-6, (step, r)
+
+
+def test_leaving_float8_out_of_the_step_by_step_reference_is_caught():
+    with one_rank(recipe({"config": TINY_LLAMA}, {"micro_batch_size": 8}, fp8="tensorwise"), CPU) as job:
+        rows = compare_step_by_step(job, PlainLoop(job.hf_config, CPU), token_batches(3, TINY_LLAMA["vocab_size"]))
+    # measured: loss 7.1e-5, grad norm 7.3e-3 rel, parameters 2.0e-3 abs: 7x to 2000x the tolerances above
+    assert max(r["loss_rel"] for r in rows) > 5e-5 and max(r["grad_norm_rel"] for r in rows) > 1e-3
+    assert max(r["param_abs"] for r in rows) > 1e-4
