@@ -69,9 +69,10 @@ def test_import_bigtrain_exposes_the_api_and_nothing_else():
             assert inspect.getdoc(method), f"PlanResult.{name} has no docstring"
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
-@pytest.mark.parametrize("hardware", [["--gpus", "8", "--gpu", "H100"], ["--gpus", "2", "--gpu-memory", "24GB"]])
-def test_every_recipe_plans_the_same_in_python_and_on_the_command_line(recipe, hardware, recipe_world, cli_in_process):
+# bigtrain plan calls bigtrain.plan: one recipe and one preset show the two stay one; every shipped recipe is planned
+# once, in Python, below
+@pytest.mark.parametrize("recipe, hardware", [("quickstart.yaml", ["--gpus", "2", "--gpu-memory", "24GB"])])
+def test_a_recipe_plans_the_same_in_python_and_on_the_command_line(recipe, hardware, recipe_world, cli_in_process):
     proc = cli_in_process(["plan", f"recipes/{recipe}", *hardware, "--json"])
     assert proc.returncode in (0, 3), proc.stderr
     kwargs = {hardware[0][2:]: int(hardware[1]), hardware[2][2:].replace("-", "_"): hardware[3]}
@@ -80,9 +81,14 @@ def test_every_recipe_plans_the_same_in_python_and_on_the_command_line(recipe, h
     assert (proc.returncode == 0) == result.fits
 
 
-@pytest.mark.parametrize("preset", ["llama-3-8b", "llama-3-70b", "mixtral-8x7b", "qwen2.5-7b"])
-@pytest.mark.parametrize("gpus", [1, 8, 64])
-def test_presets_plan_the_same_in_python_and_on_the_command_line(preset, gpus, cli_in_process):
+def test_every_shipped_recipe_plans_in_python(recipe_world):
+    for recipe in RECIPES:
+        result = bigtrain.plan(recipe=f"recipes/{recipe}", gpus=8, gpu="H100")
+        assert result.to_dict()["candidates"], recipe
+
+
+@pytest.mark.parametrize("preset, gpus", [("llama-3-70b", 8)])
+def test_a_preset_plans_the_same_in_python_and_on_the_command_line(preset, gpus, cli_in_process):
     proc = cli_in_process(["plan", "--model", preset, "--gpus", str(gpus), "--gpu", "H100", "--json"])
     result = bigtrain.plan(preset, gpus=gpus, gpu="H100")
     assert json.loads(proc.stdout) == json.loads(json.dumps(result.to_dict()))
@@ -270,7 +276,8 @@ def test_recipe_plan_chooses_what_a_written_plan_leaves_to_auto():
         REPO / "recipes/quickstart.yaml", overrides=["train.method=auto"], gpus=2, gpu_memory="24GB"
     )
     cfg = load_recipe(REPO / "recipes/quickstart.yaml")
-    assert result.method in ("full", "lora", "qlora") and result.plan == resolve_plan(cfg.parallel, 2, cfg.train)
+    # a tiny model on 24 GB GPUs: start-up's choice (choose_plan with the written plan fixed) is full fine-tuning
+    assert result.method == "full" and result.plan == resolve_plan(cfg.parallel, 2, cfg.train)
 
 
 def test_a_model_argument_wins_over_the_recipe_s_in_the_recipe_it_writes(tmp_path):
