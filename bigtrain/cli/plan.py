@@ -64,7 +64,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--all",
         action="store_true",
-        help="also show the plans the trainer cannot run yet (DeepSpeed, tp, pp, ...), with the reason",
+        help="also show the plans the trainer cannot run yet (e.g. context parallel on DeepSpeed), with the reason",
     )
 
 
