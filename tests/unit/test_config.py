@@ -71,8 +71,13 @@ def test_every_shipped_recipe_resolves_for_the_workers_its_header_names(recipe):
     text = (REPO / "recipes" / recipe).read_text()
     nproc = int(m.group(1)) if (m := re.search(r"--nproc (\d+)", text)) else 1
     cfg = load_recipe(REPO / "recipes" / recipe)
-    if cfg.parallel.plan == "auto":
-        return
-    plan = resolve_plan(cfg.parallel, nproc, cfg.train)
+    parallel = cfg.parallel
+    if parallel.plan == "auto":  # the plan the search chooses for N ranks, resolved as if the user had written it
+        import bigtrain
+        from bigtrain.config.schema import ParallelConfig
+
+        parallel = ParallelConfig(**bigtrain.recipe_plan(REPO / "recipes" / recipe, gpus=nproc).plan.to_dict())
+    plan = resolve_plan(parallel, nproc, cfg.train)
+    assert plan.world_size == nproc
     if cfg.model.config is not None:
         check_fit(hf_config_from_dict(cfg.model.config), plan, cfg.train.global_batch_size)
