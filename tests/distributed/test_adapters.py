@@ -89,11 +89,19 @@ def peft_reference(
             adapters[key] = param
         if leak_base and "base_layer" in name:
             param.requires_grad_(True)  # the mistake a frozen-base check must catch
-    if qlora:
-        from bigtrain.parallel.transforms.adapters import adapted_linears, quantize_base
+    if qlora:  # the NF4 base made with torchao's own API, not bigtrain's
+        from peft.tuners.lora import LoraLayer
+        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
 
-        for _, layer in adapted_linears(model):
-            quantize_base(layer.get_base_layer(), nf4_shards)
+        for layer in [m for m in model.modules() if isinstance(m, LoraLayer)]:
+            base = layer.get_base_layer()
+            # torchao's blocks: 64 values a scale, 256 scales a second-level block, halved until every one of the
+            # FSDP2 shards holds whole second-level blocks (only the tiny test widths need that)
+            scales, scaler_block = base.weight.numel() // 64, 256
+            while scaler_block > 1 and scales % (scaler_block * nf4_shards):
+                scaler_block //= 2
+            nf4 = to_nf4(base.weight.detach().to(torch.bfloat16), 64, scaler_block)
+            base.weight = torch.nn.Parameter(nf4, requires_grad=False)
     model.train()
     trained = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trained, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
@@ -330,6 +338,16 @@ def test_qlora_matches_a_peft_loop_over_the_same_nf4_base(name, qlora_inputs, sh
     model_dir, reference, reference_params = qlora_inputs(nproc if parallel["backend"] == "fsdp2" else 1)
     got, params, _ = shared_runs(model_dir, QLORA_PLANS, name, method="qlora")
     assert_same(got, params, reference, reference_params, rtol=QLORA_RTOL, atol=QLORA_ATOL)
+
+
+def test_the_qlora_comparison_catches_a_base_left_unquantised(data, qlora_inputs):
+    _, rows = data
+    model_dir, reference, params = qlora_inputs(1)
+    metrics, changed = peft_reference(model_dir, rows, qlora=False, bf16=True, micro=QLORA_MICRO)
+    loss_gap = max(abs(a["loss"] / b["loss"] - 1) for a, b in zip(metrics, reference, strict=True))
+    param_gap = max(float((changed[k] - params[k]).abs().max()) for k in params)
+    # measured: loss 7.3e-4 (7x the tolerance), adapters 5.7e-2 (570x)
+    assert loss_gap > 5 * QLORA_RTOL and param_gap > 100 * QLORA_ATOL, (loss_gap, param_gap)
 
 
 def test_an_adapter_checkpoint_holds_the_adapters_resumes_on_another_plan_and_refuses_a_changed_base(data, tmp_path):
