@@ -14,16 +14,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from helpers import recipe_engine
 from torch.distributed.tensor import DTensor
 
 from bigtrain.config.load import build_dataclass
-from bigtrain.config.resolve import resolve_plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.data.batch import MicroBatch
-from bigtrain.engine import build_engine, build_options, train_step
+from bigtrain.engine import train_step
 from bigtrain.engine.base import Engine
 from bigtrain.models.build import load_hf_config
-from bigtrain.train.optim import build_optimizer, build_scheduler
 
 LR, BETAS, EPS, WD = 1e-3, (0.9, 0.95), 1e-6, 0.1
 
@@ -90,14 +89,8 @@ def one_rank(raw: dict[str, Any], device: torch.device) -> Iterator[OneRank]:
         try:
             if device.type == "cuda":
                 torch.cuda.set_device(device)
-            plan = resolve_plan(cfg.parallel, 1, cfg.train)
             hf_config = load_hf_config(cfg.model)
-            engine = build_engine(
-                build_options(cfg, hf_config, plan, device),
-                cfg.train,
-                lambda params: build_optimizer(params, cfg.train),
-                lambda optimizer: build_scheduler(optimizer, cfg.train),
-            )
+            engine, plan = recipe_engine(cfg, 1, hf_config, device)
             yield OneRank(engine, plan, cfg, hf_config, device)
         finally:
             dist.destroy_process_group()
@@ -136,6 +129,22 @@ class PlainLoop:
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+
+def torchao_float8(recipe_name: str, emulate: bool):
+    """``prepare`` for the reference: float8 linears made with torchao's own API, every linear but the LM head (the
+    tiny model's widths are multiples of 16), dynamic scales of ``recipe_name``; ``emulate`` on the CPU (the real
+    kernels' rounding), real FP8 matmuls on a GPU. No FSDP: the reference all-gathers nothing."""
+
+    def prepare(model: torch.nn.Module) -> None:
+        import dataclasses
+
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe_name), emulate=emulate)
+        convert_to_float8_training(model, config=config, module_filter_fn=lambda module, name: name != "lm_head")
+
+    return prepare
 
 
 def compare_step_by_step(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from cases import TINY_LLAMA
-from single_rank import PlainLoop, compare_step_by_step, one_rank, recipe, token_batches
+from single_rank import PlainLoop, compare_step_by_step, one_rank, recipe, token_batches, torchao_float8
 
 CPU = torch.device("cpu")
 
@@ -36,27 +36,12 @@ def test_the_comparison_catches_a_learning_rate_10_percent_off():
     assert max(r["param_abs"] for r in _rows({"micro_batch_size": 8}, faster)) > 4e-5
 
 
-def _torchao_float8_emulated(recipe_name: str):
-    """The reference's float8 linears with torchao's own API (emulated on the CPU, the real kernels' rounding): every
-    linear but the LM head (the tiny model's widths are multiples of 16)."""
-
-    def prepare(model: torch.nn.Module) -> None:
-        import dataclasses
-
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-        config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe_name), emulate=True)
-        convert_to_float8_training(model, config=config, module_filter_fn=lambda module, name: name != "lm_head")
-
-    return prepare
-
-
 @pytest.mark.parametrize("recipe_name", ["tensorwise", "rowwise"])
 def test_fp8_matches_torchao_s_float8_linears_on_every_step_from_identical_weights(recipe_name):
     """FP8's rounding makes two runs part after a few steps (tests/distributed/test_fp8.py), so each of 10 steps
     starts from bigtrain's weights: that step's loss, gradient norm and update are compared, on every step."""
     with one_rank(recipe({"config": TINY_LLAMA}, {"micro_batch_size": 8}, fp8=recipe_name), CPU) as job:
-        reference = PlainLoop(job.hf_config, CPU, prepare=_torchao_float8_emulated(recipe_name))
+        reference = PlainLoop(job.hf_config, CPU, prepare=torchao_float8(recipe_name, emulate=True))
         rows = compare_step_by_step(job, reference, token_batches(10, TINY_LLAMA["vocab_size"]))
     for step, r in enumerate(rows, 1):
         assert r["loss_rel"] < 1e-5 and r["grad_norm_rel"] < 1e-5 and r["param_abs"] < 1e-6, (step, r)

@@ -19,7 +19,7 @@ import pytest
 import torch
 from cases import TINY_LLAMA
 from helpers import REPO, save_tiny_model
-from single_rank import PlainLoop, compare_step_by_step, one_rank, recipe, token_batches
+from single_rank import PlainLoop, compare_step_by_step, one_rank, recipe, token_batches, torchao_float8
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CUDA = torch.device("cuda", 0)
@@ -51,22 +51,13 @@ def test_compile_matches_eager_step_by_step():
         assert r["param_abs"] < 2e-5, (step, r)  # lr 1e-3: 2% of one update
 
 
-def _torchao_float8(model: torch.nn.Module) -> None:
-    """The reference's float8 linears, with torchao's own API: every linear but the LM head (the tiny model's widths
-    are multiples of 16), dynamic tensorwise scales, real FP8 matmuls (no emulation), no FSDP."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
-    config = Float8LinearConfig.from_recipe_name("tensorwise")
-    convert_to_float8_training(model, config=config, module_filter_fn=lambda module, name: name != "lm_head")
-
-
 def test_fp8_with_fsdp2_float8_all_gather_matches_torchao_step_by_step():
     raw = recipe({"config": TINY_LLAMA}, {"micro_batch_size": 8}, fp8="tensorwise")
     with one_rank(raw, CUDA) as job:
         assert job.engine.built.fp8_all_gather  # FSDP2 all-gathers the weights in FP8, scales precomputed per step
         kinds = {type(p._local_tensor).__name__ for n, p in job.engine.built.parts[0].named_parameters() if "proj" in n}
         assert kinds == {"WeightWithDynamicFloat8CastTensor"}, kinds
-        reference = PlainLoop(job.hf_config, CUDA, prepare=_torchao_float8)
+        reference = PlainLoop(job.hf_config, CUDA, prepare=torchao_float8("tensorwise", emulate=False))
         rows = compare_step_by_step(job, reference, token_batches(STEPS, TINY_LLAMA["vocab_size"]))
     _report("fp8 tensorwise + float8 all-gather", rows)
     for step, r in enumerate(rows, 1):
