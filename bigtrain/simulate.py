@@ -79,7 +79,8 @@ def simulate(
     """
     hf_config = hf_config_from_dict(model_config)
     attn_implementation = resolve_attention(hf_config, attn_implementation)  # "auto": the family's own default
-    check(Setup(plan, workload.train_config(), ModelFacts.of(hf_config)))  # what the trainer would refuse
+    # what the trainer would refuse
+    check(Setup(plan, workload.train_config(), ModelFacts.of(hf_config), workload.data_facts()))
     reason = not_simulated(plan, real_tensors, workload.method)
     if reason is not None:
         raise ConfigError(f"--simulate runs bigtrain's own training step, which cannot simulate this plan: {reason}")

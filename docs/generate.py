@@ -1,11 +1,12 @@
 """Write the generated parts of the docs from the code, so that they cannot drift from it.
 
-    python docs/generate.py           # rewrites the blocks between their markers in README.md and docs/recipes.md
+    python docs/generate.py           # rewrites the blocks between their markers in README.md and docs/
 
 - the recipe key table (``docs/recipes.md``) from the dataclasses of ``bigtrain/config/schema.py``: every key, its
   default and its documentation, as ``load_recipe`` reads them;
-- the capability matrix (``README.md``) from the capability table (``bigtrain/config/capabilities.py``) and the
-  planner's search: for every feature and engine, whether the trainer runs it, and whether ``plan: auto`` offers it.
+- the capability matrix (``README.md``) from the capability table (``bigtrain/config/capabilities``) and the
+  planner's search: for every feature and engine, whether the trainer runs it, and whether ``plan: auto`` offers it;
+- the capability records and the transform order (``docs/architecture.md``) from ``CAPABILITIES`` and ``ORDER``.
 ``tests/unit/test_docs.py`` fails when a file holds something else than what this script writes.
 """
 
@@ -152,10 +153,40 @@ def capability_matrix() -> str:
     return "\n".join(rows)
 
 
+# ---- the capability records and the transform order (docs/architecture.md) -----------------------------------------
+def capability_list() -> str:
+    """One line per capability record (``bigtrain/config/capabilities``), in ``CAPABILITIES`` order."""
+    from bigtrain.config.capabilities import CAPABILITIES
+
+    rows = [
+        "| capability | what it is | recipe keys | transforms | rows (invalid / not built / fit) |",
+        "|---|---|---|---|---|",
+    ]
+    for c in CAPABILITIES:
+        counts = " / ".join(str(sum(r.kind == kind for r in c.rules)) for kind in ("invalid", "not_built", "fit"))
+        keys = ", ".join(f"`{k}`" for k in c.keys) or "–"
+        transforms = ", ".join(f"`{t}`" for t in c.transforms) or "–"
+        searched = " (weighed by the search)" if c.variants is not None else ""
+        rows.append(f"| `{c.name}` | {c.summary}{searched} | {keys} | {transforms} | {counts} |")
+    return "\n".join(rows)
+
+
+def transform_order() -> str:
+    """The model transforms in the order ``parallel/build.py`` applies them, with the planner terms each names."""
+    from bigtrain.parallel.transforms import ORDER
+
+    rows = ["| # | transform | planner terms |", "|---|---|---|"]
+    for i, t in enumerate(ORDER, 1):
+        terms = ", ".join(f"`{term}`" for term in t.planner_terms) or "–"
+        rows.append(f"| {i} | `{t.name}` | {terms} |")
+    return "\n".join(rows)
+
+
 # ---- writing them ---------------------------------------------------------------------------------------------------
 BLOCKS = {
     ROOT / "docs" / "recipes.md": {"key-table": key_table},
     ROOT / "README.md": {"capability-matrix": capability_matrix},
+    ROOT / "docs" / "architecture.md": {"capability-list": capability_list, "transform-order": transform_order},
 }
 
 

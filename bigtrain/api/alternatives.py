@@ -14,7 +14,7 @@ def _search(req: PlanRequest, **changes: Any) -> list[Candidate]:
     """The search for ``req`` with some of its parts changed (``cluster``, ``fixed``, or the workload's fields)."""
     workload_fields = {k: changes.pop(k) for k in ("seq_len", "global_batch_size") if k in changes}
     r = replace(req, workload=replace(req.workload, **workload_fields), **changes)
-    return search(r.stats, r.cluster, r.workload, r.fixed)
+    return search(r.stats, r.cluster, r.workload, r.fixed, predict_unrunnable=False)
 
 
 def _fits(candidates: list[Candidate]) -> bool:

@@ -15,6 +15,7 @@ from bigtrain.api.request import planning
 from bigtrain.config.capabilities import ModelFacts, Setup, check
 from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.plan import Plan
+from bigtrain.config.resolve import recipe_data_facts
 from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
 from bigtrain.errors import ConfigError
 from bigtrain.integrations import TARGETS, Export, dropped_memory_options, speed_notes
@@ -38,7 +39,8 @@ def export(
     if target not in TARGETS:
         raise ConfigError(f"target {target!r} is not one of {', '.join(TARGETS)}")
     hf_config = hf_config_from_dict(dict(model_config))
-    check(Setup(plan, cfg.train, ModelFacts.of(hf_config)))  # the rows that read the model, as start-up asks them
+    # the rows that read the model and the data, as start-up asks them
+    check(Setup(plan, cfg.train, ModelFacts.of(hf_config), recipe_data_facts(cfg, hf_config)))
     per_node = gpus_per_node or min(plan.world_size, 8)
     if per_node < 1:
         raise ConfigError(f"--gpus-per-node {per_node} must be at least 1")

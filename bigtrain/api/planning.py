@@ -102,10 +102,15 @@ def plan(
     return searched(request, allow_unrunnable, _spell)
 
 
-def searched(request: PlanRequest, allow_unrunnable: bool = False, spell: Spelling = PYTHON) -> PlanResult:
-    """The search's result for ``request``; a ConfigError when the pins leave only plans the trainer cannot run."""
+def searched(
+    request: PlanRequest, allow_unrunnable: bool = False, spell: Spelling = PYTHON, show_unrunnable: bool | None = None
+) -> PlanResult:
+    """The search's result for ``request``; a ConfigError when the pins leave only plans the trainer cannot run
+    (unless ``allow_unrunnable``). Those plans are predicted and ranked where they are shown (``show_unrunnable``,
+    by default as ``allow_unrunnable``)."""
     r = request
-    candidates = search(r.stats, r.cluster, r.workload, r.fixed)
+    shown = allow_unrunnable if show_unrunnable is None else show_unrunnable
+    candidates = search(r.stats, r.cluster, r.workload, r.fixed, predict_unrunnable=shown)
     best = candidates[0]
     if not best.runnable and not allow_unrunnable:
         raise ConfigError(
@@ -162,7 +167,7 @@ def recipe_plan(
 
 def _chosen(request: PlanRequest, what: str) -> PlanResult:
     """The search's choice for a recipe's ``auto``, refused as bigtrain train refuses it when nothing fits."""
-    result = searched(request, allow_unrunnable=True)
+    result = searched(request, allow_unrunnable=True, show_unrunnable=False)
     if not result.fits:
         best, cluster = result.searched[0], request.cluster
         why = best.rejected_because if best.runnable else f"not runnable yet: {best.unsupported}"

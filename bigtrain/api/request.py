@@ -16,8 +16,10 @@ from typing import Any
 
 import yaml
 
+from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.load import check_minimum, coerce, load_recipe
 from bigtrain.config.plan import ZERO_STAGES
+from bigtrain.config.resolve import recipe_data_facts, recipe_seq_len
 from bigtrain.config.schema import FP8_CHOICES, METHODS, PRECISIONS, ParallelConfig, RecipeConfig
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
@@ -283,7 +285,7 @@ def build_request(
     for name, value, minimum in (("seq_len", seq_len, 2), ("global_batch_size", global_batch_size, 1)):
         if value is not None and value < minimum:
             raise ConfigError(f"{spell.value(name, value)} must be at least {minimum}")
-    seq_len = seq_len or (cfg.data.seq_len if cfg and cfg.data.seq_len else default_seq_len(model_config))
+    seq_len = seq_len or (cfg and recipe_seq_len(cfg)) or default_seq_len(model_config)
     check_plan_seq_len(model_config, seq_len, spell("seq_len"))
     if global_batch_size:
         batch = global_batch_size
@@ -303,9 +305,18 @@ def build_request(
         method=method or (cfg.train.method if cfg else "full"),
         lora_rank=lora_rank,
         modules_to_save=tuple(cfg.lora.modules_to_save or ()) if cfg else (),
+        **_data_of(cfg, model_config),
     )
     fixed = parse_fix(fix or [], spell)
     return PlanRequest(stats, model_config, cluster, workload, fixed, source, cfg, model is not None, spell)
+
+
+def _data_of(cfg: RecipeConfig | None, model_config: dict[str, Any]) -> dict[str, Any]:
+    """How a recipe's data is read (packed documents, the attention), for the table's data rows; defaults without."""
+    if cfg is None:
+        return {}
+    facts = recipe_data_facts(cfg, hf_config_from_dict(dict(model_config)))
+    return {} if facts is None else {"packed": facts.packed, "attention": facts.attention}
 
 
 def _check_choice(spell: Spelling, name: str, value: str | None, choices: tuple[str, ...]) -> None:

@@ -1,7 +1,7 @@
 """The ``Plan``: a frozen description of how one job is parallelised, and the modes each backend has.
 
 Pure Python on purpose (no ``torch``): the planner, the trainer and the tests reason about plans without processes.
-``resolve.py`` makes a Plan of a recipe's ``parallel`` section; ``capabilities.py`` says which plans run.
+``resolve.py`` makes a Plan of a recipe's ``parallel`` section; ``capabilities/`` says which plans run.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ ZERO_STAGES = {"ddp": (0,), "fsdp2": (2, 3), "deepspeed": (1, 2, 3)}
 DEFAULT_GRAD_REDUCE = {"ddp": "once_per_step", "fsdp2": "every_micro_step", "deepspeed": "every_micro_step"}
 CHOOSES_GRAD_REDUCE = ("fsdp2",)
 # torch's zero-bubble schedules, which split each backward into an input- and a deferred weight-gradient pass
-# (capabilities.py says why they are refused)
+# (capabilities/pipeline.py says why they are refused)
 SPLIT_BACKWARD_SCHEDULES = ("interleaved_zero_bubble", "zbv_zero_bubble", "dual_pipe_v")
 
 
@@ -60,8 +60,22 @@ class Plan:
         """Micro-steps per optimizer step: B / (micro_batch_size x dp), at least 1 (resolve_plan checks it is whole)."""
         return max(1, global_batch_size // (self.micro_batch_size * self.dp))
 
+    def but(self, **changes: Any) -> Plan:
+        """A copy with ``changes`` (field names only): ``dataclasses.replace`` without its per-call introspection,
+        which the planner's search paid for on every one of its hundreds of thousands of variants. Plan has no
+        ``__post_init__`` to skip."""
+        if not changes.keys() <= PLAN_FIELD_NAMES:
+            raise TypeError(f"Plan has no field(s) {sorted(changes.keys() - PLAN_FIELD_NAMES)}")
+        plan = object.__new__(Plan)
+        plan.__dict__.update(self.__dict__)
+        plan.__dict__.update(changes)
+        return plan
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+PLAN_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Plan))
 
 
 def divisor_hint(n: int) -> str:

@@ -2,15 +2,22 @@
 
 Resolution fills what the recipe leaves unset (the data-parallel degrees that fill the world, the backend's ZeRO
 stage and gradient-reduction mode), checks the arithmetic (degrees that multiply to the world size), and asks the
-capability table (``capabilities.py``) whether the plan runs with the recipe's ``train`` options; the rows that need
+capability table (``capabilities/``) whether the plan runs with the recipe's ``train`` options; the rows that need
 the model are asked again at start-up, once its config is read.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
 from bigtrain.config.capabilities import Setup, check
+from bigtrain.config.hf import resolve_attention
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan, divisor_hint
-from bigtrain.config.schema import ParallelConfig, TrainConfig
+from bigtrain.config.schema import ParallelConfig, RecipeConfig, TrainConfig
+from bigtrain.config.setup import DataFacts
 from bigtrain.errors import ConfigError
 
 
@@ -114,3 +121,26 @@ def resolve_plan(cfg: ParallelConfig, world_size: int, train: TrainConfig) -> Pl
 def _stated(degree: int | None) -> int:
     """A degree as the recipe states it, 1 where it leaves it to fill the world."""
     return 1 if degree in (None, -1) else degree
+
+
+def recipe_seq_len(cfg: RecipeConfig) -> int | None:
+    """The rows' length a recipe trains on: data.seq_len, else a tokenised .npy's width (read from its header)."""
+    if cfg.data.seq_len:
+        return cfg.data.seq_len
+    path = Path(cfg.data.path or "")
+    if path.suffix == ".npy" and path.is_file():
+        shape = np.load(path, mmap_mode="r").shape
+        return int(shape[1]) if len(shape) == 2 else None
+    return None
+
+
+def recipe_data_facts(cfg: RecipeConfig, hf_config: Any) -> DataFacts | None:
+    """What the capability table's data rows read, as far as the recipe says it without tokenising the data (the
+    planner's and export's view; start-up asks again with what it read): the row length, packed documents (stated,
+    or the default for chat and instruction records) and the attention that will run. None without a row length."""
+    seq_len = recipe_seq_len(cfg)
+    if seq_len is None:
+        return None
+    data = cfg.data
+    packed = data.packing == "documents" or (data.packing is None and data.format in ("chat", "instruction"))
+    return DataFacts(seq_len, packed, resolve_attention(hf_config, cfg.model.attn_implementation))

@@ -2,7 +2,7 @@
 
 The planner's estimates, its search, ``plan: auto`` and the simulator take this one value instead of loose
 arguments, so that a new train-level option that changes memory or time (adapters, FP8) is one new field here, not a
-new parameter of every function. The capability table (``capabilities.py``) reads the same options from the recipe's
+new parameter of every function. The capability table (``capabilities/``) reads the same options from the recipe's
 ``train`` section (``train_config``): a workload and a recipe ask the same questions of it.
 """
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bigtrain.config.schema import ADAPTER_METHODS, METHODS, PRECISIONS, AdapterConfig, TrainConfig
+from bigtrain.config.setup import DataFacts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,6 +25,8 @@ class Workload:
     method: str = "full"  # train.method: full, lora, qlora, or auto (the planner chooses)
     lora_rank: int = 16  # lora.r: the adapters' rank under lora and qlora
     modules_to_save: tuple[str, ...] = ()  # lora.modules_to_save: modules trained fully beside the adapters
+    packed: bool = False  # data.packing: documents (what context parallelism cannot keep apart yet)
+    attention: str = "sdpa"  # model.attn_implementation (what context parallelism can wrap)
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in PRECISIONS:
@@ -46,9 +49,21 @@ class Workload:
         """Whether a frozen base is trained through adapters (lora, qlora)."""
         return self.method in ADAPTER_METHODS
 
+    def data_facts(self) -> DataFacts:
+        """What the capability table's data rows read of this workload."""
+        return DataFacts(self.seq_len, self.packed, self.attention)
+
     @classmethod
-    def of_train(cls, train: TrainConfig, seq_len: int, lora: AdapterConfig | None = None) -> Workload:
-        """A recipe's workload: its ``train`` section, the sequence length its data has and its ``lora`` section."""
+    def of_train(
+        cls,
+        train: TrainConfig,
+        seq_len: int,
+        lora: AdapterConfig | None = None,
+        packed: bool = False,
+        attention: str = "sdpa",
+    ) -> Workload:
+        """A recipe's workload: its ``train`` section, the sequence length its data has, its ``lora`` section, and
+        how its data is read (packed documents, the attention implementation)."""
         lora = lora or AdapterConfig()
         return cls(
             seq_len=seq_len,
@@ -59,6 +74,8 @@ class Workload:
             method=train.method,
             lora_rank=lora.r,
             modules_to_save=tuple(lora.modules_to_save or ()),
+            packed=packed,
+            attention=attention,
         )
 
     def train_config(self, **fields: Any) -> TrainConfig:

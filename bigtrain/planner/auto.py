@@ -65,7 +65,7 @@ def choose_plan(
     # host memory for offloaded state: none on a CPU "device", where offload moves nothing off it
     host = host_memory_bytes if device_name is not None else 0
     cluster = Cluster(gpu, world_size, max(1, min(ranks_per_node, world_size)), host_memory_bytes=host)
-    candidates = search(stats, cluster, workload, fixed)
+    candidates = search(stats, cluster, workload, fixed, predict_unrunnable=False)
     table = render_table(candidates, stats, cluster, workload)
     best = candidates[0]  # the search ranks the plans the trainer can run first
     if not (best.fits and best.runnable):

@@ -1,18 +1,17 @@
 """Enumerate every plan that meets the global batch, predict memory and time for each, keep what fits, rank.
 
-Search space: backend (ddp, fsdp2 ZeRO-2/3, deepspeed ZeRO-1/2/3) x gradient reduction during accumulation (fsdp2:
-every micro-step or once per step) x dp_replicate/dp_shard (HSDP) x tp (dividing the attention and KV heads, within
-a node; with loss and sequence parallelism where the model allows them) x pp (dividing the layers; 1F1B or
-GPipe) x cp (long rows) x ep (mixtures of experts) x activation checkpointing (none, selective, full, full every
-other block) x micro-batch (powers of two) x offload (parameters or optimizer; activations for long
-rows) x the chunked loss (rows longer than a chunk).
+Search space: backend (ddp, fsdp2 ZeRO-2/3, deepspeed ZeRO-1/2/3) x dp_replicate/dp_shard (HSDP) x tp (dividing the
+world, up to two nodes' GPUs) x pp (dividing the rest; 1F1B or GPipe) x cp (long rows) x activation checkpointing
+(none, selective, full) x micro-batch (powers of two) x offload (none, optimizer, parameters); then each capability
+record (``config/capabilities``) adds the variants it weighs: gradient reduction, tp's loss and sequence parallelism,
+checkpointing every other block, the chunked loss, expert parallelism, activation offload.
 
-Every candidate is judged by the capability table (``config/capabilities.py``) with the workload's train options
-(``train.compile``) and the model's facts, as ``bigtrain train`` judges a recipe: a plan that does not fit the model
-or the batch is rejected with the table's message; a plan the trainer cannot run yet is still predicted but ranked
-apart, so that the best plan offered is always one ``bigtrain train`` accepts, and ``bigtrain plan --all`` can show
-what the rest would cost. Pins (``fixed``) that no enumerated plan meets are resolved as a recipe would be, so a
-contradiction among them gets the table's words too.
+Nothing here says what runs together: every candidate is judged by the capability table with the workload's train
+options, the model's facts and the data's, as ``bigtrain train`` judges a recipe. A plan that contradicts itself is
+dropped; one that does not fit the model, the batch or the data is rejected with the table's message; one the trainer
+cannot run yet is still predicted but ranked apart, so that the best plan offered is always one ``bigtrain train``
+accepts, and ``bigtrain plan --all`` can show what the rest would cost. Pins (``fixed``) that no enumerated plan meets
+are resolved as a recipe would be, so a contradiction among them gets the table's words too.
 Ranked by predicted step time; among plans within NEAR_TIE of the fastest the simplest wins
 (fewer dimensions and engines to go wrong). ``train.method: auto`` adds the method (full, lora, qlora) as a
 dimension: see ``rank_methods``.
@@ -26,11 +25,21 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any
 
-from bigtrain.config.capabilities import Setup, check, problems
-from bigtrain.config.hf import PLAIN_TP_STYLES
-from bigtrain.config.plan import CHOOSES_GRAD_REDUCE, DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan
+from bigtrain.config.capabilities import (
+    ALL_KINDS,
+    CAPABILITIES,
+    RULES,
+    SearchSpace,
+    Setup,
+    askable,
+    check,
+    first_problem,
+    problems,
+)
+from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan
 from bigtrain.config.resolve import resolve_plan
-from bigtrain.config.schema import BACKENDS, CHECKPOINTING, GRAD_REDUCE, ParallelConfig, TrainConfig
+from bigtrain.config.schema import BACKENDS, CHECKPOINTING, GRAD_REDUCE, ParallelConfig
+from bigtrain.config.setup import DataFacts
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.cost import TimeEstimate, estimate_time
@@ -43,31 +52,40 @@ NEAR_TIE = 0.02
 AUTO_METHODS = ("full", "lora", "qlora")  # train.method auto: the order of preference
 COMPETITIVE = 2.0  # full fine-tuning is preferred while its step takes at most this many times an adapter plan's
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
-# parallel.loss_chunk_tokens the search offers: a chunk's logits at a 128k vocabulary are 6 GiB in fp32 (12 bytes per
-# logit for the loss backward), against 49 GiB for one 32k-token sequence's; the recomputed head costs the same
-# FLOPs whatever the chunk size, and smaller chunks only add launches
-LOSS_CHUNK_TOKENS = 4096
 # rows at least this long get context-parallel plans weighed (shorter ones fit without; the search stays small)
 CP_MIN_SEQ_LEN = 16384
-# rows (per cp rank) at least this long get activation offload weighed: below it a block's compute does not hide
-# the copy of what it saves (without checkpointing, ~34 bytes per token and hidden unit against ~24 FLOPs)
-OFFLOAD_MIN_SEQ_LEN = 16384
 # the schedules the memory and time terms model (one stage per rank); the multi-stage ones run from a recipe
 PLANNED_SCHEDULES = ("1f1b", "gpipe")
 PLAN_FIELDS = tuple(f.name for f in fields(Plan))
+VARIANTS = tuple(c.variants for c in CAPABILITIES if c.variants is not None)  # what each record weighs, in order
 
 
 @dataclass(frozen=True)
 class Candidate:
+    """One plan as the search judged it. Its memory, whether it fits and its time are predicted on first use:
+    ranking needs memory for every plan it ranks, time only for those that fit, and a search that does not show the
+    plans the trainer cannot run yet never predicts them."""
+
     plan: Plan
-    memory: MemoryEstimate
-    fits: bool  # structurally valid and within the memory budget
-    rejected_because: str | None  # why it does not fit
+    structural: str | None  # why it cannot work here whatever the memory (the table's fit rows, a node boundary)
     unsupported: str | None  # why it is not offered: the trainer cannot run it yet, or its terms are unchecked
-    predict_time: Callable[[Plan], TimeEstimate] = field(repr=False, compare=False)
+    judged_by: _Judge = field(repr=False, compare=False)
     method: str = "full"  # the train.method it was predicted for
     compile: bool = False  # the train.compile it was predicted for
     fp8: str = "none"  # the train.fp8 it was predicted for
+
+    @cached_property
+    def memory(self) -> MemoryEstimate:
+        return estimate_memory(self.judged_by.stats, self.plan, self.judged_by.workload)
+
+    @cached_property
+    def rejected_because(self) -> str | None:
+        """Why it does not fit: the structural reason, else the GPU's budget, else the node's host memory."""
+        return self.structural or self.judged_by.over_budget(self.plan, self.memory)
+
+    @property
+    def fits(self) -> bool:
+        return self.rejected_because is None
 
     @property
     def offloads(self) -> bool:
@@ -77,7 +95,7 @@ class Candidate:
     def time(self) -> TimeEstimate:
         """Predicted on first use: ranking needs it only for plans that fit (a few percent of a large search);
         the rest are ranked by memory, and their time is computed when a table shows them."""
-        return self.predict_time(self.plan)
+        return self.judged_by.predict_time(self.plan)
 
     @property
     def runnable(self) -> bool:
@@ -109,59 +127,53 @@ def complexity(plan: Plan) -> int:
     return score + 3 * (plan.offload_params or plan.offload_optimizer) + 2 * plan.offload_activations
 
 
-def _tp_companions(stats: ModelStats, tp: int, fixed: dict[str, Any]) -> tuple[bool, bool]:
-    """(loss_parallel, sequence_parallel) for a tp plan: what torchtitan runs with tp wherever the model allows it
-    (the capability table's rows): the LM head and loss split over the vocabulary (an untied head whose vocabulary
-    tp divides) and the norms and residual stream over the sequence (the plain column/row layout). Both save memory
-    and time in the model (``tp_time.py``); weighing each both ways would cost the search a third more tp plans. A
-    pin overrides its own."""
-    lp = not stats.facts.tied and stats.vocab % tp == 0
-    sp = all(style in PLAIN_TP_STYLES for style in stats.facts.tp_styles)
-    return bool(fixed.get("loss_parallel", lp)), bool(fixed.get("sequence_parallel", sp))
-
-
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def judge(stats: ModelStats, plan: Plan, cluster: Cluster, train: TrainConfig) -> tuple[str | None, str | None]:
-    """(why the plan cannot work here, why it is not offered): the capability table's rows for this model and
-    workload, and the planner's own rule that tensor parallelism stays inside a node."""
+def judge(
+    stats: ModelStats, plan: Plan, cluster: Cluster, train: Any, data: DataFacts | None = None
+) -> tuple[str | None, str | None, bool]:
+    """(why the plan cannot work here, why it is not offered, whether it contradicts itself): the capability table's
+    rows for this model, workload and data, and the planner's own rule that tensor parallelism stays inside a
+    node."""
     rejected = None
     if plan.tp > cluster.gpus_per_node:
         rejected = f"tp={plan.tp} crosses node boundary ({cluster.gpus_per_node} GPUs per node)"
     not_offered = None
-    for problem in problems(Setup(plan, train, stats.facts)):
-        if problem.rule.kind == "not_built":
-            not_offered = not_offered or problem.message
+    setup = Setup(plan, train, stats.facts, data)
+    for rule in askable(RULES, ALL_KINDS, True, data is not None):  # problems(), without a generator per plan
+        message = rule.says(setup)
+        if message is None:
+            continue
+        if rule.kind == "invalid":
+            return message, not_offered, True
+        if rule.kind == "not_built":
+            not_offered = not_offered or message
         else:
-            rejected = rejected or problem.message
-    return rejected, not_offered
+            rejected = rejected or message
+    return rejected, not_offered, False
 
 
-def _cp_degrees(cluster: Cluster, backend: str, seq_len: int, fixed: dict[str, Any]) -> list[int]:
+def _cp_degrees(cluster: Cluster, seq_len: int, fixed: dict[str, Any]) -> list[int]:
     """Context-parallel degrees worth weighing: 1, and for long rows (CP_MIN_SEQ_LEN or pinned) the degrees within
-    a node that divide the row (the all-to-alls around every attention want the fastest links)."""
+    a node (the all-to-alls around every attention want the fastest links)."""
     if "cp" in fixed:
         return [fixed["cp"]]
-    if backend == "deepspeed" or seq_len < CP_MIN_SEQ_LEN:
+    if seq_len < CP_MIN_SEQ_LEN:
         return [1]
-    return [d for d in _divisors(cluster.num_gpus) if d <= cluster.gpus_per_node and seq_len % d == 0]
+    return [d for d in _divisors(cluster.num_gpus) if d <= cluster.gpus_per_node]
 
 
-def _layouts(
-    stats: ModelStats, cluster: Cluster, backend: str, seq_len: int = 0, fixed: dict[str, Any] | None = None
-) -> Iterator[tuple[int, int, int, int, int]]:
-    """(dp_replicate, dp_shard, tp, pp, cp) splits of the world for one backend (cp only without tp and pp: the
-    capability table's not-built rows)."""
+def _layouts(cluster: Cluster, backend: str, seq_len: int, fixed: dict[str, Any]) -> Iterator[tuple[int, ...]]:
+    """(dp_replicate, dp_shard, tp, pp, cp) splits of the world for one backend: fsdp2 any split of dp into replicas
+    of shards (HSDP), ddp replicas, deepspeed shards."""
     world = cluster.num_gpus
-    for cp in _cp_degrees(cluster, backend, seq_len, fixed or {}):
-        for tp in [d for d in _divisors(world // cp) if d <= 2 * cluster.gpus_per_node and (d == 1 or cp == 1)]:
+    for cp in _cp_degrees(cluster, seq_len, fixed):
+        for tp in [d for d in _divisors(world // cp) if d <= 2 * cluster.gpus_per_node]:
             for pp in _divisors(world // (tp * cp)):
-                if pp > stats.layers or (pp > 1 and cp > 1):
-                    continue
                 dp = world // (tp * pp * cp)
-                if backend == "fsdp2":  # HSDP: any split of dp into replicas of shards
+                if backend == "fsdp2":
                     yield from ((r, dp // r, tp, pp, cp) for r in _divisors(dp))
                 elif backend == "ddp":
                     yield dp, 1, tp, pp, cp
@@ -169,33 +181,35 @@ def _layouts(
                     yield 1, dp, tp, pp, cp
 
 
-def _offloads(backend: str) -> list[tuple[bool, bool]]:
-    """(offload_optimizer, offload_params) choices: FSDP2 offloads parameters, DeepSpeed the optimizer."""
-    if backend == "ddp":
-        return [(False, False)]
-    return [(False, False), (True, False) if backend == "deepspeed" else (False, True)]
+# (offload_optimizer, offload_params): which backend offloads what is the table's (data_parallel's rows)
+OFFLOADS = ((False, False), (True, False), (False, True))
 
 
-def enumerate_plans(
-    stats: ModelStats, cluster: Cluster, global_batch_size: int, fixed: dict[str, Any], seq_len: int = 0
-) -> Iterator[Plan]:
-    """Every plan that meets the global batch and the pins in ``fixed``.
-
-    Gradient reduction: FSDP2 chooses when it accumulates (without accumulation both modes are the same plan);
-    DDP and DeepSpeed have one mode each (see config.plan). The chunked loss (LOSS_CHUNK_TOKENS per chunk) is a
-    variant where a row has more tokens than a chunk.
-    """
+def enumerate_plans(space: SearchSpace, cluster: Cluster) -> Iterator[Plan]:
+    """Every plan that meets the global batch and the pins in ``space.fixed``: the layouts, micro-batches,
+    checkpointing, stages and offloads of each backend, then each capability record's variants. What the table's
+    invalid rows refuse is skipped here (a frame) or dropped by ``judge`` (a variant)."""
+    fixed = dict(space.fixed)
+    batch = space.global_batch_size
     for backend in BACKENDS:
-        default_reduce = DEFAULT_GRAD_REDUCE[backend]
-        for replicate, shard, tp, pp, cp in _layouts(stats, cluster, backend, seq_len, fixed):
-            micro = [mb for mb in MICRO_BATCHES if global_batch_size % (mb * replicate * shard) == 0]
+        for replicate, shard, tp, pp, cp in _layouts(cluster, backend, space.seq_len, fixed):
+            micro = [mb for mb in MICRO_BATCHES if batch % (mb * replicate * shard) == 0]
             schedules = PLANNED_SCHEDULES if pp > 1 else PLANNED_SCHEDULES[:1]
+            # A frame (stage, schedule, offloads of this layout) is judged once by the rows that do not read the
+            # micro-batch or the checkpointing (``Rule.reads_micro_batch``): one that contradicts itself in every
+            # gradient-reduction mode is skipped with all its plans; one that cannot fit (tp across nodes, more
+            # stages than layers) is shown by one plan instead of its every micro-batch and checkpointing.
+            frames: dict[tuple[Any, ...], str] = {}
             for mb, ac, stage, schedule, (off_opt, off_par) in itertools.product(
-                micro, CHECKPOINTING, ZERO_STAGES[backend], schedules, _offloads(backend)
+                micro, CHECKPOINTING, ZERO_STAGES[backend], schedules, OFFLOADS
             ):
-                common = dict(
+                frame = (stage, schedule, off_opt, off_par)
+                if frames.get(frame, "weigh") != "weigh":
+                    continue
+                plan = Plan(
                     backend=backend,
                     zero_stage=stage,
+                    grad_reduce=DEFAULT_GRAD_REDUCE[backend],
                     dp_replicate=replicate,
                     dp_shard=shard,
                     tp=tp,
@@ -207,56 +221,52 @@ def enumerate_plans(
                     offload_params=off_par,
                     cp=cp,
                 )
-                # fsdp2 pipeline stages reduce once, after the last micro-batch (config.plan)
-                reduce = "once_per_step" if pp > 1 and backend == "fsdp2" else default_reduce
-                plan = Plan(grad_reduce=reduce, **common)
+                if frame not in frames:
+                    frames[frame] = "weigh"
+                    verdicts = {m: space.frame_problem(plan.but(grad_reduce=m)) for m in GRAD_REDUCE}
+                    possible = [m for m, v in verdicts.items() if v is None or v[0] != "invalid"]
+                    if not possible:
+                        frames[frame] = "skip"
+                        continue
+                    if not fixed and all(verdicts[m] is not None for m in possible):
+                        frames[frame] = "shown"
+                        yield plan.but(grad_reduce=possible[0])
+                        continue
                 variants = [plan]
-                if backend in CHOOSES_GRAD_REDUCE and pp == 1 and plan.grad_accum_steps(global_batch_size) > 1:
-                    variants += [Plan(grad_reduce=mode, **common) for mode in GRAD_REDUCE if mode != reduce]
-                if backend == "fsdp2" and tp > 1 and pp == 1:
-                    lp, sp = _tp_companions(stats, tp, fixed)
-                    variants = [replace(v, loss_parallel=lp, sequence_parallel=sp) for v in variants]
-                # full checkpointing of every other block: between none and full in memory and in time
-                every = fixed.get("checkpoint_every", 1)
-                # (weighed without tp and pp: where rows are long and memory is activations, not model states)
-                if ac == "full" and "checkpoint_every" not in fixed and stats.layers >= 4 and tp == pp == 1:
-                    variants += [replace(v, checkpoint_every=2) for v in variants]
-                elif every > 1:
-                    variants = [replace(v, checkpoint_every=every) for v in variants]
-                chunk = fixed.get("loss_chunk_tokens", LOSS_CHUNK_TOKENS)
-                # weighed for rows longer than a chunk (shorter rows can shrink the micro-batch instead)
-                if chunk and tp == 1 and pp == 1 and (seq_len // cp > chunk or "loss_chunk_tokens" in fixed):
-                    variants += [replace(v, loss_chunk_tokens=chunk) for v in variants]
-                # activation offload: weighed for long rows, where the block inputs of full checkpointing or all
-                # a block saves are what does not fit; not with selective or pp (capability table)
-                # expert parallelism: for a mixture, on fsdp2 without tp/pp/cp, each ep dividing dp_shard and the
-                # experts within a node (the all-to-alls want the fastest links)
-                if "ep" in fixed:
-                    variants = [replace(v, ep=fixed["ep"]) for v in variants]
-                elif stats.num_experts and backend == "fsdp2" and tp == pp == cp == 1:
-                    degrees = [e for e in _divisors(shard) if e > 1 and e <= cluster.gpus_per_node]
-                    degrees = [e for e in degrees if stats.num_experts % e == 0]
-                    variants += [replace(v, ep=e) for v in variants for e in degrees]
-                offloads = fixed.get("offload_activations", seq_len // cp >= OFFLOAD_MIN_SEQ_LEN)
-                if offloads and ac != "selective" and tp == 1 and pp == 1:
-                    variants += [replace(v, offload_activations=True) for v in variants]
+                for weigh in VARIANTS:
+                    variants = weigh(variants, space)
                 if fixed:
                     variants = [v for v in variants if all(getattr(v, k) == want for k, want in fixed.items())]
                 yield from variants
 
 
 def search(
-    stats: ModelStats, cluster: Cluster, workload: Workload, fixed: dict[str, Any] | None = None
+    stats: ModelStats,
+    cluster: Cluster,
+    workload: Workload,
+    fixed: dict[str, Any] | None = None,
+    predict_unrunnable: bool = False,
 ) -> list[Candidate]:
     """All candidates, best first: runnable plans that fit, by predicted step time (simplest on near ties); then
-    runnable plans that do not fit; then the plans the trainer cannot run yet, ranked the same way among themselves.
+    runnable plans that do not fit; then the plans the trainer cannot run yet, ranked the same way among themselves
+    (with ``predict_unrunnable``; else in the order they were generated, predicted only if something reads them).
     With ``workload.method`` auto, every method's candidates, the preferred method's best first (``rank_methods``)."""
+    rank_apart = _rank if predict_unrunnable else list
     if workload.method == "auto":
-        return rank_methods([search(stats, cluster, replace(workload, method=m), fixed) for m in AUTO_METHODS])
+        per_method, refused = [], []
+        for method in AUTO_METHODS:  # a method the table refuses outright (qlora without bf16) is not a choice
+            try:
+                per_method.append(search(stats, cluster, replace(workload, method=method), fixed, False))
+            except ConfigError as e:
+                refused.append(e)
+        if not per_method:
+            raise refused[0]
+        return rank_methods(per_method, rank_apart)
     if workload.compile == "auto" or workload.fp8 == "auto":
         every = [c for w in speed_workloads(workload, cluster) for c in _search_method(stats, cluster, w, fixed or {})]
-        return _rank([c for c in every if c.runnable]) + _rank([c for c in every if not c.runnable])
-    return _search_method(stats, cluster, workload, fixed or {})
+        return _rank([c for c in every if c.runnable]) + rank_apart([c for c in every if not c.runnable])
+    every = _search_method(stats, cluster, workload, fixed or {})
+    return _rank([c for c in every if c.runnable]) + rank_apart([c for c in every if not c.runnable])
 
 
 def speed_workloads(workload: Workload, cluster: Cluster) -> list[Workload]:
@@ -272,7 +282,9 @@ def speed_workloads(workload: Workload, cluster: Cluster) -> list[Workload]:
     return [replace(workload, compile=c, fp8=f) for c in compiles for f in fp8s]
 
 
-def rank_methods(per_method: list[list[Candidate]]) -> list[Candidate]:
+def rank_methods(
+    per_method: list[list[Candidate]], rank_apart: Callable[[list[Candidate]], list[Candidate]] | None = None
+) -> list[Candidate]:
     """``train.method: auto``: plans without offload first (offload is the slow way to fit); among them the first
     method of AUTO_METHODS whose best plan fits, full fine-tuning only while its step is at most COMPETITIVE times
     an adapter plan's (it trains every weight, for about 1.5x the FLOPs), LoRA before QLoRA (an exact base). When
@@ -292,13 +304,15 @@ def rank_methods(per_method: list[list[Candidate]]) -> list[Candidate]:
     elif offloading:
         chosen = min(offloading, key=lambda c: c.time.step_s)
     rest = _rank([c for c in every if c.runnable and c is not chosen])
-    return ([chosen] if chosen else []) + rest + _rank([c for c in every if not c.runnable])
+    return ([chosen] if chosen else []) + rest + (rank_apart or _rank)([c for c in every if not c.runnable])
 
 
 def candidate(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Workload) -> Candidate:
     """One plan judged and predicted for ``workload`` on ``cluster``: its memory, whether it fits the GPU's and the
     node's host memory (and why not), whether the trainer runs it; its time on first use."""
-    return _Judge(stats, cluster, workload)(plan)
+    judged = _Judge(stats, cluster, workload)(plan, keep_invalid=True)
+    assert judged is not None
+    return judged
 
 
 class _Judge:
@@ -307,38 +321,79 @@ class _Judge:
     def __init__(self, stats: ModelStats, cluster: Cluster, workload: Workload) -> None:
         self.stats, self.cluster, self.workload = stats, cluster, workload
         self.train = workload.train_config()
+        self.data = workload.data_facts()
+
+    def rides_along(self, base: Plan, variant: Plan) -> bool:
+        """``SearchSpace.rides_along``: the trainer runs ``base`` (no not_built row trips) and ``variant`` trips no row
+        that ``base`` does not."""
+        seen = {p.rule.name: p.rule.kind for p in problems(Setup(base, self.train, self.stats.facts, self.data))}
+        if "not_built" in seen.values():
+            return False
+        return all(p.rule.name in seen for p in problems(Setup(variant, self.train, self.stats.facts, self.data)))
+
+    def contradicts(self, plan: Plan) -> bool:
+        """Whether a row of kind ``invalid`` trips for ``plan`` (``SearchSpace.contradicts``)."""
+        return first_problem(Setup(plan, self.train, self.stats.facts, self.data), ("invalid",)) is not None
+
+    def frame_problem(self, plan: Plan) -> tuple[str, str] | None:
+        """(kind, message) of the first row of kind invalid or fit that trips for ``plan`` among the rows that do
+        not read the micro-batch or the checkpointing, with the planner's node rule (``SearchSpace.frame_problem``)."""
+        setup = Setup(plan, self.train, self.stats.facts, self.data)
+        for rule in askable(RULES, ("invalid", "fit"), True, self.data is not None):
+            message = None if rule.reads_micro_batch else rule.says(setup)
+            if message is not None:
+                return rule.kind, message
+        if plan.tp > self.cluster.gpus_per_node:
+            return "fit", "crosses a node"
+        return None
+
+    def space(self, fixed: dict[str, Any]) -> SearchSpace:
+        return SearchSpace(
+            self.stats.facts,
+            self.cluster.gpus_per_node,
+            self.workload.seq_len,
+            self.workload.global_batch_size,
+            fixed,
+            self.rides_along,
+            self.contradicts,
+            self.frame_problem,
+        )
 
     def predict_time(self, plan: Plan) -> TimeEstimate:
         return estimate_time(self.stats, plan, self.cluster, self.workload)
 
-    def __call__(self, plan: Plan) -> Candidate:
-        stats, cluster, workload = self.stats, self.cluster, self.workload
-        budget = cluster.gpu.memory_bytes
-        mem = estimate_memory(stats, plan, workload)
-        reason, not_offered = judge(stats, plan, cluster, self.train)
-        if reason is None and mem.budget_bytes > budget:
-            reason = f"needs {mem.budget_bytes / GiB:.1f} GiB > {budget / GiB:.1f} GiB budget"
-        host = host_bytes(stats, plan, workload) * min(cluster.gpus_per_node, cluster.num_gpus)
-        if reason is None and host > cluster.host_bytes_per_node:
-            reason = (
+    def __call__(self, plan: Plan, keep_invalid: bool = False) -> Candidate | None:
+        """The candidate, or None for a plan that contradicts itself (unless ``keep_invalid``: a written plan)."""
+        w = self.workload
+        reason, not_offered, invalid = judge(self.stats, plan, self.cluster, self.train, self.data)
+        if invalid and not keep_invalid:
+            return None
+        return Candidate(plan, reason, not_offered, self, w.method, w.compile, w.fp8)
+
+    def over_budget(self, plan: Plan, mem: MemoryEstimate) -> str | None:
+        """Why ``plan`` (predicted to need ``mem``) does not fit the GPU's memory or the node's host memory."""
+        cluster, budget = self.cluster, self.cluster.gpu.memory_bytes
+        if mem.budget_bytes > budget:
+            return f"needs {mem.budget_bytes / GiB:.1f} GiB > {budget / GiB:.1f} GiB budget"
+        host = host_bytes(self.stats, plan, self.workload) * min(cluster.gpus_per_node, cluster.num_gpus)
+        if host > cluster.host_bytes_per_node:
+            return (
                 f"needs {host / GiB:.0f} GiB of host memory per node for its offload > "
                 f"{cluster.host_bytes_per_node / GiB:.0f} GiB (--host-memory)"
             )
-        fits = reason is None
-        return Candidate(
-            plan, mem, fits, reason, not_offered, self.predict_time, workload.method, workload.compile, workload.fp8
-        )
+        return None
 
 
 def _search_method(stats: ModelStats, cluster: Cluster, workload: Workload, fixed: dict[str, Any]) -> list[Candidate]:
     judge_plan = _Judge(stats, cluster, workload)
     train = judge_plan.train
-    out = [judge_plan(p) for p in enumerate_plans(stats, cluster, workload.global_batch_size, fixed, workload.seq_len)]
+    judged = (judge_plan(p) for p in enumerate_plans(judge_plan.space(fixed), cluster))
+    out = [c for c in judged if c is not None]
     if not out:
         pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "none"
         if fixed:  # pins that contradict each other, the batch or the model: the words a recipe would get
             plan = resolve_plan(ParallelConfig(**fixed), cluster.num_gpus, train)
-            check(Setup(plan, train, stats.facts))
+            check(Setup(plan, train, stats.facts, judge_plan.data))
             raise ConfigError(
                 f"the pins ({pins}) make a plan bigtrain train runs, but not one the planner searches: it weighs "
                 f"pp_schedule {' or '.join(PLANNED_SCHEDULES)} with one stage per rank, micro-batches "
@@ -349,7 +404,13 @@ def _search_method(stats: ModelStats, cluster: Cluster, workload: Workload, fixe
             f"no plan meets global batch {workload.global_batch_size} on {cluster.num_gpus} GPUs with pins ({pins}); "
             "use a global batch that is a multiple of the GPU count, or fewer pins"
         )
-    return _rank([c for c in out if c.runnable]) + _rank([c for c in out if not c.runnable])
+    return out
+
+
+def _rejection_order(c: Candidate) -> tuple[int, int]:
+    if c.structural is not None:
+        return 2, 0
+    return ("budget" not in (c.rejected_because or "")), c.memory.budget_bytes
 
 
 def _rank(candidates: list[Candidate]) -> list[Candidate]:
@@ -368,9 +429,7 @@ def _rank(candidates: list[Candidate]) -> list[Candidate]:
         best = min(near, key=lambda c: (complexity(c.plan) + c.compile + 2 * (c.fp8 != "none"), c.time.step_s))
         fitting.remove(best)
         fitting.insert(0, best)
-    # rejected: structurally valid ones that only lack memory first, smallest need first
-    rejected = sorted(
-        (c for c in candidates if not c.fits),
-        key=lambda c: ("budget" not in (c.rejected_because or ""), c.memory.budget_bytes),
-    )
+    # rejected: those that only lack GPU memory first, smallest need first; then those short of host memory, the
+    # same way; then those that cannot work here whatever the memory, in the order searched (not predicted for it)
+    rejected = sorted((c for c in candidates if not c.fits), key=_rejection_order)
     return fitting + rejected

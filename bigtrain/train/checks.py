@@ -131,30 +131,6 @@ def check_packed_attention(hf_config: Any, attn_implementation: str) -> str | No
     return None
 
 
-CP_ATTENTION = ("sdpa", "flash_attention_2", "flash_attention_3")  # causal from a flag, no mask: what cp wraps
-
-
-def check_context_parallel(cp: int, seq_len: int, packed: bool, attn_implementation: str) -> None:
-    """What ``parallel.cp`` needs of the data and the attention, before any process waits."""
-    if cp == 1:
-        return
-    if seq_len % cp:
-        raise ConfigError(
-            f"parallel.cp={cp} does not divide the rows' sequence length {seq_len}; use a sequence length that is a "
-            f"multiple of {cp} (data.seq_len) or a cp that divides {seq_len}"
-        )
-    if packed:
-        raise ConfigError(
-            f"parallel.cp={cp} with packed documents (data.packing: documents) is not built yet: the attention cp "
-            "wraps runs causal over the whole row, across the records; use data.packing: stream or parallel.cp=1"
-        )
-    if attn_implementation not in CP_ATTENTION:
-        raise ConfigError(
-            f"parallel.cp={cp} wraps attention that is causal by a flag over the whole sequence; "
-            f"model.attn_implementation={attn_implementation} is not one of them: use {' or '.join(CP_ATTENTION)}"
-        )
-
-
 def check_offload_host_memory(
     plan: Plan, hf_config: Any, seq_len: int, dtype_bytes: int, local_ranks: int, available: int
 ) -> None:

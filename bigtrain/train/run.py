@@ -58,7 +58,6 @@ from bigtrain.runtime import (
     warn_if_accelerate_started_one_process,
 )
 from bigtrain.train.checks import (
-    check_context_parallel,
     check_enough_rows,
     check_offload_host_memory,
     check_packed_attention,
@@ -374,7 +373,7 @@ class TrainingJob:
             self.env.local_world_size,
             name,
             free,
-            Workload.of_train(cfg.train, self.data.seq_len, cfg.lora),
+            self._workload(),
             load_profile(cfg.parallel.hardware_profile) if cfg.parallel.hardware_profile else None,
             fixed=None if self.plan is None else self.plan.to_dict(),  # method: auto with a written plan
             host_memory_bytes=psutil.virtual_memory().available,
@@ -394,12 +393,17 @@ class TrainingJob:
         # validated as if the user had written it
         return resolve_plan(ParallelConfig(**choice.plan.to_dict()), self.env.world_size, self.cfg.train)
 
+    def _workload(self) -> Workload:
+        """What one step processes, as the planner and the capability table's data rows read it."""
+        cfg = self.cfg
+        return Workload.of_train(cfg.train, self.data.seq_len, cfg.lora, self._packed, self.attention)
+
     def _build_options(self, plan: Plan) -> BuildOptions:
         """The capability table's rows for this model and the engine's own inputs (its config files), checked on
         every rank before any process group for a written plan; then what the build reads."""
-        check(Setup(plan, self.cfg.train, ModelFacts.of(self.hf_config)))
-        check_context_parallel(plan.cp, self.data.seq_len, self._packed, self.attention)
-        dtype_bytes = Workload.of_train(self.cfg.train, self.data.seq_len, self.cfg.lora).dtype_bytes
+        workload = self._workload()
+        check(Setup(plan, self.cfg.train, ModelFacts.of(self.hf_config), workload.data_facts()))
+        dtype_bytes = workload.dtype_bytes
         free_host = psutil.virtual_memory().available
         check_offload_host_memory(
             plan, self.hf_config, self.data.seq_len, dtype_bytes, self.env.local_world_size, free_host

@@ -1,22 +1,24 @@
-"""The capability table (``config/capabilities.py``): every row tripped by an example, and every consumer refuses the
+"""The capability table (``config/capabilities/``): every row tripped by an example, and every consumer refuses the
 example with the row's own message: recipe resolution, start-up (``TrainingJob``), the planner's search (pins as
 ``bigtrain plan --fix`` gives them), the simulator and ``bigtrain export``. ``plan: auto`` never picks a plan a row
 refuses, with ``train.compile`` as with any option."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from cases import CONVERTED_FAMILIES, ROUTED_MIXTRAL, TINY_LLAMA, TP_FAMILIES
-from helpers import make_plan, recipe_dict, save_rows
+from helpers import make_plan, recipe_dict, save_rows, save_word_tokenizer
 
 from bigtrain.config.capabilities import RULES, ModelFacts, Setup, check, first_problem
-from bigtrain.config.hf import hf_config_from_dict
+from bigtrain.config.hf import hf_config_from_dict, resolve_attention
 from bigtrain.config.load import build_dataclass
 from bigtrain.config.resolve import resolve_plan
 from bigtrain.config.schema import ParallelConfig, RecipeConfig, TrainConfig
+from bigtrain.config.setup import DataFacts
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.hardware import make_cluster
@@ -39,6 +41,9 @@ class Example:
     method: str = "full"
     precision: str = "fp32"
     fp8: str = "none"
+    rows_len: int = 17  # tokens per row of the data
+    packed: bool = False  # chat-free text records packed into rows (data.packing: documents), else a .npy of rows
+    attention: str = "auto"  # model.attn_implementation
 
 
 EXAMPLES: dict[str, Example] = {
@@ -79,13 +84,14 @@ EXAMPLES: dict[str, Example] = {
         2, dict(dp_shard=2, activation_checkpointing="selective", offload_activations=True)
     ),
     "offload_activations_with_pp": Example(2, dict(**PP2, offload_activations=True), UNTIED_4),
+    "offload_activations_with_tp": Example(2, dict(tp=2, offload_activations=True)),
     "sequence_parallel_plain_layout": Example(2, dict(tp=2, sequence_parallel=True), TP_FAMILIES["phi3"]),
     "router_loss_with_pp_or_cp": Example(2, dict(cp=2), ROUTED_MIXTRAL),
     "fp8_with_deepspeed": Example(2, dict(backend="deepspeed", zero_stage=2, dp_shard=2), fp8="tensorwise"),
     "fp8_with_tp_or_pp": Example(2, dict(tp=2), fp8="rowwise"),
     "fp8_with_adapters": Example(2, dict(dp_shard=2), method="lora", fp8="tensorwise"),
     "ep_needs_fsdp2": Example(2, dict(backend="deepspeed", zero_stage=3, ep=2), CONVERTED_FAMILIES["mixtral"]),
-    "ep_with_tp_pp_or_cp": Example(4, dict(dp_shard=2, tp=2, ep=2), CONVERTED_FAMILIES["mixtral"]),
+    "ep_with_tp_pp_or_cp": Example(4, dict(dp_shard=2, cp=2, ep=2), CONVERTED_FAMILIES["mixtral"], rows_len=16),
     "ep_divides_dp_shard": Example(4, dict(dp_shard=4, ep=3), CONVERTED_FAMILIES["mixtral"]),
     "ep_needs_experts": Example(2, dict(dp_shard=2, ep=2)),
     "ep_divides_experts": Example(
@@ -94,6 +100,10 @@ EXAMPLES: dict[str, Example] = {
     "cp_backends": Example(2, dict(backend="deepspeed", cp=2)),
     "cp_with_tp_or_pp": Example(4, dict(cp=2, tp=2), UNTIED_4),
     "cp_divides_heads": Example(4, dict(cp=4), UNTIED_4),
+    "cp_divides_rows": Example(2, dict(cp=2)),
+    "cp_with_packed_documents": Example(2, dict(cp=2), rows_len=16, packed=True),
+    "cp_attention": Example(2, dict(cp=2), rows_len=16, attention="eager"),
+    "ep_with_adapters": Example(2, dict(dp_shard=2, ep=2), CONVERTED_FAMILIES["mixtral"], method="lora"),
     "qlora_computes_in_bf16": Example(2, dict(dp_shard=2), method="qlora"),
     "adapters_with_tp": Example(2, dict(tp=2), method="lora"),
     "adapters_with_pp": Example(2, PP2, UNTIED_4, method="lora"),
@@ -129,10 +139,15 @@ def test_every_row_has_an_example_and_every_example_a_row():
 def expected_message(name: str) -> str:
     """The row's message for its example; the example trips this row first (and no row above it)."""
     ex = EXAMPLES[name]
-    setup = Setup(make_plan(**ex.plan), train_of(ex), ModelFacts.of(hf_config_from_dict(ex.model)))
+    hf_config = hf_config_from_dict(ex.model)
+    setup = Setup(make_plan(**ex.plan), train_of(ex), ModelFacts.of(hf_config), data_of(ex, hf_config))
     problem = first_problem(setup)
     assert problem is not None and problem.rule.name == name, problem
     return problem.message
+
+
+def data_of(ex: Example, hf_config: Any) -> DataFacts:
+    return DataFacts(ex.rows_len, ex.packed, resolve_attention(hf_config, ex.attention))
 
 
 def train_of(ex: Example) -> TrainConfig:
@@ -142,10 +157,18 @@ def train_of(ex: Example) -> TrainConfig:
 
 
 def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
+    if ex.packed:  # text records packed whole into rows, kept apart by their position ids
+        records = tmp_path / "records.jsonl"
+        records.write_text("".join('{"text": "hello world hello"}\n' for _ in range(80)))
+        tokenizer = save_word_tokenizer(tmp_path / "tokenizer")
+        data = {"path": str(records), "tokenizer": str(tokenizer), "packing": "documents", "seq_len": ex.rows_len}
+    else:
+        data = {"path": str(save_rows(tmp_path / "rows.npy", seq_len=ex.rows_len))}
     raw = recipe_dict(
         tmp_path / "out",
-        save_rows(tmp_path / "rows.npy"),
+        data["path"],
         ex.model,
+        data=data,
         train={
             "global_batch_size": ex.batch,
             "compile": ex.compile,
@@ -155,6 +178,7 @@ def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
         },
         parallel=make_plan(**ex.plan).to_dict(),
     )
+    raw["model"]["attn_implementation"] = ex.attention
     return build_dataclass(RecipeConfig, raw, "")
 
 
@@ -169,7 +193,7 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
     cfg = recipe_of(ex, tmp_path)
     plan = make_plan(**ex.plan)
 
-    if not ROWS[name].reads_model:  # recipe resolution, before the model is read
+    if not (ROWS[name].reads_model or ROWS[name].reads_data):  # recipe resolution, before model and data are read
         with pytest.raises(ConfigError) as e:
             resolve_plan(ParallelConfig(**plan.to_dict()), ex.world, train_of(ex))
         assert str(e.value) == message
@@ -184,7 +208,9 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
     assert str(e.value) == message
 
     workload = Workload(
-        seq_len=16,
+        seq_len=ex.rows_len,
+        packed=ex.packed,
+        attention=ex.attention if ex.attention != "auto" else "sdpa",
         global_batch_size=ex.batch,
         mixed_precision=ex.precision,
         compile=ex.compile,
@@ -236,3 +262,41 @@ def test_plan_auto_never_picks_a_plan_start_up_refuses_with_train_compile():
             check(Setup(plan, workload.train_config(), facts))
             picked += 1
     assert picked >= 4  # with and without compile on the larger clusters
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_a_row_not_marked_as_reading_the_micro_batch_does_not(name):
+    """The search judges a layout's frame once by the rows not marked ``reads_micro_batch`` and skips (or shows by
+    one plan) every micro-batch and checkpointing of a frame they refuse: such a row must say the same for each."""
+    ex, rule = EXAMPLES[name], ROWS[name]
+    hf_config = hf_config_from_dict(ex.model)
+    facts, data = ModelFacts.of(hf_config), data_of(ex, hf_config)
+    verdicts = {
+        (mb, ac): rule.says(Setup(make_plan(**{**ex.plan, "micro_batch_size": mb, "activation_checkpointing": ac}),
+                                  train_of(ex), facts, data)) is not None
+        for mb in (1, 2, 4)
+        for ac in ("none", "selective", "full")
+    }  # fmt: skip
+    if rule.reads_micro_batch:
+        assert len(set(verdicts.values())) == 2, f"{name} is marked as reading them but does not: {verdicts}"
+    else:
+        assert set(verdicts.values()) == {True}, verdicts
+
+
+def test_every_record_names_real_keys_and_transforms_and_every_transform_has_a_record():
+    """A record's recipe keys are schema keys (``model.config.*``: the HF config's own), its transforms are in
+    ``ORDER``, and every transform but the values' loading belongs to exactly one record."""
+    from bigtrain.config.capabilities import CAPABILITIES
+    from bigtrain.config.schema import recipe_key
+    from bigtrain.parallel.transforms import ORDER
+
+    schema = {
+        f"{section}.{recipe_key(f)}"
+        for section in ("model", "data", "train", "parallel", "checkpoint", "lora")
+        for f in dataclasses.fields(type(getattr(RecipeConfig(), section)))
+    }
+    for capability in CAPABILITIES:
+        unknown = [k for k in capability.keys if k not in schema and not k.startswith("model.config.")]
+        assert not unknown, (capability.name, unknown)
+    owners = [t for c in CAPABILITIES for t in c.transforms]
+    assert sorted(owners) == sorted(t.name for t in ORDER if t.name != "load_values")

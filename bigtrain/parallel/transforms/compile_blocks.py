@@ -20,4 +20,10 @@ def _compile_blocks(built: BuiltModel, ctx: BuildContext) -> None:
     built.compile_loss = True
 
 
-TRANSFORM = Transform(name="compile", wanted=lambda options: options.compile, apply=_compile_blocks)
+TRANSFORM = Transform(
+    name="compile",
+    wanted=lambda options: options.compile,
+    apply=_compile_blocks,
+    # measured on one GPU (bench/results/side_by_side_h100.md, rank0_h200.md) and modelled from those runs
+    planner_terms=("memory_terms.compiled_activation_bytes", "cost.memory_bound_bytes"),
+)

@@ -1,10 +1,8 @@
-"""The capability table's rows about FP8 training (``train.fp8``): where the float8 transform does not run yet.
-
-``capabilities.py`` lists them in ``RULES`` with the rest; each returns the one line a user gets, or None.
-"""
+"""``train.fp8``: float8 matmuls in the decoder blocks' linears (torchao), tensorwise or rowwise scaling."""
 
 from __future__ import annotations
 
+from bigtrain.config.capabilities.table import Capability, row
 from bigtrain.config.schema import ADAPTER_METHODS
 from bigtrain.config.setup import Setup
 
@@ -33,3 +31,16 @@ def fp8_with_adapters(s: Setup) -> str | None:
             "cast to FP8 in every step); set train.fp8=none"
         )
     return None
+
+
+CAPABILITY = Capability(
+    name="fp8",
+    summary="FP8 linears (torchao float8 training, tensorwise or rowwise), FP8 all-gather under FSDP2",
+    keys=("train.fp8",),
+    rules=(
+        row(fp8_with_deepspeed, "not_built"),
+        row(fp8_with_tp_or_pp, "not_built"),
+        row(fp8_with_adapters, "not_built"),
+    ),
+    transforms=("float8",),
+)

@@ -1,0 +1,119 @@
+"""What bigtrain can run, one record per capability, and the one table of what runs together that every consumer asks.
+
+Each module here is one capability (``table.Capability``): its recipe keys, its rows of what runs together, how the
+planner's search weighs it, its model transforms and its line in the generated capability list. ``CAPABILITIES``
+lists them, one line each; adding a capability is one new module and its line there.
+
+The table is every record's rows, asked in the order of ``table.KINDS`` (a plan that contradicts itself first, then
+what is not built, then what does not fit), records in the order below within a kind; the first row that trips is the
+one a user sees. Recipe resolution (``config/resolve.py``), start-up (``train/run.py``), the planner's search and
+``plan: auto`` (``planner/search.py``), the simulator and ``bigtrain export`` all ask ``problems`` or ``check``, so
+they refuse the same setups with the same words. ``tests/unit/test_capabilities.py`` trips every row through every
+consumer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from bigtrain.config.capabilities import (
+    activation_checkpointing,
+    activation_offload,
+    adapters,
+    chunked_loss,
+    context_parallel,
+    data_parallel,
+    expert_parallel,
+    fp8,
+    pipeline,
+    router_loss,
+    tensor_parallel,
+    torch_compile,
+)
+from bigtrain.config.capabilities.table import KINDS, Capability, Kind, Problem, Rule, SearchSpace
+from bigtrain.config.model_facts import ModelFacts
+from bigtrain.config.setup import DataFacts, Setup
+from bigtrain.errors import ConfigError
+
+CAPABILITIES: tuple[Capability, ...] = (
+    data_parallel.CAPABILITY,
+    tensor_parallel.CAPABILITY,
+    pipeline.CAPABILITY,
+    context_parallel.CAPABILITY,
+    activation_checkpointing.CAPABILITY,
+    chunked_loss.CAPABILITY,
+    torch_compile.CAPABILITY,
+    fp8.CAPABILITY,
+    adapters.CAPABILITY,
+    expert_parallel.CAPABILITY,
+    router_loss.CAPABILITY,
+    activation_offload.CAPABILITY,
+)
+
+__all__ = [
+    "CAPABILITIES",
+    "RULES",
+    "Capability",
+    "DataFacts",
+    "Kind",
+    "ModelFacts",
+    "Problem",
+    "Rule",
+    "ALL_KINDS",
+    "askable",
+    "SearchSpace",
+    "Setup",
+    "check",
+    "first_problem",
+    "problems",
+    "rules_of",
+]
+
+
+def rules_of(capabilities: Sequence[Capability]) -> tuple[Rule, ...]:
+    """The table of these records: their rows by kind (``KINDS``), in record order within a kind."""
+    every = [rule for capability in capabilities for rule in capability.rules]
+    return tuple(rule for kind in KINDS for rule in every if rule.kind == kind)
+
+
+RULES: tuple[Rule, ...] = rules_of(CAPABILITIES)
+
+
+_ASKABLE: dict[tuple[int, tuple[Kind, ...], bool, bool], tuple[tuple[Rule, ...], tuple[Rule, ...]]] = {}
+
+
+def askable(table: tuple[Rule, ...], kinds: tuple[Kind, ...], model_known: bool, data_known: bool) -> tuple[Rule, ...]:
+    """The rows of these kinds that can be asked. The planner asks hundreds of thousands of plans: filtered once
+    per table (kept by identity, with the table: hashing its rows on every question cost more than asking them)."""
+    key = (id(table), kinds, model_known, data_known)
+    if key not in _ASKABLE:
+        rows = tuple(
+            rule
+            for rule in table
+            if rule.kind in kinds and (model_known or not rule.reads_model) and (data_known or not rule.reads_data)
+        )
+        _ASKABLE[key] = (table, rows)
+    return _ASKABLE[key][1]
+
+
+ALL_KINDS: tuple[Kind, ...] = ("invalid", "fit", "not_built")
+
+
+def problems(setup: Setup, kinds: tuple[Kind, ...] = ALL_KINDS, table: tuple[Rule, ...] = RULES) -> Iterator[Problem]:
+    """Every row of the given ``kinds`` that trips for ``setup``, in table order (rows that read the model or the data
+    only once their facts are known)."""
+    for rule in askable(table, kinds, setup.model is not None, setup.data is not None):
+        message = rule.says(setup)
+        if message is not None:
+            yield Problem(rule, message)
+
+
+def first_problem(setup: Setup, kinds: tuple[Kind, ...] = ALL_KINDS, table: tuple[Rule, ...] = RULES) -> Problem | None:
+    return next(problems(setup, kinds, table), None)
+
+
+def check(setup: Setup, kinds: tuple[Kind, ...] = ALL_KINDS, table: tuple[Rule, ...] = RULES) -> None:
+    """Raise the first tripped row's message as a ConfigError (what a recipe gets at resolution and start-up)."""
+    problem = first_problem(setup, kinds, table)
+    if problem is not None:
+        raise ConfigError(problem.message)

@@ -1,0 +1,126 @@
+"""What a capability record is, what a row of the table of what runs together is, and how the rows are asked.
+
+A row is one function of a :class:`Setup` (the plan, the recipe's ``train`` options, and the model's and the data's
+facts once they are known) that returns the one line a user gets when the row trips (naming the recipe key and what
+would work), or None. A row has a kind, which is what the planner makes of it:
+- ``invalid``: the plan contradicts itself (ddp with dp_shard > 1); the planner never proposes one.
+- ``fit``: the plan does not fit this model, this batch or this data (tp does not divide the heads); shown as
+  rejected.
+- ``not_built``: the trainer cannot run it yet (cp with pp); ``bigtrain plan --all`` predicts it anyway.
+Rows that read the model (or the data) are skipped while its facts are unknown (recipe resolution runs before the
+model is read); start-up and the planner ask again with them.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from bigtrain.config.model_facts import ModelFacts
+from bigtrain.config.plan import Plan
+from bigtrain.config.setup import Setup
+
+Kind = Literal["invalid", "fit", "not_built"]
+KINDS: tuple[Kind, ...] = ("invalid", "not_built", "fit")  # the order rows are asked in: the first that trips is said
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    kind: Kind
+    says: Callable[[Setup], str | None]  # the message when the row trips, else None
+    reads_model: bool = False  # asked only once the model's facts are known
+    reads_data: bool = False  # asked only once the data's facts (row length, packing, attention) are known
+    # reads the micro-batch or the checkpointing: the search asks the other rows once per layout (a frame), and
+    # tests/unit/test_capabilities.py holds every row not marked so to a verdict they do not change
+    reads_micro_batch: bool = False
+
+
+@dataclass(frozen=True)
+class Problem:
+    rule: Rule
+    message: str
+
+
+def row(
+    says: Callable[[Setup], str | None],
+    kind: Kind,
+    reads_model: bool = False,
+    reads_data: bool = False,
+    reads_micro_batch: bool = False,
+) -> Rule:
+    """A row named after its function (``_cp_backends`` -> ``cp_backends``)."""
+    return Rule(says.__name__.lstrip("_"), kind, says, reads_model, reads_data, reads_micro_batch)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What a capability's search variants may read: the model, the cluster's shape, the workload and the pins.
+
+    ``rides_along(base, variant)`` asks the table whether the trainer runs ``base`` and ``variant`` trips no row that
+    ``base`` does not, so a capability that rides along where it can (tp's loss and sequence parallelism) is chosen
+    by the table's rows, never by a copy of them."""
+
+    facts: ModelFacts
+    gpus_per_node: int
+    seq_len: int
+    global_batch_size: int
+    fixed: Mapping[str, Any]
+    rides_along: Callable[[Plan, Plan], bool] = field(repr=False, compare=False, default=lambda base, v: True)
+    contradicts: Callable[[Plan], bool] = field(repr=False, compare=False, default=lambda plan: False)  # invalid rows
+    # the first row of kind invalid or fit that trips for a plan, asking only rows that do not read the micro-batch
+    # or the checkpointing (what is true of a layout's every plan): None, or (kind, message)
+    frame_problem: Callable[[Plan], tuple[str, str] | None] = field(
+        repr=False, compare=False, default=lambda plan: None
+    )
+    _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def pinned(self, key: str) -> bool:
+        return key in self.fixed
+
+    def per_layout(self, what: str, plan: Plan, decide: Callable[[Plan], Any]) -> Any:
+        """``decide(plan)``, asked once per layout (``LAYOUT_FIELDS``) for ``what``: a search generates hundreds of
+        thousands of plans from a few thousand layouts, and a decision that reads nothing else is the same for all
+        of a layout's plans."""
+        key = (what, _layout_of(plan))
+        if key not in self._memo:
+            self._memo[key] = decide(plan)
+        return self._memo[key]
+
+
+# what makes a plan's layout (the world's split and where the state lives): the fields a per-layout decision may read
+LAYOUT_FIELDS = (
+    "backend", "zero_stage", "dp_replicate", "dp_shard", "tp", "pp", "pp_schedule", "pp_virtual_stages", "cp", "ep",
+    "offload_optimizer", "offload_params", "grad_reduce",
+)  # fmt: skip
+_layout_of = operator.attrgetter(*LAYOUT_FIELDS)
+Variants = Callable[[list[Plan], SearchSpace], list[Plan]]
+
+
+@dataclass(frozen=True)
+class Capability:
+    """Everything bigtrain knows about one capability, in one record (``capabilities/<name>.py``).
+
+    - ``keys``: the recipe keys it reads (dotted, documented in ``config/schema.py``);
+    - ``rules``: its rows of what runs together (``invalid``, ``fit``, ``not_built``);
+    - ``variants``: how the planner's search weighs it: given the plans generated so far, the plans with this
+      capability's settings added (the search judges every one through the rows, and shows what they refuse);
+    - ``transforms``: the names of its model transforms in ``parallel/transforms`` (applied in their ``ORDER``;
+      each transform names the planner functions that model its memory and time, ``planner_terms``);
+    - ``summary``: its line in the generated capability list (``docs/architecture.md``).
+    """
+
+    name: str
+    summary: str
+    keys: tuple[str, ...] = ()
+    rules: tuple[Rule, ...] = ()
+    variants: Variants | None = None
+    transforms: tuple[str, ...] = ()
+
+
+def with_pins(plans: Iterable[Plan], space: SearchSpace, *keys: str) -> list[Plan]:
+    """``plans`` with the pinned values of ``keys`` set (a pin replaces the search's own choices for its key)."""
+    pins = {k: space.fixed[k] for k in keys if k in space.fixed}
+    return [p.but(**pins) for p in plans] if pins else list(plans)
