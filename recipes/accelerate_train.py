@@ -26,7 +26,14 @@ from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM
 
 import bigtrain
-from bigtrain.api.same_run import hf_examples, plan_this_job, step_order, summary_line, training_rows
+from bigtrain.api.same_run import (
+    hf_examples,
+    plan_this_job,
+    save_final_weights,
+    step_order,
+    summary_line,
+    training_rows,
+)
 from bigtrain.config.load import load_recipe
 from bigtrain.data.labels import IGNORE_INDEX
 from bigtrain.engine.loss import labeled_loss_sum
@@ -58,7 +65,7 @@ def main() -> None:
     scheduler = build_scheduler(optimizer, cfg.train)  # not prepared: stepped once per optimizer step
     accum = result.gradient_accumulation_steps
     batches = iter(loader)
-    losses = []
+    losses, norms = [], []
     for step in range(cfg.train.steps):
         micro = [next(batches) for _ in range(accum)]
         tokens = sum((b["labels"][:, 1:] != IGNORE_INDEX).sum() for b in micro)
@@ -71,8 +78,8 @@ def main() -> None:
                 loss_sum = labeled_loss_sum(logits[:, :-1], batch["labels"][:, 1:])
                 accelerator.backward(loss_sum / global_tokens * accelerator.num_processes * accum)
                 step_loss += loss_sum.detach()
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+                if accelerator.sync_gradients:  # the norm before clipping, as bigtrain logs it
+                    norms.append(accelerator.clip_grad_norm_(model.parameters(), cfg.train.grad_clip).item())
                 optimizer.step()  # prepared: skipped until the last micro-step of the step
                 optimizer.zero_grad()
         scheduler.step()
@@ -81,7 +88,8 @@ def main() -> None:
             check = bigtrain.check_memory(result, accelerator.device, logs=accelerator.is_main_process)
     if accelerator.is_main_process:
         kind, world = accelerator.distributed_type, accelerator.num_processes
-        print(summary_line(result, kind, world, losses, check))
+        weights = save_final_weights(accelerator.unwrap_model(model), cfg.output_dir)
+        print(summary_line(result, kind, world, losses, check, norms, weights))
 
 if __name__ == "__main__":
     main()

@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTTrainer
 
 import bigtrain
-from bigtrain.api.same_run import aligned_trainer, plan_this_job, step_order, summary_line
+from bigtrain.api.same_run import aligned_trainer, plan_this_job, save_final_weights, step_order, summary_line
 from bigtrain.config.load import load_recipe
 
 
@@ -64,9 +64,11 @@ def main() -> None:
     )
     trainer.train()
     if trainer.is_world_process_zero():
-        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+        losses, norms = [e["loss"] for e in logged], [e["grad_norm"] for e in logged]
+        weights = save_final_weights(trainer.accelerator.unwrap_model(trainer.model), cfg.output_dir)
         kind = trainer.accelerator.distributed_type
-        print(summary_line(result, kind, args.world_size, losses, check.check))
+        print(summary_line(result, kind, args.world_size, losses, check.check, norms, weights))
 
 if __name__ == "__main__":
     main()

@@ -87,9 +87,31 @@ def plan_this_job(cfg: RecipeConfig) -> Any:
     return result
 
 
-def summary_line(result: Any, distributed_type: Any, world_size: int, losses: list[float], check: Any) -> str:
-    """The JSON line a script ends with: how it ran, the plan, the loss of each step and the memory check's line
-    (what tests/integration/test_api_routes.py compares with bigtrain train's run)."""
+def save_final_weights(model: torch.nn.Module, output_dir: str) -> str:
+    """The trained weights as one safetensors file in ``output_dir`` (tied weights stored once), for comparison
+    with ``bigtrain train``'s final model; its path."""
+    from pathlib import Path
+
+    from safetensors.torch import save_model
+
+    path = Path(output_dir) / "final_weights.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_model(model, str(path))
+    return str(path)
+
+
+def summary_line(
+    result: Any,
+    distributed_type: Any,
+    world_size: int,
+    losses: list[float],
+    check: Any,
+    grad_norms: list[float] | None = None,
+    weights: str | None = None,
+) -> str:
+    """The JSON line a script ends with: how it ran, the plan, the loss and gradient norm (before clipping) of each
+    step, where its final weights are and the memory check's line (what tests/integration/test_api_routes.py
+    compares with bigtrain train's run)."""
     import json
 
     return json.dumps(
@@ -98,6 +120,8 @@ def summary_line(result: Any, distributed_type: Any, world_size: int, losses: li
             "world_size": world_size,
             "plan": result.plan.to_dict(),
             "losses": losses,
+            "grad_norms": grad_norms or [],
+            "weights": weights,
             "memory_check": check.line() if check is not None else None,
         }
     )
