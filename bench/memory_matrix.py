@@ -6,8 +6,8 @@ The cases live in tests/cases.py: REAL_WIDTH_CASES (the widths users train, trim
 models, many plan shapes) and PIPELINE_MEMORY_CASES (the simulated and the predicted peak are each the busiest pp
 rank's); tests/distributed/test_real_width_memory.py and test_memory_matrix.py assert them within 10%.
 DDP cases cannot run DDP's reducer on fake tensors: the simulator emulates its gradient buckets (one flat fp32
-storage, see bigtrain/simulate.py), so those rows check everything but the buckets; DDP's real reducer was measured
-on a GPU instead (bench/results/rank0_h200.md, 1b-ddp-N8-full-accum2: -1.8%).
+storage, see bigtrain/measure/simulate.py), so those rows check everything but the buckets; DDP's real reducer
+was measured on a GPU instead (bench/results/rank0_h200.md, 1b-ddp-N8-full-accum2: -1.8%).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from cases import (  # noqa: E402
     arch_config,
 )
 
+from bigtrain.measure.simulate import simulate  # noqa: E402
 from bigtrain.planner.memory import estimate_memory  # noqa: E402
 from bigtrain.planner.model_stats import ModelStats  # noqa: E402
-from bigtrain.simulate import simulate  # noqa: E402
 
 
 def run_case(case: MemoryCase) -> tuple[int, int]:

@@ -39,12 +39,12 @@ def main() -> int:
     from bigtrain.config.resolve import resolve_plan
     from bigtrain.config.schema import ParallelConfig, TrainConfig
     from bigtrain.config.workload import Workload
+    from bigtrain.measure.simulate import simulate
     from bigtrain.planner.auto import CPU
     from bigtrain.planner.hardware import Cluster, parse_memory
     from bigtrain.planner.model_stats import ModelStats
     from bigtrain.planner.profile import gpu_from_profile, load_profile
     from bigtrain.planner.search import _rank, search
-    from bigtrain.simulate import simulate
 
     stats = ModelStats.from_config(MODEL)
     gpu = gpu_from_profile(load_profile(args.profile), replace(CPU, memory_bytes=parse_memory(args.gpu_memory)))

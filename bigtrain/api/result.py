@@ -180,7 +180,7 @@ class PlanResult:
         plan's world, simulated here in seconds): ``{"peak_bytes", "world_size"[, "pp_rank"]}``. A ConfigError
         says why a plan cannot be simulated."""
         from bigtrain.errors import ConfigError
-        from bigtrain.simulate import not_simulated, simulate
+        from bigtrain.measure.simulate import not_simulated, simulate
 
         reason = not_simulated(self.plan)
         if reason is not None:

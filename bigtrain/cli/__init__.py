@@ -175,7 +175,7 @@ def _export_model(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from bigtrain.report import write_report
+    from bigtrain.cli.report import write_report
 
     for path in write_report(args.output_dir, args.output):
         print(path)
@@ -193,10 +193,10 @@ def _probe(args: argparse.Namespace, env: LaunchEnv) -> int:
     output = Path(args.output).resolve() if args.output else None
     _check_nproc(args)
     if args.nproc is not None:
-        from bigtrain.launch import launch_local
+        from bigtrain.cli.launch import launch_local
 
         return launch_local(args.nproc, ["probe"] + (["-o", str(output)] if output else []))
-    from bigtrain.probe import run_probe
+    from bigtrain.measure.probe import run_probe
 
     profile = run_probe(output)
     if output is None and env.rank == 0:
@@ -225,8 +225,8 @@ def _train(args: argparse.Namespace, env: LaunchEnv) -> int:
                 "--nproc starts its own workers; drop it when running under torchrun or accelerate launch"
             )
         from bigtrain.checkpoint.run_dir import plan_start
+        from bigtrain.cli.launch import launch_local
         from bigtrain.config.resolve import resolve_plan
-        from bigtrain.launch import launch_local
 
         if cfg.parallel.plan != "auto":  # fail here, before starting workers
             resolve_plan(cfg.parallel, args.nproc, cfg.train)

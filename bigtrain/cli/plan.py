@@ -91,7 +91,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
     )
     out = result.to_dict(include_unrunnable=args.all)
     if args.simulate and result.searched[0].runnable:
-        from bigtrain.simulate import not_simulated
+        from bigtrain.measure.simulate import not_simulated
 
         reason = not_simulated(result.plan)
         if reason is not None:  # a plan the simulator cannot run: said, and the plan is still printed

@@ -68,8 +68,8 @@ def test_the_simulator_runs_the_tensor_parallel_step_and_its_shards_divide():
     from bigtrain.config.hf import hf_config_from_dict
     from bigtrain.config.resolve import resolve_plan
     from bigtrain.config.schema import ParallelConfig
+    from bigtrain.measure.simulate import simulate
     from bigtrain.models.build import build_meta_model
-    from bigtrain.simulate import simulate
 
     config = {**TINY_LLAMA, "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 1024, "vocab_size": 256}
     plan = resolve_plan(ParallelConfig(tp=2, dp_shard=2), 4, TrainConfig(global_batch_size=4))
@@ -85,8 +85,8 @@ def test_fake_tensors_are_not_trusted_with_loss_parallel():
     from bigtrain.config.resolve import resolve_plan
     from bigtrain.config.schema import ParallelConfig
     from bigtrain.errors import ConfigError
+    from bigtrain.measure.simulate import simulate
     from bigtrain.planner.model_stats import load_model_config
-    from bigtrain.simulate import simulate
 
     config = load_model_config(MEMORY_ARCHS["llama-dense"])
     plan = resolve_plan(ParallelConfig(tp=2, dp_shard=2, loss_parallel=True), 4, TrainConfig(global_batch_size=4))

@@ -12,7 +12,7 @@ from helpers import REPO
 from bigtrain.config.resolve import resolve_plan
 from bigtrain.config.schema import ParallelConfig, TrainConfig
 from bigtrain.config.workload import Workload
-from bigtrain.simulate import simulate
+from bigtrain.measure.simulate import simulate
 
 sys.path.insert(0, str(REPO / "bench"))
 from memory_matrix import run_case  # noqa: E402

@@ -185,8 +185,8 @@ def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_path):
     from bigtrain.api import recipe_plan
+    from bigtrain.measure.simulate import simulate
     from bigtrain.runtime import LaunchEnv
-    from bigtrain.simulate import simulate
     from bigtrain.train.run import TrainingJob
 
     ex, message = EXAMPLES[name], expected_message(name)

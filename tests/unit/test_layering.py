@@ -1,6 +1,6 @@
 """The package layers, read from the imports of every source file (including imports inside functions).
 
-config < planner | data | models | runtime < parallel | integrations < engine < checkpoint < train | probe_tp < simulate | probe < api < cli: a module may import
+config < planner | data | models | runtime < parallel | integrations < engine < checkpoint < train < measure < api < cli: a module may import
 only from lower layers and its own package. The planner must stay pure: no ``torch.distributed`` and nothing of
 the trainer, so every rank (and a laptop) computes the same plan from the same numbers. The training loop must not
 learn which backend it drives.
@@ -27,11 +27,7 @@ LAYERS = {
     "engine": 4,
     "checkpoint": 5,
     "train": 6,
-    "launch": 6,
-    "simulate": 7,
-    "probe": 7,
-    "probe_tp": 6,
-    "report": 7,
+    "measure": 7,  # probe, tp probe, simulator: they run the real stack to check the planner
     "api": 8,
     "cli": 9,
     "__main__": 10,

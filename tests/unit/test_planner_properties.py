@@ -10,12 +10,12 @@ import pytest
 from cases import LLAMA_3_2_1B
 
 from bigtrain.config.workload import Workload
+from bigtrain.measure.simulate import simulate
 from bigtrain.planner.explain import render_table
 from bigtrain.planner.hardware import GiB, make_cluster
 from bigtrain.planner.memory_terms import host_offload_bytes
 from bigtrain.planner.model_stats import ModelStats, load_model_config
 from bigtrain.planner.search import NEAR_TIE, search
-from bigtrain.simulate import simulate
 
 BUDGETS_GIB = (12, 16, 24, 32, 40, 48, 64, 80, 96, 141)
 

@@ -212,7 +212,7 @@ def probe(device: torch.device, tp_overhead: dict[str, float] | None = None) -> 
 
 def run_probe(output: Path | None) -> dict[str, Any]:
     """One rank of ``bigtrain probe``: join the launcher's group when there is one, measure, rank 0 writes."""
-    from bigtrain.probe_tp import tp_block_overhead
+    from bigtrain.measure.probe_tp import tp_block_overhead
     from bigtrain.runtime import init_process_group, pick_device, read_launch_env
 
     env = read_launch_env()
