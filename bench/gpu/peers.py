@@ -27,7 +27,7 @@ import sys
 import tempfile
 from typing import Any
 
-from side_by_side import MODELS, SHAPES, STEPS, TITAN_FLAVOURS, summary, timed_steps
+from shapes import MODELS, SHAPES, STEPS, TITAN_FLAVOURS, summary, timed_steps
 
 
 def _random_ids(model: str, rows: int | None = None):

@@ -76,3 +76,20 @@ def test_no_module_of_bigtrain_is_part_of_an_import_cycle():
 def test_the_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_script_folder_of_bench_is_part_of_an_import_cycle():
+    """bench/'s scripts import their neighbours by bare name (``import peers``): the same rule within each folder
+    (side_by_side.py and peers.py once imported each other)."""
+    for folder in sorted({p.parent for p in (PACKAGE.parent / "bench").rglob("*.py")}):
+        local = {p.stem: p for p in folder.glob("*.py")}
+        graph = {}
+        for name, path in local.items():
+            names = set()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    names |= {alias.name for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    names.add(node.module)
+            graph[name] = (names & set(local)) - {name}
+        assert cycles(graph) == [], folder
