@@ -1,0 +1,132 @@
+"""Property: the plan ``plan: auto`` chooses is one start-up accepts, for recipes drawn at random.
+
+A seeded generator draws a few hundred recipes over what the capability table and start-up read (family, GPU count
+and memory, host memory, row length, method, packed documents, attention, precision); for each, the choice of
+``planner.auto.choose_plan`` (what ``bigtrain train`` runs under ``parallel.plan: auto``) must pass the checks
+start-up asks before any process group: the recipe's resolution, the capability table with the model's and the
+data's facts, and the offload's host memory. A draw where nothing fits is skipped (start-up then refuses with the
+planner's own message); the test fails if too few draws choose a plan to mean anything.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+
+import pytest
+
+from bigtrain.config.capabilities import DataFacts, ModelFacts, Setup, check
+from bigtrain.config.hf import hf_config_from_dict
+from bigtrain.config.resolve import resolve_plan
+from bigtrain.config.schema import ParallelConfig
+from bigtrain.config.workload import Workload
+from bigtrain.errors import ConfigError
+from bigtrain.planner.auto import choose_plan
+from bigtrain.planner.hardware import GiB
+from bigtrain.planner.model_stats import load_model_config
+from bigtrain.train.checks import check_offload_host_memory
+
+FAMILIES = ("llama-3-8b", "qwen2.5-0.5b", "gpt2", "mixtral-8x7b", "gemma-2-9b", "phi-3-mini", "olmo-2-7b")
+CASES = 60  # per seed: one seed in the default tier, three more in the full one (240 draws in all)
+SEEDS = [0, *(pytest.param(seed, marks=pytest.mark.full) for seed in (1, 2, 3))]
+
+
+@dataclass(frozen=True)
+class Draw:
+    family: str
+    gpus: int
+    gpu_gib: int
+    host_gib: int
+    seq_len: int
+    method: str
+    packed: bool
+    attention: str
+    precision: str
+
+    def workload(self) -> Workload:
+        return Workload(
+            seq_len=self.seq_len,
+            global_batch_size=self.gpus * 4,
+            mixed_precision=self.precision,
+            method=self.method,
+            packed=self.packed,
+            attention=self.attention,
+        )
+
+
+def draws(seed: int = 0) -> list[Draw]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(CASES):
+        method = rng.choice(("full", "lora", "qlora", "auto"))
+        out.append(
+            Draw(
+                family=rng.choice(FAMILIES),
+                gpus=rng.choice((1, 2, 4, 8, 16)),
+                gpu_gib=rng.choice((24, 40, 80, 141)),
+                host_gib=rng.choice((16, 64, 512)),
+                seq_len=rng.choice((1024, 4096, 16384, 32768)),
+                method=method,
+                packed=rng.random() < 0.5,
+                attention=rng.choice(("sdpa", "sdpa", "eager", "flash_attention_2")),
+                precision="bf16" if method in ("qlora", "auto") else rng.choice(("bf16", "fp32")),
+            )
+        )
+    return out
+
+
+def start_up_refuses(d: Draw, plan, method: str) -> str | None:
+    """What start-up would say of ``plan`` for this draw (None: it accepts it)."""
+    model_config = load_model_config(d.family)
+    hf_config = hf_config_from_dict(dict(model_config))
+    train = replace(d.workload(), method=method).train_config()  # train.method: auto as start-up resolves it
+    try:
+        written = resolve_plan(ParallelConfig(**plan.to_dict()), d.gpus, train)
+        check(Setup(written, train, ModelFacts.of(hf_config), DataFacts(d.seq_len, d.packed, d.attention)))
+        bytes_per_value = 4 if d.precision == "fp32" else 2
+        check_offload_host_memory(written, hf_config, d.seq_len, bytes_per_value, min(d.gpus, 8), d.host_gib * GiB)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def chosen(d: Draw, workload: Workload):
+    try:
+        return choose_plan(
+            load_model_config(d.family),
+            d.gpus,
+            min(d.gpus, 8),
+            "H100",
+            d.gpu_gib * GiB,
+            workload,
+            host_memory_bytes=d.host_gib * GiB,
+        )
+    except ConfigError:
+        return None  # nothing fits: start-up refuses with the planner's message
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_plan_auto_chooses_what_start_up_accepts(seed):
+    checked, refused = 0, []
+    for d in draws(seed):
+        choice = chosen(d, d.workload())
+        if choice is None:
+            continue
+        checked += 1
+        why = start_up_refuses(d, choice.plan, choice.method)
+        if why is not None:
+            refused.append(f"{d}: {choice.plan} -> {why}")
+    assert not refused, "\n".join(refused[:5])
+    assert checked >= CASES // 3, f"only {checked} of {CASES} draws chose a plan"
+
+
+@pytest.mark.parametrize("packed, attention", [(True, "sdpa"), (False, "eager")])
+def test_the_property_fails_when_the_planner_does_not_see_the_data(packed, attention):
+    """Teeth: a long-row draw planned as if its documents were not packed and its attention were sdpa gets a
+    context-parallel plan, which start-up refuses for the data it really has."""
+    d = Draw("llama-3-8b", 8, 24, 512, 32768, "full", packed, attention, "bf16")
+    blind = chosen(d, Workload(seq_len=d.seq_len, global_batch_size=32, mixed_precision="bf16"))
+    assert blind is not None and blind.plan.cp > 1
+    assert "parallel.cp=" in (start_up_refuses(d, blind.plan, "full") or "")
+    seeing = chosen(d, d.workload())
+    assert seeing is None or seeing.plan.cp == 1
