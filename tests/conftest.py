@@ -7,6 +7,17 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # so tests can `import helpers`
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """``-m full`` is the full tier: every test (those marked ``full`` and the default tier's), the GPU tier and the
+    benchmarks aside. Asked for exactly so, every such test is marked ``full`` before pytest selects by marker."""
+    if config.option.markexpr.strip() != "full":
+        return
+    for item in items:
+        if item.get_closest_marker("bench") is None and item.get_closest_marker("gpu") is None:
+            item.add_marker(pytest.mark.full)
+
+
 @pytest.fixture
 def cli_in_process(capfd):
     """``bigtrain plan|export ...`` through the CLI's own ``main`` in this process: it starts no process group and no

@@ -3,7 +3,7 @@ predicted-token count."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -18,7 +18,7 @@ from bigtrain.data.sources import TokenRows
 @dataclass(frozen=True)
 class StepBatch:
     micro_batches: list[MicroBatch]  # on the device
-    tokens: int  # labelled positions in them (counted on the host: no device sync)
+    tokens: int  # what the objective counts in them, labelled positions for a causal LM (on the host: no sync)
 
 
 @dataclass
@@ -33,6 +33,8 @@ class RankReader:
     # context parallelism: this rank reads its slice ``cp_rank`` of ``cp_size`` of every row it reads
     cp_rank: int = field(default=0, kw_only=True)
     cp_size: int = field(default=1, kw_only=True)
+    # what the objective normalises by in a micro-batch's labels (the engine's objective.count), counted on the host
+    count: Callable[[torch.Tensor], int] = field(default=lambda t: int((t != IGNORE_INDEX).sum()), kw_only=True)
 
     def _read(self, index: np.ndarray, filler: np.ndarray | None = None) -> StepBatch:
         """Rows ``index`` ([micro-batches, micro_batch_size]); rows marked in ``filler`` are read, but predict
@@ -46,7 +48,7 @@ class RankReader:
             if self.cp_size > 1:
                 batch = batch.sequence_slice(self.cp_rank, self.cp_size)
             micro.append(batch)
-        return StepBatch([m.to(self.device) for m in micro], sum(m.predicted_tokens() for m in micro))
+        return StepBatch([m.to(self.device) for m in micro], sum(self.count(m.labels) for m in micro))
 
 
 @dataclass

@@ -20,6 +20,9 @@ from typing import Any
 import torch
 
 from bigtrain.data.batch import MicroBatch
+from bigtrain.objectives import CausalLM, Objective
+from bigtrain.objectives.causal_lm import router_loss_coef
+from bigtrain.parallel.transforms.base import BuiltModel
 
 
 @dataclass(frozen=True)
@@ -30,8 +33,23 @@ class StepResult:
     loss_scale: float | None  # the fp16 loss scale this step used; None without loss scaling
 
 
+def objective_of(built: BuiltModel) -> Objective:
+    """The objective a built model trains on (``bigtrain/objectives``): a causal LM's token loss, whole, compiled or
+    chunked as the transforms left the model, with the router loss its config asks for."""
+    return CausalLM(
+        head=built.loss_head,
+        chunk_tokens=built.plan.loss_chunk_tokens,
+        autocast=built.autocast_dtype,
+        compiled=built.compile_loss,
+        router_weight=router_loss_coef(built.parts[0].config),
+    )
+
+
 class Engine(ABC):
-    """A model, its optimizer and schedule, and the parallel machinery that trains them."""
+    """A model, its optimizer and schedule, and the parallel machinery that trains them. ``objective``: what it
+    minimises (set by each engine from its built model); the engine drives it without knowing which it is."""
+
+    objective: Objective
 
     @property
     @abstractmethod

@@ -26,8 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bigtrain.data.batch import MicroBatch
-from bigtrain.engine.base import Engine, StepResult
-from bigtrain.engine.loss import router_loss, router_loss_coef, token_loss_sum
+from bigtrain.engine.base import Engine, StepResult, objective_of
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory
 from bigtrain.parallel.transforms.base import BuiltModel
 
@@ -36,6 +35,7 @@ class DeepSpeedZeroEngine(Engine):
     def __init__(self, ds_engine: Any, built: BuiltModel, scheduler: Any, device: torch.device, config: dict) -> None:
         self.ds = ds_engine
         self.built = built
+        self.objective = objective_of(built)
         self.plan = built.plan
         self.scheduler = scheduler
         self.device = device
@@ -79,14 +79,14 @@ class DeepSpeedZeroEngine(Engine):
 
     def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         factor = loss_factor * self.dp_size  # DeepSpeed averages over the ranks: back to the sum (module docstring)
-        # the router loss: its mean over every forward of the global batch (loss.router_loss; DeepSpeed's average
-        # over the ranks is the rest of that mean)
-        router_factor = router_loss_coef(self.built.parts[0].config) / len(micro_batches)
+        # the router loss: its mean over every forward of the global batch (objectives/causal_lm.router_loss;
+        # DeepSpeed's average over the ranks is the rest of that mean)
+        router_factor = self.objective.per_forward_weight / len(micro_batches)
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
             output = self.ds(**batch.model_inputs())
-            loss = token_loss_sum(self.built, output.logits, batch.labels)
-            router = router_loss(output)
+            terms = self.objective(output, batch.labels)
+            loss, router = terms.loss_sum, terms.per_forward
             del output
             objective = loss * factor
             if router is not None and router_factor:
@@ -105,7 +105,7 @@ class DeepSpeedZeroEngine(Engine):
             with torch.no_grad():
                 for batch in micro_batches:
                     logits = self.ds(**batch.model_inputs()).logits
-                    loss_sum += token_loss_sum(self.built, logits, batch.labels).float()
+                    loss_sum += self.objective.loss_sum(logits, batch.labels).float()
         finally:
             self.ds.train()
         dist.all_reduce(loss_sum)

@@ -20,7 +20,6 @@ from bigtrain.config.pipeline import TORCH_SCHEDULES, num_stages
 from bigtrain.config.schema import TrainConfig
 from bigtrain.data.batch import MicroBatch, concat
 from bigtrain.engine.grad_norm import clip_global_grad_norm
-from bigtrain.engine.loss import token_loss_sum
 from bigtrain.engine.torch_native import (
     OptimizerFactory,
     SchedulerFactory,
@@ -58,7 +57,7 @@ class PipelinedEngine(TorchNativeEngine):
         return cls(built, optimizers, schedulers, loss_scaler_for(train), device)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss = token_loss_sum(self.built, logits, labels)
+        loss = self.objective.loss_sum(logits, labels)
         self._losses.append(loss.detach())
         if not torch.is_grad_enabled():
             # evaluation: the stage keeps each micro-batch's output for a backward that never comes (its

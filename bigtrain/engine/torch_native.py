@@ -21,9 +21,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bigtrain.config.schema import TrainConfig
 from bigtrain.data.batch import MicroBatch
-from bigtrain.engine.base import Engine, StepResult
+from bigtrain.engine.base import Engine, StepResult, objective_of
 from bigtrain.engine.grad_norm import clip_global_grad_norm
-from bigtrain.engine.loss import router_loss, router_loss_coef, token_loss_sum
 from bigtrain.engine.loss_scale import DynamicLossScaler
 from bigtrain.parallel.transforms.base import BuiltModel
 
@@ -52,6 +51,7 @@ class TorchNativeEngine(Engine):
         device: torch.device,
     ) -> None:
         self.built = built
+        self.objective = objective_of(built)
         self.parts = built.parts
         self.mesh = built.mesh
         self.optimizers = optimizers
@@ -106,7 +106,8 @@ class TorchNativeEngine(Engine):
         with self._autocast():
             output = self.built.forward_module(**batch.model_inputs())
         with self._loss_context():
-            return token_loss_sum(self.built, output.logits, batch.labels), router_loss(output)
+            terms = self.objective(output, batch.labels)
+            return terms.loss_sum, terms.per_forward
 
     def _loss_context(self) -> contextlib.AbstractContextManager:
         return loss_parallel() if self.built.plan.loss_parallel else contextlib.nullcontext()
@@ -129,10 +130,10 @@ class TorchNativeEngine(Engine):
 
     def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         factor = self._gradient_factor(loss_factor)
-        # the router loss: its mean over every forward of the global batch (``loss.router_loss``); the ranks'
-        # gradient average already divides by the data-parallel ranks
+        # the router loss: its mean over every forward of the global batch (``objectives/causal_lm.router_loss``);
+        # the ranks' gradient average already divides by the data-parallel ranks
         scale = self.loss_scaler.scale if self.loss_scaler else 1.0
-        router_factor = router_loss_coef(self.parts[0].config) / len(micro_batches) * scale
+        router_factor = self.objective.per_forward_weight / len(micro_batches) * scale
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
             loss_sum += self._micro_step(batch, i == len(micro_batches) - 1, factor, router_factor)

@@ -296,7 +296,10 @@ class TrainingJob:
         engine, micro = self.engine, self.plan.micro_batch_size
         cp_rank, cp_size = engine.sequence_slice
         slices = dict(cp_rank=cp_rank, cp_size=cp_size)
-        loader = StepLoader(self.data, engine.dp_rank, engine.dp_size, micro, self.device, order=order, **slices)
+        loader = StepLoader(
+            self.data, engine.dp_rank, engine.dp_size, micro, self.device, order=order, count=engine.objective.count,
+            **slices,
+        )
         evaluation = None
         if self.eval_data is not None:
             evaluation = EvalLoader(
@@ -306,6 +309,7 @@ class TrainingJob:
                 micro,
                 self.device,
                 global_batch_size=self._batch,
+                count=engine.objective.count,
                 **slices,
             )
         loop = TrainLoop(

@@ -306,20 +306,34 @@ def _shares_a_launch(name: str) -> bool:
     return PLANS[name][1].get("backend") != "deepspeed"
 
 
+def selected_cases(session: pytest.Session) -> set[tuple[str, str]]:
+    """The (arch, plan) cases this run selected (a tier, -k): only they share the launches."""
+    return {
+        (item.callspec.params["arch"], item.callspec.params["name"])
+        for item in session.items
+        if getattr(item, "originalname", None) == "test_plan_matches_single_process_loop"
+    }
+
+
 @pytest.fixture(scope="module")
-def launches(data, models, tmp_path_factory):
-    """The case's run: (launch result, its output_dir, its parameters file). The cases of one architecture and
-    world size are trained one after the other in one torchrun launch (train_and_save.py with several recipes:
+def launches(data, models, tmp_path_factory, request):
+    """The case's run: (launch result, its output_dir, its parameters file). The selected cases of one architecture
+    and world size are trained one after the other in one torchrun launch (train_and_save.py with several recipes:
     starting the ranks costs several times what 10 steps of a tiny model do), each into its own output_dir."""
     root, _ = data
     runs: dict[tuple[str, str], tuple] = {}
+    selected = selected_cases(request.session)
 
     def run(arch: str, name: str):
         if (arch, name) not in runs:
             nproc = PLANS[name][0]
             group = [name]
             if _shares_a_launch(name):
-                group = [n for a, n in CASES if a == arch and PLANS[n][0] == nproc and _shares_a_launch(n)]
+                group = [
+                    n
+                    for a, n in CASES
+                    if a == arch and PLANS[n][0] == nproc and _shares_a_launch(n) and (a, n) in selected
+                ]
             folder = tmp_path_factory.mktemp(f"{arch}-{nproc}ranks")
             model_dir = models(arch)[0]
             args = []

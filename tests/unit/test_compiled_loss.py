@@ -1,11 +1,11 @@
-"""train.compile compiles the loss too (engine/loss.py): the same value and gradient as the eager loss."""
+"""train.compile compiles the loss too (objectives/causal_lm.py): the same value and gradient as the eager loss."""
 
 from __future__ import annotations
 
 import torch
 
 from bigtrain.data.labels import IGNORE_INDEX
-from bigtrain.engine.loss import compiled_labeled_loss_sum, labeled_loss_sum
+from bigtrain.objectives.causal_lm import compiled_labeled_loss_sum, labeled_loss_sum
 
 
 def test_compiled_loss_equals_the_eager_loss_and_its_gradient():

@@ -13,8 +13,8 @@ from helpers import hf_assistant_mask, save_chat_tokenizer
 from bigtrain.config.schema import DataConfig
 from bigtrain.data.labels import IGNORE_INDEX
 from bigtrain.data.sources import load_token_rows
-from bigtrain.engine.loss import labeled_loss_sum
 from bigtrain.errors import ConfigError
+from bigtrain.objectives.causal_lm import labeled_loss_sum
 
 CONVERSATIONS = [
     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}],

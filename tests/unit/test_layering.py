@@ -1,6 +1,6 @@
 """The package layers, read from the imports of every source file (including imports inside functions).
 
-config < planner | data | models | runtime < parallel | integrations < engine < checkpoint < train < measure < api < cli: a module may import
+config < planner | data | models | runtime < parallel | objectives | integrations < engine < checkpoint < train < measure < api < cli: a module may import
 only from lower layers and its own package. The planner must stay pure: no ``torch.distributed`` and nothing of
 the trainer, so every rank (and a laptop) computes the same plan from the same numbers. The training loop must not
 learn which backend it drives.
@@ -23,6 +23,7 @@ LAYERS = {
     "models": 2,
     "runtime": 2,
     "parallel": 3,
+    "objectives": 3,  # what a step minimises: below the engines that drive it
     "integrations": 3,
     "engine": 4,
     "checkpoint": 5,

@@ -85,7 +85,7 @@ class BuiltModel:
     experts: list[nn.Module] = field(default_factory=list)
     # train.fp8 under FSDP2 on CUDA (tensorwise): weights all-gathered in FP8, their scales precomputed after each step
     fp8_all_gather: bool = False
-    # train.compile: the loss (engine/loss.py) runs compiled too
+    # train.compile: the loss (objectives/causal_lm.py) runs compiled too
     compile_loss: bool = False
     _block_slots: dict[int, list[tuple[nn.Module, str]]] = field(default_factory=dict, repr=False)
 

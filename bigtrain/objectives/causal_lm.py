@@ -1,5 +1,6 @@
-"""The training loss: the *sum* of next-token cross-entropies over the labelled positions, which the engine scales
-by 1 / (labelled positions of the whole global batch).
+"""The causal-LM objective: the *sum* of next-token cross-entropies over the labelled positions, which the engine
+scales by 1 / (labelled positions of the whole global batch); whole, compiled (``train.compile``) or chunked
+(``parallel.loss_chunk_tokens``); plus a mixture's router loss where the model config asks for it.
 
 Why a sum and a global count: the mean over micro-batches of per-micro-batch means weights a token by the size of
 its micro-batch; dividing every token's loss by the same global count makes the gradient exactly that of one forward
@@ -17,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bigtrain.data.labels import IGNORE_INDEX
-from bigtrain.parallel.transforms.base import BuiltModel
+from bigtrain.objectives.base import Terms
 
 
 def labeled_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -65,14 +66,6 @@ def _chunk_loss(
     return F.cross_entropy(logits.float(), labels, reduction="sum", ignore_index=IGNORE_INDEX)
 
 
-def token_loss_sum(built: BuiltModel, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The summed token loss of one micro-batch from the model's output: its logits, or under a chunked loss
-    (``built.loss_head``) its final hidden states."""
-    if built.loss_head is None:
-        return (compiled_labeled_loss_sum if built.compile_loss else labeled_loss_sum)(logits, labels)
-    return chunked_loss_sum(logits, labels, built.loss_head, built.plan.loss_chunk_tokens, built.autocast_dtype)
-
-
 def router_loss_coef(hf_config: Any) -> float:
     """The weight of the router's load-balancing loss that a mixture-of-experts config asks for
     (``output_router_logits`` with ``router_aux_loss_coef``, as transformers adds it to its own loss); 0: none."""
@@ -91,3 +84,33 @@ def router_loss(output: Any) -> torch.Tensor | None:
     same objective (tests/distributed/test_moe.py)."""
     aux = getattr(output, "aux_loss", None)
     return aux if isinstance(aux, torch.Tensor) else None
+
+
+class CausalLM:
+    """Next-token cross-entropy summed over the labelled positions, and the router's load-balancing loss.
+
+    ``head``: under a chunked loss, the LM head the loss applies ``chunk_tokens`` at a time (the model's forward
+    then returns its final hidden states as "logits"); ``autocast``: the dtype that forward ran under; ``compiled``:
+    the loss through inductor; ``router_weight``: the config's router loss coefficient (0: none)."""
+
+    def __init__(
+        self,
+        head: nn.Module | None = None,
+        chunk_tokens: int = 0,
+        autocast: torch.dtype | None = None,
+        compiled: bool = False,
+        router_weight: float = 0.0,
+    ) -> None:
+        self.head, self.chunk_tokens, self.autocast, self.compiled = head, chunk_tokens, autocast, compiled
+        self.per_forward_weight = router_weight
+
+    def count(self, labels: torch.Tensor) -> int:
+        return int((labels != IGNORE_INDEX).sum())
+
+    def loss_sum(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.head is None:
+            return (compiled_labeled_loss_sum if self.compiled else labeled_loss_sum)(logits, labels)
+        return chunked_loss_sum(logits, labels, self.head, self.chunk_tokens, self.autocast)
+
+    def __call__(self, output: Any, labels: torch.Tensor) -> Terms:
+        return Terms(self.loss_sum(output.logits, labels), router_loss(output) if self.per_forward_weight else None)

@@ -1,0 +1,13 @@
+"""What a training step minimises, given a micro-batch and the model's output: one objective per task.
+
+An objective (``base.Objective``) returns its loss *sum* over what it counts (labelled tokens for a causal LM), the
+count itself (summed over the global batch by the loop, which scales every micro-batch's sum by 1 / that total), and
+a term averaged over every forward of the global batch where it has one (a mixture's router loss). The engines
+drive any objective the same way and never learn which one runs; the next tasks (classification over examples,
+preference pairs) are new objectives here.
+"""
+
+from bigtrain.objectives.base import Objective, Terms
+from bigtrain.objectives.causal_lm import CausalLM
+
+__all__ = ["CausalLM", "Objective", "Terms"]

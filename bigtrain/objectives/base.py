@@ -1,0 +1,34 @@
+"""What every objective gives the engine: a loss sum, the count it is normalised by, a per-forward term."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class Terms:
+    """One micro-batch's contribution to the step's objective."""
+
+    loss_sum: torch.Tensor  # summed over what the objective counts; scaled by 1 / the global batch's count
+    # a term each forward computes as a mean over its own tokens (a mixture's router loss): the step adds
+    # ``per_forward_weight`` x its mean over every forward of the global batch; None where there is none
+    per_forward: torch.Tensor | None = None
+
+
+class Objective(Protocol):
+    per_forward_weight: float  # the weight of ``Terms.per_forward`` in the step's objective (0: none)
+
+    def count(self, labels: torch.Tensor) -> int:
+        """What this micro-batch's loss sum is normalised by (its share of the global batch's count)."""
+        ...
+
+    def __call__(self, output: Any, labels: torch.Tensor) -> Terms:
+        """The terms of one micro-batch from the model's output."""
+        ...
+
+    def loss_sum(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The loss sum from the model's output tensor alone (a pipeline's last stage hands only that over)."""
+        ...
