@@ -128,7 +128,13 @@ def test_a_2rank_deepspeed_checkpoint_resumes_on_one_rank(overrides, straight, t
     compare(tmp_path / "resumed", out, RESHARD_RTOL)
 
 
-@pytest.mark.parametrize("name", RESHARD)
+# the default tier resumes on one rank and across engines; the full tier on every other world and plan
+RESHARD_DEFAULT = ("fsdp2-1rank", "deepspeed-zero3")
+
+
+@pytest.mark.parametrize(
+    "name", [n if n in RESHARD_DEFAULT else pytest.param(n, marks=pytest.mark.full) for n in RESHARD]
+)
 def test_a_2rank_fsdp2_checkpoint_resumes_on_another_world_or_plan(name, straight, tmp_path):
     recipe_path, out = straight("fsdp2")
     nproc, overrides = RESHARD[name]

@@ -23,6 +23,8 @@ from helpers import (
     write_recipe,
 )
 
+pytestmark = pytest.mark.full  # the full tier (python -m pytest -m full; docs/testing.md)
+
 TOLERANCE = 1e-4  # loss and gradient norm, per step
 # the final weights: the mean absolute difference over every element. Not the largest: Adam's first steps move a
 # weight by lr * g / (|g| + eps), so one whose gradient is near eps moves by up to lr on float noise in g (measured

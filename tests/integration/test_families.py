@@ -11,6 +11,8 @@ from cases import CONVERTED_FAMILIES
 from helpers import REPO, learnable_rows, recipe_dict, run_torchrun, save_rows, save_tiny_model, write_recipe
 from safetensors import safe_open
 
+pytestmark = pytest.mark.full  # the full tier (python -m pytest -m full; docs/testing.md)
+
 WORKER = REPO / "tests" / "distributed" / "train_and_save.py"
 
 

@@ -17,6 +17,8 @@ import uuid
 import pytest
 from helpers import REPO, docs_commands, free_port, read_metrics, recipe_dict, run_torchrun, save_rows, write_recipe
 
+pytestmark = pytest.mark.full  # the full tier (python -m pytest -m full; docs/testing.md)
+
 STEPS = 4
 
 

@@ -10,8 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import REPO, docs_commands
 
+pytestmark = pytest.mark.full  # the full tier (python -m pytest -m full; docs/testing.md)
 
 def run_as_written(commands: list[str], folder: Path) -> list[subprocess.CompletedProcess]:
     (folder / "recipes").symlink_to(REPO / "recipes")
