@@ -253,7 +253,13 @@ AVX2_COMPILE_NAN = (
 )
 
 
-@pytest.mark.parametrize("name", list(ADAPTER_PLANS))
+# the full tier adds hybrid sharding, compile, ZeRO-2 and checkpointed FSDP2 ZeRO-2
+ADAPTER_FULL_ONLY = ("hsdp-2x2-accum2", "1rank-compile-accum2", "deepspeed-zero2-accum2", "fsdp2-zero2-ac-full-accum4")
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.full) if n in ADAPTER_FULL_ONLY else n for n in ADAPTER_PLANS]
+)
 def test_lora_matches_a_peft_loop_and_saves_the_whole_adapter(name, lora_inputs, shared_runs, cli_in_process):
     if "compile" in name and torch.backends.cpu.get_cpu_capability() != "AVX512":
         pytest.skip(AVX2_COMPILE_NAN)
@@ -278,6 +284,7 @@ def test_the_lora_comparison_catches_a_wrong_scaling_or_a_trained_base(data, lor
         assert param_gap > 10 * PARAM_ATOL, (variant, param_gap)
 
 
+@pytest.mark.full
 def test_modules_to_save_train_fully_beside_the_adapters_and_load_with_peft(data, tmp_path, cli_in_process):
     """lora.modules_to_save=[embed_tokens] on a tied model, FSDP2 x 2 with accumulation: the embedding (and through
     it the tied LM head) trains as peft's modules_to_save with ensure_weight_tying trains it; the adapter folder
@@ -350,6 +357,7 @@ def test_the_qlora_comparison_catches_a_base_left_unquantised(data, qlora_inputs
     assert loss_gap > 5 * QLORA_RTOL and param_gap > 100 * QLORA_ATOL, (loss_gap, param_gap)
 
 
+@pytest.mark.full
 def test_an_adapter_checkpoint_holds_the_adapters_resumes_on_another_plan_and_refuses_a_changed_base(data, tmp_path):
     from torch.distributed.checkpoint import FileSystemReader
 

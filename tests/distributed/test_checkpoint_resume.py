@@ -120,6 +120,7 @@ RESHARD = {
 
 
 @pytest.mark.parametrize("overrides", [[], ["parallel.backend=fsdp2"]], ids=["deepspeed", "fsdp2"])
+@pytest.mark.full
 def test_a_2rank_deepspeed_checkpoint_resumes_on_one_rank(overrides, straight, tmp_path):
     """bigtrain's checkpoints of a ZeRO-2 run hold full, name-keyed states: another world size, with DeepSpeed or
     with FSDP2, reads them as any other checkpoint."""
@@ -143,6 +144,7 @@ def test_a_2rank_fsdp2_checkpoint_resumes_on_another_world_or_plan(name, straigh
     compare(tmp_path / "resumed", out, RESHARD_RTOL)
 
 
+@pytest.mark.full
 def test_a_pipeline_checkpoint_resumes_without_pipeline_and_exports_the_same_model(straight, tmp_path):
     """A pp=2 run's checkpoints hold the HF names of the whole model (each stage wrote its part): they resume on
     one FSDP2 rank, and its final HF model is the model an FSDP2 run trains."""

@@ -46,7 +46,9 @@ def cp_inputs(tmp_path_factory):
     return root / "rows.npy", rows, model_dir, *reference_run(model_dir, rows)
 
 
-@pytest.mark.parametrize("name", list(CP_PLANS))
+@pytest.mark.parametrize(  # the full tier adds cp alone on two ranks (the others run it with dp_shard and with ddp)
+    "name", [pytest.param(n, marks=pytest.mark.full) if n == "fsdp2-cp2-accum4" else n for n in CP_PLANS]
+)
 def test_context_parallel_matches_the_single_process_loop(name, cp_inputs, tmp_path):
     rows_path, _, model_dir, reference, reference_params = cp_inputs
     nproc, parallel = CP_PLANS[name]
@@ -74,6 +76,7 @@ def test_attention_kept_within_each_slice_would_be_caught(cp_inputs):
     assert abs(apart / whole - 1) > 10 * RTOL, (apart, whole)  # measured: 1.6e-3
 
 
+@pytest.mark.full
 def test_lora_at_long_context_runs_with_context_parallelism(cp_inputs, tmp_path):
     """LoRA with cp=2 (FSDP2, 2 ranks) trains the adapters of the plain peft loop (test_adapters.py) on the same rows."""
     from test_adapters import assert_same, peft_reference, run_plan

@@ -88,6 +88,7 @@ def test_ranks_hold_only_their_shard_of_the_checkpoint(world, overrides, tp, tmp
         assert sum(sizes[name][0] for _, sizes, _ in got) == total * copies, name
 
 
+@pytest.mark.full
 def test_from_scratch_init_does_not_depend_on_the_plan(tmp_path):
     rows = save_rows(tmp_path / "rows.npy", num_rows=16)
     # a pipeline rank initialises the modules of the other stage too (and drops them): the random stream is the same

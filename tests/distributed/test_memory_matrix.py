@@ -53,6 +53,7 @@ def matrix() -> dict[str, tuple[int, int]]:
     return {case.name: result for case, result in zip(MEMORY_CASES, results, strict=True)}
 
 
+@pytest.mark.full  # the narrow-width matrix (80 s of simulation); the default tier has the real-width cases
 @pytest.mark.parametrize("case", MEMORY_CASES, ids=lambda c: c.name)
 def test_analytic_peak_within_10_percent_of_simulation(case, matrix):
     predicted, simulated = matrix[case.name]

@@ -94,6 +94,7 @@ def _ep_worker(rank: int, port: int, model_dir: str, results) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.full
 def test_ep_splits_the_experts_and_fsdp2_shards_each_one(tmp_path):
     """4 ranks, ep=2: each rank computes with 2 of the 4 experts, FSDP2 shards those 2 over the 2 ranks that hold
     them (a quarter of each fused weight per rank), and the whole weight is the pretrained one."""
@@ -112,6 +113,7 @@ def test_ep_splits_the_experts_and_fsdp2_shards_each_one(tmp_path):
             assert torch.Size(local).numel() * 4 == torch.Size(whole).numel()
 
 
+@pytest.mark.full
 def test_an_ep_checkpoint_resumes_without_ep_and_exports_the_family_s_format(tmp_path):
     """A 2-rank ep=2 run's checkpoint (experts as DTensors on the ep mesh) resumes on plain FSDP2 x 2 and continues
     as the uninterrupted ep run does; its final export loads with from_pretrained (per-expert tensors on disk)."""

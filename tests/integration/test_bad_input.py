@@ -12,6 +12,8 @@ import pytest
 from cases import TINY_GEMMA2, TINY_MODELS
 from helpers import REPO, recipe_dict, run_cli, run_torchrun, save_rows, write_recipe
 
+from bigtrain.errors import ConfigError
+
 SEQ = 17
 
 
@@ -123,8 +125,28 @@ def lone_ranks(args: list[str], world_size: int = 2) -> list[subprocess.Popen]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_every_rank_exits_with_one_clear_line(case, tmp_path, rows_file):
+@pytest.mark.parametrize("rank", [0, 1])
+def test_every_rank_refuses_with_one_clear_line_before_any_process_group(case, rank, tmp_path, rows_file):
+    """What each rank of a 2-rank job does before it would meet its peers (reading the recipe, then start-up's
+    checks), run in this process: the line names the key. The processes themselves: the test below."""
+    from bigtrain.config.load import load_recipe
+    from bigtrain.runtime import LaunchEnv
+    from bigtrain.train.run import TrainingJob
+
     breaker, expected = CASES[case]
+    recipe = base_recipe(tmp_path, rows_file)
+    breaker(recipe)
+    path = write_recipe(tmp_path / "bad.yaml", recipe)
+    env = LaunchEnv(rank=rank, world_size=2, local_rank=rank, local_world_size=2, launched=True)
+    with pytest.raises(ConfigError) as e:
+        TrainingJob(load_recipe(path), env)
+    assert expected in str(e.value)
+
+
+def test_lone_ranks_each_exit_with_the_line_before_rendezvous(tmp_path, rows_file):
+    """Two ranks started as a launcher would, with no peer ever reachable: each fails by itself, exit 2, with the
+    rank-tagged line (a rank that validated only after meeting its peers would wait at rendezvous)."""
+    breaker, expected = CASES["batch not divisible"]
     recipe = base_recipe(tmp_path, rows_file)
     breaker(recipe)
     path = write_recipe(tmp_path / "bad.yaml", recipe)

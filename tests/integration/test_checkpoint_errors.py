@@ -98,6 +98,7 @@ def test_a_checkpoint_of_another_model(run, tmp_path):
     assert "model.layers.0.mlp.gate_proj.weight has shape [128, 64], not [96, 64]" in line
 
 
+@pytest.mark.full
 def test_a_different_recipe_into_a_run_s_output_dir_is_refused_unless_asked(run, tmp_path):
     root, recipe = run
     out = shutil.copytree(root / "out", tmp_path / "out")
@@ -112,6 +113,7 @@ def test_a_different_recipe_into_a_run_s_output_dir_is_refused_unless_asked(run,
     assert [line.count('"step"') for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 1]
 
 
+@pytest.mark.full
 def test_a_finished_run_started_again_says_so_and_exits_0(run):
     """Job schedulers re-queue and torchrun restarts on a non-zero exit: nothing is wrong, so exit 0, on every rank,
     starting no worker and changing nothing."""

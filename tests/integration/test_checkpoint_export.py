@@ -43,7 +43,11 @@ def load(folder):
 
 @pytest.mark.parametrize(
     "arch, parallel",
-    [("llama-tied", {}), ("qwen2-untied", {}), ("llama-4layers", {"tp": 2, "loss_parallel": True})],
+    [  # the full tier adds an untied family and a tp plan with loss parallelism
+        ("llama-tied", {}),
+        pytest.param("qwen2-untied", {}, marks=pytest.mark.full),
+        pytest.param("llama-4layers", {"tp": 2, "loss_parallel": True}, marks=pytest.mark.full),
+    ],
     ids=["llama-tied-fsdp2", "qwen2-untied-fsdp2", "llama-tp2-loss_parallel"],
 )
 def test_final_model_and_export_give_the_trained_logits(arch, parallel, tmp_path):

@@ -81,6 +81,7 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_in_charge(inputs,
     assert_same_run(tmp_path / "out", straight)
 
 
+@pytest.mark.full
 def test_torchrun_max_restarts_resumes_by_itself(inputs, straight, tmp_path):
     marker = tmp_path / "crashed-once"
     args = [str(FAULTS), "crash-once", str(marker), "train", str(recipe(inputs, tmp_path))]
@@ -143,6 +144,7 @@ def test_sigterm_saves_at_the_step_boundary_exits_0_and_the_next_start_resumes(i
     assert (out / "model" / "model.safetensors").is_file()
 
 
+@pytest.mark.full
 def test_a_full_disk_during_a_save_is_one_line_and_the_last_good_checkpoint_resumes(inputs, straight, tmp_path):
     """The kernel's ENOSPC (each rank's data file of the step-4 save is /dev/full): every rank says which checkpoint
     failed, that the disk is full and which is the last good one; the partial folder is gone; the run resumes from
@@ -166,6 +168,7 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_last_good_checkpoint_resu
     assert_same_run(tmp_path / "out", straight)
 
 
+@pytest.mark.full
 def test_a_second_start_into_a_running_run_s_output_dir_is_refused_and_touches_nothing(inputs, tmp_path):
     """Launched twice by mistake: the second start is one line per rank naming the first (its pid), exits non-zero,
     and the first trains on undisturbed: same outputs, nothing moved aside, and it finishes cleanly."""

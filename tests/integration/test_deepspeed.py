@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import shlex
 
+import pytest
 from helpers import REPO, docs_commands, read_metrics, run_cli
 
 
+@pytest.mark.full
 def test_zero_offload_trains_the_quickstart(tmp_path):
     out = tmp_path / "out"
     overrides = [

@@ -202,6 +202,7 @@ def test_output_dir_that_cannot_be_written_is_found_before_training(tmp_path, ro
     one_line(cli_in_process(["train", str(path)]), "is a file, not a folder")
 
 
+@pytest.mark.full
 def test_damaged_weights_and_mismatched_shapes_name_the_file(tmp_path, rows_file, cli_in_process):
     folder = save_tiny_model(tmp_path / "model")
     weights = folder / "model.safetensors"

@@ -59,6 +59,7 @@ def test_torchrun(nproc_run, tmp_path):
     check_same_two_rank_run(tmp_path / "out", nproc_run)
 
 
+@pytest.mark.full
 def test_accelerate_launch_with_an_exported_config(nproc_run, tmp_path):
     """``accelerate launch --config_file`` with the file ``bigtrain export --to accelerate`` wrote for the recipe:
     accelerate starts the plan's processes (its FSDP config picks the multi-process launcher, on a CPU host too) and

@@ -11,8 +11,8 @@ import pytest
 import torch
 from helpers import REPO, read_metrics
 
-import bigtrain.engine.torch_native as engine_module
 from bigtrain.config.load import load_recipe
+from bigtrain.objectives import CausalLM
 from bigtrain.train.run import run_training
 
 QUICKSTART = REPO / "recipes" / "quickstart.yaml"
@@ -44,18 +44,18 @@ def test_bf16_stays_within_2_percent_of_fp32(tmp_path, backend):
 
 def test_fp16_overflow_skips_exactly_that_step_and_recovers(tmp_path, monkeypatch):
     overflow_step = 3
-    real_loss = engine_module.token_loss_sum
+    real_loss = CausalLM.loss_sum
     calls = {"n": 0}
     accum = 4  # on one rank: global batch 8 = micro 2 x accum 4
 
-    def loss_with_forced_overflow(built, logits, labels):
+    def loss_with_forced_overflow(self, logits, labels):
         calls["n"] += 1
-        loss = real_loss(built, logits, labels)
+        loss = real_loss(self, logits, labels)
         if (calls["n"] - 1) // accum + 1 == overflow_step:
             loss = loss * torch.tensor(float("inf"))
         return loss
 
-    monkeypatch.setattr(engine_module, "token_loss_sum", loss_with_forced_overflow)
+    monkeypatch.setattr(CausalLM, "loss_sum", loss_with_forced_overflow)
     m = quickstart(tmp_path, "fp16", "train.mixed_precision=fp16", "train.steps=8")
     skipped = [r["step"] for r in m if r["skipped"]]
     assert skipped == [overflow_step]

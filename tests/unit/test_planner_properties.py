@@ -46,10 +46,10 @@ def test_the_picks_simulated_peak_fits_the_gpu(backend, budgets_gib):
     ("model", "gpus", "seq", "batch"),
     [
         ("llama-3-8b", 8, 2048, 512),
-        ("llama-3-8b", 64, 8192, 512),
+        pytest.param("llama-3-8b", 64, 8192, 512, marks=pytest.mark.full),
         ("llama-3-70b", 16, 4096, 256),
         ("qwen2.5-7b", 8, 4096, 64),
-        ("mistral-7b", 32, 2048, 1024),
+        pytest.param("mistral-7b", 32, 2048, 1024, marks=pytest.mark.full),
         ("gpt2-xl", 8, 1024, 64),
     ],
 )
