@@ -339,7 +339,9 @@ def qlora_inputs(data):
     return get
 
 
-@pytest.mark.parametrize("name", list(QLORA_PLANS))
+@pytest.mark.parametrize(  # the full tier adds the 2-rank launch (DDP and FSDP2 over the same NF4 base)
+    "name", [n if n == "1rank-accum4" else pytest.param(n, marks=pytest.mark.full) for n in QLORA_PLANS]
+)
 def test_qlora_matches_a_peft_loop_over_the_same_nf4_base(name, qlora_inputs, shared_runs):
     nproc, parallel = QLORA_PLANS[name]
     model_dir, reference, reference_params = qlora_inputs(nproc if parallel["backend"] == "fsdp2" else 1)

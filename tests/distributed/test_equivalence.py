@@ -353,6 +353,7 @@ def launches(data, models, tmp_path_factory, request):
 FULL_ONLY = {
     ("llama-tied", "1rank-no-accum"),
     ("llama-tied", "hsdp-2x2-reduce-once"),
+    ("llama-tied", "deepspeed-zero1-accum2"),
     ("llama-tied", "deepspeed-zero2-accum2"),
     ("llama-4layers", "tp2-dp_shard2-loss_parallel-accum2"),
     ("qwen2-tied", "tp2-accum4"),

@@ -113,7 +113,9 @@ PLANS = {
 }
 
 
-@pytest.mark.parametrize("name", PLANS)
+@pytest.mark.parametrize(  # the full tier adds DeepSpeed (its engine runs the same objective: default-tier cases)
+    "name", [pytest.param(n, marks=pytest.mark.full) if n.startswith("deepspeed") else n for n in PLANS]
+)
 def test_chat_plan_matches_assistant_only_loop(name, setup, tmp_path):
     root, model_dir, _, (reference, reference_params) = setup
     nproc, parallel = PLANS[name]

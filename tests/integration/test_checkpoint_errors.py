@@ -56,6 +56,7 @@ def test_a_missing_shard_is_named_on_every_rank(run, tmp_path):
     assert sorted(lines) == [f"bigtrain: error (rank {r}/2): {expected}" for r in (0, 1)], proc.stderr[-2000:]
 
 
+@pytest.mark.full
 def test_a_truncated_shard_is_named(run, tmp_path):
     folder = broken_copy(run, tmp_path)
     shard = folder / "__0_0.distcp"
@@ -81,12 +82,14 @@ def test_a_shard_damaged_in_place_is_named(run, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.full
 def test_a_resume_path_that_does_not_exist(run, tmp_path):
     proc = resume_from(run, tmp_path / "nowhere", tmp_path)
     assert proc.returncode == EXIT_BAD_INPUT
     assert error_lines(proc) == [f"bigtrain: error: checkpoint '{tmp_path / 'nowhere'}' does not exist"]
 
 
+@pytest.mark.full
 def test_a_checkpoint_of_another_model(run, tmp_path):
     root, _ = run
     other = save_tiny_model(tmp_path / "other", intermediate_size=96)

@@ -57,6 +57,7 @@ def test_zero3_runs_in_one_process_without_a_launcher(tmp_path):
     assert [r["step"] for r in read_metrics(out)] == [1, 2]
 
 
+@pytest.mark.full
 def test_the_docs_deepspeed_command_runs_as_written(tmp_path):
     """docs/running.md's DeepSpeed command (ZeRO-3 on 2 workers), cut to two steps into a scratch output_dir."""
     (command,) = docs_commands("deepspeed")

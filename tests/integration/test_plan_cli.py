@@ -198,6 +198,7 @@ def test_recipe_with_plan_auto_trains(tmp_path):
     assert len(read_metrics(out)) == 4
 
 
+@pytest.mark.full
 def test_compile_and_fp8_auto_are_chosen_at_start_and_recorded(tmp_path):
     """train.compile / train.fp8 auto: the planner decides them with the plan; on this CPU, with no probe profile
     that measured FP8 matmuls, FP8 is not weighed; the checkpoint's recipe records the choice."""
