@@ -135,6 +135,7 @@ def test_plan_auto_needs_the_gpus_it_is_planned_for(cli_in_process, tmp_path):
     assert proc.returncode == 2 and "give --gpus N and --gpu NAME or --gpu-memory SIZE" in proc.stderr
 
 
+@pytest.mark.full
 def test_the_docs_export_commands_run_as_written(cli_in_process, tmp_path, monkeypatch):
     """docs/running.md's export commands (those that need no GPU), in a scratch folder holding recipes/: the exports,
     and accelerate launching the quickstart with the exported config (cut to two steps)."""
