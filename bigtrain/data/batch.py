@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bigtrain.data.labels import IGNORE_INDEX, next_token_labels
+from bigtrain.data.labels import next_token_labels
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,6 @@ class MicroBatch:
         if self.position_ids is not None:
             inputs["position_ids"] = self.position_ids
         return inputs
-
-    def predicted_tokens(self) -> int:
-        """How many positions have a label (reads the value: call it on host tensors)."""
-        return int((self.labels != IGNORE_INDEX).sum())
 
     def sequence_slice(self, index: int, parts: int) -> MicroBatch:
         """Slice ``index`` of ``parts`` equal, contiguous slices of every row (context parallelism): the tokens,

@@ -13,6 +13,11 @@ import torch.nn.functional as F
 IGNORE_INDEX = -100  # the label of a position that predicts nothing (HF and torch's cross-entropy convention)
 
 
+def labelled_positions(labels: torch.Tensor) -> int:
+    """How many positions have a label (reads the value: call it on host tensors)."""
+    return int((labels != IGNORE_INDEX).sum())
+
+
 def next_token_labels(input_ids: torch.Tensor) -> torch.Tensor:
     """The target of each position: the next token; the last position of each row predicts nothing (ignored).
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from bigtrain.data.batch import MicroBatch
-from bigtrain.data.labels import IGNORE_INDEX
+from bigtrain.data.labels import IGNORE_INDEX, labelled_positions
 from bigtrain.data.order import GlobalOrder
 from bigtrain.data.sources import TokenRows
 
@@ -34,7 +34,7 @@ class RankReader:
     cp_rank: int = field(default=0, kw_only=True)
     cp_size: int = field(default=1, kw_only=True)
     # what the objective normalises by in a micro-batch's labels (the engine's objective.count), counted on the host
-    count: Callable[[torch.Tensor], int] = field(default=lambda t: int((t != IGNORE_INDEX).sum()), kw_only=True)
+    count: Callable[[torch.Tensor], int] = field(default=labelled_positions, kw_only=True)
 
     def _read(self, index: np.ndarray, filler: np.ndarray | None = None) -> StepBatch:
         """Rows ``index`` ([micro-batches, micro_batch_size]); rows marked in ``filler`` are read, but predict

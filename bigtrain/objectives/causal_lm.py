@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from bigtrain.data.labels import IGNORE_INDEX
+from bigtrain.data.labels import IGNORE_INDEX, labelled_positions
 from bigtrain.objectives.base import Terms
 
 
@@ -105,7 +105,7 @@ class CausalLM:
         self.per_forward_weight = router_weight
 
     def count(self, labels: torch.Tensor) -> int:
-        return int((labels != IGNORE_INDEX).sum())
+        return labelled_positions(labels)
 
     def loss_sum(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.head is None:
