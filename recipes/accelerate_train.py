@@ -90,6 +90,9 @@ def main() -> None:
         kind, world = accelerator.distributed_type, accelerator.num_processes
         weights = save_final_weights(accelerator.unwrap_model(model), cfg.output_dir)
         print(summary_line(result, kind, world, losses, check, norms, weights))
+    # Destroys the process group while Python is whole: gloo's threads left to interpreter shutdown can abort the
+    # process after a finished run ("terminate called without an active exception", pytorch/pytorch#190489).
+    accelerator.end_training()
 
 if __name__ == "__main__":
     main()
