@@ -21,7 +21,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bigtrain.config.capabilities import ModelFacts, Setup, first_problem  # noqa: E402
+from bigtrain.config.capabilities import (  # noqa: E402
+    CAPABILITIES,
+    OPTIONS,
+    ModelFacts,
+    Option,
+    Setup,
+    first_problem,
+    option_defaults,
+)
 from bigtrain.config.hf import hf_config_from_dict  # noqa: E402
 from bigtrain.config.plan import Plan  # noqa: E402
 from bigtrain.config.schema import RecipeConfig, TrainConfig, recipe_key  # noqa: E402
@@ -41,12 +49,20 @@ def _default(f: dataclasses.Field) -> str:
     return f"`{value}`"
 
 
+def _option_row(option: Option) -> str:
+    default = _default(dataclasses.field(default=option.default))
+    return f"| `{option.key}` | {default} | {option.doc.replace('|', chr(92) + '|')} |"
+
+
 def key_table() -> str:
     """Every recipe key with its default and meaning (``–``: unset; the meaning says what it then is)."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
     for section in SECTIONS:
         cls = type(getattr(RecipeConfig(), section))
         for f in dataclasses.fields(cls):
+            if f.metadata.get("record_options"):  # the keys capability records bring, listed by their records
+                rows += [_option_row(o) for c in CAPABILITIES for o in c.options]
+                continue
             doc = f.metadata["doc"].replace("|", "\\|")
             rows.append(f"| `{section}.{recipe_key(f)}` | {_default(f)} | {doc} |")
     out_dir = next(f for f in dataclasses.fields(RecipeConfig) if f.name == "output_dir")
@@ -108,7 +124,9 @@ def _plan(base: dict[str, Any], fields: dict[str, Any]) -> Plan:
         dp_replicate=1, dp_shard=1, tp=1, pp=1, pp_schedule="1f1b", activation_checkpointing="none",
         micro_batch_size=1, offload_optimizer=False, offload_params=False,
     )  # fmt: skip
-    return Plan(**{**defaults, **merged})
+    own = {k: v for k, v in {**defaults, **merged}.items() if k not in OPTIONS}
+    options = {**dict(option_defaults()), **{k: v for k, v in merged.items() if k in OPTIONS}}
+    return Plan(**own, options=tuple(sorted(options.items())))
 
 
 # the rows that need a mixture of experts are asked of a tiny Mixtral (and, for plan: auto, of Mixtral-8x7B)
@@ -145,7 +163,8 @@ def capability_matrix() -> str:
         "| feature | " + " | ".join(ENGINES) + " | `plan: auto` |",
         "|---|" + "---|" * (len(ENGINES) + 1),
     ]
-    for name, fields, train_fields in FEATURES:
+    brought = [(f"{c.summary} (`{o.key}`)", {o.name: o.example}, {}) for c in CAPABILITIES for o in c.options]
+    for name, fields, train_fields in FEATURES + brought:
         train = TrainConfig(global_batch_size=8, **train_fields)
         model = moe_facts if "ep" in fields else facts
         cells = [_cell(_plan(base, fields), train, model) for base in ENGINES.values()]
@@ -164,8 +183,8 @@ def capability_list() -> str:
     ]
     for c in CAPABILITIES:
         counts = " / ".join(str(sum(r.kind == kind for r in c.rules)) for kind in ("invalid", "not_built", "fit"))
-        keys = ", ".join(f"`{k}`" for k in c.keys) or "–"
-        transforms = ", ".join(f"`{t}`" for t in c.transforms) or "–"
+        keys = ", ".join(f"`{k}`" for k in (*c.keys, *(o.key for o in c.options))) or "–"
+        transforms = ", ".join(f"`{t}`" for t in (*c.transforms, *(s.name for s in c.steps))) or "–"
         searched = " (weighed by the search)" if c.variants is not None else ""
         rows.append(f"| `{c.name}` | {c.summary}{searched} | {keys} | {transforms} | {counts} |")
     return "\n".join(rows)

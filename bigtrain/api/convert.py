@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from bigtrain.api.request import planning
-from bigtrain.config.capabilities import ModelFacts, Setup, check
+from bigtrain.config.capabilities import CAPABILITIES, ModelFacts, Setup, check
 from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.plan import Plan
 from bigtrain.config.resolve import recipe_data_facts
@@ -51,6 +51,7 @@ def export(
     else:
         out = export_hf_trainer(cfg, plan, hf_config, block_class_names(hf_config))
     out.notes += dropped_memory_options(plan, target) + speed_notes(cfg, target)
+    out.notes += [note for c in CAPABILITIES if c.export_note and (note := c.export_note(target, plan))]
     if cfg.train.method in ADAPTER_METHODS:
         out.notes.append(_adapter_note(cfg, target))
     return out

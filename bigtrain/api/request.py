@@ -16,8 +16,9 @@ from typing import Any
 
 import yaml
 
+from bigtrain.config.capabilities import OPTIONS
 from bigtrain.config.hf import hf_config_from_dict
-from bigtrain.config.load import check_minimum, coerce, load_recipe
+from bigtrain.config.load import check_minimum, coerce, load_recipe, record_option_value
 from bigtrain.config.plan import ZERO_STAGES
 from bigtrain.config.resolve import recipe_data_facts, recipe_seq_len
 from bigtrain.config.schema import FP8_CHOICES, METHODS, PRECISIONS, ParallelConfig, RecipeConfig
@@ -122,6 +123,9 @@ def parse_fix(items: dict[str, Any] | list[str], spell: Spelling = CLI) -> dict[
             raise ConfigError(f"{where}: unknown plan field; use one of {', '.join(PLAN_FIELDS)}")
         if value is None:
             raise ConfigError(f"{shown_key} {key}= needs a value")
+        if key in OPTIONS:  # a key a capability record brings
+            out[key] = record_option_value(key, value, f"{shown_key} ")
+            continue
         out[key] = coerce(value, hints[key], f"{shown_key} {key}")
         check_minimum(f"parallel.{key}", out[key], shown=f"{shown_key} {key}")
         if key == "zero_stage" and not any(out[key] in stages for stages in ZERO_STAGES.values()):

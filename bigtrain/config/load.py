@@ -175,18 +175,58 @@ def build_dataclass(cls: type, raw: Any, prefix: str) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a mapping, got {type(raw).__name__} {raw!r}")
     hints = typing.get_type_hints(cls)
-    fields = {recipe_key(f): f for f in dataclasses.fields(cls)}
-    unknown = [k for k in raw if k not in fields]
+    fields = {recipe_key(f): f for f in dataclasses.fields(cls) if not f.metadata.get("record_options")}
+    collected = next((f for f in dataclasses.fields(cls) if f.metadata.get("record_options")), None)
+    brought = _record_options(raw, fields, prefix) if collected is not None else {}
+    unknown = [k for k in raw if k not in fields and k not in brought]
     if unknown:
         key = unknown[0]
-        close = difflib.get_close_matches(str(key), fields, n=1)
-        hint = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(fields)}"
+        known = [*fields, *(_record_option_names() if collected is not None else ())]
+        close = difflib.get_close_matches(str(key), known, n=1)
+        hint = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(known)}"
         raise ConfigError(f"unknown recipe key {prefix}{key}; {hint}")
     kwargs = {}
     for key, value in raw.items():
+        if key in brought:
+            continue
         name = fields[key].name
         kwargs[name] = coerce(value, hints[name], f"{prefix}{key}")
+    if brought:
+        kwargs[collected.name] = brought
     return cls(**kwargs)
+
+
+def _record_options(raw: dict[str, Any], fields: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The keys of ``raw`` that capability records bring (``Capability.options``), checked against their defaults'
+    types (a bool for a bool, a number for a number)."""
+    from bigtrain.config.capabilities import OPTIONS  # the records import the schema, not the loader
+
+    return {
+        key: record_option_value(key, value, prefix)
+        for key, value in raw.items()
+        if key not in fields and key in OPTIONS
+    }
+
+
+def _record_option_names() -> list[str]:
+    from bigtrain.config.capabilities import OPTIONS
+
+    return list(OPTIONS)
+
+
+def record_option_value(key: str, value: Any, prefix: str = "parallel.") -> Any:
+    """A record option's value checked against its default's type (a whole number may stand for a float)."""
+    from bigtrain.config.capabilities import OPTIONS
+
+    default = OPTIONS[key].default
+    number_for_float = isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)
+    if not number_for_float and (
+        isinstance(default, bool) != isinstance(value, bool) or not isinstance(value, type(default))
+    ):
+        raise ConfigError(
+            f"{prefix}{key} must be a {type(default).__name__} like its default {default!r}, got {value!r}"
+        )
+    return type(default)(value)
 
 
 def coerce(value: Any, hint: Any, key: str) -> Any:
@@ -254,4 +294,10 @@ def recipe_to_dict(cfg: Any) -> dict[str, Any]:
     """The recipe as plain data under its YAML key names: what ``build_dataclass`` reads back."""
     if not dataclasses.is_dataclass(cfg):
         return cfg
-    return {recipe_key(f): recipe_to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    out = {}
+    for f in dataclasses.fields(cfg):
+        if f.metadata.get("record_options"):
+            out.update(getattr(cfg, f.name))  # the records' keys, flat among the section's own
+        else:
+            out[recipe_key(f)] = recipe_to_dict(getattr(cfg, f.name))
+    return out

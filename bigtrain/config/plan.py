@@ -46,6 +46,8 @@ class Plan:
     checkpoint_every: int = 1  # activation checkpointing applies to every k-th decoder block (1: all of them)
     offload_activations: bool = False  # what each decoder block saves for backward waits in host memory
     ep: int = 1  # expert parallelism: a mixture's experts split over ep of the dp_shard ranks (all-to-all dispatch)
+    # the parallel keys capability records bring, as sorted (name, value) pairs (read by ``table.Option.of``)
+    options: tuple[tuple[str, Any], ...] = ()
 
     @property
     def dp(self) -> int:
@@ -71,8 +73,13 @@ class Plan:
         plan.__dict__.update(changes)
         return plan
 
+    def with_option(self, name: str, value: Any) -> Plan:
+        return self.but(options=tuple(sorted({**dict(self.options), name: value}.items())))
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The plan under its recipe keys (the records' options flat among the others, as a recipe writes them)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "options"}
+        return {**fields, **dict(self.options)}
 
 
 PLAN_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Plan))

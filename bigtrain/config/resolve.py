@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from bigtrain.config.capabilities import Setup, check
+from bigtrain.config.capabilities import Setup, check, option_defaults
 from bigtrain.config.hf import resolve_attention
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan, divisor_hint
 from bigtrain.config.schema import ParallelConfig, RecipeConfig, TrainConfig
@@ -83,6 +83,7 @@ def _plan(cfg: ParallelConfig, replicate: int, shard: int) -> Plan:
         checkpoint_every=cfg.checkpoint_every,
         offload_activations=cfg.offload_activations,
         ep=cfg.ep,
+        options=tuple(sorted({**dict(option_defaults()), **cfg.options}.items())),
     )
 
 

@@ -296,6 +296,9 @@ class ParallelConfig:
         "(batch, accumulation, clipping, precision, ZeRO stage, offload) is an error.",
         default=None,
     )
+    # not a key of its own: the parallel keys capability records bring (capabilities/table.Option), which the
+    # loader collects here from this section and writes back among the others
+    options: dict[str, Any] = field(default_factory=dict, metadata={"record_options": True})
 
 
 @dataclass

@@ -187,10 +187,14 @@ def _tracker(engine: TorchNativeEngine, inputs: list[torch.Tensor]) -> MemTracke
     if isinstance(engine, PipelinedEngine):
         tracker: MemTracker = _HooklessMemTracker()
         tracker.track_external(*built.parts, *engine.optimizers, *inputs, *_receive_buffers(engine))
+        if built.extra_tensors:
+            tracker.track_external(*built.extra_tensors)
     elif isinstance(built.parts[0], FSDPModule):
         fsdp_tracker = type("FSDPMemTracker", (_FrozenParamsWithoutHooks, FSDPMemTracker), {})
         tracker = fsdp_tracker(built.parts[0], engine.optimizers[0])
-        tracker.track_inputs(tuple(inputs))
+        # what transforms allocated besides the model (a record's ModelStep) counts among the inputs: FSDP2's
+        # tracker has no category for other tensors, and its track_external is a no-op
+        tracker.track_inputs((*inputs, *built.extra_tensors))
     else:
         tracker = _MemTracker()
         tracker.track_external(built.parts[0], engine.optimizers[0], *built.extra_tensors, *inputs)

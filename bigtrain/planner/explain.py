@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from bigtrain.config.capabilities import OPTIONS
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
 from bigtrain.planner.adapter_memory import adapter_params, trained_params
@@ -48,6 +49,7 @@ def describe(plan: Plan) -> str:
         parts.append("offload=optimizer")
     if plan.offload_activations:
         parts.append("offload=act")
+    parts += [f"{name}={value}" for name, value in plan.options if value != OPTIONS[name].default]
     return " ".join(parts)
 
 

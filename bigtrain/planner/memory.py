@@ -8,6 +8,9 @@ picks one; it is imported by none of them.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from bigtrain.config.capabilities import CAPABILITIES
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
 from bigtrain.planner.adapter_memory import adapter_host_bytes, estimate_adapter_memory
@@ -19,7 +22,17 @@ from bigtrain.planner.pipeline_memory import estimate_pipeline_memory
 
 
 def estimate_memory(stats: ModelStats, plan: Plan, workload: Workload) -> MemoryEstimate:
-    """The predicted peak of ``plan`` for ``workload`` and its parts at the moment it happens."""
+    """The predicted peak of ``plan`` for ``workload`` and its parts at the moment it happens (with what the
+    capability records' own terms add, ``Capability.memory``, in ``other``)."""
+    estimate = _estimate(stats, plan, workload)
+    added = sum(term(stats, plan, workload) for term in RECORD_TERMS)
+    return replace(estimate, other_bytes=estimate.other_bytes + added) if added else estimate
+
+
+RECORD_TERMS = tuple(c.memory for c in CAPABILITIES if c.memory is not None)
+
+
+def _estimate(stats: ModelStats, plan: Plan, workload: Workload) -> MemoryEstimate:
     if workload.adapters:
         return estimate_adapter_memory(stats, plan, workload)
     if plan.backend == "deepspeed":

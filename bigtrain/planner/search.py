@@ -28,12 +28,14 @@ from typing import Any
 from bigtrain.config.capabilities import (
     ALL_KINDS,
     CAPABILITIES,
+    OPTIONS,
     RULES,
     SearchSpace,
     Setup,
     askable,
     check,
     first_problem,
+    option_defaults,
     problems,
 )
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan
@@ -56,7 +58,16 @@ MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 CP_MIN_SEQ_LEN = 16384
 # the schedules the memory and time terms model (one stage per rank); the multi-stage ones run from a recipe
 PLANNED_SCHEDULES = ("1f1b", "gpipe")
-PLAN_FIELDS = tuple(f.name for f in fields(Plan))
+# what --fix and a recipe's parallel section may pin: the plan's fields and the records' options (capabilities/)
+PLAN_FIELDS = tuple(f.name for f in fields(Plan) if f.name != "options") + tuple(OPTIONS)
+DEFAULT_OPTIONS = option_defaults()
+
+
+def pinned_value(plan: Plan, key: str) -> Any:
+    """The value of a pinnable key (``PLAN_FIELDS``) in ``plan``."""
+    return OPTIONS[key].of(plan) if key in OPTIONS else getattr(plan, key)
+
+
 VARIANTS = tuple(c.variants for c in CAPABILITIES if c.variants is not None)  # what each record weighs, in order
 
 
@@ -220,6 +231,7 @@ def enumerate_plans(space: SearchSpace, cluster: Cluster) -> Iterator[Plan]:
                     offload_optimizer=off_opt,
                     offload_params=off_par,
                     cp=cp,
+                    options=DEFAULT_OPTIONS,
                 )
                 if frame not in frames:
                     frames[frame] = "weigh"
@@ -236,7 +248,7 @@ def enumerate_plans(space: SearchSpace, cluster: Cluster) -> Iterator[Plan]:
                 for weigh in VARIANTS:
                     variants = weigh(variants, space)
                 if fixed:
-                    variants = [v for v in variants if all(getattr(v, k) == want for k, want in fixed.items())]
+                    variants = [v for v in variants if all(pinned_value(v, k) == want for k, want in fixed.items())]
                 yield from variants
 
 
@@ -392,7 +404,9 @@ def _search_method(stats: ModelStats, cluster: Cluster, workload: Workload, fixe
     if not out:
         pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "none"
         if fixed:  # pins that contradict each other, the batch or the model: the words a recipe would get
-            plan = resolve_plan(ParallelConfig(**fixed), cluster.num_gpus, train)
+            own = {k: v for k, v in fixed.items() if k not in OPTIONS}
+            brought = {k: v for k, v in fixed.items() if k in OPTIONS}
+            plan = resolve_plan(ParallelConfig(**own, options=brought), cluster.num_gpus, train)
             check(Setup(plan, train, stats.facts, judge_plan.data))
             raise ConfigError(
                 f"the pins ({pins}) make a plan bigtrain train runs, but not one the planner searches: it weighs "

@@ -2,7 +2,7 @@
 
 Each module here is one capability (``table.Capability``): its recipe keys, its rows of what runs together, how the
 planner's search weighs it, its model transforms and its line in the generated capability list. ``CAPABILITIES``
-lists them, one line each; adding a capability is one new module and its line there.
+lists them, one line each (``RECORDS``); adding a capability is one new module and its line there.
 
 The table is every record's rows, asked in the order of ``table.KINDS`` (a plan that contradicts itself first, then
 what is not built, then what does not fit), records in the order below within a kind; the first row that trips is the
@@ -15,40 +15,29 @@ consumer.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from importlib import import_module
 
-from bigtrain.config.capabilities import (
-    activation_checkpointing,
-    activation_offload,
-    adapters,
-    chunked_loss,
-    context_parallel,
-    data_parallel,
-    expert_parallel,
-    fp8,
-    pipeline,
-    router_loss,
-    tensor_parallel,
-    torch_compile,
-)
-from bigtrain.config.capabilities.table import KINDS, Capability, Kind, Problem, Rule, SearchSpace
+from bigtrain.config.capabilities.table import KINDS, Capability, Kind, ModelStep, Option, Problem, Rule, SearchSpace
 from bigtrain.config.model_facts import ModelFacts
 from bigtrain.config.setup import DataFacts, Setup
 from bigtrain.errors import ConfigError
 
-CAPABILITIES: tuple[Capability, ...] = (
-    data_parallel.CAPABILITY,
-    tensor_parallel.CAPABILITY,
-    pipeline.CAPABILITY,
-    context_parallel.CAPABILITY,
-    activation_checkpointing.CAPABILITY,
-    chunked_loss.CAPABILITY,
-    torch_compile.CAPABILITY,
-    fp8.CAPABILITY,
-    adapters.CAPABILITY,
-    expert_parallel.CAPABILITY,
-    router_loss.CAPABILITY,
-    activation_offload.CAPABILITY,
+# the records, one line each, in the order their rows are asked within a kind (``rules_of``)
+RECORDS = (
+    "data_parallel",
+    "tensor_parallel",
+    "pipeline",
+    "context_parallel",
+    "activation_checkpointing",
+    "chunked_loss",
+    "torch_compile",
+    "fp8",
+    "adapters",
+    "expert_parallel",
+    "router_loss",
+    "activation_offload",
 )
+CAPABILITIES: tuple[Capability, ...] = tuple(import_module(f"{__name__}.{name}").CAPABILITY for name in RECORDS)
 
 __all__ = [
     "CAPABILITIES",
@@ -57,6 +46,10 @@ __all__ = [
     "DataFacts",
     "Kind",
     "ModelFacts",
+    "ModelStep",
+    "OPTIONS",
+    "Option",
+    "option_defaults",
     "Problem",
     "Rule",
     "ALL_KINDS",
@@ -77,6 +70,14 @@ def rules_of(capabilities: Sequence[Capability]) -> tuple[Rule, ...]:
 
 
 RULES: tuple[Rule, ...] = rules_of(CAPABILITIES)
+
+# the recipe keys the records bring (Capability.options), by their name under parallel
+OPTIONS: dict[str, Option] = {option.name: option for capability in CAPABILITIES for option in capability.options}
+
+
+def option_defaults() -> tuple[tuple[str, object], ...]:
+    """Every record option at its default, as a plan carries them (``Plan.options``)."""
+    return tuple(sorted((name, option.default) for name, option in OPTIONS.items()))
 
 
 _ASKABLE: dict[tuple[int, tuple[Kind, ...], bool, bool], tuple[tuple[Rule, ...], tuple[Rule, ...]]] = {}

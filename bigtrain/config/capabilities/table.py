@@ -100,6 +100,39 @@ Variants = Callable[[list[Plan], SearchSpace], list[Plan]]
 
 
 @dataclass(frozen=True)
+class Option:
+    """A recipe key a capability brings with it, under ``parallel`` (a plan dimension the search may set): read in
+    recipes, ``--set`` and ``--fix`` like the schema's own keys, carried on the plan (``Option.of``) and written
+    back into plan.json and the run's recipe."""
+
+    name: str  # the key under parallel
+    default: Any
+    doc: str
+    example: Any = None  # a value that turns it on: its row of the README's generated capability matrix
+
+    @property
+    def key(self) -> str:
+        return f"parallel.{self.name}"
+
+    def of(self, plan: Plan) -> Any:
+        """Its value in ``plan`` (resolution and the search set every option; a plan made otherwise has the default)."""
+        return dict(plan.options).get(self.name, self.default)
+
+
+@dataclass(frozen=True)
+class ModelStep:
+    """A model transform a capability brings with it, applied right after the transform named ``after`` in
+    ``parallel/transforms``' ``ORDER`` (``wanted`` takes the build's options, ``apply`` the built model and the build
+    context, as a ``Transform``'s do)."""
+
+    name: str
+    after: str
+    wanted: Callable[[Any], bool]
+    apply: Callable[[Any, Any], None]
+    planner_terms: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Capability:
     """Everything bigtrain knows about one capability, in one record (``capabilities/<name>.py``).
 
@@ -110,6 +143,13 @@ class Capability:
     - ``transforms``: the names of its model transforms in ``parallel/transforms`` (applied in their ``ORDER``;
       each transform names the planner functions that model its memory and time, ``planner_terms``);
     - ``summary``: its line in the generated capability list (``docs/architecture.md``).
+    A capability that is not one of the schema's may bring everything else it needs in its record too:
+    - ``options``: its recipe keys (``Option``, under ``parallel``), which the loader accepts and the plan carries;
+    - ``steps``: its model transforms (``ModelStep``), placed in the build's order after a named one;
+    - ``memory``: the bytes per device it adds to the predicted peak, given the planner's ``ModelStats``, the plan
+      and the ``Workload`` (added to the estimate's ``other``);
+    - ``export_note``: given an export target and the plan, the line that says what the target cannot express of it
+      (appended to the export's notes), or None.
     """
 
     name: str
@@ -118,6 +158,10 @@ class Capability:
     rules: tuple[Rule, ...] = ()
     variants: Variants | None = None
     transforms: tuple[str, ...] = ()
+    options: tuple[Option, ...] = ()
+    steps: tuple[ModelStep, ...] = ()
+    memory: Callable[[Any, Plan, Any], int] | None = None
+    export_note: Callable[[str, Plan], str | None] | None = None
 
 
 def with_pins(plans: Iterable[Plan], space: SearchSpace, *keys: str) -> list[Plan]:

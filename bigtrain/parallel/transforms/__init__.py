@@ -20,11 +20,15 @@ Why this order (torchtitan's, extended):
 - context parallelism then points the model's attention at its all-to-all attention (after the values: loading
   builds a twin of the model from the same config object, which would set the config's attention back);
 - DDP last: it broadcasts real values.
-Adding a capability is one new file here and its line in ``ORDER`` (``docs/architecture.md``).
+Adding a built-in transform is one new file here and its line in ``BUILT_IN``; a capability record may bring its own
+(``Capability.steps``), which ``ORDER`` places after the transform each names (``docs/architecture.md``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from bigtrain.config.capabilities import CAPABILITIES, Capability
 from bigtrain.parallel.transforms import (
     activation_checkpoint,
     activation_offload,
@@ -42,7 +46,7 @@ from bigtrain.parallel.transforms import (
 )
 from bigtrain.parallel.transforms.base import Transform
 
-ORDER: tuple[Transform, ...] = (
+BUILT_IN: tuple[Transform, ...] = (
     adapters.TRANSFORM,
     pipeline_split.TRANSFORM,
     tensor_parallel.TRANSFORM,
@@ -57,3 +61,20 @@ ORDER: tuple[Transform, ...] = (
     context_parallel.TRANSFORM,
     ddp.TRANSFORM,
 )
+
+
+def with_record_steps(order: Sequence[Transform], capabilities: Sequence[Capability]) -> tuple[Transform, ...]:
+    """``order`` with the transforms the capability records bring (``Capability.steps``), each right after the
+    transform it names (records in their order when two name the same one)."""
+    out = list(order)
+    for capability in capabilities:
+        for step in capability.steps:
+            names = [t.name for t in out]
+            if step.after not in names:
+                raise ValueError(f"{capability.name}: its step {step.name!r} follows {step.after!r}, not in {names}")
+            transform = Transform(step.name, step.wanted, step.apply, planner_terms=step.planner_terms)
+            out.insert(names.index(step.after) + 1, transform)
+    return tuple(out)
+
+
+ORDER: tuple[Transform, ...] = with_record_steps(BUILT_IN, CAPABILITIES)
