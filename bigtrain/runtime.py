@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -105,3 +107,17 @@ def smallest_free_memory(env: LaunchEnv, device: torch.device) -> int:
     value = torch.tensor([free], dtype=torch.int64, device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MIN)
     return int(value.item())
+
+
+def die_with_parent() -> None:
+    """Ask Linux to send this worker SIGTERM when its launcher dies (``prctl(PR_SET_PDEATHSIG)``): a launcher killed
+    outright (kill -9) cannot stop its workers, and they would train on as orphans. SIGTERM makes them stop after
+    the current step with a checkpoint (``train/preemption.py``). Elsewhere nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() == 1:  # the launcher died before the request was made: this worker was handed to init
+        os.kill(os.getpid(), signal.SIGTERM)

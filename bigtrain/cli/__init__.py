@@ -10,13 +10,17 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 
 from bigtrain import __version__
 from bigtrain.cli.export import add_export_arguments, run_export_command
+from bigtrain.cli.failures import EXIT_AFTER, EXIT_INTERRUPTED, EXIT_LOST_RANK, last_good_checkpoint, peer_lost, say
 from bigtrain.cli.plan import add_plan_arguments, run_plan_command
+from bigtrain.cli.quiet import quiet_libraries
+from bigtrain.config.schema import RecipeConfig
 from bigtrain.errors import CheckpointNotWritten, ConfigError, RunFinished, TrainingDiverged
-from bigtrain.runtime import LaunchEnv, read_launch_env
+from bigtrain.runtime import LaunchEnv, die_with_parent, read_launch_env
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 4  # the loss or gradient norm became NaN or infinite (3 is bigtrain plan's "nothing fits")
@@ -61,6 +65,12 @@ class _VersionAction(argparse.Action):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bigtrain", description="Train HuggingFace causal LMs on 1 to N GPUs.")
     parser.add_argument("--version", action=_VersionAction, help="print the versions of bigtrain and its libraries")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show what the libraries log and warn (filtered by default: bigtrain/cli/quiet.py), on every rank",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train with a recipe (this rank under torchrun/accelerate, or --nproc N)")
     train.add_argument("recipe", help="YAML recipe, e.g. recipes/quickstart.yaml")
@@ -75,6 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--nproc", type=int, default=None, help="start N local worker processes with torch's elastic launcher"
     )
+    # set by --nproc for its workers: the launcher prints their one-line errors, once (cli/failures.py)
+    train.add_argument("--quiet-failures", action="store_true", help=argparse.SUPPRESS)
     train.add_argument(
         "--dry-run",
         action="store_true",
@@ -110,12 +122,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging(env: LaunchEnv) -> None:
-    level = logging.INFO if env.rank == 0 else logging.WARNING
-    logging.basicConfig(level=level, format="bigtrain: %(message)s", stream=sys.stderr)
-    # torchao (imported with peft) logs at import that its CUDA kernels cannot load on a machine without CUDA: not a
-    # problem of the run, and it would read as one under our prefix
-    logging.getLogger("torchao").setLevel(logging.ERROR)
+class _Lines(logging.Formatter):
+    """``bigtrain: ...`` for bigtrain's own records, the library's logger name for the others'."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.shown = "bigtrain" if record.name.partition(".")[0] == "bigtrain" else record.name
+        return super().format(record)
+
+
+def _setup_logging(env: LaunchEnv, verbose: bool) -> None:
+    """bigtrain's own lines (``bigtrain: ...``) at INFO on rank 0 and WARNING elsewhere; the libraries' at WARNING
+    under their own names (with ``-v``: INFO, unfiltered, on every rank)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Lines("%(shown)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
+    logging.getLogger("bigtrain").setLevel(logging.INFO if env.rank == 0 or verbose else logging.WARNING)
+    if not verbose:
+        quiet_libraries()
 
 
 def _rank_tag(env: LaunchEnv) -> str:
@@ -125,10 +148,16 @@ def _rank_tag(env: LaunchEnv) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     env = read_launch_env()
-    _setup_logging(env)
+    _setup_logging(env, args.verbose)
+    if env.launched:
+        die_with_parent()  # a launcher killed outright (kill -9) leaves no worker training on as an orphan
+    quiet = getattr(args, "quiet_failures", False)  # bigtrain's --nproc launcher prints the workers' lines
+    output_dir = None
     try:
         if args.command == "train":
-            return _train(args, env)
+            cfg = _recipe(args)
+            output_dir = cfg.output_dir
+            return _train(args, cfg, env)
         if args.command == "plan":
             return run_plan_command(args)
         if args.command == "export":
@@ -145,12 +174,29 @@ def main(argv: list[str] | None = None) -> int:
             os.write(2, f"bigtrain: {e}\n".encode())
         return 0
     except (ConfigError, TrainingDiverged, CheckpointNotWritten) as e:
-        # One write(2) call: ranks share the launcher's stderr, and a single short write is never interleaved. It
-        # starts a line of its own: rank 0's progress bar may be mid-line on the same stderr when another rank fails.
-        sys.stderr.flush()
-        fresh_line = "\n" if env.world_size > 1 else ""
-        os.write(2, f"{fresh_line}bigtrain: error{_rank_tag(env)}: {e}\n".encode())
-        return next(code for kind, code in EXIT_CODES.items() if isinstance(e, kind))
+        code = next(code for kind, code in EXIT_CODES.items() if isinstance(e, kind))
+        say(f"error{_rank_tag(env)}: {e}", env, quiet, code)
+        return code
+    except KeyboardInterrupt:  # Ctrl-C before the first step, or a second one: stop at once
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher's echo of the same Ctrl-C
+        if env.rank == 0 or quiet:
+            say(f"interrupted (Ctrl-C); {last_good_checkpoint(output_dir)}", env, quiet, EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
+    except Exception as e:
+        if not peer_lost(e):
+            raise
+        cause = str(e).strip().splitlines()[0][:200]
+        say(
+            f"error{_rank_tag(env)}: lost contact with another rank ({cause}): it stopped or died; "
+            f"{last_good_checkpoint(output_dir)}; start again to resume",
+            env,
+            quiet,
+            EXIT_LOST_RANK,
+        )
+        # out at once: the failed collective's work is still held by gloo's threads, and interpreter shutdown would
+        # free it after Python is gone ("terminate called without an active exception", SIGABRT)
+        sys.stdout.flush()
+        os._exit(EXIT_LOST_RANK)
     return 1
 
 
@@ -195,7 +241,8 @@ def _probe(args: argparse.Namespace, env: LaunchEnv) -> int:
     if args.nproc is not None:
         from bigtrain.cli.launch import launch_local
 
-        return launch_local(args.nproc, ["probe"] + (["-o", str(output)] if output else []))
+        worker_args = ["-v"] * args.verbose + ["probe"] + (["-o", str(output)] if output else [])
+        return launch_local(args.nproc, worker_args)
     from bigtrain.measure.probe import run_probe
 
     profile = run_probe(output)
@@ -204,10 +251,13 @@ def _probe(args: argparse.Namespace, env: LaunchEnv) -> int:
     return 0
 
 
-def _train(args: argparse.Namespace, env: LaunchEnv) -> int:
+def _recipe(args: argparse.Namespace) -> RecipeConfig:
     from bigtrain.config.load import load_recipe
 
-    cfg = load_recipe(args.recipe, args.overrides)
+    return load_recipe(args.recipe, args.overrides)
+
+
+def _train(args: argparse.Namespace, cfg: RecipeConfig, env: LaunchEnv) -> int:
     _check_nproc(args)
     if args.dry_run:
         from dataclasses import replace
@@ -231,9 +281,10 @@ def _train(args: argparse.Namespace, env: LaunchEnv) -> int:
         if cfg.parallel.plan != "auto":  # fail here, before starting workers
             resolve_plan(cfg.parallel, args.nproc, cfg.train)
         plan_start(cfg)  # a finished run (RunFinished) starts no workers
-        worker_args = ["train", args.recipe] + [a for o in args.overrides for a in ("--set", o)]
-        return launch_local(args.nproc, worker_args)
+        sets = [a for o in args.overrides for a in ("--set", o)]
+        worker_args = ["-v"] * args.verbose + ["train", args.recipe, *sets, "--quiet-failures"]
+        return launch_local(args.nproc, worker_args, output_dir=cfg.output_dir, verbose=args.verbose)
     from bigtrain.train.run import run_training
 
-    run_training(cfg)
-    return 0
+    result = run_training(cfg)
+    return EXIT_AFTER[result.stopped] if result.stopped else 0

@@ -1,24 +1,41 @@
 """``--nproc N``: start N local workers through torch's own elastic launcher (what torchrun runs), not our own spawner.
 
 Each worker re-runs ``python -m bigtrain train ...`` without ``--nproc`` and finds RANK/WORLD_SIZE in its
-environment. If a worker fails, the elastic agent stops the others, so nothing is left waiting.
+environment. If a worker fails, the elastic agent stops the others, so nothing is left waiting; this launcher then
+prints the root cause once (the lowest rank's own line, or which rank died of which signal) with the last good
+checkpoint, instead of every rank's line and the agent's log. On SIGTERM or Ctrl-C the agent passes the signal to
+the workers and waits up to ``SHUTDOWN_S`` for them to checkpoint and stop (``train/preemption.py``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
+import socket
 import sys
 import uuid
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from bigtrain.cli.failures import EXIT_AFTER, last_good_checkpoint
 
-def launch_local(nproc: int, worker_args: list[str]) -> int:
+# how long the workers get to finish their step and write a checkpoint after SIGTERM or Ctrl-C before the agent
+# kills them (torch's default is 30 s, shorter than a large model's checkpoint)
+SHUTDOWN_S = 300
+
+
+def launch_local(nproc: int, worker_args: list[str], output_dir: str | None = None, verbose: bool = False) -> int:
     """Run ``python -m bigtrain <worker_args>`` on ``nproc`` local ranks; return a process exit code."""
     if "OMP_NUM_THREADS" not in os.environ:
         # Same default as torchrun: N workers sharing the host's cores, one intra-op thread pool each.
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    if not verbose:  # the agent logs each worker's stop and failure; the root cause is said below instead
+        for name in list(logging.root.manager.loggerDict):  # each of its modules sets its own logger's level
+            if name.startswith("torch.distributed.elastic"):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -28,10 +45,59 @@ def launch_local(nproc: int, worker_args: list[str]) -> int:
         rdzv_endpoint="127.0.0.1:0",
         max_restarts=0,
         monitor_interval=0.5,
+        shutdown_timeout=SHUTDOWN_S,
     )
     try:
         elastic_launch(config, sys.executable)("-u", "-m", "bigtrain", *worker_args)
+    except SignalException as e:  # the workers said how they stopped (a checkpoint, or not)
+        return EXIT_AFTER.get(e.sigval, 128 + int(e.sigval))
     except ChildFailedError as e:
-        codes = [f.exitcode for f in e.failures.values()]
-        return next((c for c in codes if c not in (0, None)), 1) if codes else 1
+        return _say_root_cause(e.failures, output_dir)
     return 0
+
+
+def _say_root_cause(failures: dict[int, ProcessFailure], output_dir: str | None) -> int:
+    """Print why the job stopped, once, and return the exit code it ends with."""
+    if not failures:
+        return 1
+    # a rank that died of a signal (kill -9, the OOM killer, a crash) is the cause: the others only lost contact with
+    # it; SIGTERM is what the agent stops the others with, so a rank it ended is a cause only when nothing else is
+    # (SIGABRT last among them: a process aborting at exit after its peer vanished)
+    killed = sorted(
+        (-f.exitcode == signal.SIGABRT, f.timestamp, rank)
+        for rank, f in failures.items()
+        if f.exitcode < 0 and -f.exitcode != signal.SIGTERM
+    )
+    said = sorted(rank for rank, f in failures.items() if _own_line(f))
+    if not killed and not said:
+        killed = sorted((False, f.timestamp, rank) for rank, f in failures.items() if f.exitcode < 0)
+    if killed:
+        rank = killed[0][-1]
+        failure = failures[rank]
+        name = signal.Signals(-failure.exitcode).name
+        _write(
+            f"error: rank {rank} (pid {failure.pid} on {socket.gethostname()}) was killed by {name}; the other ranks "
+            f"were stopped; {last_good_checkpoint(output_dir)}; start again to resume"
+        )
+        return 128 - failure.exitcode
+    if said:  # bigtrain's own line from the lowest rank that wrote one (every rank refusing the same recipe, say)
+        failure = failures[said[0]]
+        _write(_own_line(failure) or "")
+        return int(failure.error_file_data["message"]["extraInfo"].get("exitcode", 1))
+    rank = min(failures)
+    _write(
+        f"error: rank {rank} exited with code {failures[rank].exitcode} (its output is above); "
+        f"{last_good_checkpoint(output_dir)}"
+    )
+    return failures[rank].exitcode or 1
+
+
+def _own_line(failure: ProcessFailure) -> str | None:
+    """The line a worker wrote to its error file (``cli/failures.say``), if it wrote one."""
+    message = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
+    return message.get("message") if isinstance(message, dict) else None
+
+
+def _write(line: str) -> None:
+    sys.stderr.flush()
+    os.write(2, f"\nbigtrain: {line}\n".encode())

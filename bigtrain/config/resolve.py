@@ -8,6 +8,7 @@ the model are asked again at start-up, once its config is read.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,15 @@ def _plan(cfg: ParallelConfig, replicate: int, shard: int) -> Plan:
         offload_activations=cfg.offload_activations,
         ep=cfg.ep,
         options=tuple(sorted({**dict(option_defaults()), **cfg.options}.items())),
+    )
+
+
+def parallel_of(fields: dict[str, object]) -> ParallelConfig:
+    """A ``parallel`` section from plan fields (``Plan.to_dict``, pins): the schema's keys, and the records' options
+    among them collected as the loader collects them."""
+    own = {f.name for f in dataclasses.fields(ParallelConfig)}
+    return ParallelConfig(
+        **{k: v for k, v in fields.items() if k in own}, options={k: v for k, v in fields.items() if k not in own}
     )
 
 

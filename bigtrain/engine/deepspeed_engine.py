@@ -28,6 +28,7 @@ from torch import nn
 from bigtrain.data.batch import MicroBatch
 from bigtrain.engine.base import Engine, StepResult, objective_of
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory
+from bigtrain.models.build import init_deepspeed_comm
 from bigtrain.parallel.transforms.base import BuiltModel
 
 
@@ -54,8 +55,7 @@ class DeepSpeedZeroEngine(Engine):
         """``deepspeed.initialize`` over the built model with the recipe's AdamW and schedule and the plan's JSON."""
         import deepspeed
 
-        # DeepSpeed's communication layer over the process group the runtime already started
-        deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
+        init_deepspeed_comm()
         model = built.parts[0]
         optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad])
         scheduler = make_scheduler(optimizer)

@@ -6,6 +6,8 @@ the full model unless the plan replicates it (DDP).
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 from typing import Any
 
@@ -70,15 +72,28 @@ def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:
     return model
 
 
+def init_deepspeed_comm() -> None:
+    """DeepSpeed's communication layer over the process group the runtime already started. The first call builds
+    its CPU shared-memory op and prints ``... built successfully`` to stdout from every rank: kept off the terminal,
+    anything else it prints passes through."""
+    import deepspeed
+    import torch.distributed as dist
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
+    rest = [line for line in printed.getvalue().splitlines() if not line.endswith(" built successfully")]
+    if rest:
+        print("\n".join(rest))
+
+
 def build_partitioned_model(hf_config: Any, attn_implementation: str, deepspeed_config: dict[str, Any]) -> nn.Module:
     """DeepSpeed ZeRO-3: the model constructed under ``deepspeed.zero.Init``, each parameter partitioned over the
     ranks as its module is built (DeepSpeed cannot take a meta model); its values are written afterwards."""
     import deepspeed
-    import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    # DeepSpeed's communication layer over the process group the runtime already started (zero.Init reads it)
-    deepspeed.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False)
+    init_deepspeed_comm()  # zero.Init reads it
     hf_config.use_cache = False
     # zero.Init replaces torch's tensor constructors while it is open; torch._dynamo, if first imported inside it (a
     # model's code may import it), then fails to register its polyfills against them ("Signature mismatch")

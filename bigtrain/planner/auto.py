@@ -12,8 +12,10 @@ from typing import Any, NamedTuple
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
+from bigtrain.planner.cost import estimate_time
 from bigtrain.planner.explain import render_table
-from bigtrain.planner.hardware import GPU, Cluster, lookup_gpu
+from bigtrain.planner.hardware import GPU, Cluster, GiB, lookup_gpu
+from bigtrain.planner.memory import estimate_memory
 from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.profile import gpu_from_profile
 from bigtrain.planner.search import search
@@ -52,6 +54,29 @@ def choose_plan(
     (``profile.py``); ``fixed``: plan fields the recipe states (``train.method: auto`` with a written plan);
     ``host_memory_bytes``: free host memory of a node, for offloaded state (None: the planner's assumption)."""
     stats = ModelStats.from_config(model_config)
+    cluster = local_cluster(world_size, ranks_per_node, device_name, free_bytes, profile, host_memory_bytes)
+    gpu = cluster.gpu
+    candidates = search(stats, cluster, workload, fixed, predict_unrunnable=False)
+    table = render_table(candidates, stats, cluster, workload)
+    best = candidates[0]  # the search ranks the plans the trainer can run first
+    if not (best.fits and best.runnable):
+        raise ConfigError(
+            f"parallel.plan=auto found no plan the trainer can run on {world_size} x {gpu.name}: best was "
+            f"'{best.rejected_because}'; use more devices, a smaller train.global_batch_size or data.seq_len"
+        )
+    return Choice(best.plan, best.method, best.compile, best.fp8, table)
+
+
+def local_cluster(
+    world_size: int,
+    ranks_per_node: int,
+    device_name: str | None,
+    free_bytes: int,
+    profile: dict[str, Any] | None = None,
+    host_memory_bytes: int | None = None,
+) -> Cluster:
+    """The job's own devices as the planner sees them: the named GPU (H100's speeds for one the table lacks) with
+    the memory measured free, or CPU processes (``device_name`` None)."""
     if device_name is None:
         gpu = CPU
     else:
@@ -64,13 +89,15 @@ def choose_plan(
         gpu = gpu_from_profile(profile, gpu, memory_bytes=free_bytes)
     # host memory for offloaded state: none on a CPU "device", where offload moves nothing off it
     host = host_memory_bytes if device_name is not None else 0
-    cluster = Cluster(gpu, world_size, max(1, min(ranks_per_node, world_size)), host_memory_bytes=host)
-    candidates = search(stats, cluster, workload, fixed, predict_unrunnable=False)
-    table = render_table(candidates, stats, cluster, workload)
-    best = candidates[0]  # the search ranks the plans the trainer can run first
-    if not (best.fits and best.runnable):
-        raise ConfigError(
-            f"parallel.plan=auto found no plan the trainer can run on {world_size} x {gpu.name}: best was "
-            f"'{best.rejected_because}'; use more devices, a smaller train.global_batch_size or data.seq_len"
-        )
-    return Choice(best.plan, best.method, best.compile, best.fp8, table)
+    return Cluster(gpu, world_size, max(1, min(ranks_per_node, world_size)), host_memory_bytes=host)
+
+
+def predict(model_config: dict[str, Any], plan: Plan, cluster: Cluster, workload: Workload) -> str:
+    """The planner's prediction for the plan start-up runs (written or chosen), in the plan line's words: its peak
+    per device, and on GPUs its step time (the time model has no numbers for CPU processes)."""
+    stats = ModelStats.from_config(model_config)
+    memory = estimate_memory(stats, plan, workload).total_bytes
+    words = f"predicted peak {memory / GiB:.2f} GiB per device"
+    if cluster.gpu.name != CPU.name:
+        words += f", {estimate_time(stats, plan, cluster, workload).step_s:.3f} s per step"
+    return words

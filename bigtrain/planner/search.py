@@ -39,8 +39,8 @@ from bigtrain.config.capabilities import (
     problems,
 )
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan
-from bigtrain.config.resolve import resolve_plan
-from bigtrain.config.schema import BACKENDS, CHECKPOINTING, GRAD_REDUCE, ParallelConfig
+from bigtrain.config.resolve import parallel_of, resolve_plan
+from bigtrain.config.schema import BACKENDS, CHECKPOINTING, GRAD_REDUCE
 from bigtrain.config.setup import DataFacts
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
@@ -404,9 +404,7 @@ def _search_method(stats: ModelStats, cluster: Cluster, workload: Workload, fixe
     if not out:
         pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "none"
         if fixed:  # pins that contradict each other, the batch or the model: the words a recipe would get
-            own = {k: v for k, v in fixed.items() if k not in OPTIONS}
-            brought = {k: v for k, v in fixed.items() if k in OPTIONS}
-            plan = resolve_plan(ParallelConfig(**own, options=brought), cluster.num_gpus, train)
+            plan = resolve_plan(parallel_of(fixed), cluster.num_gpus, train)
             check(Setup(plan, train, stats.facts, judge_plan.data))
             raise ConfigError(
                 f"the pins ({pins}) make a plan bigtrain train runs, but not one the planner searches: it weighs "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from bigtrain.data.loader import EvalLoader, StepLoader
 from bigtrain.engine.base import Engine, train_step
 from bigtrain.errors import TrainingDiverged
 from bigtrain.train.metrics import MetricsWriter, Progress, peak_memory_bytes
-from bigtrain.train.preemption import StopOnSigterm
+from bigtrain.train.preemption import StopOnSignal
 
 log = logging.getLogger("bigtrain")
 
@@ -37,7 +38,7 @@ class TrainResult:
     seconds: float
     peak_mem_bytes: list[int]  # one per rank
     peak_mem_kind: str
-    stopped: bool  # SIGTERM ended the run early (after saving a checkpoint)
+    stopped: signal.Signals | None  # the signal (SIGTERM, Ctrl-C's SIGINT) that ended the run early, after a checkpoint
     checkpoint: Path | None  # the last checkpoint published (rank 0; None on other ranks)
 
 
@@ -141,10 +142,10 @@ class TrainLoop:
         progress = Progress(total, self.start.step, enabled=self.is_main)
         tokens_per_step = cfg.train.global_batch_size * self.seq_len
         step, tokens = self.start.step, self.start.tokens
-        stopped = False
+        stopped: signal.Signals | None = None
         start = time.perf_counter()
         try:
-            with StopOnSigterm(self.device) as stop:
+            with StopOnSignal(self.device) as stop:
                 while step < total and not stopped:
                     t0 = time.perf_counter()
                     record = self.run_step(step)
@@ -168,7 +169,14 @@ class TrainLoop:
             progress.close()
             writer.close()
         if stopped and self.is_main:
-            log.warning("SIGTERM: stopped after step %d of %d with a checkpoint; start again to resume", step, total)
+            where = checkpointer.last_published
+            log.warning(
+                "%s: stopped after step %d of %d with a checkpoint (%s); start again to resume",
+                "Ctrl-C" if stopped == signal.SIGINT else stopped.name,
+                step,
+                total,
+                where,
+            )
         seconds = time.perf_counter() - start
         peak, kind = peak_memory_bytes(self.device)
         peaks = [0] * dist.get_world_size()

@@ -34,8 +34,8 @@ from bigtrain.config.capabilities import ModelFacts, Setup, check
 from bigtrain.config.hf import one_block, resolve_attention
 from bigtrain.config.load import dump_recipe, load_recipe, recipe_warnings
 from bigtrain.config.plan import Plan
-from bigtrain.config.resolve import resolve_plan
-from bigtrain.config.schema import ADAPTER_METHODS, ParallelConfig, RecipeConfig
+from bigtrain.config.resolve import parallel_of, resolve_plan
+from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
 from bigtrain.config.workload import Workload
 from bigtrain.data.loader import EvalLoader, StepLoader
 from bigtrain.data.order import GlobalOrder
@@ -45,7 +45,8 @@ from bigtrain.errors import CheckpointNotWritten, ConfigError
 from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes
 from bigtrain.parallel.transforms.adapters import modules_trained_fully, target_modules, trained_shapes
 from bigtrain.parallel.transforms.base import BuildOptions
-from bigtrain.planner.auto import choose_plan
+from bigtrain.planner.auto import choose_plan, local_cluster, predict
+from bigtrain.planner.explain import describe
 from bigtrain.planner.profile import load_profile
 from bigtrain.runtime import (
     LaunchEnv,
@@ -395,7 +396,7 @@ class TrainingJob:
         if "auto" in (cfg.train.compile, cfg.train.fp8):
             self.cfg = _with_speed(self.cfg, choice.compile, choice.fp8)
         # validated as if the user had written it
-        return resolve_plan(ParallelConfig(**choice.plan.to_dict()), self.env.world_size, self.cfg.train)
+        return resolve_plan(parallel_of(choice.plan.to_dict()), self.env.world_size, self.cfg.train)
 
     def _workload(self) -> Workload:
         """What one step processes, as the planner and the capability table's data rows read it."""
@@ -427,12 +428,21 @@ class TrainingJob:
             f", {nodes} nodes x {env.local_world_size}" if nodes > 1 else ""
         )
         return (
-            f"plan {plan.to_dict()} | {where} | global batch "
+            f"plan {describe(plan)} ({self._prediction(plan)}) | {where} | global batch "
             f"{self._batch} = micro {plan.micro_batch_size} x dp {plan.dp} x accum {plan.grad_accum_steps(self._batch)}"
             f" | {self.data.description}"
             + (f" | eval: {self.eval_data.description}" if self.eval_data is not None else "")
             + (f" | {self._method_words()}" if self.cfg.train.method != "full" else "")
         )
+
+    def _prediction(self, plan: Plan) -> str:
+        """What the planner predicts for this plan on these devices (the plan line's check on the run)."""
+        device = self.device
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        free = local_free_memory(self.env, device)
+        cluster = local_cluster(self.env.world_size, self.env.local_world_size, name, free)
+        model_config = {**self.hf_config.to_dict(), "model_type": self.hf_config.model_type}
+        return predict(model_config, plan, cluster, self._workload())
 
     def _method_words(self) -> str:
         lora = self.cfg.lora

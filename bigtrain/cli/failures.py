@@ -1,0 +1,64 @@
+"""How a worker says why it stopped: one line, once.
+
+A worker that fails with one of bigtrain's errors (bad input, divergence, a checkpoint not written), is interrupted,
+or loses contact with another rank (the peer died: gloo's "Connection reset by peer") writes its one line to the error
+file torch's elastic launcher gives every worker (``TORCHELASTIC_ERROR_FILE``, the launcher's own contract). Under
+``bigtrain train --nproc`` the launcher reads them all and prints the root cause once (``cli/launch.py``); the workers
+stay silent. Under torchrun or ``accelerate launch`` each worker prints its line itself, as it always did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from bigtrain.runtime import LaunchEnv
+
+EXIT_LOST_RANK = 6  # another rank died or vanished (its collective failed on this one)
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130: Ctrl-C, as shells report it
+# what a run stopped by a signal after its checkpoint exits with: SIGTERM's is a clean end (documented: schedulers
+# re-queue a non-zero exit), Ctrl-C's the shell's 130
+EXIT_AFTER = {signal.SIGTERM: 0, signal.SIGINT: EXIT_INTERRUPTED}
+
+# what gloo (and NCCL) raise on a rank whose peer died mid-collective
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket Timeout")
+
+
+def peer_lost(e: BaseException) -> bool:
+    """Whether ``e`` is a collective failing because another rank died or vanished."""
+    import torch.distributed as dist
+
+    if isinstance(e, (dist.DistBackendError, dist.DistNetworkError)):
+        return True
+    return isinstance(e, RuntimeError) and any(text in str(e) for text in _PEER_GONE)
+
+
+def last_good_checkpoint(output_dir: str | os.PathLike | None) -> str:
+    """Where a restarted run resumes from: the newest complete checkpoint of ``output_dir``, in words."""
+    from bigtrain.checkpoint.layout import checkpoints_dir, newest_checkpoint
+
+    if output_dir is None:
+        return "no checkpoint"
+    newest = newest_checkpoint(checkpoints_dir(output_dir)) if Path(output_dir).is_dir() else None
+    return f"the last good checkpoint is {newest}" if newest is not None else "no checkpoint was written yet"
+
+
+def say(message: str, env: LaunchEnv, quiet: bool, code: int) -> None:
+    """The worker's one line and the exit code it ends with: into the launcher's error file, and on stderr unless
+    the launcher prints it (the agent may stop this worker before it exits with ``code`` itself)."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if env.launched and error_file:
+        info = {"timestamp": str(int(time.time())), "exitcode": str(code)}
+        data = {"message": {"message": message, "extraInfo": info}}
+        Path(error_file).write_text(json.dumps(data))
+    if quiet and error_file:
+        return
+    # one write(2) call: ranks share the launcher's stderr, and a single short write is never interleaved; it starts a
+    # line of its own, since rank 0's progress bar may be mid-line on the same stderr when another rank fails
+    sys.stderr.flush()
+    fresh_line = "\n" if env.world_size > 1 else ""
+    os.write(2, f"{fresh_line}bigtrain: {message}\n".encode())

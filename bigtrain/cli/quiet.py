@@ -1,0 +1,43 @@
+"""What the libraries print that a bigtrain user can do nothing about, filtered at its source.
+
+Each filter names the library's logger or warning (its module, category and message), never a global switch, so a
+new warning from anywhere still shows. ``bigtrain -v`` keeps them all. Measured on a 2-rank DeepSpeed ZeRO-3 run of
+recipes/deepspeed_zero3.yaml: 1,827 lines for 3 steps before these filters, the plan line, the progress bar and the
+summary after (tests/integration/test_terminal.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+# torch.distributed's deprecation wrapper warns on every call DeepSpeed makes (hundreds per step): the functions are
+# DeepSpeed's choice, and torch 2.13 still runs them
+_DEPRECATED_COLLECTIVES = r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated"
+
+
+class _DropMessages(logging.Filter):
+    """Drops the records of one logger whose message starts with one of ``prefixes``."""
+
+    def __init__(self, *prefixes: str) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefixes)
+
+
+def quiet_libraries() -> None:
+    """Install the filters (in every process bigtrain starts: the launcher and each worker run it first)."""
+    warnings.filterwarnings(
+        "ignore", message=_DEPRECATED_COLLECTIVES, category=FutureWarning, module=r"torch\.distributed\.c10d_logger"
+    )
+    # torchao registers its enums as pytree constants at import (transformers imports it to list its quantizers);
+    # torch 2.13 logs a deprecation for each, twice per process
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    # torchao logs at import that its CUDA kernels cannot load on a machine without CUDA
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    # DeepSpeed says once per process that it chose its CPU accelerator, which is what a machine without GPUs wants
+    logging.getLogger("DeepSpeed").addFilter(_DropMessages("Setting accelerator to CPU"))
+    # matplotlib (bigtrain report) announces that it built its font cache on first use
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.WARNING)
