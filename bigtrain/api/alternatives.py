@@ -1,4 +1,4 @@
-"""When nothing fits: which of the obvious ways out (more GPUs, offload, a shorter sequence) would."""
+"""When nothing fits: which of the ways out (adapters, offload, a shorter sequence, more GPUs) would."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 from bigtrain.api.request import PlanRequest
 from bigtrain.errors import ConfigError
+from bigtrain.planner.hardware import size
 from bigtrain.planner.search import Candidate, search
 
 
@@ -23,10 +24,54 @@ def _fits(candidates: list[Candidate]) -> bool:
 
 
 def alternatives_that_fit(req: PlanRequest) -> dict[str, str]:
-    """Try the obvious ways out (more GPUs, offload, shorter sequences) and say which would fit. More GPUs come as
-    nodes of 8 when the request's nodes are smaller than that (a lone GPU's "node" says nothing about the nodes it
-    would join), which is what lets context parallelism split long rows over them."""
-    found: dict[str, str] = {}
+    """Try the ways out the search does not take by itself and say which would fit, best predicted step first:
+    adapters instead of full fine-tuning (LoRA, QLoRA's 4-bit base), offload the recipe pinned off, a shorter
+    sequence (each by its best plan's predicted step, fastest first), then more GPUs. More GPUs come as nodes of 8
+    when the request's nodes are smaller than that (a lone
+    GPU's "node" says nothing about the nodes it would join), which is what lets context parallelism split long rows
+    over them. (Checkpointing, offload and context parallelism on these GPUs are the search's own choices: had one
+    of them fitted, the search would have found it.)"""
+    found: list[tuple[float, str, str]] = []
+    if req.workload.method == "full":
+        for method in ("lora", "qlora"):
+            workload = replace(req.workload, method=method)
+            if method == "qlora":
+                workload = replace(workload, mixed_precision="bf16")  # QLoRA computes in bf16 over its NF4 base
+            try:
+                candidates = search(req.stats, req.cluster, workload, req.fixed, predict_unrunnable=False)
+            except ConfigError:  # the table refuses the method outright here
+                continue
+            if _fits(candidates):
+                best = candidates[0]
+                found.append(
+                    (
+                        best.time.step_s,
+                        method,
+                        f"{method} adapters ({req.spell.value('method', method)}: {size(best.memory.total_bytes)} "
+                        f"peak per GPU, {best.time.step_s:.3f} s per step)",
+                    )
+                )
+    # offloading needs a sharded backend, and is only a way out if the user has not pinned it already
+    if req.fixed.get("backend") != "ddp":
+        for key in ("offload_params", "offload_optimizer"):
+            if key in req.fixed:
+                continue
+            try:
+                candidates = _search(req, fixed={**req.fixed, key: True})
+            except ConfigError:  # no plan of that kind meets the pins
+                continue
+            if _fits(candidates):
+                pin = f"--fix {key}=true" if req.spell.cli else f"fix={{'{key}': True}}"
+                found.append((candidates[0].time.step_s, "offload", f"offload ({pin})"))
+                break
+    for div in (2, 4, 8, 16):
+        seq = req.workload.seq_len // div
+        if seq >= 2:
+            candidates = _search(req, seq_len=seq)
+            if _fits(candidates):
+                sentence = f"a shorter sequence ({req.spell.value('seq_len', seq)})"
+                found.append((candidates[0].time.step_s, "seq", sentence))
+                break
     for factor in (2, 4, 8, 16, 32, 64):
         gpus = req.cluster.num_gpus * factor
         batch = max(req.workload.global_batch_size, gpus) // gpus * gpus
@@ -37,23 +82,7 @@ def alternatives_that_fit(req: PlanRequest) -> dict[str, str]:
             best = candidates[0].plan
             pin = f"--fix cp={best.cp}" if req.spell.cli else f"fix={{'cp': {best.cp}}}"
             how = f": each row split over {best.cp} of them, {pin}" if best.cp > 1 else ""
-            found["gpus"] = f"{gpus} GPUs ({req.spell.value('gpus', gpus)}{how})"
+            found.append((candidates[0].time.step_s, "gpus", f"{gpus} GPUs ({req.spell.value('gpus', gpus)}{how})"))
             break
-    # offloading needs a sharded backend, and is only a way out if the user has not pinned it already
-    if req.fixed.get("backend") != "ddp":
-        for key in ("offload_params", "offload_optimizer"):
-            if key in req.fixed:
-                continue
-            try:
-                if _fits(_search(req, fixed={**req.fixed, key: True})):
-                    pin = f"--fix {key}=true" if req.spell.cli else f"fix={{'{key}': True}}"
-                    found["offload"] = f"offload ({pin})"
-                    break
-            except ConfigError:  # no plan of that kind meets the pins
-                continue
-    for div in (2, 4, 8, 16):
-        seq = req.workload.seq_len // div
-        if seq >= 2 and _fits(_search(req, seq_len=seq)):
-            found["seq"] = f"a shorter sequence ({req.spell.value('seq_len', seq)})"
-            break
-    return found
+    # what these GPUs can do first, fastest first; more GPUs last
+    return {key: sentence for _, key, sentence in sorted(found, key=lambda f: (f[1] == "gpus", f[0]))}

@@ -160,6 +160,7 @@ def cluster_of(hw: Hardware, no_gpu: str, spell: Spelling = CLI) -> Cluster:
     memory = _memory(hw.gpu_memory, "gpu_memory", spell) or free
     if memory:
         gpu = replace(gpu, memory_bytes=memory)
+    gpu = _named_as_given(gpu, hw, name)
     host = _memory(hw.host_memory, "host_memory", spell)
     cluster = Cluster(gpu, gpus, per_node or min(gpus, 8), host_memory_bytes=host)
     return _with_profile(cluster, hw, stated=bool(memory))
@@ -178,9 +179,18 @@ def written_plan_cluster(hw: Hardware, spell: Spelling = CLI) -> Cluster:
     memory = _memory(hw.gpu_memory, "gpu_memory", spell)
     if memory:
         gpu = replace(gpu, memory_bytes=memory)
+    gpu = _named_as_given(gpu, hw, detected)
     world = hw.gpus or 1
     cluster = Cluster(gpu, world, min(hw.gpus_per_node or 8, world))
     return _with_profile(cluster, hw, stated=bool(memory))
+
+
+def _named_as_given(gpu: GPU, hw: Hardware, detected: str | None) -> GPU:
+    """Only a memory given (no GPU type, none detected): the GPU is named by that memory, and the table's H100
+    speeds it is timed with are said, not passed off as the user's GPU."""
+    if hw.gpu is None and detected is None and hw.gpu_memory is not None:
+        return replace(gpu, name=f"GPU with {gpu.name} speeds")
+    return gpu
 
 
 def _check_counts(hw: Hardware, spell: Spelling, whole_nodes: bool = True) -> None:

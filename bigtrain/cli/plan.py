@@ -13,6 +13,7 @@ import sys
 
 from bigtrain.api.planning import plan
 from bigtrain.api.request import CLI
+from bigtrain.api.result import PlanResult
 from bigtrain.config.schema import FP8_CHOICES, METHODS, PRECISIONS
 
 EXIT_NO_FIT = 3
@@ -64,11 +65,19 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--all",
         action="store_true",
-        help="also show the plans the trainer cannot run yet (e.g. context parallel on DeepSpeed), with the reason",
+        help="also show the plans the trainer cannot run yet (e.g. expert parallel with LoRA), with the reason",
+    )
+    parser.add_argument(
+        "--legend", action="store_true", help="explain every abbreviation of the plan names and every column"
     )
 
 
 def run_plan_command(args: argparse.Namespace) -> int:
+    if args.legend:
+        from bigtrain.planner.explain import COLUMNS, legend
+
+        print("\n".join(["plan names:", *legend(), "", "columns:", f"  {COLUMNS}"]))
+        return 0
     result = plan(
         args.model,
         recipe=args.recipe,
@@ -102,6 +111,9 @@ def run_plan_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
+        if args.recipe:
+            own = _recipe_s_own_plan(args, result)
+            print(own + "\n" if own else "", end="")
         print(result.explain(show_unrunnable=args.all))
         if "simulated" in out:
             simulated, best = out["simulated"]["peak_bytes"], result.plan
@@ -119,3 +131,33 @@ def run_plan_command(args: argparse.Namespace) -> int:
         )
         return EXIT_NO_FIT
     return 0
+
+
+def _recipe_s_own_plan(args: argparse.Namespace, result: PlanResult) -> str | None:
+    """For a recipe with a written plan: that plan predicted first (what ``bigtrain train`` will run), and whether and
+    why the planner's choice below would be better."""
+    from bigtrain.api.planning import recipe_plan
+    from bigtrain.config.load import load_recipe
+    from bigtrain.errors import ConfigError
+
+    cfg = load_recipe(args.recipe)
+    if cfg.parallel.plan == "auto":
+        return None
+    cluster = result.cluster
+    try:
+        own = recipe_plan(
+            cfg, gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node, gpu=args.gpu, gpu_memory=args.gpu_memory
+        )
+    except ConfigError as e:
+        return f"the recipe's own plan cannot run on these {cluster.num_gpus} GPUs: {e}"
+    line = f"the recipe's own plan (what bigtrain train runs): {own.summary()}"
+    if not own.fits:
+        return f"{line}; it does not fit: {own.searched[0].rejected_because or own.searched[0].unsupported}"
+    if own.plan == result.plan:
+        return f"{line}; it is the planner's choice"
+    faster = 1 - result.time.step_s / own.time.step_s
+    verdict = (
+        f"the planner's choice below is {faster:.1%} faster" if faster > 0 else
+        f"the planner's choice below is {-faster:.1%} slower but simpler (a near tie)"
+    )  # fmt: skip
+    return f"{line}; {verdict}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -9,15 +10,14 @@ from bigtrain.config.capabilities import OPTIONS
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
 from bigtrain.planner.adapter_memory import adapter_params, trained_params
-from bigtrain.planner.hardware import Cluster, GiB
+from bigtrain.planner.hardware import Cluster, GiB, count, size
 from bigtrain.planner.memory import host_bytes
 from bigtrain.planner.model_stats import ModelStats
-from bigtrain.planner.search import Candidate
+from bigtrain.planner.search import COMPETITIVE, NEAR_TIE, Candidate
 
 SHOWN_FITTING = 8
 SHOWN_REJECTED = 6
 SHOWN_UNRUNNABLE = 8
-PLAN_WIDTH = 74
 
 
 def describe(plan: Plan) -> str:
@@ -60,11 +60,89 @@ def candidate_name(c: Candidate) -> str:
     return name + (" compile" if c.compile is True else "") + (f" fp8={c.fp8}" if c.fp8 != "none" else "")
 
 
-def _row(c: Candidate) -> str:
+def _gib(n: int) -> str:
+    return f"{n / GiB:.1f}" if n >= GiB // 10 else f"{n / GiB:.3f}"  # a tiny model's peak is not 0.0
+
+
+def _row(c: Candidate, width: int) -> str:
     return (
-        f"{candidate_name(c):{PLAN_WIDTH}s} {c.memory.total_bytes / GiB:8.1f} {c.memory.budget_bytes / GiB:8.1f} "
+        f"{candidate_name(c):{width}s} {_gib(c.memory.total_bytes):>9s} {_gib(c.memory.budget_bytes):>10s} "
         f"{c.time.step_s:9.3f} {c.time.tokens_per_s_per_device:11,.0f} {c.time.mfu:6.1%}"
     )
+
+
+HEADER = ("plan", "peak GiB", "+margin GiB", "step s", "tok/s/dev", "MFU")
+
+# the abbreviations of a plan's name (``describe``): what each means, and how to find it in a name
+LEGEND: tuple[tuple[str, str, str], ...] = (
+    ("zeroN", r"\bzero\d", "sharding stage: fsdp2 zero2 keeps parameters gathered from forward to backward, zero3 "
+     "gathers them twice; deepspeed's ZeRO stage 1/2/3"),
+    ("dp=N", r"\bdp=\d+\b(?!x)", "data-parallel ranks (each reads different rows)"),
+    ("dp=RxS", r"\bdp=\d+x\d+", "hybrid sharding (HSDP): R replicas of S-way sharding"),
+    ("tp=N", r"\btp=\d", "tensor parallel: each block's matrices split over N GPUs of a node"),
+    ("+lp", r"\+lp", "loss parallel: LM head and loss split over the vocabulary too"),
+    ("+sp", r"\+sp", "sequence parallel: norms and residual stream split over the sequence"),
+    ("pp=N/sched", r"\bpp=\d+/", "pipeline parallel: N stages, run with that schedule"),
+    ("cp=N", r"\bcp=\d", "context parallel: each row's sequence split over N GPUs"),
+    ("ep=N", r"\bep=\d", "expert parallel: a mixture's experts split over N GPUs"),
+    ("ac=...", r"\bac=", "activation checkpointing: none, selective (per op) or full (per block)"),
+    ("ac=full/k", r"\bac=\w+/\d", "checkpointing on every k-th block only"),
+    ("mb=N", r"\bmb=\d", "micro-batch: rows per forward on one rank (the rest of the batch is accumulation)"),
+    ("rs=micro", r"\brs=micro", "fsdp2 reduce-scatters gradients after every micro-step (sharded between them)"),
+    ("rs=step", r"\brs=step", "fsdp2 reduces gradients once per optimizer step (kept whole in between)"),
+    ("chunk=N", r"\bchunk=\d", "LM head and loss computed over chunks of N tokens"),
+    ("offload=...", r"\boffload=", "parameters, optimizer states or activations (act) kept in host memory"),
+)  # fmt: skip
+COLUMNS = (
+    "peak GiB: predicted peak of tensor memory per GPU; +margin GiB: with the allocator's margin, what must fit; "
+    "step s: predicted seconds per optimizer step; tok/s/dev: tokens per second per GPU; MFU: model FLOPs "
+    "utilisation"
+)
+
+
+def legend(names: list[str] | None = None) -> list[str]:
+    """The legend lines: of the abbreviations used in ``names``, or all of them (``bigtrain plan --legend``)."""
+    shown = [(k, text) for k, pattern, text in LEGEND if names is None or any(re.search(pattern, n) for n in names)]
+    return [f"  {key:11s} {text}" for key, text in shown]
+
+
+def why_not(c: Candidate, best: Candidate) -> str | None:
+    """Why ``c`` was not chosen over ``best`` (None for the choice itself): slower by how much, a near tie lost to
+    the simpler plan, the method preference, over which budget, or what the trainer cannot run."""
+    if not c.runnable:
+        return f"not runnable yet: {c.unsupported}"
+    if not c.fits:
+        return c.rejected_because
+    if c is best:
+        return None
+    if c.time.step_s > best.time.step_s * (1 + NEAR_TIE):
+        return f"slower: {c.time.step_s:.3f} s per step, {c.time.step_s / best.time.step_s - 1:.1%} more"
+    if c.method != best.method:  # method: auto prefers full fine-tuning while it is competitive
+        return (
+            f"{c.method} at {c.time.step_s:.3f} s per step: {best.method} is preferred while its step takes at most "
+            f"{COMPETITIVE:g}x an adapter plan's"
+        )
+    if c.plan.offload_activations and not best.plan.offload_activations:
+        return "offloads activations: chosen only where no plan without it fits (its copies are not yet measured)"
+    faster = 1 - c.time.step_s / best.time.step_s
+    pace = f"{faster:.1%} faster" if faster > 0 else f"{-faster:.1%} slower"
+    return f"near tie ({pace}, within {NEAR_TIE:.0%}): the choice has fewer moving parts{_simpler(best, c)}"
+
+
+def _simpler(best: Candidate, c: Candidate) -> str:
+    """Where the choice is simpler than ``c``, in a few words (the parts ``complexity`` counts)."""
+    a, b = best.plan, c.plan
+    parts = []
+    if (a.backend, a.zero_stage) != (b.backend, b.zero_stage):
+        parts.append(f"{describe(a).split(' dp=')[0]} over {describe(b).split(' dp=')[0]}")
+    for key in ("tp", "pp", "cp", "ep"):
+        if getattr(a, key) < getattr(b, key):
+            parts.append(f"no {key}={getattr(b, key)}")
+    if a.dp_replicate < b.dp_replicate and b.backend == "fsdp2":
+        parts.append("no replica groups")
+    if a.activation_checkpointing != b.activation_checkpointing:
+        parts.append(f"ac={a.activation_checkpointing} over ac={b.activation_checkpointing}")
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _experts(stats: ModelStats) -> str:
@@ -82,11 +160,18 @@ def render_table(
 ) -> str:
     """The best runnable plans ("*" marks the choice), the best rejected ones with why, and with
     ``show_unrunnable`` the plans the trainer cannot run yet with the reason."""
-    head = f"{'plan':{PLAN_WIDTH}s} {'peak GiB':>8s} {'+margin':>8s} {'step s':>9s} {'tok/s/dev':>11s} {'MFU':>6s}"
+    runnable = [c for c in candidates if c.runnable]
+    fitting = [c for c in runnable if c.fits][:SHOWN_FITTING]
+    rejected = _rejected_shown([c for c in runnable if not c.fits])
+    unrunnable = [c for c in candidates if not c.runnable] if show_unrunnable else []
+    unrunnable = _best_per_reason(unrunnable, SHOWN_UNRUNNABLE)
+    names = [candidate_name(c) for c in fitting + rejected + unrunnable]
+    width = max([len(HEADER[0]), *map(len, names)])
+    head = f"{HEADER[0]:{width}s} {HEADER[1]:>9s} {HEADER[2]:>10s} {HEADER[3]:>9s} {HEADER[4]:>11s} {HEADER[5]:>6s}"
     lines = [
-        f"model {stats.model_type}: {stats.params / 1e9:.2f}B params{_experts(stats)}, {stats.layers} layers, "
+        f"model {stats.model_type}: {count(stats.params)} params{_experts(stats)}, {stats.layers} layers, "
         f"hidden {stats.hidden}, "
-        f"vocab {stats.vocab} | {cluster.num_gpus} x {cluster.gpu.name} ({cluster.gpu.memory_bytes / GiB:.1f} GiB, "
+        f"vocab {stats.vocab} | {cluster.num_gpus} x {cluster.gpu.name} ({size(cluster.gpu.memory_bytes)} each, "
         f"{cluster.gpus_per_node} per node) | global batch {workload.global_batch_size} x seq {workload.seq_len}"
         + (f" | train.compile {workload.compile}".replace(" True", "") if workload.compile else "")
         + (f" | train.fp8 {workload.fp8}" if workload.fp8 != "none" else "")
@@ -94,37 +179,42 @@ def render_table(
         "",
         head,
     ]
-    runnable = [c for c in candidates if c.runnable]
-    fitting = [c for c in runnable if c.fits][:SHOWN_FITTING]
     for i, c in enumerate(fitting):
-        lines.append(("* " if i == 0 else "  ") + _row(c))
+        # why each other plan lost, where it beats the choice on a column (faster, or a smaller peak)
+        beats = i and (c.time.step_s < fitting[0].time.step_s or c.memory.total_bytes < fitting[0].memory.total_bytes)
+        why = f"  {why_not(c, fitting[0])}" if beats else ""
+        lines.append(("* " if i == 0 else "  ") + _row(c, width) + why)
     if not fitting:
         lines.append("  (no plan the trainer can run fits)")
     else:
         note = offload_note(fitting[0], runnable, stats, cluster, workload)
         lines += [note] if note else []
         lines += [adapter_note(fitting[0], candidates, stats, workload)] if fitting[0].method != "full" else []
-    rejected = [c for c in runnable if not c.fits]
     if rejected:
         lines += ["", "best rejected:"]
-        seen = set()
-        for c in rejected:
-            # every memory rejection is its own line; a structural reason ("tp=16 crosses ...") is shown once
-            key = id(c) if "budget" in c.rejected_because else c.rejected_because
-            if key in seen:
-                continue
-            seen.add(key)
-            lines.append(f"  {candidate_name(c):{PLAN_WIDTH}s} {c.rejected_because}")
-            if len(seen) >= SHOWN_REJECTED:
-                break
-    unrunnable = [c for c in candidates if not c.runnable]
-    if show_unrunnable and unrunnable:
+        lines += [f"  {candidate_name(c):{width}s} {c.rejected_because}" for c in rejected]
+    if unrunnable:
         lines += ["", "not runnable yet (bigtrain train refuses these; predicted as if it ran them):"]
-        for c in _best_per_reason(unrunnable, SHOWN_UNRUNNABLE):
+        for c in unrunnable:
             verdict = "fits" if c.fits else c.rejected_because
             missing = c.unsupported.split(";")[0]  # the reason, without the advice meant for a recipe
-            lines.append(f"  {_row(c)}  {verdict}; {missing}")
+            lines.append(f"  {_row(c, width)}  {verdict}; {missing}")
+    if names:
+        lines += ["", "legend (bigtrain plan --legend for all):", *legend(names)]
     return "\n".join(lines)
+
+
+def _rejected_shown(rejected: list[Candidate]) -> list[Candidate]:
+    """The best rejected plans: every memory rejection its own line, a structural reason ("tp=16 crosses ...") once."""
+    seen, shown = set(), []
+    for c in rejected:
+        key = id(c) if "budget" in c.rejected_because else c.rejected_because
+        if key not in seen:
+            seen.add(key)
+            shown.append(c)
+        if len(shown) >= SHOWN_REJECTED:
+            break
+    return shown
 
 
 def offload_note(
@@ -142,8 +232,8 @@ def offload_note(
         else f"plans without offload fit but are slower (best: {describe(kept[0].plan)}, {kept[0].time.step_s:.3f} s)"
     )
     return (
-        f"  offload: the choice keeps {host / GiB:.1f} GiB per GPU in host memory ({per_node / GiB:.0f} GiB per node "
-        f"of {min(cluster.gpus_per_node, cluster.num_gpus)} GPUs, which has {cluster.host_bytes_per_node / GiB:.0f}); "
+        f"  offload: the choice keeps {size(host)} per GPU in host memory ({size(per_node)} per node of "
+        f"{min(cluster.gpus_per_node, cluster.num_gpus)} GPUs, which has {size(cluster.host_bytes_per_node)}); "
         f"{why}"
     )
 

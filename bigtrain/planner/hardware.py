@@ -82,6 +82,22 @@ KNOWN_GPUS: dict[str, GPU] = {
 ALIASES = {"H100-80GB": "H100", "H100-SXM": "H100", "A100": "A100-80GB", "V100": "V100-32GB", "4090": "RTX4090"}
 
 
+def size(n: float) -> str:
+    """Bytes in binary units a person reads: 79.3 GiB, 512 MiB, 3.0 KiB."""
+    for unit, scale in (("TiB", 1024**4), ("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def count(n: float) -> str:
+    """A parameter count: 8.03B, 12.4M, 45.2K."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
 def _normalise(name: str) -> str:
     return re.sub(r"[\s_]+", "-", name.strip()).upper()
 
@@ -168,6 +184,8 @@ def make_cluster(
     gpu = lookup_gpu(gpu_name or "H100")
     if gpu_memory is not None:
         gpu = replace(gpu, memory_bytes=gpu_memory if isinstance(gpu_memory, int) else parse_memory(gpu_memory))
+        if gpu_name is None:  # named as the user gave it: the memory is theirs, the speeds an assumption
+            gpu = replace(gpu, name="GPU with H100 speeds")
     per_node = gpus_per_node or min(num_gpus, 8)
     if per_node < 1:
         raise ConfigError(f"--gpus-per-node {per_node} must be at least 1")

@@ -45,7 +45,7 @@ from bigtrain.config.setup import DataFacts
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.cost import TimeEstimate, estimate_time
-from bigtrain.planner.hardware import Cluster, GiB
+from bigtrain.planner.hardware import Cluster, size
 from bigtrain.planner.memory import estimate_memory, host_bytes
 from bigtrain.planner.memory_terms import MemoryEstimate
 from bigtrain.planner.model_stats import ModelStats
@@ -386,12 +386,12 @@ class _Judge:
         """Why ``plan`` (predicted to need ``mem``) does not fit the GPU's memory or the node's host memory."""
         cluster, budget = self.cluster, self.cluster.gpu.memory_bytes
         if mem.budget_bytes > budget:
-            return f"needs {mem.budget_bytes / GiB:.1f} GiB > {budget / GiB:.1f} GiB budget"
+            return f"needs {size(mem.budget_bytes)} > {size(budget)} budget (peak + margin per GPU)"
         host = host_bytes(self.stats, plan, self.workload) * min(cluster.gpus_per_node, cluster.num_gpus)
         if host > cluster.host_bytes_per_node:
             return (
-                f"needs {host / GiB:.0f} GiB of host memory per node for its offload > "
-                f"{cluster.host_bytes_per_node / GiB:.0f} GiB (--host-memory)"
+                f"needs {size(host)} of host memory per node for its offload > {size(cluster.host_bytes_per_node)} "
+                "(--host-memory)"
             )
         return None
 

@@ -370,4 +370,4 @@ def test_one_gpu_reaches_long_rows_through_activation_offload_within_its_host_me
     offloading = [c for c in small_host if c.plan.offload_activations and c.runnable]
     assert offloading and not any(c.fits for c in offloading)
     said = [c.rejected_because for c in offloading]
-    assert any("GiB of host memory per node for its offload > 8 GiB (--host-memory)" in r for r in said)
+    assert any("of host memory per node for its offload > 8.0 GiB (--host-memory)" in r for r in said)

@@ -30,6 +30,12 @@ ALLOWED = {
     ("planner/cost.py", "plan.offload_params and workload.adapters"): TERM,
     ("planner/tp_time.py", "plan.tp == 1 or plan.loss_parallel"): TERM,
     ("planner/explain.py", "plan.backend == 'fsdp2' and plan.dp_replicate > 1"): "the table's name of a plan (hsdp)",
+    ("planner/explain.py", "(a.backend, a.zero_stage) != (b.backend, b.zero_stage)"): (
+        "the table's words for why a near tie went to the simpler plan"
+    ),
+    ("planner/explain.py", "a.dp_replicate < b.dp_replicate and b.backend == 'fsdp2'"): (
+        "the table's words for why a near tie went to the simpler plan"
+    ),
     ("planner/explain.py", "plan.checkpoint_every > 1 and plan.activation_checkpointing != 'none'"): (
         "the table's name of a plan (ac=full/2)"
     ),
