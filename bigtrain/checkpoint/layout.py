@@ -5,8 +5,10 @@ writing rank), ``recipe.yaml``, ``hf/`` (config, generation config, tokenizer: w
 weights) and ``bigtrain.json``, the manifest. Ranks write into ``.step_N.partial/``; rank 0 writes the manifest and
 renames the folder to ``step_N`` only after every rank's files are on disk, so a folder named ``step_N`` with a
 manifest is complete by construction, and a crash at any moment leaves either the old set or the old set plus the
-new one. The manifest also records each file's size, so a shard that was deleted or truncated later is named when
-loading instead of failing deep inside DCP.
+new one. The manifest also records each file's size and CRC-32, so a shard that was deleted, truncated or damaged in
+place later is named when resuming instead of trained on: each rank checksums the shards it wrote right after writing
+them (into ``.checksums/rank_R.json``, merged into the manifest by rank 0), and a start checks every file before it
+resumes (``run_dir.plan_start`` falls back to the newest checkpoint that passes).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import json
 import os
 import re
 import shutil
+import time
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +48,8 @@ class Manifest:
     torch_version: str
     # an adapter run's frozen base: {"path", "fingerprint"} (checkpoint/base_model.py); None: the whole model is here
     base: dict[str, str] | None = None
+    # every file -> its CRC-32 (8 hex digits) as written; None: a checkpoint from before checksums (sizes only)
+    checksums: dict[str, str] | None = None
 
     def write(self, folder: Path) -> None:
         (folder / MANIFEST).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -113,8 +119,49 @@ def list_files(folder: Path) -> dict[str, int]:
     return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+CHECKSUMS = ".checksums"  # the per-rank checksum files of a save in progress (not part of the published checkpoint)
+_CHUNK = 8 * 2**20
+
+
+def file_checksum(path: Path) -> str:
+    """CRC-32 of a file, read in chunks (zlib's runs at several GB/s: a small share of a save's time)."""
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def write_rank_checksums(partial: Path, rank: int) -> None:
+    """Checksum the DCP shards this rank wrote (``__R_i.distcp``) into ``.checksums/rank_R.json`` for rank 0."""
+    sums = {p.name: file_checksum(p) for p in sorted(partial.glob(f"__{rank}_*.distcp"))}
+    folder = partial / CHECKSUMS
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f".rank_{rank}.json.tmp"
+    tmp.write_text(json.dumps(sums))
+    tmp.rename(folder / f"rank_{rank}.json")  # whole or absent: rank 0 never reads half a file
+
+
+def gather_checksums(partial: Path, world_size: int, timeout_s: float = 600.0) -> dict[str, str]:
+    """Rank 0: every rank's shard checksums (waiting for ranks still computing theirs), the folder then removed."""
+    folder = partial / CHECKSUMS
+    deadline = time.monotonic() + timeout_s
+    files = [folder / f"rank_{r}.json" for r in range(world_size)]
+    while not all(f.is_file() for f in files):
+        if time.monotonic() > deadline:
+            missing = [f.name for f in files if not f.is_file()]
+            raise OSError(f"the shard checksums of {', '.join(missing)} did not arrive in {timeout_s:.0f} s")
+        time.sleep(0.02)
+    sums: dict[str, str] = {}
+    for f in files:
+        sums.update(json.loads(f.read_text()))
+    shutil.rmtree(folder)
+    return sums
+
+
 def check_files(folder: Path, manifest: Manifest) -> None:
-    """Every file the manifest lists is present with its recorded size; raise naming the first one that is not."""
+    """Every file the manifest lists is present with its recorded size (and checksum, where recorded); raise naming
+    the first one that is not."""
     for name, size in manifest.files.items():
         path = folder / name
         if not path.is_file():
@@ -122,6 +169,12 @@ def check_files(folder: Path, manifest: Manifest) -> None:
         actual = path.stat().st_size
         if actual != size:
             raise ConfigError(f"checkpoint {folder} is damaged: {path} has {actual} bytes, {size} were written")
+    for name, expected in (manifest.checksums or {}).items():
+        if file_checksum(folder / name) != expected:
+            raise ConfigError(
+                f"checkpoint {folder} is damaged: {folder / name} does not match the checksum written at save (its "
+                "bytes changed since)"
+            )
 
 
 def publish(partial: Path, final: Path) -> None:

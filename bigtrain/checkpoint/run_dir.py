@@ -20,8 +20,9 @@ from bigtrain.checkpoint.layout import (
     CHECKPOINTS,
     RECIPE,
     Manifest,
+    check_files,
     checkpoints_dir,
-    newest_checkpoint,
+    complete_checkpoints,
     remove_stale,
     resolve_checkpoint,
 )
@@ -73,7 +74,17 @@ def plan_start(cfg: RecipeConfig) -> Start:
             f"output_dir {out} holds outputs ({', '.join(earlier)}) of a run without its recipe.yaml; "
             "use another output_dir, or --set checkpoint.resume=false to move them aside and start over"
         )
-    folder = newest_checkpoint(checkpoints_dir(out)) if resume == "auto" else resolve_checkpoint(resume)
+    skipped: list[str] = []
+    if resume == "auto":
+        folder, skipped = newest_good_checkpoint(checkpoints_dir(out))
+    else:
+        folder = resolve_checkpoint(resume)
+        check_files(folder, Manifest.read(folder))  # a checkpoint named by the recipe is used whole or refused
+    if folder is None and skipped:  # starting over would silently throw the run away
+        raise ConfigError(
+            f"every checkpoint of {checkpoints_dir(out)} is damaged ({' '.join(skipped)}); restore one, or --set "
+            "checkpoint.resume=false to start over"
+        )
     if folder is None:
         # nothing to resume: a fresh start, but the earlier start's metrics are kept, not overwritten
         note = (
@@ -90,7 +101,22 @@ def plan_start(cfg: RecipeConfig) -> Start:
             f"the run is finished: {folder} is at step {step} and train.steps={cfg.train.steps}; {where}. Raise "
             "train.steps to train on, or --set checkpoint.resume=false to start over"
         )
-    return Start(folder, step, False, f"resuming from {folder} (step {step} of {cfg.train.steps})")
+    resuming = f"resuming from {folder} (step {step} of {cfg.train.steps})"
+    return Start(folder, step, False, " ".join([*skipped, resuming]))
+
+
+def newest_good_checkpoint(root: Path) -> tuple[Path | None, list[str]]:
+    """The newest complete checkpoint whose files are whole (sizes and checksums), and a line for each newer one
+    that is damaged: a crash cannot leave one (saves publish whole), but a disk or a person can."""
+    skipped = []
+    for _, folder in reversed(complete_checkpoints(root)):
+        try:
+            check_files(folder, Manifest.read(folder))
+        except ConfigError as e:
+            skipped.append(f"{e}: skipped.")
+            continue
+        return folder, skipped
+    return None, skipped
 
 
 def prepare_output_dir(start: Start, cfg: RecipeConfig) -> None:

@@ -29,12 +29,15 @@ from bigtrain.checkpoint.layout import (
     RECIPE,
     Manifest,
     checkpoints_dir,
+    file_checksum,
+    gather_checksums,
     list_files,
     newest_checkpoint,
     partial_dir,
     prune,
     publish,
     step_dir,
+    write_rank_checksums,
 )
 from bigtrain.checkpoint.state import capture
 from bigtrain.checkpoint.storage import storage_problem
@@ -94,8 +97,11 @@ class Checkpointer:
         try:
             if self._group is None:
                 dcp.save(state, checkpoint_id=partial)
+                write_rank_checksums(partial, self.rank)
             else:
                 future = dcp.async_save(state, checkpoint_id=partial, process_group=self._group)
+                # in the writer's thread as soon as this rank's shards are on disk: no step of the loop waits for it
+                future.add_done_callback(lambda done: done.exception() or write_rank_checksums(partial, self.rank))
                 self._pending = _Pending(future, step, tokens)
                 return
         except (Exception, CheckpointException) as e:  # DCP gathers every rank's write result: every rank is here
@@ -146,6 +152,7 @@ class Checkpointer:
     def _publish(self, step: int, tokens: int) -> Path:
         """The small files and the manifest into the partial folder, then its rename: the checkpoint exists."""
         partial, final = partial_dir(self.root, step), step_dir(self.root, step)
+        shard_sums = gather_checksums(partial, dist.get_world_size())
         (partial / RECIPE).write_text(dump_recipe(self.cfg))
         write_hf_files(partial / HF_FILES, self.hf_config, self.cfg.model.name_or_path, self.cfg.data.tokenizer)
         Manifest(
@@ -158,6 +165,8 @@ class Checkpointer:
             files=list_files(partial),
             torch_version=torch.__version__,
             base=self.base,
+            # the shards' as their writers computed them; rank 0 reads only the small files it wrote
+            checksums={n: shard_sums.get(n) or file_checksum(partial / n) for n in list_files(partial)},
         ).write(partial)
         publish(partial, final)
         return final

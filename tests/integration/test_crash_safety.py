@@ -81,6 +81,29 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_in_charge(inputs,
     assert_same_run(tmp_path / "out", straight)
 
 
+def test_a_shard_damaged_in_place_is_named_and_the_previous_checkpoint_resumes(inputs, straight, tmp_path):
+    """A shard of the newest checkpoint zeroed in place at the same size (what size checks cannot see): the next
+    start names the file, resumes from the checkpoint before it, and ends as the uninterrupted run."""
+    path = recipe(inputs, tmp_path)
+    checkpoints = tmp_path / "out" / "checkpoints"
+    first = run_torchrun(["train", str(path)])
+    assert first.returncode == 0, first.stderr[-3000:]
+    shard = sorted((checkpoints / f"step_{STEPS}").glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 4096] = bytes(4096)  # a tensor's bytes zeroed, the file's size unchanged
+    shard.write_bytes(bytes(data))
+
+    proc = run_torchrun(["train", str(path)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (
+        f"checkpoint {checkpoints / f'step_{STEPS}'} is damaged: {shard} does not match the checksum written at "
+        "save" in proc.stderr
+    )
+    assert f"resuming from {checkpoints / f'step_{STEPS - 2}'}" in proc.stderr
+    assert_same_run(tmp_path / "out", straight)
+
+
 @pytest.mark.full
 def test_torchrun_max_restarts_resumes_by_itself(inputs, straight, tmp_path):
     marker = tmp_path / "crashed-once"
