@@ -59,7 +59,7 @@ def require_causal_attention(hf_config: Any, key: str) -> None:
         raise ConfigError(
             f"{key}: model_type {hf_config.model_type!r} is an encoder whose attention sees the whole sequence "
             "(is_causal=False), so every position would see the token it predicts; bigtrain trains causal LMs "
-            "(a decoder-only model such as llama, qwen2, mistral or gpt2, or this one with is_decoder=true)"
+            "(a decoder-only model such as llama, qwen2, mistral or gpt2)"
         )
 
 

@@ -61,6 +61,12 @@ class ModelConfig:
         "family, else eager), sdpa, eager, flash_attention_2 (where installed), flex_attention.",
         default="auto",
     )
+    trust_remote_code: bool = doc(
+        "Allow a model folder whose config names its own Python code (auto_map) to run that code when its config "
+        "is read (transformers' trust_remote_code). bigtrain trains the families transformers ships; a model of "
+        "its own code is refused either way, with or without running it.",
+        default=False,
+    )
 
 
 @dataclass

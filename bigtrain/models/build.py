@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,6 @@ from bigtrain.errors import ConfigError
 
 def load_hf_config(cfg: ModelConfig) -> Any:
     """The ``PretrainedConfig`` of the recipe's model, from a local folder or from ``model.config``."""
-    from transformers import AutoConfig
 
     if (cfg.name_or_path is None) == (cfg.config is None):
         raise ConfigError("set exactly one of model.name_or_path (a local HF folder) or model.config (a config dict)")
@@ -38,12 +38,42 @@ def load_hf_config(cfg: ModelConfig) -> Any:
                 f"model.name_or_path={cfg.name_or_path!r} is not a local HF model folder (no config.json); "
                 "save one with model.save_pretrained(PATH) or use model.config"
             )
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
         key = f"model.name_or_path={cfg.name_or_path!r}"
+        config = _read_config(path, key, cfg.trust_remote_code)
         require_causal_lm(config.model_type, key)
         require_causal_attention(config, key)
         return config
     return hf_config_from_dict(cfg.config or {}, key="model.config")
+
+
+def _read_config(path: Path, key: str, trust_remote_code: bool) -> Any:
+    """The folder's config through transformers, after what transformers would only show as a traceback (a
+    config.json that is not JSON) or ask on every rank's terminal (run the folder's own code?) is said in one line."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{key}: {path / 'config.json'} is not valid JSON ({e}); fix or re-save the file") from e
+    own_code = isinstance(raw, dict) and "auto_map" in raw and raw.get("model_type") not in CONFIG_MAPPING_NAMES
+    if own_code and not trust_remote_code:
+        raise ConfigError(
+            f"{key}: the model's config names its own Python code (auto_map, model_type "
+            f"{raw.get('model_type')!r}), which transformers does not ship; bigtrain runs no code from a model "
+            "folder unless model.trust_remote_code=true, and trains only the families transformers ships"
+        )
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    except (ValueError, OSError, KeyError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{key}: transformers cannot read its config: {first}") from e
+    if own_code:
+        raise ConfigError(
+            f"{key}: model_type {config.model_type!r} is the folder's own code (auto_map), not a family transformers "
+            "ships; bigtrain plans, shards and checkpoints models by the classes transformers ships: use one of those"
+        )
+    return config
 
 
 def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:
