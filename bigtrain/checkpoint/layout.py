@@ -184,7 +184,12 @@ def check_files(folder: Path, manifest: Manifest) -> None:
 
 
 def publish(partial: Path, final: Path) -> None:
-    """Make ``partial`` visible as ``final`` in one rename (an older ``final`` is replaced, never half-deleted)."""
+    """Make ``partial`` visible as ``final`` in one rename (an older ``final`` is replaced, never half-deleted), its
+    files readable as the user's umask says (safetensors writes its files 0600 whatever the umask)."""
+    mode = 0o666 & ~_umask()
+    for path in partial.rglob("*"):
+        if path.is_file():
+            path.chmod(mode)
     replaced = final.with_name(final.name + ".replaced")
     if final.exists():
         shutil.rmtree(replaced, ignore_errors=True)
@@ -192,6 +197,12 @@ def publish(partial: Path, final: Path) -> None:
     os.rename(partial, final)
     _fsync_dir(final.parent)
     shutil.rmtree(replaced, ignore_errors=True)
+
+
+def _umask() -> int:
+    current = os.umask(0)  # the only way to read it is to set it: put back at once
+    os.umask(current)
+    return current
 
 
 def _fsync_dir(folder: Path) -> None:

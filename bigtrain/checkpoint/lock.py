@@ -48,16 +48,30 @@ class OutputDirLock:
             os.close(fd)
             log.warning("output_dir lock not taken (%s does not support locks: %s); run on unlocked", self.path, e)
             return None
+        if not _still_named(fd, self.path):  # a run that ended removed it while this start waited to lock it
+            os.close(fd)
+            return self.acquire()
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(_holder()).encode(), 0)
         os.fsync(fd)
         self._fd = fd
         return None
 
-    def release(self) -> None:
+    def release(self, remove: bool = False) -> None:
+        """Give the lock up; ``remove``: at a clean end, the file goes too (unlinked while still held: a start that
+        opened it meanwhile finds, once it holds it, that the path no longer names it, and takes a new one)."""
         if self._fd is not None:
+            if remove:
+                self.path.unlink(missing_ok=True)
             os.close(self._fd)  # closing any descriptor of the file releases a POSIX lock
             self._fd = None
+
+
+def _still_named(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def _holder() -> dict[str, object]:

@@ -74,13 +74,16 @@ log = logging.getLogger("bigtrain")
 
 def run_training(cfg: RecipeConfig) -> TrainResult:
     job = TrainingJob(cfg)
+    ended = False
     try:
         with job:
             result = job.fit()
         if job.env.rank == 0:
             write_final_model(cfg, result)
+        ended = True
     finally:
-        job.output_lock.release()  # output_dir is the run's until its final model is written
+        # output_dir is the run's until its final model is written; a clean end leaves no lock file behind
+        job.output_lock.release(remove=ended)
     return result
 
 

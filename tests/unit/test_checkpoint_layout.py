@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
@@ -134,3 +135,20 @@ def test_a_resumed_run_keeps_metrics_up_to_its_checkpoint(tmp_path):
     assert steps == [1, 2, 3]
     MetricsWriter(str(tmp_path), enabled=True).close()  # a new run starts a new file
     assert (tmp_path / "metrics.jsonl").read_text() == ""
+
+
+def test_published_files_are_readable_as_the_umask_says(tmp_path):
+    from bigtrain.checkpoint.layout import publish
+
+    partial = tmp_path / ".step_1.partial"
+    (partial / "hf").mkdir(parents=True)
+    for name in ("model.safetensors", "hf/config.json"):
+        (partial / name).write_bytes(b"x")
+        (partial / name).chmod(0o600)  # as safetensors writes its files
+    old = os.umask(0o027)
+    try:
+        publish(partial, tmp_path / "step_1")
+    finally:
+        os.umask(old)
+    for name in ("model.safetensors", "hf/config.json"):
+        assert (tmp_path / "step_1" / name).stat().st_mode & 0o777 == 0o640

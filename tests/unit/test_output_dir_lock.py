@@ -3,6 +3,7 @@ however it dies, leaves the directory free."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -31,3 +32,17 @@ def test_a_held_output_dir_names_its_holder_and_is_free_once_the_holder_is_kille
     assert lock.acquire() is None
     assert (tmp_path / LOCK_FILE).is_file()
     lock.release()
+
+
+def test_a_clean_end_removes_the_lock_file_and_the_next_start_takes_a_new_one(tmp_path):
+    first = OutputDirLock(tmp_path)
+    assert first.acquire() is None
+    waiting = os.open(first.path, os.O_RDWR)  # a start that opened the file before the end, as the race has it
+    first.release(remove=True)
+    assert not first.path.exists()
+    second = OutputDirLock(tmp_path)
+    assert second.acquire() is None and second.path.exists()
+    assert os.fstat(waiting).st_ino != os.stat(second.path).st_ino  # the old inode is nobody's lock any more
+    os.close(waiting)
+    second.release()
+    assert second.path.exists()  # a lock given up without remove (a failed run) stays, as before
