@@ -46,7 +46,11 @@ def main() -> None:
     on_cpu = not torch.cuda.is_available()
     # The arguments first: with DeepSpeed ZeRO-3 they make the model below be built partitioned (zero.Init).
     args = result.to_training_arguments(
-        output_dir=cfg.output_dir, use_cpu=on_cpu, train_sampling_strategy="sequential", save_strategy="no"
+        output_dir=cfg.output_dir,
+        use_cpu=on_cpu,
+        train_sampling_strategy="sequential",
+        save_strategy="no",
+        log_level="info",  # the Trainer's own lines, and with them MemoryCheckCallback's
     )
     torch.manual_seed(cfg.train.seed)
     if cfg.model.name_or_path:

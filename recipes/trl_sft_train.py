@@ -48,6 +48,7 @@ def main() -> None:
         output_dir=cfg.output_dir,
         use_cpu=on_cpu,
         train_sampling_strategy="sequential",
+        log_level="info",  # the Trainer's own lines, and with them MemoryCheckCallback's
         save_strategy="no",
         assistant_only_loss=True,
         packing=False,

@@ -8,7 +8,9 @@ file and an object made from one plan say the same. The translation's notes (wha
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from bigtrain.api.request import planning
@@ -106,7 +108,8 @@ def to_training_arguments(
 ) -> TrainingArguments:
     from transformers import TrainingArguments
 
-    return TrainingArguments(**trainer_keywords(cfg, plan, model_config, overrides))
+    with _built_where_it_trains(plan, cfg):
+        return TrainingArguments(**trainer_keywords(cfg, plan, model_config, overrides))
 
 
 def to_sft_config(cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any], overrides: dict[str, Any]) -> Any:
@@ -115,7 +118,26 @@ def to_sft_config(cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any], o
     except ImportError as e:
         raise ConfigError("to_sft_config needs TRL: pip install 'bigtrain[trl]'") from e
     overrides = {"max_length": cfg.data.seq_len, **overrides}
-    return SFTConfig(**trainer_keywords(cfg, plan, model_config, overrides))
+    with _built_where_it_trains(plan, cfg):
+        return SFTConfig(**trainer_keywords(cfg, plan, model_config, overrides))
+
+
+@contextlib.contextmanager
+def _built_where_it_trains(plan: Plan, cfg: RecipeConfig) -> Iterator[None]:
+    """transformers checks the machine that builds TrainingArguments (bf16 or fp16 needs a GPU with it here): a plan
+    made on a laptop for a cluster gets bigtrain's words and what to do, not transformers' "doesn't support"."""
+    try:
+        yield
+    except ValueError as e:
+        said = str(e)
+        if not (("bf16" in said or "fp16" in said.lower()) and ("support" in said or "can only be used" in said)):
+            raise
+        raise ConfigError(
+            f"TrainingArguments with {cfg.train.mixed_precision} mixed precision can only be built on a machine "
+            f"with a GPU that has it (transformers checks the machine that builds them, and this one has none): "
+            f"build them in the training script on the cluster (the plan travels as result.plan or "
+            f"bigtrain export --to hf-trainer), or pass use_cpu=True to try the plan on CPU processes here"
+        ) from e
 
 
 def to_accelerate(cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any]) -> dict[str, Any]:

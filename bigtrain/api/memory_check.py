@@ -2,7 +2,9 @@
 
 ``check_memory(result)`` is for an accelerate (or any) loop: call it after the first steps on each rank; it reads
 this rank's peak and logs both numbers. ``MemoryCheckCallback(result)`` does the same for HF ``Trainer`` / TRL after
-``after_steps`` optimizer steps, logging the line and adding it to ``trainer.state.log_history``.
+``after_steps`` optimizer steps, logging the line through transformers' logger (shown with the Trainer's own lines
+under ``TrainingArguments(log_level="info")``; a gap beyond the stated error is a warning, shown by default) and adding
+it to ``trainer.state.log_history``.
 
 On a GPU the measured figure is ``torch.cuda.max_memory_allocated`` (what the planner predicts: tensor memory, the
 CUDA context and allocator slack excluded) and a gap beyond the planner's stated error (10%, docs/accuracy.md) is a
@@ -19,11 +21,14 @@ from typing import Any
 
 import torch
 from transformers import TrainerCallback
+from transformers.utils import logging as hf_logging
 
 from bigtrain.train.metrics import peak_memory_bytes
 
 log = logging.getLogger("bigtrain")
 
+# a child of transformers' root logger: its handler and the verbosity the Trainer sets from log_level
+TRAINER_LOG = hf_logging.get_logger("transformers.bigtrain")
 STATED_ERROR = 0.10  # the planner's memory error bound (docs/accuracy.md: every simulated case within 10%)
 
 
@@ -85,7 +90,11 @@ def _predicted(prediction: Any) -> int:
 
 
 def check_memory(
-    prediction: Any, device: torch.device | str | None = None, tolerance: float = STATED_ERROR, logs: bool = True
+    prediction: Any,
+    device: torch.device | str | None = None,
+    tolerance: float = STATED_ERROR,
+    logs: bool = True,
+    logger: logging.Logger = log,
 ) -> MemoryCheck:
     """Compare this rank's measured peak with ``prediction`` (a ``PlanResult`` or bytes) and log the line (a
     warning when a GPU's figure is beyond ``tolerance``). Local to this rank: no collective, call it on any rank.
@@ -95,7 +104,7 @@ def check_memory(
     check = MemoryCheck(_predicted(prediction), measured, measures, tolerance)
     if logs:
         level = logging.WARNING if check.within_tolerance is False else logging.INFO
-        log.log(level, check.line())
+        logger.log(level, check.line())
     return check
 
 
@@ -124,7 +133,10 @@ class MemoryCheckCallback(TrainerCallback):
         if self.check is not None or state.global_step < self.after_steps:
             return control
         device = getattr(args, "device", None)
-        self.check = check_memory(self.predicted, device, self.tolerance, logs=state.is_world_process_zero)
+        # through transformers' logger, as the Trainer's own lines: TrainingArguments(log_level="info") shows it
+        self.check = check_memory(
+            self.predicted, device, self.tolerance, logs=state.is_world_process_zero, logger=TRAINER_LOG
+        )
         if state.is_world_process_zero:
             state.log_history.append(
                 {

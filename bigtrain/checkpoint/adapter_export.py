@@ -96,7 +96,8 @@ def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
     from bigtrain.parallel.transforms.adapters import peft_config
 
     folder = resolve_checkpoint(checkpoint)
-    check_files(folder, Manifest.read(folder))
+    manifest = Manifest.read(folder)
+    check_files(folder, manifest)
     cfg = adapter_recipe(folder)
     if cfg is None:
         raise ConfigError(f"checkpoint {folder} trained the whole model (train.method=full): it has no adapter")
@@ -111,8 +112,14 @@ def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
         aliases = _aliases(folder) if cfg.lora.modules_to_save else {}
         tied = {alias: value.clone() for name, value in adapters.items() for alias in aliases.get(name, [])}
         config = peft_config(cfg.lora, _targets(cfg, adapters), tied=bool(tied))
-        config.base_model_name_or_path = cfg.model.name_or_path
+        # the base by the absolute path the run recorded: AutoPeftModelForCausalLM.from_pretrained(this folder)
+        # then finds it from any directory, never asking the hub for a relative name
+        recorded = (manifest.base or {}).get("path")
+        config.base_model_name_or_path = recorded or str(Path(cfg.model.name_or_path).resolve())
         config.save_pretrained(str(partial))
+        for file in (folder / HF_FILES).iterdir():  # the run's tokenizer (and chat template) beside the adapter
+            if file.is_file() and file.name not in ("config.json", "generation_config.json"):
+                shutil.copy2(file, partial / file.name)
         tensors = {PEFT_PREFIX + name: value.contiguous() for name, value in {**tied, **adapters}.items()}
         save_file(tensors, str(partial / ADAPTER_FILE), metadata={"format": "pt"})
     except BaseException:

@@ -46,7 +46,8 @@ def base_record(name_or_path: str | None) -> dict[str, str] | None:
     values come from train.seed and are rebuilt exactly)."""
     if name_or_path is None:
         return None
-    return {"path": str(name_or_path), "fingerprint": fingerprint(name_or_path)}
+    # absolute: the adapter folder exported from it names its base so that it loads from any directory
+    return {"path": str(Path(name_or_path).resolve()), "fingerprint": fingerprint(name_or_path)}
 
 
 def check_base(name_or_path: str | Path | None, recorded: dict[str, str] | None, what: str) -> None:

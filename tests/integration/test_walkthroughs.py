@@ -85,7 +85,10 @@ def test_adapter_walkthrough_runs_as_written(tmp_path):
     name, count = outputs[2].stdout.split()
     assert name == "PeftModelForCausalLM" and int(count) > 0
     config = json.loads((run / "adapter" / "adapter_config.json").read_text())
-    assert config["r"] == 8 and config["lora_alpha"] == 16 and config["base_model_name_or_path"] == "chat_demo/base"
+    assert config["r"] == 8 and config["lora_alpha"] == 16
+    # portable: the base by its absolute path, the tokenizer beside the adapter (it loads from any directory)
+    assert config["base_model_name_or_path"] == str((tmp_path / "chat_demo" / "base").resolve())
+    assert (run / "adapter" / "tokenizer.json").is_file() and (run / "adapter" / "chat_template.jinja").is_file()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evaluated = [r["eval_loss"] for r in records if "eval_loss" in r]
     assert len(records) == 40 and evaluated[-1] < evaluated[0]  # the adapters learn

@@ -9,12 +9,14 @@ import typing
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from helpers import REPO, save_tiny_model
 
 import bigtrain
 from bigtrain.config.load import load_recipe
 from bigtrain.config.resolve import resolve_plan
+from bigtrain.errors import ConfigError
 from bigtrain.planner.model_stats import load_model_config
 
 RECIPES = sorted(p.name for p in (REPO / "recipes").glob("*.yaml"))
@@ -286,3 +288,12 @@ def test_a_model_argument_wins_over_the_recipe_s_in_the_recipe_it_writes(tmp_pat
     recipe = result.to_recipe()
     assert recipe["model"]["name_or_path"] == str(folder) and recipe["model"].get("config") is None
     assert recipe["lora"]["r"] == 4 and recipe["data"]["path"] == load_recipe(REPO / "recipes/quickstart.yaml").data.path
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="transformers accepts bf16 TrainingArguments on a bf16 GPU")
+def test_training_arguments_for_a_cluster_built_on_a_laptop_say_what_to_do():
+    result = bigtrain.plan("llama-3-8b", gpus=8, gpu="H100")  # as docs/api.md shows it
+    with pytest.raises(ConfigError, match=r"TrainingArguments with bf16 mixed precision can only be built on a machine "
+                       r"with a GPU that has it .* or pass use_cpu=True"):  # fmt: skip
+        result.to_training_arguments(output_dir="out")
+    assert result.to_training_arguments(output_dir="out", use_cpu=True).bf16
