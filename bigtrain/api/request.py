@@ -345,6 +345,11 @@ def check_plan_seq_len(model_config: dict[str, Any], seq_len: int, key: str = "-
     from bigtrain.models.build import build_meta_model
     from bigtrain.train.checks import check_sequence_length
 
+    limits = [model_config.get(k) for k in ("max_position_embeddings", "n_positions", "n_ctx")]
+    if all(isinstance(n, int) for n in limits if n is not None) and seq_len <= min(
+        (n for n in limits if n is not None), default=0
+    ):
+        return  # within every position limit the config states: nothing to refuse or warn (no model to build)
     hf_config = hf_config_from_dict(dict(model_config))
     probe = build_meta_model(one_block(hf_config), "auto")
     check_sequence_length(hf_config, probe, seq_len, is_main=True, key=key)
@@ -386,6 +391,11 @@ def zero3_init_paused() -> Iterator[None]:
     """While a ``TrainingArguments`` with a ZeRO-3 DeepSpeed config lives in the process, transformers builds every
     model partitioned (``deepspeed.zero.Init``); the planner's probe models are meta-device sketches and must not be.
     The user's config is set back on the way out."""
+    import sys
+
+    if "transformers.integrations.deepspeed" not in sys.modules:  # nothing set one: nothing to pause (no import)
+        yield
+        return
     from transformers.integrations import deepspeed as hf_deepspeed
 
     ref = hf_deepspeed._hf_deepspeed_config_weak_ref  # transformers keeps only a weak reference to it

@@ -83,8 +83,26 @@ def hf_config_from_dict(spec: dict[str, Any], key: str = "model.config") -> Any:
     """A ``PretrainedConfig`` from a dict that names its ``model_type``; transformers fills every field left out.
     Encoders and other models that are not causal LMs are refused. ``key`` names where the dict came from."""
     config = config_object(spec, key)
-    require_causal_attention(config, key)
+    if may_see_both_ways(config):
+        require_causal_attention(config, key)
     return config
+
+
+def may_see_both_ways(hf_config: Any) -> bool:
+    """Whether a causal-LM family could be an encoder underneath (and so needs ``require_causal_attention``'s probe,
+    which imports transformers' modelling code: seconds a plan should not spend on a Llama): the families transformers
+    also lists as masked or sequence-to-sequence LMs, and any whose config carries ``is_decoder`` (BERT-generation,
+    GPT-NeoX). Decoder-only families have none of these."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+    )
+
+    model_type = hf_config.model_type
+    both_ways = (
+        model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES or model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+    )
+    return both_ways or hasattr(hf_config, "is_decoder")
 
 
 # transformers' tensor-parallel styles that bigtrain maps onto torch's DTensor styles (parallel/transforms/
