@@ -22,6 +22,7 @@ PLOTS: dict[str, tuple[str, str, list[tuple[str, str]], float]] = {
     "loss.png": ("Loss", "cross-entropy per predicted token", [("loss", "train"), ("eval_loss", "eval")], 1.0),
     "lr.png": ("Learning rate", "lr", [("lr", "lr")], 1.0),
     "tokens_per_s.png": ("Throughput", "tokens / s", [("tokens_per_s", "tokens/s")], 1.0),
+    # titled by what was measured (records' peak_mem_measures): tensor memory on a GPU, the process's RSS on a CPU
     "memory.png": ("Peak memory (rank 0)", "GiB", [("peak_mem_bytes", "peak")], 1 / 2**30),
 }
 
@@ -52,6 +53,16 @@ def series(records: list[dict[str, Any]], key: str, scale: float = 1.0) -> tuple
     return steps, values
 
 
+def _memory_words(records: list[dict[str, Any]]) -> tuple[str, str]:
+    """The memory plot's title and axis for what its numbers are."""
+    measures = next((r["peak_mem_measures"] for r in reversed(records) if "peak_mem_measures" in r), None)
+    if measures == "peak RSS":
+        return "Peak RSS of the process (rank 0, CPU: Python and libraries included)", "GiB (RSS)"
+    if measures is not None:
+        return f"Peak tensor memory (rank 0, {measures})", "GiB"
+    return "Peak memory (rank 0)", "GiB"
+
+
 def write_report(output_dir: str | Path, out: str | Path | None = None) -> list[Path]:
     """Draw the plots into ``out`` (default OUTPUT_DIR/report); returns the files written."""
     try:
@@ -71,6 +82,9 @@ def write_report(output_dir: str | Path, out: str | Path | None = None) -> list[
             steps, values = series(records, key, scale)
             if steps:
                 ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
+        if name == "memory.png":
+            title, ylabel = _memory_words(records)
+            ax.set_ylim(bottom=0)  # from zero: a rise of a few MiB is not drawn as a cliff
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.set_ylabel(ylabel)

@@ -152,8 +152,13 @@ class TrainLoop:
                     dt = time.perf_counter() - t0
                     step += 1
                     tokens += tokens_per_step
-                    peak, _ = peak_memory_bytes(self.device)
-                    record.update(tokens_per_s=tokens_per_step / dt, peak_mem_bytes=peak, tokens=tokens)
+                    peak, measures = peak_memory_bytes(self.device)
+                    record.update(
+                        tokens_per_s=tokens_per_step / dt,
+                        peak_mem_bytes=peak,
+                        peak_mem_measures=measures,
+                        tokens=tokens,
+                    )
                     if self.eval_due(step) and math.isfinite(record["loss"]):  # a diverged step stops below
                         record.update(self.evaluate())
                     record["elapsed_s"] = time.perf_counter() - start
