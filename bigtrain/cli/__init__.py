@@ -243,11 +243,19 @@ def _probe(args: argparse.Namespace, env: LaunchEnv) -> int:
 
         worker_args = ["-v"] * args.verbose + ["probe"] + (["-o", str(output)] if output else [])
         return launch_local(args.nproc, worker_args)
-    from bigtrain.measure.probe import run_probe
+    from bigtrain.measure.probe import run_probe, summary
 
+    if env.rank == 0:
+        logging.getLogger("bigtrain").info(
+            "probe: measuring matmuls, host copies%s (about 20 s on a CPU)", " and collectives" * env.launched
+        )
     profile = run_probe(output)
-    if output is None and env.rank == 0:
-        print(json.dumps(profile, indent=1))
+    if env.rank == 0:
+        print(summary(profile))
+        if output is None:
+            print(json.dumps(profile, indent=1))
+        else:
+            logging.getLogger("bigtrain").info("probe: profile written to %s (--hardware-profile %s)", output, output)
     return 0
 
 

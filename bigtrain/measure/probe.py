@@ -101,8 +101,12 @@ def projection_shapes() -> list[tuple[int, int, int]]:
     for hidden, ffn in PROJECTION_WIDTHS:
         for tp in TP_DEGREES:
             for m in PROJECTION_TOKENS:
-                shapes |= {(m, hidden, hidden // tp), (m, hidden // tp, hidden), (m, hidden, ffn // tp),
-                           (m, ffn // tp, hidden)}
+                shapes |= {
+                    (m, hidden, hidden // tp),
+                    (m, hidden // tp, hidden),
+                    (m, hidden, ffn // tp),
+                    (m, ffn // tp, hidden),
+                }
     return sorted(shapes)
 
 
@@ -131,12 +135,14 @@ def fp8_rates(device: torch.device) -> list[dict[str, Any]]:
             "rowwise": (torch.ones(m, 1, device=device), torch.ones(1, n, device=device)),
         }
         for recipe, (sa, sb) in scales.items():
+
             def product(a=a, b=b, sa=sa, sb=sb):
                 return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
 
             seconds = median_seconds(product, device)
-            out.append({"dtype": "fp8", "scaling": recipe, "m": m, "k": k, "n": n,
-                        "tflops": 2 * m * k * n / seconds / 1e12})
+            out.append(
+                {"dtype": "fp8", "scaling": recipe, "m": m, "k": k, "n": n, "tflops": 2 * m * k * n / seconds / 1e12}
+            )
     return out
 
 
@@ -179,10 +185,15 @@ def collective_bandwidth(device: torch.device, sizes_mib: list[int]) -> list[dic
         }
         for op, (fn, factor) in ops.items():
             seconds = median_seconds(fn, device, repeats=5, warmup=2)
-            out.append({
-                "op": op, "ranks": n, "mib": mib, "seconds": seconds,
-                "bus_gbps": full.numel() * 4 * factor / seconds / 1e9,
-            })
+            out.append(
+                {
+                    "op": op,
+                    "ranks": n,
+                    "mib": mib,
+                    "seconds": seconds,
+                    "bus_gbps": full.numel() * 4 * factor / seconds / 1e9,
+                }
+            )
     return out
 
 
@@ -228,3 +239,20 @@ def run_probe(output: Path | None) -> dict[str, Any]:
     if env.rank == 0 and output is not None:
         output.write_text(json.dumps(profile, indent=1) + "\n")
     return profile
+
+
+def summary(profile: dict[str, Any]) -> str:
+    """The profile as a table a person reads (the JSON is what the planner reads)."""
+    rows = [
+        (f"matmul {m['dtype']} {m['m']}x{m['k']}x{m['n']}", f"{m['tflops']:.3f} TFLOP/s") for m in profile["matmul"]
+    ]
+    rows.append(("host copy", f"{profile['copy_gbps']:.1f} GB/s"))
+    rows += [
+        (f"{c['op']} over {c['ranks']} ranks, {c['mib']} MiB", f"{c['bus_gbps']:.2f} GB/s (bus)")
+        for c in profile.get("collectives", [])
+    ]
+    for kind, seconds in (profile.get("tp_block_overhead_s") or {}).items():
+        rows.append((f"tp block overhead, {kind.replace('_', ' ')}", f"{seconds * 1e3:.2f} ms"))
+    width = max(len(label) for label, _ in rows)
+    head = [f"{profile['device']} (torch {profile['torch']})", ""]
+    return "\n".join(head + [f"{label:{width}s}   {value:>18s}" for label, value in rows])
