@@ -27,9 +27,12 @@ from bigtrain.models.checkpoint_keys import to_checkpoint_keys
 MAX_SHARD_BYTES = 2 * 2**30  # per safetensors file, like HF's sharded checkpoints
 
 
-def write_hf_files(folder: Path, hf_config: Any, model_folder: str | None, tokenizer_folder: str | None) -> None:
+def write_hf_files(
+    folder: Path, hf_config: Any, model_folder: str | None, tokenizer_folder: str | None, byte_tokenizer: bool = False
+) -> None:
     """Everything of an HF model folder except the weights: config (fp32, KV cache on again), the source model's
-    generation config when it had one, and the recipe's tokenizer when it has one."""
+    generation config when it had one, and the recipe's tokenizer when it has one (``byte_tokenizer``: the built-in
+    one the run read its text with, as an HF tokenizer folder)."""
     folder.mkdir(parents=True, exist_ok=True)
     config = copy.deepcopy(hf_config)
     config.use_cache = True  # the trainer turned the KV cache off; generation wants it
@@ -41,6 +44,10 @@ def write_hf_files(folder: Path, hf_config: Any, model_folder: str | None, token
         from transformers import AutoTokenizer
 
         AutoTokenizer.from_pretrained(tokenizer_folder, local_files_only=True).save_pretrained(folder)
+    elif byte_tokenizer:
+        from bigtrain.data.tokenizer import save_byte_tokenizer
+
+        save_byte_tokenizer(folder)
 
 
 def meta_model_of(hf_config: Any) -> Any:

@@ -50,6 +50,12 @@ from bigtrain.errors import CheckpointNotWritten
 log = logging.getLogger("bigtrain")
 
 
+def uses_byte_tokenizer(cfg: RecipeConfig) -> bool:
+    """Whether the run tokenised its text with the built-in byte tokenizer (no data.tokenizer, data that is text
+    rather than token rows): its checkpoints and model folder then carry it, so the model can be used as trained."""
+    return cfg.data.tokenizer is None and not str(cfg.data.path).endswith(".npy")
+
+
 @dataclass(frozen=True)
 class _Pending:
     future: Future
@@ -154,7 +160,13 @@ class Checkpointer:
         partial, final = partial_dir(self.root, step), step_dir(self.root, step)
         shard_sums = gather_checksums(partial, dist.get_world_size())
         (partial / RECIPE).write_text(dump_recipe(self.cfg))
-        write_hf_files(partial / HF_FILES, self.hf_config, self.cfg.model.name_or_path, self.cfg.data.tokenizer)
+        write_hf_files(
+            partial / HF_FILES,
+            self.hf_config,
+            self.cfg.model.name_or_path,
+            self.cfg.data.tokenizer,
+            byte_tokenizer=uses_byte_tokenizer(self.cfg),
+        )
         Manifest(
             step=step,
             tokens=tokens,

@@ -1,7 +1,8 @@
 """The command line: ``bigtrain train RECIPE [--set a.b=v ...] [--nproc N]``, ``bigtrain plan ...``,
 ``bigtrain export RECIPE --to accelerate|deepspeed|hf-trainer -o FILE``,
-``bigtrain export-model CHECKPOINT -o HF_DIR``, ``bigtrain probe [-o FILE] [--nproc N]`` and
-``bigtrain report OUTPUT_DIR`` (also as ``python -m bigtrain``). Turns every ConfigError into one
+``bigtrain export-model CHECKPOINT -o HF_DIR``, ``bigtrain probe [-o FILE] [--nproc N]``,
+``bigtrain report OUTPUT_DIR`` and ``bigtrain generate OUTPUT_DIR [--prompt TEXT] [--chat]`` (also as
+``python -m bigtrain``). Turns every ConfigError into one
 ``bigtrain: error: ...`` line and exit code 2."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from bigtrain import __version__
 from bigtrain.cli.export import add_export_arguments, run_export_command
 from bigtrain.cli.failures import EXIT_AFTER, EXIT_INTERRUPTED, EXIT_LOST_RANK, last_good_checkpoint, peer_lost, say
+from bigtrain.cli.generate import add_generate_arguments
 from bigtrain.cli.plan import add_plan_arguments, run_plan_command
 from bigtrain.cli.quiet import quiet_libraries
 from bigtrain.config.schema import RecipeConfig
@@ -93,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
         help="check recipe, data, model and plan (for --nproc N ranks, else 1), print the resolved recipe and the "
         "plan, train nothing",
     )
+    add_generate_arguments(
+        sub.add_parser("generate", help="generate text with a trained model (a run's output_dir, a model or adapter)")
+    )
     plan = sub.add_parser("plan", help="choose a plan from model size and GPU memory, and explain it")
     add_plan_arguments(plan)
     add_export_arguments(
@@ -168,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
             return _probe(args, env)
         if args.command == "report":
             return _report(args)
+        if args.command == "generate":
+            from bigtrain.cli.generate import run_generate_command
+
+            return run_generate_command(args)
     except RunFinished as e:
         if env.rank == 0:  # nothing is wrong: said once, and exit 0 (schedulers re-queue a non-zero exit)
             sys.stderr.flush()

@@ -1,0 +1,93 @@
+"""``bigtrain generate OUTPUT_DIR|MODEL_DIR [--prompt TEXT] [--chat]``: try a trained model without writing Python.
+
+The folder is a run's ``output_dir`` (its ``model/``, else its ``adapter/``), an HF model folder or a peft adapter
+folder. The model and the tokenizer are the folder's own (a run's folder carries the tokenizer it trained with: the
+recipe's, or the built-in byte tokenizer as an HF tokenizer), loaded by transformers (peft for an adapter, on the base
+its config names). ``--chat`` renders the prompt with the tokenizer's chat template as one user turn; without
+``--prompt`` it reads prompts from stdin, one per line, until end of input, and ends each answer with a line ``---``.
+Greedy decoding unless ``--sample``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from bigtrain.errors import ConfigError
+
+
+def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("folder", help="a run's output_dir, an HF model folder, or a peft adapter folder")
+    parser.add_argument("--prompt", help="the text to continue (or, with --chat, the user's message)")
+    parser.add_argument("--chat", action="store_true", help="render the prompt with the tokenizer's chat template")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    parser.add_argument("--sample", action="store_true", help="sample (temperature 1) instead of greedy decoding")
+
+
+def model_folder(path: str | Path) -> tuple[Path, bool]:
+    """(the folder to load, whether it is a peft adapter) for a run's output_dir or a model or adapter folder."""
+    folder = Path(path)
+    for candidate in (folder / "model", folder / "adapter", folder):
+        if (candidate / "adapter_config.json").is_file():
+            return candidate, True
+        if (candidate / "config.json").is_file():
+            return candidate, False
+    raise ConfigError(
+        f"{folder} holds no model: give a run's output_dir (with model/ or adapter/, written at the end of a run), an "
+        "HF model folder or a peft adapter folder; a checkpoint becomes one with bigtrain export-model"
+    )
+
+
+def load(folder: Path, adapter: bool) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" would land between the prompt and the answer
+
+    if not any(folder.glob("tokenizer*")):
+        raise ConfigError(
+            f"{folder} has no tokenizer: it was trained on token rows (.npy); generate with the tokenizer that made "
+            "them, in Python"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    if adapter:
+        from peft import AutoPeftModelForCausalLM
+
+        model = AutoPeftModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    return model.eval(), tokenizer
+
+
+def generate(model: Any, tokenizer: Any, prompt: str, chat: bool, max_new_tokens: int, sample: bool) -> str:
+    import torch
+
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError("--chat: the model's tokenizer has no chat template; drop --chat to continue plain text")
+        inputs = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+    else:
+        inputs = tokenizer(prompt, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(
+            **inputs, max_new_tokens=max_new_tokens, do_sample=sample, pad_token_id=tokenizer.pad_token_id
+        )
+    return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+def run_generate_command(args: argparse.Namespace) -> int:
+    if args.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens={args.max_new_tokens} must be at least 1")
+    folder, adapter = model_folder(args.folder)
+    model, tokenizer = load(folder, adapter)
+    if args.prompt is not None:
+        print(generate(model, tokenizer, args.prompt, args.chat, args.max_new_tokens, args.sample), flush=True)
+        return 0
+    for line in sys.stdin:  # an answer may span lines: each ends with a line of its own, "---"
+        print(generate(model, tokenizer, line.rstrip("\n"), args.chat, args.max_new_tokens, args.sample), flush=True)
+        print("---", flush=True)
+    return 0
