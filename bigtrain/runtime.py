@@ -112,7 +112,9 @@ def smallest_free_memory(env: LaunchEnv, device: torch.device) -> int:
 def die_with_parent() -> None:
     """Ask Linux to send this worker SIGTERM when its launcher dies (``prctl(PR_SET_PDEATHSIG)``): a launcher killed
     outright (kill -9) cannot stop its workers, and they would train on as orphans. SIGTERM makes them stop after
-    the current step with a checkpoint (``train/preemption.py``). Elsewhere nothing changes."""
+    the current step with a checkpoint (``train/preemption.py``). Elsewhere nothing changes. (Linux sends it when
+    the thread that started the worker ends: torch's elastic agent, under torchrun, ``accelerate launch`` and
+    ``--nproc``, starts its workers from its main thread.)"""
     if not sys.platform.startswith("linux"):
         return
     import ctypes

@@ -1,10 +1,11 @@
 """How a worker says why it stopped: one line, once.
 
 A worker that fails with one of bigtrain's errors (bad input, divergence, a checkpoint not written), is interrupted,
-or loses contact with another rank (the peer died: gloo's "Connection reset by peer") writes its one line to the error
-file torch's elastic launcher gives every worker (``TORCHELASTIC_ERROR_FILE``, the launcher's own contract). Under
-``bigtrain train --nproc`` the launcher reads them all and prints the root cause once (``cli/launch.py``); the workers
-stay silent. Under torchrun or ``accelerate launch`` each worker prints its line itself, as it always did.
+or loses contact with another rank (the peer died: gloo's "Connection reset by peer") says it in one line. Under
+``bigtrain train --nproc`` (workers started with ``--quiet-failures``) it writes the line to the error file torch's
+elastic launcher gives every worker (``TORCHELASTIC_ERROR_FILE``, the launcher's own contract) instead, and the
+launcher prints the root cause once (``cli/launch.py``). Under torchrun or ``accelerate launch`` each worker prints
+its line itself, as it always did.
 """
 
 from __future__ import annotations
@@ -51,14 +52,13 @@ def say(message: str, env: LaunchEnv, quiet: bool, code: int) -> None:
     """The worker's one line and the exit code it ends with: into the launcher's error file, and on stderr unless
     the launcher prints it (the agent may stop this worker before it exits with ``code`` itself)."""
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if env.launched and error_file:
+    if not (quiet and error_file):  # first: the launcher may stop this rank as soon as another one has failed
+        # one write(2) call: ranks share the launcher's stderr, and a single short write is never interleaved; it
+        # starts a line of its own, since rank 0's progress bar may be mid-line on the same stderr
+        sys.stderr.flush()
+        fresh_line = "\n" if env.world_size > 1 else ""
+        os.write(2, f"{fresh_line}bigtrain: {message}\n".encode())
+    if quiet and error_file:  # only for bigtrain's launcher: torchrun would print it again in its failure table
         info = {"timestamp": str(int(time.time())), "exitcode": str(code)}
         data = {"message": {"message": message, "extraInfo": info}}
         Path(error_file).write_text(json.dumps(data))
-    if quiet and error_file:
-        return
-    # one write(2) call: ranks share the launcher's stderr, and a single short write is never interleaved; it starts a
-    # line of its own, since rank 0's progress bar may be mid-line on the same stderr when another rank fails
-    sys.stderr.flush()
-    fresh_line = "\n" if env.world_size > 1 else ""
-    os.write(2, f"{fresh_line}bigtrain: {message}\n".encode())

@@ -388,6 +388,8 @@ class _Judge:
         if mem.budget_bytes > budget:
             return f"needs {size(mem.budget_bytes)} > {size(budget)} budget (peak + margin per GPU)"
         host = host_bytes(self.stats, plan, self.workload) * min(cluster.gpus_per_node, cluster.num_gpus)
+        if host and not cluster.host_bytes_per_node:  # CPU processes: host memory is their own, nothing to free
+            return "offloads to host memory, which on CPU processes is the memory it would free"
         if host > cluster.host_bytes_per_node:
             return (
                 f"needs {size(host)} of host memory per node for its offload > {size(cluster.host_bytes_per_node)} "

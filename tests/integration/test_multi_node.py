@@ -109,7 +109,7 @@ def test_the_planner_plans_two_nodes_from_the_launcher_s_facts(job, two_nodes, c
     cfg = load_recipe(recipe, ["parallel.plan=auto", f"output_dir={root / 'auto'}"])
     with caplog.at_level(logging.INFO, logger="bigtrain"):
         TrainingJob(cfg, env).dry_run()
-    assert re.search(r"\| 4 x CPU \([0-9.]+ GiB, 2 per node\) \|", caplog.text), caplog.text
+    assert re.search(r"\| 4 x CPU \([0-9.]+ GiB each, 2 per node\) \|", caplog.text), caplog.text
 
 
 def test_the_two_node_checkpoint_resumes_on_one_node(job, two_nodes):
