@@ -12,11 +12,11 @@ from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.config.workload import Workload
 from bigtrain.planner.cost import TimeEstimate
-from bigtrain.planner.explain import candidate_name, describe, render_table, to_json
+from bigtrain.planner.explain import candidate_name, describe, render_table, to_json, why_not
 from bigtrain.planner.hardware import Cluster, GiB
 from bigtrain.planner.memory_terms import MemoryEstimate
 from bigtrain.planner.model_stats import ModelStats
-from bigtrain.planner.search import COMPETITIVE, NEAR_TIE, Candidate
+from bigtrain.planner.search import Candidate
 
 if TYPE_CHECKING:
     from accelerate.utils import DeepSpeedPlugin  # noqa: F401
@@ -124,24 +124,7 @@ class PlanResult:
         return [self._ranked(i, c) for i, c in enumerate(shown)]
 
     def _ranked(self, rank: int, c: Candidate) -> RankedPlan:
-        best = self.searched[0]
-        if not c.runnable:
-            why: str | None = f"not runnable yet: {c.unsupported}"
-        elif not c.fits:
-            why = c.rejected_because
-        elif c is best:
-            why = None
-        elif c.time.step_s > best.time.step_s * (1 + NEAR_TIE):
-            why = f"slower: {c.time.step_s:.3f} s per step, {c.time.step_s / best.time.step_s - 1:.1%} more"
-        elif c.method != best.method:  # method: auto prefers full fine-tuning while it is competitive
-            why = (
-                f"{c.method} at {c.time.step_s:.3f} s per step: {best.method} is preferred while its step takes at "
-                f"most {COMPETITIVE:g}x an adapter plan's"
-            )
-        elif c.plan.offload_activations and not best.plan.offload_activations:
-            why = "offloads activations: chosen only where no plan without it fits (its copies are not yet measured)"
-        else:  # within 2% of each other: the one with fewer moving parts wins
-            why = f"near tie ({c.time.step_s:.3f} s per step): the choice has fewer moving parts"
+        why = why_not(c, self.searched[0])  # the words of the CLI's table
         return RankedPlan(
             rank,
             candidate_name(c),
