@@ -3,8 +3,9 @@
 Everything that can be wrong with the checkpoint is checked from its files before any collective, identically on
 every rank (all ranks read the same manifest and DCP metadata), so a bad checkpoint fails everywhere with the same
 line: a missing or truncated shard by the sizes the manifest recorded, another model by parameter names and
-shapes. What can only show while reading (a shard damaged in place) comes back from DCP on every rank, because DCP
-gathers the read results of all ranks before returning.
+shapes. A shard damaged in place was caught by the start that chose the checkpoint (``run_dir.plan_start`` checks
+every file's checksum); what only shows while reading (a checkpoint without checksums) comes back from DCP on every
+rank, because DCP gathers the read results of all ranks before returning.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def load_checkpoint(
     ``model_shapes``: every parameter of the recipe's whole model by name (a pipeline rank holds only its stages').
     """
     manifest = Manifest.read(folder)
-    check_files(folder, manifest)
+    # sizes only: the start that chose this folder (checkpoint/run_dir.plan_start) read it whole against its checksums
+    check_files(folder, manifest, contents=False)
     metadata = read_metadata(folder)
     check_same_model(model_shapes, metadata.state_dict_metadata, folder)
     state = engine.state_dict()

@@ -167,6 +167,7 @@ class Checkpointer:
             self.cfg.data.tokenizer,
             byte_tokenizer=uses_byte_tokenizer(self.cfg),
         )
+        files = list_files(partial)
         Manifest(
             step=step,
             tokens=tokens,
@@ -174,11 +175,11 @@ class Checkpointer:
             world_size=dist.get_world_size(),
             plan=self.plan.to_dict(),
             data=self.data_info,
-            files=list_files(partial),
+            files=files,
             torch_version=torch.__version__,
             base=self.base,
             # the shards' as their writers computed them; rank 0 reads only the small files it wrote
-            checksums={n: shard_sums.get(n) or file_checksum(partial / n) for n in list_files(partial)},
+            checksums={n: shard_sums.get(n) or file_checksum(partial / n) for n in files},
         ).write(partial)
         publish(partial, final)
         return final
