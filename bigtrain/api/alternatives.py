@@ -27,10 +27,9 @@ def alternatives_that_fit(req: PlanRequest) -> dict[str, str]:
     """Try the ways out the search does not take by itself and say which would fit, best predicted step first:
     adapters instead of full fine-tuning (LoRA, QLoRA's 4-bit base), offload the recipe pinned off, a shorter
     sequence (each by its best plan's predicted step, fastest first), then more GPUs. More GPUs come as nodes of 8
-    when the request's nodes are smaller than that (a lone
-    GPU's "node" says nothing about the nodes it would join), which is what lets context parallelism split long rows
-    over them. (Checkpointing, offload and context parallelism on these GPUs are the search's own choices: had one
-    of them fitted, the search would have found it.)"""
+    when the request's nodes are smaller than that (a lone GPU's "node" says nothing about the nodes it would join),
+    which is what lets context parallelism split long rows over them. (Checkpointing, offload and context
+    parallelism on these GPUs are the search's own choices: had one of them fitted, the search would have found it.)"""
     found: list[tuple[float, str, str]] = []
     if req.workload.method == "full":
         for method in ("lora", "qlora"):

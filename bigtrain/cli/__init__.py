@@ -17,7 +17,7 @@ import sys
 from bigtrain import __version__
 from bigtrain.cli.export import add_export_arguments, run_export_command
 from bigtrain.cli.failures import EXIT_AFTER, EXIT_INTERRUPTED, EXIT_LOST_RANK, last_good_checkpoint, peer_lost, say
-from bigtrain.cli.generate import add_generate_arguments
+from bigtrain.cli.generate import add_generate_arguments, run_generate_command
 from bigtrain.cli.plan import add_plan_arguments, run_plan_command
 from bigtrain.cli.quiet import quiet_libraries
 from bigtrain.config.schema import RecipeConfig
@@ -174,8 +174,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             return _report(args)
         if args.command == "generate":
-            from bigtrain.cli.generate import run_generate_command
-
             return run_generate_command(args)
     except RunFinished as e:
         if env.rank == 0:  # nothing is wrong: said once, and exit 0 (schedulers re-queue a non-zero exit)

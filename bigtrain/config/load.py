@@ -177,11 +177,13 @@ def build_dataclass(cls: type, raw: Any, prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     fields = {recipe_key(f): f for f in dataclasses.fields(cls) if not f.metadata.get("record_options")}
     collected = next((f for f in dataclasses.fields(cls) if f.metadata.get("record_options")), None)
-    brought = _record_options(raw, fields, prefix) if collected is not None else {}
+    # the keys capability records bring (Capability.options), collected in the field that holds them
+    options = _record_options() if collected is not None else {}
+    brought = {k: record_option_value(k, v, prefix) for k, v in raw.items() if k not in fields and k in options}
     unknown = [k for k in raw if k not in fields and k not in brought]
     if unknown:
         key = unknown[0]
-        known = [*fields, *(_record_option_names() if collected is not None else ())]
+        known = [*fields, *options]
         close = difflib.get_close_matches(str(key), known, n=1)
         hint = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(known)}"
         raise ConfigError(f"unknown recipe key {prefix}{key}; {hint}")
@@ -196,29 +198,16 @@ def build_dataclass(cls: type, raw: Any, prefix: str) -> Any:
     return cls(**kwargs)
 
 
-def _record_options(raw: dict[str, Any], fields: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """The keys of ``raw`` that capability records bring (``Capability.options``), checked against their defaults'
-    types (a bool for a bool, a number for a number)."""
-    from bigtrain.config.capabilities import OPTIONS  # the records import the schema, not the loader
-
-    return {
-        key: record_option_value(key, value, prefix)
-        for key, value in raw.items()
-        if key not in fields and key in OPTIONS
-    }
-
-
-def _record_option_names() -> list[str]:
+def _record_options() -> dict[str, Any]:
+    """``capabilities.OPTIONS``, imported when first needed: the records import the schema, not the loader."""
     from bigtrain.config.capabilities import OPTIONS
 
-    return list(OPTIONS)
+    return OPTIONS
 
 
 def record_option_value(key: str, value: Any, prefix: str = "parallel.") -> Any:
     """A record option's value checked against its default's type (a whole number may stand for a float)."""
-    from bigtrain.config.capabilities import OPTIONS
-
-    default = OPTIONS[key].default
+    default = _record_options()[key].default
     number_for_float = isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)
     if not number_for_float and (
         isinstance(default, bool) != isinstance(value, bool) or not isinstance(value, type(default))

@@ -376,7 +376,7 @@ class TrainingJob:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         cfg = self.cfg
         choice = choose_plan(
-            {**self.hf_config.to_dict(), "model_type": self.hf_config.model_type},
+            self._model_config(),
             self.env.world_size,
             self.env.local_world_size,
             name,
@@ -400,6 +400,10 @@ class TrainingJob:
             self.cfg = _with_speed(self.cfg, choice.compile, choice.fp8)
         # validated as if the user had written it
         return resolve_plan(parallel_of(choice.plan.to_dict()), self.env.world_size, self.cfg.train)
+
+    def _model_config(self) -> dict[str, Any]:
+        """The model's config as the planner reads it (a dict naming its model_type)."""
+        return {**self.hf_config.to_dict(), "model_type": self.hf_config.model_type}
 
     def _workload(self) -> Workload:
         """What one step processes, as the planner and the capability table's data rows read it."""
@@ -444,8 +448,7 @@ class TrainingJob:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         free = local_free_memory(self.env, device)
         cluster = local_cluster(self.env.world_size, self.env.local_world_size, name, free)
-        model_config = {**self.hf_config.to_dict(), "model_type": self.hf_config.model_type}
-        return predict(model_config, plan, cluster, self._workload())
+        return predict(self._model_config(), plan, cluster, self._workload())
 
     def _method_words(self) -> str:
         lora = self.cfg.lora
