@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -123,3 +124,20 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
     if os.getppid() == 1:  # the launcher died before the request was made: this worker was handed to init
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+# Long enough for a worker thread that waits for the GIL to be scheduled on a loaded machine; paid once per run.
+WORKER_SETTLE_S = 0.2
+
+
+def finish_collectives() -> None:
+    """Return once every rank's collectives are done and this process's gloo workers have let go of them.
+
+    A gloo worker frees a finished collective's tensors after the caller has been told it finished, and freeing a
+    tensor Python has seen takes the GIL. The group's destructor joins those workers while holding the GIL, so a group
+    freed in that gap deadlocks (seen: a rank hung in ~ProcessGroupGloo under DDP's reducer after its last step), and
+    one left to interpreter shutdown aborts the process (pytorch/pytorch#190489). The barrier orders every earlier
+    collective before it; the pause, which releases the GIL, lets a worker still freeing one finish.
+    """
+    dist.barrier()
+    time.sleep(WORKER_SETTLE_S)

@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM
 
 import bigtrain
 from bigtrain.api.same_run import (
+    end_training,
     hf_examples,
     plan_this_job,
     save_final_weights,
@@ -90,9 +91,8 @@ def main() -> None:
         kind, world = accelerator.distributed_type, accelerator.num_processes
         weights = save_final_weights(accelerator.unwrap_model(model), cfg.output_dir)
         print(summary_line(result, kind, world, losses, check, norms, weights))
-    # Destroys the process group while Python is whole: gloo's threads left to interpreter shutdown can abort the
-    # process after a finished run ("terminate called without an active exception", pytorch/pytorch#190489).
-    accelerator.end_training()
+    end_training(accelerator)  # every rank's collectives done, then the group torn down
+
 
 if __name__ == "__main__":
     main()

@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM, Trainer
 import bigtrain
 from bigtrain.api.same_run import (
     aligned_trainer,
+    end_training,
     hf_examples,
     plan_this_job,
     save_final_weights,
@@ -68,9 +69,8 @@ def main() -> None:
         weights = save_final_weights(trainer.accelerator.unwrap_model(trainer.model), cfg.output_dir)
         kind = trainer.accelerator.distributed_type
         print(summary_line(result, kind, args.world_size, losses, check.check, norms, weights))
-    # Destroys the process group while Python is whole: gloo's threads left to interpreter shutdown can abort the
-    # process after a finished run ("terminate called without an active exception", pytorch/pytorch#190489).
-    trainer.accelerator.end_training()
+    end_training(trainer.accelerator)  # every rank's collectives done, then the group torn down
+
 
 if __name__ == "__main__":
     main()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -252,10 +253,23 @@ def run_torchrun(
     launcher_args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run ``torchrun_command(...)`` to the end, capturing its output; ``env`` adds variables for the launcher."""
+    """Run ``torchrun_command(...)`` to the end, capturing its output; ``env`` adds variables for the launcher.
+
+    Past ``timeout`` the launcher and its workers (one session) are killed, and the failure shows the end of what they
+    printed: a hung rank is neither left running nor silent."""
     cmd = torchrun_command(args, nproc, module, launcher_args)
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=full_env)
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=full_env, start_new_session=True
+    ) as job:
+        try:
+            out, err = job.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)
+            out, err = job.communicate()
+            tails = f"stdout:\n{out[-2000:]}\nstderr:\n{err[-4000:]}"
+            raise AssertionError(f"torchrun ran past {timeout} s and was killed with its workers; {tails}") from None
+    return subprocess.CompletedProcess(cmd, job.returncode, out, err)
 
 
 def recipe_engine(cfg: Any, world: int = 1, hf_config: Any = None, device: str = "cpu") -> tuple[Any, Any]:

@@ -24,6 +24,7 @@ from bigtrain.data import TokenRows, load_token_rows
 from bigtrain.data.labels import IGNORE_INDEX
 from bigtrain.data.order import GlobalOrder
 from bigtrain.data.sources import hold_out
+from bigtrain.runtime import finish_collectives
 from bigtrain.train.optim import build_scheduler
 
 
@@ -125,3 +126,11 @@ def summary_line(
             "memory_check": check.line() if check is not None else None,
         }
     )
+
+
+def end_training(accelerator: Any) -> None:
+    """Tear the process group down once every rank's collectives are done, while Python is whole (see
+    ``runtime.finish_collectives``): a finished run neither hangs nor aborts on its way out."""
+    if accelerator.num_processes > 1:
+        finish_collectives()
+    accelerator.end_training()

@@ -51,6 +51,7 @@ from bigtrain.planner.profile import load_profile
 from bigtrain.runtime import (
     LaunchEnv,
     as_launched,
+    finish_collectives,
     init_process_group,
     local_free_memory,
     pick_device,
@@ -280,11 +281,10 @@ class TrainingJob:
         self.engine = self.checkpointer = None
         try:
             if exc_type is None:
-                # Sharded modules sit in reference cycles that hold the process group's pending async work. Collect
-                # them now: left to interpreter shutdown, gloo's threads can free those tensors after Python is
-                # gone and the process aborts.
+                # Sharded modules sit in reference cycles that hold the process group's pending async work:
+                # collected now, then every collective finished, before the group is torn down.
                 gc.collect()
-                dist.barrier()  # every rank finishes its last collective before any rank tears the group down
+                finish_collectives()
         finally:
             self._end_group()
             self._launched.__exit__(None, None, None)
