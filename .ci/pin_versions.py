@@ -17,6 +17,7 @@ def _key(name: str) -> str:
 def pinned(root: str = "bigtrain", extras: tuple[str, ...] = ("dev",)) -> dict[str, str]:
     """name -> installed version (local labels such as +cpu dropped) of everything ``root[extras]`` requires."""
     found: dict[str, str] = {}
+    seen: set[tuple[str, tuple[str, ...]]] = set()  # a package is walked again for extras it was not walked with
 
     def walk(name: str, with_extras: tuple[str, ...] = ()) -> None:
         try:
@@ -24,14 +25,15 @@ def pinned(root: str = "bigtrain", extras: tuple[str, ...] = ("dev",)) -> dict[s
         except PackageNotFoundError:  # an optional dependency of a dependency
             return
         key = _key(dist.metadata["Name"])
-        if key in found:
+        if (key, with_extras) in seen:
             return
+        seen.add((key, with_extras))
         found[key] = dist.version.split("+")[0]
         for line in dist.requires or []:
             req = Requirement(line)
             markers = [{"extra": e} for e in ("", *with_extras)]
             if req.marker is None or any(req.marker.evaluate(m) for m in markers):
-                walk(req.name)
+                walk(req.name, tuple(sorted(req.extras)))  # bigtrain[dev] names bigtrain[wandb, ...]
 
     walk(root, extras)
     found.pop(_key(root))

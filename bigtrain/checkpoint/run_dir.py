@@ -47,7 +47,12 @@ MAY_CHANGE_ON_RESUME = (
 )
 FINAL_MODEL = "model"
 FINAL_ADAPTER = "adapter"  # an adapter run's output: peft's folder
-RUN_OUTPUTS = ("metrics.jsonl", "plan.json", RECIPE, CHECKPOINTS, FINAL_MODEL, FINAL_ADAPTER, "tensorboard", "report")
+# what train.log_to's trackers write in output_dir (train/trackers.py)
+TENSORBOARD_DIR, WANDB_DIR, MLFLOW_DB = "tensorboard", "wandb", "mlflow.db"
+RUN_OUTPUTS = (
+    *("metrics.jsonl", "plan.json", RECIPE, CHECKPOINTS, FINAL_MODEL, FINAL_ADAPTER),
+    *(TENSORBOARD_DIR, WANDB_DIR, MLFLOW_DB, "report"),
+)
 
 
 @dataclass(frozen=True)

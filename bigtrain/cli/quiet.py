@@ -39,5 +39,7 @@ def quiet_libraries() -> None:
     logging.getLogger("torchao").setLevel(logging.ERROR)
     # DeepSpeed says once per process that it chose its CPU accelerator, which is what a machine without GPUs wants
     logging.getLogger("DeepSpeed").addFilter(_DropMessages("Setting accelerator to CPU"))
+    # MLflow logs each step of creating a new store's tables (train.log_to=mlflow); bigtrain says where the run is
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # mlflow sets its root logger at import
     # matplotlib (bigtrain report) announces that it built its font cache on first use
     logging.getLogger("matplotlib.font_manager").setLevel(logging.WARNING)

@@ -17,7 +17,7 @@ Checkpointing = Literal["none", "selective", "full"]
 GradReduce = Literal["every_micro_step", "once_per_step"]
 DataFormat = Literal["auto", "text", "chat", "instruction"]
 Packing = Literal["stream", "documents", "pad"]
-LogTo = Literal["jsonl", "tensorboard"]
+LogTo = Literal["jsonl", "tensorboard", "wandb", "mlflow", "trackio"]
 Method = Literal["full", "lora", "qlora", "auto"]
 Fp8 = Literal["none", "tensorwise", "rowwise", "auto"]
 PipelineSchedule = Literal[
@@ -165,8 +165,10 @@ class TrainConfig:
         default=0,
     )
     log_to: LogTo = doc(
-        "metrics.jsonl is always written; tensorboard also writes TensorBoard event files to output_dir/tensorboard "
-        "(needs the tensorboard package).",
+        "metrics.jsonl is always written; a tracker gets the same numbers, on this machine: tensorboard (event "
+        "files in output_dir/tensorboard), wandb (an offline run in output_dir/wandb; wandb sync uploads it), "
+        "mlflow (the SQLite store output_dir/mlflow.db) or trackio (its local store; trackio show). Each needs its "
+        "package (pip install bigtrain[NAME]).",
         default="jsonl",
     )
     collective_timeout_s: int = doc(

@@ -20,6 +20,14 @@ from bigtrain.config.schema import RecipeConfig
 from bigtrain.integrations import Export, dropped_tp_options, refuse_pipeline
 from bigtrain.integrations.deepspeed_json import export_deepspeed
 
+# train.log_to -> the Trainer's report_to: the same tracker (metrics.jsonl is bigtrain's own, the Trainer has none)
+REPORT_TO = {"jsonl": "none", "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
+TRACKER_NOTES = {  # where bigtrain keeps the tracker's store on the machine, the Trainer leaves to the library
+    "wandb": "report_to=wandb: bigtrain logs an offline run; for the Trainer to do the same, set WANDB_MODE=offline",
+    "mlflow": "report_to=mlflow: bigtrain logs to the SQLite store output_dir/mlflow.db; for the Trainer to do the "
+    "same, set MLFLOW_TRACKING_URI=sqlite:///<output_dir>/mlflow.db",
+}
+
 
 def export_hf_trainer(cfg: RecipeConfig, plan: Plan, hf_config: Any, block_classes: list[str]) -> Export:
     refuse_pipeline(plan, "hf-trainer", "the Trainer has no pipeline-parallel training")
@@ -44,7 +52,7 @@ def export_hf_trainer(cfg: RecipeConfig, plan: Plan, hf_config: Any, block_class
         "save_steps": cfg.checkpoint.every or 500,
         "save_total_limit": cfg.checkpoint.keep,
         "logging_steps": 1,
-        "report_to": "none",
+        "report_to": REPORT_TO[train.log_to],
     }
     if train.compile is True:  # the Trainer compiles the whole model; bigtrain compiles each block and the loss
         kwargs["torch_compile"] = True
@@ -53,7 +61,7 @@ def export_hf_trainer(cfg: RecipeConfig, plan: Plan, hf_config: Any, block_class
         kwargs["lr_scheduler_kwargs"] = {"min_lr_rate": train.min_lr_ratio}
     else:
         kwargs["lr_scheduler_type"] = "constant_with_warmup"
-    notes: list[str] = []
+    notes: list[str] = [TRACKER_NOTES[train.log_to]] if train.log_to in TRACKER_NOTES else []
     if plan.backend == "deepspeed":
         export = export_deepspeed(cfg, plan, hf_config)
         # DeepSpeed derives it from the micro-batch, the accumulation and the world it runs on; a stated value

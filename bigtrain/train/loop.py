@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from bigtrain.checkpoint.saver import Checkpointer
+from bigtrain.config.load import recipe_to_dict
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.data.loader import EvalLoader, StepLoader
@@ -26,6 +27,7 @@ from bigtrain.engine.base import Engine, train_step
 from bigtrain.errors import TrainingDiverged
 from bigtrain.train.metrics import MetricsWriter, Progress, peak_memory_bytes
 from bigtrain.train.preemption import StopOnSignal
+from bigtrain.train.trackers import open_tracker
 
 log = logging.getLogger("bigtrain")
 
@@ -136,7 +138,9 @@ class TrainLoop:
             cfg.output_dir,
             enabled=self.is_main,
             keep_through_step=self.start.step,
-            tensorboard=cfg.train.log_to == "tensorboard",
+            tracker=open_tracker(cfg.train.log_to, cfg.output_dir, recipe_to_dict(cfg), self.start.step)
+            if self.is_main
+            else None,
         )
         writer.write_plan(self.plan)
         progress = Progress(total, self.start.step, enabled=self.is_main)

@@ -1,5 +1,5 @@
-"""What a run reports: ``metrics.jsonl`` (one object per optimizer step), TensorBoard events when asked, ``plan.json``,
-progress bar and summary."""
+"""What a run reports: ``metrics.jsonl`` (one object per optimizer step), a tracker's records when asked
+(``trackers.py``), ``plan.json``, progress bar and summary."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from typing import Any
 import torch
 
 from bigtrain.config.plan import Plan
-from bigtrain.errors import ConfigError
-
-TENSORBOARD_DIR = "tensorboard"  # under output_dir
+from bigtrain.train.trackers import Tracker, numbers
 
 
 def peak_memory_bytes(device: torch.device) -> tuple[int, str]:
@@ -33,18 +31,13 @@ class MetricsWriter:
     checkpoint (trained, then lost with the crash) are dropped, so every step appears once.
     """
 
-    def __init__(self, output_dir: str, enabled: bool, keep_through_step: int = 0, tensorboard: bool = False) -> None:
+    def __init__(
+        self, output_dir: str, enabled: bool, keep_through_step: int = 0, tracker: Tracker | None = None
+    ) -> None:
         self.enabled = enabled
         self.dir = Path(output_dir)
         self._file = None
-        self._tensorboard: Any = None
-        if enabled and tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            # purge_step: a resumed run's event file drops what an earlier start logged after its checkpoint
-            self._tensorboard = SummaryWriter(
-                str(self.dir / TENSORBOARD_DIR), purge_step=keep_through_step + 1 if keep_through_step else None
-            )
+        self._tracker = tracker if enabled else None
         if enabled:
             self.dir.mkdir(parents=True, exist_ok=True)
             path = self.dir / "metrics.jsonl"
@@ -64,32 +57,14 @@ class MetricsWriter:
             clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
             self._file.write(json.dumps(clean, allow_nan=False) + "\n")
             self._file.flush()
-        if self._tensorboard is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tensorboard.add_scalar(tensorboard_tag(key), value, record["step"])
-            self._tensorboard.flush()
+        if self._tracker is not None:
+            self._tracker.log(numbers(record), record["step"])
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
-        if self._tensorboard is not None:
-            self._tensorboard.close()
-
-
-def tensorboard_tag(key: str) -> str:
-    """metrics.jsonl key -> TensorBoard tag: held-out numbers under eval/, the rest under train/."""
-    return f"eval/{key.removeprefix('eval_')}" if key.startswith("eval_") else f"train/{key}"
-
-
-def check_tensorboard() -> None:
-    """train.log_to: tensorboard needs the tensorboard package: found before any process group starts."""
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError as e:
-        raise ConfigError(
-            "train.log_to=tensorboard needs the tensorboard package: pip install tensorboard (or bigtrain[tensorboard])"
-        ) from e
+        if self._tracker is not None:
+            self._tracker.close()
 
 
 def _records_through(path: Path, step: int) -> list[str]:

@@ -67,8 +67,9 @@ from bigtrain.train.checks import (
     check_writable,
 )
 from bigtrain.train.loop import StartPoint, TrainLoop, TrainResult
-from bigtrain.train.metrics import check_tensorboard, format_bytes
+from bigtrain.train.metrics import format_bytes
 from bigtrain.train.optim import build_optimizer, build_scheduler
+from bigtrain.train.trackers import check_tracker
 
 log = logging.getLogger("bigtrain")
 
@@ -147,8 +148,7 @@ class TrainingJob:
         if packed:
             packing_note = check_packed_attention(self.hf_config, self.attention)
         check_writable(cfg.output_dir)
-        if cfg.train.log_to == "tensorboard":
-            check_tensorboard()
+        check_tracker(cfg.train.log_to)
         if self.env.rank == 0:
             for warning in recipe_warnings(cfg) + self._data_warnings() + ([packing_note] if packing_note else []):
                 log.warning("%s", warning)
