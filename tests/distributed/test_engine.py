@@ -75,7 +75,7 @@ def _worker(rank: int, world: int, port: int, rows_path: str, parallel: list[str
     "parallel",
     [
         ["backend=fsdp2", "activation_checkpointing=full", "micro_batch_size=2"],
-        ["backend=ddp", "micro_batch_size=2"],
+        pytest.param(["backend=ddp", "micro_batch_size=2"], marks=pytest.mark.full),
     ],
     ids=["fsdp2-ac-full", "ddp"],
 )

@@ -141,8 +141,13 @@ PLANS = {
 # DeepSpeed ZeRO through deepspeed.initialize (its backward, accumulation boundary and clipping), with accumulation
 DEEPSPEED_PLANS = {
     f"deepspeed-zero{stage}-accum2": (2, dict(backend="deepspeed", zero_stage=stage, micro_batch_size=2))
-    for stage in (1, 2, 3)
+    for stage in (1, 3)
 }
+# ZeRO-2 with selective checkpointing and the chunked loss (a pair of capabilities no other case runs on DeepSpeed)
+DEEPSPEED_PLANS["deepspeed-zero2-ac-selective-chunked-loss-accum2"] = (
+    2,
+    dict(backend="deepspeed", zero_stage=2, micro_batch_size=2, activation_checkpointing="selective", loss_chunk_tokens=7),
+)
 # the chunked loss (parallel.loss_chunk_tokens; chunks of 7 tokens do not divide a micro-batch's) with the head inside
 # FSDP2's root unit and selective (per-op) checkpointing, and under ZeRO-3 (each chunk gathers the head)
 CHUNKED_LOSS_PLANS = {
@@ -150,8 +155,9 @@ CHUNKED_LOSS_PLANS = {
         2,
         dict(backend="fsdp2", activation_checkpointing="selective", micro_batch_size=2, loss_chunk_tokens=7),
     ),
-    # with the blocks' inputs (full checkpointing) in host memory: ZeRO-3's gathered weights are not offloaded
-    "deepspeed-zero3-chunked-loss-ac-full-offload": (
+    # with every other block checkpointed and what the blocks save in host memory (the checkpointed blocks' inputs,
+    # all of the others): ZeRO-3's gathered weights are not offloaded
+    "deepspeed-zero3-chunked-loss-ac-every2-offload": (
         2,
         dict(
             backend="deepspeed",
@@ -159,6 +165,7 @@ CHUNKED_LOSS_PLANS = {
             micro_batch_size=2,
             loss_chunk_tokens=7,
             activation_checkpointing="full",
+            checkpoint_every=2,
             offload_activations=True,
         ),
     ),
@@ -354,7 +361,7 @@ FULL_ONLY = {
     ("llama-tied", "1rank-no-accum"),
     ("llama-tied", "hsdp-2x2-reduce-once"),
     ("llama-tied", "deepspeed-zero1-accum2"),
-    ("llama-tied", "deepspeed-zero2-accum2"),
+    ("llama-tied", "deepspeed-zero2-ac-selective-chunked-loss-accum2"),
     ("llama-4layers", "tp2-dp_shard2-loss_parallel-accum2"),
     ("qwen2-tied", "tp2-accum4"),
     ("qwen2-tied", "tp2-sequence_parallel-accum4"),

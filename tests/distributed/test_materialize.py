@@ -61,7 +61,7 @@ TP_SLICED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "do
 
 @pytest.mark.parametrize(
     "world, overrides, tp",
-    [(2, [], 1), (4, ["parallel.tp=2", "parallel.dp_shard=2"], 2)],
+    [(2, [], 1), pytest.param(4, ["parallel.tp=2", "parallel.dp_shard=2"], 2, marks=pytest.mark.full)],
     ids=["fsdp2-dp_shard2", "tp2-x-dp_shard2"],
 )
 def test_ranks_hold_only_their_shard_of_the_checkpoint(world, overrides, tp, tmp_path):

@@ -48,6 +48,7 @@ def test_a_deepspeed_json_that_contradicts_the_recipe_is_one_line(tmp_path):
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
 
 
+@pytest.mark.full  # the default tier runs ZeRO under torchrun (equivalence, resume)
 def test_zero3_runs_in_one_process_without_a_launcher(tmp_path):
     """No torchrun, no --nproc: the process is the job's one rank (DeepSpeed needs LOCAL_RANK, which no launcher
     exported; it failed with a KeyError before)."""

@@ -78,6 +78,7 @@ def test_accelerate_launch_with_an_exported_config(nproc_run, tmp_path):
     check_same_two_rank_run(tmp_path / "out", nproc_run)
 
 
+@pytest.mark.full  # 40 s: the README's main job as written; the default tier runs its launch paths on short recipes
 def test_quickstart_loss_falls_fast_on_two_workers(tmp_path):
     """The README's quick start as it is written (after the installs CI does): FSDP2 on 2 CPU workers, loss down well
     over 20% in under 3 minutes."""

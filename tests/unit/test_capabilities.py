@@ -74,6 +74,9 @@ EXAMPLES: dict[str, Example] = {
     "compile_with_deepspeed": Example(2, dict(backend="deepspeed", zero_stage=2, dp_shard=2), compile=True),
     "chunked_loss_with_tp": Example(2, dict(tp=2, loss_chunk_tokens=8)),
     "chunked_loss_with_pp": Example(2, dict(**PP2, loss_chunk_tokens=8), UNTIED_4),
+    "chunked_loss_with_adapters_on_zero3": Example(
+        2, dict(backend="deepspeed", zero_stage=3, dp_shard=2, loss_chunk_tokens=8), method="lora"
+    ),
     "chunked_loss_keeps_logit_transform": Example(
         # the key as Gemma 2/3 configs carry it (on a Llama config here: the planner models Llama, not Gemma yet)
         2,

@@ -55,6 +55,7 @@ def test_tensorboard_holds_every_step(tmp_path):
     assert curves(points) == EXPECTED
 
 
+@pytest.mark.full  # 4-7 s: MLflow creates its SQLite tables
 def test_mlflow_holds_every_step_and_the_recipe(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
@@ -120,6 +121,7 @@ print("LOGS", json.dumps(SQLiteStorage.get_logs("bigtrain", Path(sys.argv[1]).na
 """
 
 
+@pytest.mark.full  # 3-4 s: a process of its own
 def test_trackio_holds_every_step(tmp_path):
     # trackio reads its store's place (TRACKIO_DIR, its own variable) when imported: a process of its own
     env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "store")}
