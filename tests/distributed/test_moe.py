@@ -23,7 +23,20 @@ MOE_PLANS = {
     "deepspeed-zero3-2ranks-mb1-accum4": (2, dict(backend="deepspeed", zero_stage=3, micro_batch_size=1)),
     # expert parallelism: the 4 experts split over 2 ranks (tokens exchanged by all-to-all), each expert sharded by
     # FSDP2 over the 2 ranks that hold it (ep=2 x efsdp=2); ep=2 on 2 ranks: test_equivalence.py's EP_PLANS
-    "fsdp2-ep2-dp_shard4-4ranks-mb1-accum2": (4, dict(backend="fsdp2", micro_batch_size=1, ep=2)),
+    # with capabilities no other case pairs with ep (tests/pairs.py): every other block checkpointed, the chunked
+    # loss and activation offload
+    "fsdp2-ep2-dp_shard4-4ranks-mb1-accum2-ac-every2-chunked-loss-offload": (
+        4,
+        dict(
+            backend="fsdp2",
+            micro_batch_size=1,
+            ep=2,
+            activation_checkpointing="full",
+            checkpoint_every=2,
+            loss_chunk_tokens=7,
+            offload_activations=True,
+        ),
+    ),
 }
 
 

@@ -107,6 +107,9 @@ EXAMPLES: dict[str, Example] = {
     "cp_with_packed_documents": Example(2, dict(cp=2), rows_len=16, packed=True),
     "cp_attention": Example(2, dict(cp=2), rows_len=16, attention="eager"),
     "ep_with_adapters": Example(2, dict(dp_shard=2, ep=2), CONVERTED_FAMILIES["mixtral"], method="lora"),
+    "ep_with_selective_on_some_families": Example(
+        2, dict(dp_shard=2, ep=2, activation_checkpointing="selective"), CONVERTED_FAMILIES["deepseek_v3"]
+    ),
     "qlora_computes_in_bf16": Example(2, dict(dp_shard=2), method="qlora"),
     "adapters_with_tp": Example(2, dict(tp=2), method="lora"),
     "adapters_with_pp": Example(2, PP2, UNTIED_4, method="lora"),
