@@ -56,7 +56,7 @@ FEATURES = tuple(
 # counted as on when the case's value is above these (a degree of parallelism, a chunk size)
 DEGREES = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "dp_replicate": 1, "dp_shard": 1, "checkpoint_every": 1}
 AMOUNTS = {"loss_chunk_tokens": 0}
-TRAIN_DEFAULTS = {"method": "full", "compile": False, "fp8": "off", "mixed_precision": "fp32"}
+TRAIN_DEFAULTS = {"method": "full", "compile": False, "fp8": "none", "mixed_precision": "fp32"}
 FACTS = ModelFacts.of(GEN.hf_config_from_dict(GEN.MODEL))
 MOE_FACTS = ModelFacts.of(GEN.hf_config_from_dict(GEN.MOE_MODEL))
 
@@ -77,7 +77,7 @@ def holds(feature: Feature, ran: Ran) -> bool:
         have = ran.train.get(key, TRAIN_DEFAULTS.get(key))
         if key == "mixed_precision":
             continue  # QLoRA's bf16 compute: part of turning it on, not a capability of its own
-        if key == "fp8" and have not in (None, "off"):
+        if key == "fp8" and have not in (None, "none"):  # either scaling recipe is FP8
             continue
         if have != value:
             return False
@@ -107,21 +107,17 @@ def refusal(engine: str, features: tuple[Feature, ...]) -> str | None:
 
 
 def pairs() -> list[tuple[str, Feature, Feature]]:
-    """(engine, a, b) for every two features that are two things (not two values of one key, as full and selective
-    checkpointing are)."""
-    return [
-        (engine, a, b)
-        for engine in ENGINES
-        for a, b in itertools.combinations(FEATURES, 2)
-        if not a.keys & b.keys - {"activation_checkpointing"} and not _one_knob(a, b)
-    ]
+    """(engine, a, b) for every two features that are two things."""
+    return [(engine, a, b) for engine in ENGINES for a, b in itertools.combinations(FEATURES, 2) if _two_things(a, b)]
 
 
-def _one_knob(a: Feature, b: Feature) -> bool:
-    """Two values of the same setting: checkpointing full / selective / every k-th, LoRA / QLoRA."""
+def _two_things(a: Feature, b: Feature) -> bool:
+    """Not two values of one setting (checkpointing full / selective, LoRA / QLoRA); full checkpointing and
+    checkpointing every k-th block (full, on every other block) go together."""
     ac = {"activation_checkpointing"}
     values = lambda f: {v for k, v in f.plan if k in ac}  # noqa: E731
-    return (bool(values(a)) and bool(values(b)) and values(a) != values(b)) or {"method"} <= a.keys & b.keys
+    one_knob = (bool(values(a)) and bool(values(b)) and values(a) != values(b)) or {"method"} <= a.keys & b.keys
+    return not (a.keys & b.keys - ac) and not one_knob
 
 
 def runs_together(engine: str, a: Feature, b: Feature, cases: list[Ran]) -> list[Ran]:
@@ -149,7 +145,7 @@ def covering_plans(engine: str, left: list[tuple[Feature, Feature]]) -> list[tup
             if feature in chosen or not simulatable(engine, (feature,)):
                 continue
             trial = (*chosen, feature)
-            if any(f.keys & feature.keys - {"activation_checkpointing"} or _one_knob(f, feature) for f in chosen):
+            if not all(_two_things(f, feature) for f in chosen):
                 continue
             gains = any(set(p) <= set(trial) for p in todo)
             if gains and refusal(engine, trial) is None:
@@ -159,9 +155,9 @@ def covering_plans(engine: str, left: list[tuple[Feature, Feature]]) -> list[tup
     return sets
 
 
-def decisions() -> dict[tuple[str, str, str], str]:
-    """(engine, a, b) -> how it is decided: 'row: NAME', 'equivalence: CASE', 'simulator: CASE', 'covering plan N',
-    or 'undecided'."""
+def _decided_by_rows_and_cases() -> tuple[dict[tuple[str, str, str], str], dict[str, list[tuple[Feature, Feature]]]]:
+    """How the table, the equivalence cases and the memory cases decide the pairs, and the pairs they leave, by
+    engine."""
     equivalence, simulated = equivalence_cases(), simulator_cases()
     out: dict[tuple[str, str, str], str] = {}
     left: dict[str, list[tuple[Feature, Feature]]] = {engine: [] for engine in ENGINES}
@@ -176,6 +172,13 @@ def decisions() -> dict[tuple[str, str, str], str]:
             out[key] = f"simulator: {cases[0].where}"
         else:
             left[engine].append((a, b))
+    return out, left
+
+
+def decisions() -> dict[tuple[str, str, str], str]:
+    """(engine, a, b) -> how it is decided: 'row: NAME', 'equivalence: CASE', 'simulator: CASE', 'covering plan N',
+    or 'undecided'."""
+    out, left = _decided_by_rows_and_cases()
     for engine, todo in left.items():
         plans = covering_plans(engine, todo)
         for a, b in todo:
@@ -186,16 +189,5 @@ def decisions() -> dict[tuple[str, str, str], str]:
 
 def all_covering_plans() -> list[tuple[str, tuple[Feature, ...]]]:
     """Every (engine, features) the pair simulation runs."""
-    equivalence, simulated = equivalence_cases(), simulator_cases()
-    out = []
-    for engine in ENGINES:
-        todo = [
-            (a, b)
-            for e, a, b in pairs()
-            if e == engine
-            and refusal(engine, (a, b)) is None
-            and not runs_together(engine, a, b, equivalence)
-            and not runs_together(engine, a, b, simulated)
-        ]
-        out += [(engine, s) for s in covering_plans(engine, todo)]
-    return out
+    _, left = _decided_by_rows_and_cases()
+    return [(engine, plan) for engine, todo in left.items() for plan in covering_plans(engine, todo)]

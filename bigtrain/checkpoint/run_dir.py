@@ -151,11 +151,12 @@ def _read_recipe(path: Path) -> dict[str, Any]:
     return loaded
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat_recipe(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A recipe as ``{"train.lr": 0.01, ...}``; model.config stays one value (the model's own config)."""
     flat: dict[str, Any] = {}
     for key, value in tree.items():
-        if isinstance(value, dict) and key != "config":  # model.config is one value: the model's own config
-            flat.update(_flatten(value, f"{prefix}{key}."))
+        if isinstance(value, dict) and key != "config":
+            flat.update(flat_recipe(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
@@ -164,8 +165,8 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def recipe_differences(saved: dict[str, Any], cfg: RecipeConfig) -> list[str]:
     """``key: saved -> now`` for every recipe key that differs and that a resume may not change."""
     # a key the saved recipe lacks (written before the key existed) had its default
-    old = {**_flatten(recipe_to_dict(RecipeConfig())), **_flatten(saved)}
-    new = _flatten(recipe_to_dict(cfg))
+    old = {**flat_recipe(recipe_to_dict(RecipeConfig())), **flat_recipe(saved)}
+    new = flat_recipe(recipe_to_dict(cfg))
     out = []
     for key in sorted(set(old) | set(new)):
         if key.startswith(MAY_CHANGE_ON_RESUME) or old.get(key) == new.get(key):

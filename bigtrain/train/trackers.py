@@ -16,10 +16,11 @@ import importlib.util
 import io
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from bigtrain.checkpoint.run_dir import MLFLOW_DB, TENSORBOARD_DIR
+from bigtrain.checkpoint.run_dir import MLFLOW_DB, TENSORBOARD_DIR, flat_recipe
 from bigtrain.errors import ConfigError
 
 PROJECT = "bigtrain"
@@ -108,6 +109,7 @@ class _Wandb:
     def __init__(self, out: Path, name: str, config: dict[str, Any]) -> None:
         import wandb
 
+        self._wandb = wandb
         # offline unless wandb's own WANDB_MODE says otherwise: no network, no login prompt in a job
         mode = None if os.environ.get("WANDB_MODE") else "offline"
         out.mkdir(parents=True, exist_ok=True)
@@ -128,17 +130,17 @@ class _Wandb:
         self._run.log(values, step=step)
 
     def close(self) -> None:
-        import wandb
-
         self._run.finish()
         # finish() can return before wandb's service process has written the run file; teardown waits for it
-        wandb.teardown()
+        self._wandb.teardown()
 
 
 class _MLflow:
     def __init__(self, db: Path, name: str, config: dict[str, Any]) -> None:
         from mlflow import MlflowClient
+        from mlflow.entities import Metric, Param
 
+        self._metric = Metric
         # a client of its own, not mlflow's process-wide active run: the store is this run's folder unless
         # MLflow's own MLFLOW_TRACKING_URI names another
         uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{db.resolve()}"
@@ -146,18 +148,14 @@ class _MLflow:
         experiment = self._client.get_experiment_by_name(PROJECT)
         experiment_id = experiment.experiment_id if experiment else self._client.create_experiment(PROJECT)
         self._run_id = self._client.create_run(experiment_id, run_name=name).info.run_id
-        from mlflow.entities import Param
-
-        params = [Param(key, str(value)[:6000]) for key, value in _flat(config).items()]
+        params = [Param(key, str(value)[:6000]) for key, value in flat_recipe(config).items()]
         for first in range(0, len(params), 100):  # MLflow takes at most 100 parameters per batch
             self._client.log_batch(self._run_id, params=params[first : first + 100])
         log.info("mlflow: run %s in experiment %s of %s", name, PROJECT, uri)
 
     def log(self, values: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-
-        now = _millis()
-        self._client.log_batch(self._run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+        now = int(time.time() * 1000)  # MLflow's timestamps are in milliseconds
+        self._client.log_batch(self._run_id, metrics=[self._metric(k, v, now, step) for k, v in values.items()])
 
     def close(self) -> None:
         self._client.set_terminated(self._run_id)
@@ -179,18 +177,3 @@ class _Trackio:
         with contextlib.redirect_stdout(io.StringIO()):
             self._trackio.finish()  # the module's finish: its exit hook then has no run left to finish again
 
-
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _millis() -> int:
-    import time
-
-    return int(time.time() * 1000)
