@@ -312,47 +312,42 @@ def assert_run_matches(output_dir, params_path, reference, reference_params) -> 
         torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")
 
 
-def _shares_a_launch(name: str) -> bool:
-    # DeepSpeed keeps the groups it saw first for the life of its process: its plans get a launch each
-    return PLANS[name][1].get("backend") != "deepspeed"
+def _launch_key(name: str) -> tuple[int, bool]:
+    """Cases with one key share a launch: the world size, and whether DeepSpeed runs it (DeepSpeed keeps the groups
+    and engine state it saw first for the life of its process, so its plans share launches only with each other)."""
+    return PLANS[name][0], PLANS[name][1].get("backend") == "deepspeed"
 
 
-def selected_cases(session: pytest.Session) -> set[tuple[str, str]]:
-    """The (arch, plan) cases this run selected (a tier, -k): only they share the launches."""
-    return {
+def selected_cases(session: pytest.Session) -> list[tuple[str, str]]:
+    """The (arch, plan) cases this run selected (a tier, -k), in collection order: only they share the launches."""
+    return [
         (item.callspec.params["arch"], item.callspec.params["name"])
         for item in session.items
         if getattr(item, "originalname", None) == "test_plan_matches_single_process_loop"
-    }
+    ]
 
 
 @pytest.fixture(scope="module")
 def launches(data, models, tmp_path_factory, request):
-    """The case's run: (launch result, its output_dir, its parameters file). The selected cases of one architecture
-    and world size are trained one after the other in one torchrun launch (train_and_save.py with several recipes:
-    starting the ranks costs several times what 10 steps of a tiny model do), each into its own output_dir."""
+    """The case's run: (launch result, its output_dir, its parameters file, the launch's case count). The selected
+    cases of one world size, whatever their architecture, are trained one after the other in one torchrun launch
+    (train_and_save.py with several recipes: starting the ranks costs several times what 10 steps of a tiny model
+    do), each from its own model folder into its own output_dir."""
     root, _ = data
     runs: dict[tuple[str, str], tuple] = {}
     selected = selected_cases(request.session)
 
     def run(arch: str, name: str):
         if (arch, name) not in runs:
-            nproc = PLANS[name][0]
-            group = [name]
-            if _shares_a_launch(name):
-                group = [
-                    n
-                    for a, n in CASES
-                    if a == arch and PLANS[n][0] == nproc and _shares_a_launch(n) and (a, n) in selected
-                ]
-            folder = tmp_path_factory.mktemp(f"{arch}-{nproc}ranks")
-            model_dir = models(arch)[0]
+            key = _launch_key(name)
+            group = [(a, n) for a, n in selected if _launch_key(n) == key and (a, n) not in runs]
+            folder = tmp_path_factory.mktemp(f"{key[0]}ranks")
             args = []
-            for n in group:
-                recipe = recipe_for(model_dir, root / "rows.npy", PLANS[n][1], folder / n)
-                args += [str(write_recipe(folder / f"{n}.yaml", recipe)), str(folder / f"{n}.pt")]
-            proc = run_torchrun([str(WORKER), *args], nproc=nproc, module=False, timeout=120 + 60 * len(group))
-            runs.update({(arch, n): (proc, folder / n, folder / f"{n}.pt", len(group)) for n in group})
+            for a, n in group:
+                recipe = recipe_for(models(a)[0], root / "rows.npy", PLANS[n][1], folder / f"{a}-{n}")
+                args += [str(write_recipe(folder / f"{a}-{n}.yaml", recipe)), str(folder / f"{a}-{n}.pt")]
+            proc = run_torchrun([str(WORKER), *args], nproc=key[0], module=False, timeout=120 + 60 * len(group))
+            runs.update({(a, n): (proc, folder / f"{a}-{n}", folder / f"{a}-{n}.pt", len(group)) for a, n in group})
         return runs[(arch, name)]
 
     return run
