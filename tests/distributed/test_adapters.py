@@ -206,32 +206,42 @@ ADAPTER_PLANS = {
 }
 
 
-def _shares_a_launch(name: str, parallel: dict) -> bool:
-    # DeepSpeed keeps the groups it saw first for the life of its process, and compile its caches: a launch each
-    return parallel.get("backend") != "deepspeed" and "compile" not in name
+def _launch_key(name: str, plans: dict) -> tuple:
+    """Cases with one key share a launch: the world size and whether DeepSpeed runs it (DeepSpeed keeps the groups it
+    saw first for the life of its process: its plans share only with each other); compile (its caches) runs alone."""
+    nproc, parallel = plans[name]
+    return (nproc, parallel.get("backend") == "deepspeed", name if "compile" in name else "")
+
+
+def _selected(session: pytest.Session, method: str) -> list[str]:
+    """The cases of ``test_{method}_matches_…`` this run selected (a tier, -k): only they share the launches."""
+    return [
+        item.callspec.params["name"]
+        for item in session.items
+        if getattr(item, "originalname", "").startswith(f"test_{method}_matches_")
+    ]
 
 
 @pytest.fixture(scope="module")
-def shared_runs(data, tmp_path_factory):
-    """``run(model_dir, plans, name, method)``: (metrics, parameters, output_dir) of one case of ``plans``. The cases
-    of one world size that can share a launch train one after the other in one torchrun launch (train_and_save.py
-    with several recipes, as test_equivalence.py's ``launches``: starting the ranks costs more than training)."""
+def shared_runs(data, tmp_path_factory, request):
+    """``run(model_dir, plans, name, method)``: (metrics, parameters, output_dir) of one case of ``plans``. The
+    selected cases with one launch key train one after the other in one torchrun launch (train_and_save.py with
+    several recipes, as test_equivalence.py's ``launches``: starting the ranks costs more than training)."""
     root, _ = data
     runs: dict[tuple[str, str], tuple] = {}
 
     def run(model_dir, plans: dict, name: str, method: str = "lora"):
         if (method, name) not in runs:
-            nproc, parallel = plans[name]
-            group = [name]
-            if _shares_a_launch(name, parallel):
-                group = [n for n, (k, p) in plans.items() if k == nproc and _shares_a_launch(n, p)]
-            folder = tmp_path_factory.mktemp(f"{method}-{nproc}ranks")
+            key = _launch_key(name, plans)
+            chosen = set(_selected(request.session, method)) | {name}
+            group = [n for n in plans if n in chosen and _launch_key(n, plans) == key and (method, n) not in runs]
+            folder = tmp_path_factory.mktemp(f"{method}-{key[0]}ranks")
             args = []
             for n in group:
                 raw = lora_recipe(model_dir, root / "rows.npy", plans[n][1], folder / n, method)
                 raw = with_sections(raw, train={**raw["train"], "compile": "compile" in n})
                 args += [str(write_recipe(folder / f"{n}.yaml", raw)), str(folder / f"{n}.pt")]
-            proc = run_torchrun([str(WORKER), *args], nproc=nproc, module=False, timeout=120 + 60 * len(group))
+            proc = run_torchrun([str(WORKER), *args], nproc=key[0], module=False, timeout=120 + 60 * len(group))
             assert proc.returncode == 0, proc.stderr[-3000:]
             for n in group:
                 runs[(method, n)] = (read_metrics(folder / n), torch.load(folder / f"{n}.pt"), folder / n)
