@@ -9,10 +9,13 @@ step: every adapter parameter. Data, schedule and order are the equivalence test
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from cases import TINY_LLAMA
 from helpers import read_metrics, run_torchrun, save_tiny_model, with_sections, write_recipe
+from shared_launch import SharedLaunches, launch_key, selected
 from test_equivalence import (
     BETAS,
     CLIP,
@@ -197,7 +200,8 @@ ADAPTER_PLANS = {
         ),
     ),
     "deepspeed-zero3-ac-selective-accum2": (
-        2, dict(backend="deepspeed", zero_stage=3, micro_batch_size=2, activation_checkpointing="selective")
+        2,
+        dict(backend="deepspeed", zero_stage=3, micro_batch_size=2, activation_checkpointing="selective"),
     ),
     "fsdp2-zero2-ac-full-accum4": (
         2,
@@ -206,46 +210,34 @@ ADAPTER_PLANS = {
 }
 
 
-def _launch_key(name: str, plans: dict) -> tuple:
-    """Cases with one key share a launch: the world size and whether DeepSpeed runs it (DeepSpeed keeps the groups it
-    saw first for the life of its process: its plans share only with each other); compile (its caches) runs alone."""
-    nproc, parallel = plans[name]
-    return (nproc, parallel.get("backend") == "deepspeed", name if "compile" in name else "")
-
-
-def _selected(session: pytest.Session, method: str) -> list[str]:
-    """The cases of ``test_{method}_matches_…`` this run selected (a tier, -k): only they share the launches."""
-    return [
-        item.callspec.params["name"]
-        for item in session.items
-        if getattr(item, "originalname", "").startswith(f"test_{method}_matches_")
-    ]
-
-
 @pytest.fixture(scope="module")
 def shared_runs(data, tmp_path_factory, request):
     """``run(model_dir, plans, name, method)``: (metrics, parameters, output_dir) of one case of ``plans``. The
-    selected cases with one launch key train one after the other in one torchrun launch (train_and_save.py with
-    several recipes, as test_equivalence.py's ``launches``: starting the ranks costs more than training)."""
+    selected cases of one world size and engine family train in one launch (shared_launch.py); compile (its caches)
+    runs alone."""
     root, _ = data
-    runs: dict[tuple[str, str], tuple] = {}
+    shared = SharedLaunches(tmp_path_factory, "adapters")
+
+    def recipe(model_dir, parallel: dict, method: str, compile_blocks: bool):
+        def make(out: Path) -> dict:
+            raw = lora_recipe(model_dir, root / "rows.npy", parallel, out, method)
+            return with_sections(raw, train={**raw["train"], "compile": compile_blocks})
+
+        return make
 
     def run(model_dir, plans: dict, name: str, method: str = "lora"):
-        if (method, name) not in runs:
-            key = _launch_key(name, plans)
-            chosen = set(_selected(request.session, method)) | {name}
-            group = [n for n in plans if n in chosen and _launch_key(n, plans) == key and (method, n) not in runs]
-            folder = tmp_path_factory.mktemp(f"{method}-{key[0]}ranks")
-            args = []
-            for n in group:
-                raw = lora_recipe(model_dir, root / "rows.npy", plans[n][1], folder / n, method)
-                raw = with_sections(raw, train={**raw["train"], "compile": "compile" in n})
-                args += [str(write_recipe(folder / f"{n}.yaml", raw)), str(folder / f"{n}.pt")]
-            proc = run_torchrun([str(WORKER), *args], nproc=key[0], module=False, timeout=120 + 60 * len(group))
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            for n in group:
-                runs[(method, n)] = (read_metrics(folder / n), torch.load(folder / f"{n}.pt"), folder / n)
-        return runs[(method, name)]
+        chosen = {*selected(request.session, f"test_{method}_matches_", "name"), name}
+        cases = {
+            (method, n): (
+                launch_key(*plans[n], alone="compile" if "compile" in n else ""),
+                recipe(model_dir, plans[n][1], method, "compile" in n),
+            )
+            for n in plans
+            if n in chosen
+        }
+        launched = shared.get((method, name), cases)
+        launched.check_finished()
+        return read_metrics(launched.output_dir), torch.load(launched.params), launched.output_dir
 
     return run
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 from cases import TINY_MODELS
 from helpers import learnable_rows, save_rows, save_tiny_model
-from test_equivalence import NUM_ROWS, RTOL, assert_plan_matches, global_batch_rows, reference_run
+from shared_launch import SharedLaunches, launch_key, selected
+from test_equivalence import NUM_ROWS, RTOL, assert_run_matches, global_batch_rows, recipe_for, reference_run
 
 CP_SEQ_LEN = 32
 CP_PLANS = {
@@ -46,13 +47,27 @@ def cp_inputs(tmp_path_factory):
     return root / "rows.npy", rows, model_dir, *reference_run(model_dir, rows)
 
 
+@pytest.fixture(scope="module")
+def launches(cp_inputs, tmp_path_factory, request):
+    """``launches(name)``: the launch that trained the plan (shared_launch.py: one per world size and engine)."""
+    rows_path, _, model_dir, _, _ = cp_inputs
+    shared = SharedLaunches(tmp_path_factory, "cp")
+    chosen = selected(request.session, "test_context_parallel_matches_the_single_process_loop", "name")
+    cases = {
+        n: (launch_key(*CP_PLANS[n]), lambda out, n=n: recipe_for(model_dir, rows_path, CP_PLANS[n][1], out))
+        for n in chosen
+    }
+    return lambda name: shared.get(name, cases)
+
+
 @pytest.mark.parametrize(  # the full tier adds cp alone on two ranks (the others run it with dp_shard and with ddp)
     "name", [pytest.param(n, marks=pytest.mark.full) if n == "fsdp2-cp2-accum4" else n for n in CP_PLANS]
 )
-def test_context_parallel_matches_the_single_process_loop(name, cp_inputs, tmp_path):
-    rows_path, _, model_dir, reference, reference_params = cp_inputs
-    nproc, parallel = CP_PLANS[name]
-    assert_plan_matches(model_dir, rows_path, nproc, parallel, reference, reference_params, tmp_path)
+def test_context_parallel_matches_the_single_process_loop(name, cp_inputs, launches):
+    *_, reference, reference_params = cp_inputs
+    launched = launches(name)
+    launched.check_finished()
+    assert_run_matches(launched.output_dir, launched.params, reference, reference_params)
 
 
 def test_attention_kept_within_each_slice_would_be_caught(cp_inputs):

@@ -1,9 +1,10 @@
 """The defining test: every plan trains the same model as a plain single-process PyTorch loop, step for step.
 
 Each plan runs as a real job (torchrun, gloo, real collectives) of ``bigtrain.train.run.TrainingJob``, the code
-``bigtrain train`` runs, and ends by saving its trained parameters. The plans of one architecture and world size
-share one launch (``launches``): their jobs run one after the other in the same ranks and process group, each from
-its own recipe into its own output_dir (DeepSpeed's plans get a launch each). The reference is what a user would write by
+``bigtrain train`` runs, and ends by saving its trained parameters. The selected plans of one world size share one
+launch whatever their architecture (``shared_launch.py``): their jobs run one after the other in the same ranks and
+process group, each from its own recipe into its own output_dir (DeepSpeed's plans share launches only with each
+other). The reference is what a user would write by
 hand: the whole global batch in one forward with HF's own mean loss, AdamW, ``clip_grad_norm_``, a warmup + cosine
 ``LambdaLR`` written out below, and the documented data order (a permutation seeded by seed + epoch). Compared:
 the loss and gradient norm of every step, and every parameter after the last step.
@@ -16,22 +17,13 @@ run with Adam's beta2 changed, or without clipping, lands far outside the tolera
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from cases import TINY_MODELS
-from helpers import (
-    REPO,
-    learnable_rows,
-    read_metrics,
-    recipe_dict,
-    run_torchrun,
-    save_rows,
-    save_tiny_model,
-    write_recipe,
-)
+from helpers import learnable_rows, read_metrics, recipe_dict, run_torchrun, save_rows, save_tiny_model, write_recipe
+from shared_launch import WORKER, SharedLaunches, launch_key, selected
 
 STEPS = 10
 GLOBAL_BATCH = 8
@@ -46,8 +38,6 @@ LR, WD, CLIP, WARMUP, MIN_LR_RATIO = 1e-2, 0.1, 0.5, 3, 0.1
 BETAS, EPS = (0.9, 0.95), 1e-6
 RTOL = 1e-5  # loss and grad norm of each step
 PARAM_ATOL = 2e-5  # every parameter after the last step: float noise measured <= 4.3e-6, a wrong beta2 moves 5.8e-3
-
-WORKER = REPO / "tests" / "distributed" / "train_and_save.py"
 
 
 def lr_lambda(step: int) -> float:
@@ -146,7 +136,9 @@ DEEPSPEED_PLANS = {
 # ZeRO-2 with selective checkpointing and the chunked loss (a pair of capabilities no other case runs on DeepSpeed)
 DEEPSPEED_PLANS["deepspeed-zero2-ac-selective-chunked-loss-accum2"] = (
     2,
-    dict(backend="deepspeed", zero_stage=2, micro_batch_size=2, activation_checkpointing="selective", loss_chunk_tokens=7),
+    dict(
+        backend="deepspeed", zero_stage=2, micro_batch_size=2, activation_checkpointing="selective", loss_chunk_tokens=7
+    ),
 )
 # the chunked loss (parallel.loss_chunk_tokens; chunks of 7 tokens do not divide a micro-batch's) with the head inside
 # FSDP2's root unit and selective (per-op) checkpointing, and under ZeRO-3 (each chunk gathers the head)
@@ -218,7 +210,8 @@ EP_PLANS = {
     "fsdp2-ep2-accum4": (2, dict(backend="fsdp2", ep=2, micro_batch_size=2)),
     # with selective checkpointing (a pair no other case runs; on DeepSeek-V3 a row refuses it)
     "fsdp2-ep2-accum4-ac-selective": (
-        2, dict(backend="fsdp2", ep=2, micro_batch_size=2, activation_checkpointing="selective")
+        2,
+        dict(backend="fsdp2", ep=2, micro_batch_size=2, activation_checkpointing="selective"),
     ),
     "fsdp2-ep2-dp_shard4-accum2": (4, dict(backend="fsdp2", ep=2, micro_batch_size=2)),
 }
@@ -312,45 +305,19 @@ def assert_run_matches(output_dir, params_path, reference, reference_params) -> 
         torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")
 
 
-def _launch_key(name: str) -> tuple[int, bool]:
-    """Cases with one key share a launch: the world size, and whether DeepSpeed runs it (DeepSpeed keeps the groups
-    and engine state it saw first for the life of its process, so its plans share launches only with each other)."""
-    return PLANS[name][0], PLANS[name][1].get("backend") == "deepspeed"
-
-
-def selected_cases(session: pytest.Session) -> list[tuple[str, str]]:
-    """The (arch, plan) cases this run selected (a tier, -k), in collection order: only they share the launches."""
-    return [
-        (item.callspec.params["arch"], item.callspec.params["name"])
-        for item in session.items
-        if getattr(item, "originalname", None) == "test_plan_matches_single_process_loop"
-    ]
-
-
 @pytest.fixture(scope="module")
 def launches(data, models, tmp_path_factory, request):
-    """The case's run: (launch result, its output_dir, its parameters file, the launch's case count). The selected
-    cases of one world size, whatever their architecture, are trained one after the other in one torchrun launch
-    (train_and_save.py with several recipes: starting the ranks costs several times what 10 steps of a tiny model
-    do), each from its own model folder into its own output_dir."""
+    """``launches(arch, name)``: the launch that trained the case (shared_launch.py: the selected cases of one world
+    size and engine family, whatever their architecture, train in one launch, each from its family's model folder)."""
     root, _ = data
-    runs: dict[tuple[str, str], tuple] = {}
-    selected = selected_cases(request.session)
+    shared = SharedLaunches(tmp_path_factory, "equiv")
 
-    def run(arch: str, name: str):
-        if (arch, name) not in runs:
-            key = _launch_key(name)
-            group = [(a, n) for a, n in selected if _launch_key(n) == key and (a, n) not in runs]
-            folder = tmp_path_factory.mktemp(f"{key[0]}ranks")
-            args = []
-            for a, n in group:
-                recipe = recipe_for(models(a)[0], root / "rows.npy", PLANS[n][1], folder / f"{a}-{n}")
-                args += [str(write_recipe(folder / f"{a}-{n}.yaml", recipe)), str(folder / f"{a}-{n}.pt")]
-            proc = run_torchrun([str(WORKER), *args], nproc=key[0], module=False, timeout=120 + 60 * len(group))
-            runs.update({(a, n): (proc, folder / f"{a}-{n}", folder / f"{a}-{n}.pt", len(group)) for a, n in group})
-        return runs[(arch, name)]
+    def recipe(arch: str, name: str):
+        return lambda out: recipe_for(models(arch)[0], root / "rows.npy", PLANS[name][1], out)
 
-    return run
+    chosen = selected(request.session, "test_plan_matches_single_process_loop", "arch", "name")
+    cases = {(a, n): (launch_key(*PLANS[n]), recipe(a, n)) for a, n in chosen}
+    return lambda arch, name: shared.get((arch, name), cases)
 
 
 # The default tier keeps one case per engine and capability on Llama's layout (and one mixture with expert
@@ -379,10 +346,9 @@ TIERED = [pytest.param(a, n, marks=pytest.mark.full) if (a, n) in FULL_ONLY else
 @pytest.mark.parametrize("arch, name", TIERED, ids=[f"{a}-{n}" for a, n in CASES])
 def test_plan_matches_single_process_loop(arch, name, models, launches):
     _, reference, reference_params = models(arch)
-    proc, output_dir, params, jobs = launches(arch, name)
-    finished = params.exists() and (jobs == 1 or Path(f"{params}.done0").exists())
-    assert finished and (jobs > 1 or proc.returncode == 0), proc.stderr[-3000:]
-    assert_run_matches(output_dir, params, reference, reference_params)
+    launched = launches(arch, name)
+    launched.check_finished()
+    assert_run_matches(launched.output_dir, launched.params, reference, reference_params)
 
 
 def test_the_reference_is_not_vacuous(data, models):

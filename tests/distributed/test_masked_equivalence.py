@@ -14,19 +14,12 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
-from helpers import (
-    REPO,
-    hf_assistant_mask,
-    read_metrics,
-    recipe_dict,
-    run_torchrun,
-    save_chat_tokenizer,
-    save_tiny_model,
-    write_recipe,
-)
+from helpers import hf_assistant_mask, read_metrics, recipe_dict, save_chat_tokenizer, save_tiny_model
+from shared_launch import SharedLaunches, launch_key, selected
 
 STEPS = 4
 GLOBAL_BATCH = 8  # rows of two conversations each
@@ -38,7 +31,6 @@ LR, CLIP = 5e-3, 1.0
 LOSS_RTOL = 1e-6
 NORM_RTOL = 1e-5
 PARAM_ATOL = 1e-5  # Adam noise on near-zero gradients: measured 2.4e-6 after 4 steps
-WORKER = REPO / "tests" / "distributed" / "train_and_save.py"
 
 
 def conversations(count: int, seed: int) -> list[list[dict]]:
@@ -113,14 +105,9 @@ PLANS = {
 }
 
 
-@pytest.mark.parametrize(  # the full tier adds DeepSpeed (its engine runs the same objective: default-tier cases)
-    "name", [pytest.param(n, marks=pytest.mark.full) if n.startswith("deepspeed") else n for n in PLANS]
-)
-def test_chat_plan_matches_assistant_only_loop(name, setup, tmp_path):
-    root, model_dir, _, (reference, reference_params) = setup
-    nproc, parallel = PLANS[name]
-    recipe = recipe_dict(
-        tmp_path / "out",
+def chat_recipe(root: Path, model_dir: Path, parallel: dict, out: Path) -> dict:
+    return recipe_dict(
+        out,
         root / "chat.jsonl",
         model_dir,
         data={"eval_path": str(root / "eval.jsonl"), "seq_len": 2 * CONV_TOKENS, "shuffle": False},
@@ -136,10 +123,28 @@ def test_chat_plan_matches_assistant_only_loop(name, setup, tmp_path):
         parallel=parallel,
         checkpoint={"save_final_model": False},
     )
-    path = write_recipe(tmp_path / "recipe.yaml", recipe)
-    proc = run_torchrun([str(WORKER), str(path), str(tmp_path / "params.pt")], nproc=nproc, module=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = read_metrics(tmp_path / "out")
+
+
+@pytest.fixture(scope="module")
+def launches(setup, tmp_path_factory, request):
+    """``launches(name)``: the launch that trained the plan (shared_launch.py: one per world size and engine)."""
+    root, model_dir, _, _ = setup
+    shared = SharedLaunches(tmp_path_factory, "chat")
+    chosen = selected(request.session, "test_chat_plan_matches_assistant_only_loop", "name")
+    cases = {
+        n: (launch_key(*PLANS[n]), lambda out, n=n: chat_recipe(root, model_dir, PLANS[n][1], out)) for n in chosen
+    }
+    return lambda name: shared.get(name, cases)
+
+
+@pytest.mark.parametrize(  # the full tier adds DeepSpeed (its engine runs the same objective: default-tier cases)
+    "name", [pytest.param(n, marks=pytest.mark.full) if n.startswith("deepspeed") else n for n in PLANS]
+)
+def test_chat_plan_matches_assistant_only_loop(name, setup, launches):
+    _, _, _, (reference, reference_params) = setup
+    launched = launches(name)
+    launched.check_finished()
+    got = read_metrics(launched.output_dir)
     for step, (mine, ref) in enumerate(zip(got, reference, strict=True), 1):
         assert mine["loss"] == pytest.approx(ref["loss"], rel=LOSS_RTOL), f"step {step} loss"
         assert mine["grad_norm"] == pytest.approx(ref["grad_norm"], rel=NORM_RTOL), f"step {step} grad_norm"
@@ -147,7 +152,7 @@ def test_chat_plan_matches_assistant_only_loop(name, setup, tmp_path):
         if "eval_loss" in ref:
             assert mine["eval_loss"] == pytest.approx(ref["eval_loss"], rel=LOSS_RTOL), f"step {step} eval_loss"
             assert mine["eval_perplexity"] == pytest.approx(math.exp(ref["eval_loss"]), rel=LOSS_RTOL * 10)
-    params = torch.load(tmp_path / "params.pt")
+    params = torch.load(launched.params)
     for key, ref in reference_params.items():
         torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")
 
