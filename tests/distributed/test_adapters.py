@@ -207,6 +207,11 @@ ADAPTER_PLANS = {
         2,
         dict(backend="fsdp2", zero_stage=2, micro_batch_size=1, activation_checkpointing="full"),
     ),
+    # ZeRO-3 with the frozen base and the adapters' optimizer states offloaded (DeepSpeed's CPU Adam)
+    "deepspeed-zero3-offload-accum2": (
+        2,
+        dict(backend="deepspeed", zero_stage=3, micro_batch_size=2, offload_optimizer=True, offload_params=True),
+    ),
 }
 
 
@@ -271,12 +276,13 @@ AVX2_COMPILE_NAN = (
 )
 
 
-# the full tier adds hybrid sharding, compile, ZeRO-2 and checkpointed FSDP2 ZeRO-2
+# the full tier adds hybrid sharding, compile, ZeRO-2, checkpointed FSDP2 ZeRO-2 and ZeRO-3 with offload
 ADAPTER_FULL_ONLY = (
     "hsdp-2x2-accum2",
     "1rank-compile-accum2",
     "deepspeed-zero2-ac-every2-offload-chunked-loss-accum2",
     "fsdp2-zero2-ac-full-accum4",
+    "deepspeed-zero3-offload-accum2",
 )
 
 

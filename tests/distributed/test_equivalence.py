@@ -140,6 +140,22 @@ DEEPSPEED_PLANS["deepspeed-zero2-ac-selective-chunked-loss-accum2"] = (
         backend="deepspeed", zero_stage=2, micro_batch_size=2, activation_checkpointing="selective", loss_chunk_tokens=7
     ),
 )
+# ZeRO-Offload (its CPU Adam, DeepSpeedCPUAdam, steps the fp32 master weights on the host) and ZeRO-3's parameter
+# offload, with the capabilities no other case pairs them with (tests/pairs.py): each checkpointing, the chunked loss,
+# activation offload
+DS_OFFLOAD = dict(backend="deepspeed", zero_stage=3, micro_batch_size=2, offload_optimizer=True, offload_params=True)
+DEEPSPEED_PLANS["deepspeed-zero3-offload-ac-full-chunked-loss-accum2"] = (
+    2,
+    dict(DS_OFFLOAD, activation_checkpointing="full", loss_chunk_tokens=7),
+)
+DEEPSPEED_PLANS["deepspeed-zero3-offload-ac-every2-offload-activations-accum2"] = (
+    2,
+    dict(DS_OFFLOAD, activation_checkpointing="full", checkpoint_every=2, offload_activations=True),
+)
+DEEPSPEED_PLANS["deepspeed-zero3-offload-ac-selective-accum2"] = (
+    2,
+    dict(DS_OFFLOAD, activation_checkpointing="selective"),
+)
 # the chunked loss (parallel.loss_chunk_tokens; chunks of 7 tokens do not divide a micro-batch's) with the head inside
 # FSDP2's root unit and selective (per-op) checkpointing, and under ZeRO-3 (each chunk gathers the head)
 CHUNKED_LOSS_PLANS = {
@@ -185,6 +201,31 @@ TP_PLANS = {
         4,
         dict(backend="fsdp2", tp=2, dp_shard=2, micro_batch_size=2, sequence_parallel=True, loss_parallel=True),
     ),
+    # the vocabulary-parallel loss with the capabilities no other case pairs it with (tests/pairs.py): every other
+    # block checkpointed; selective checkpointing with the parameters offloaded (with hybrid sharding it needs 8 ranks)
+    "tp2-dp_shard2-loss_parallel-accum2-ac-every2": (
+        4,
+        dict(
+            backend="fsdp2",
+            tp=2,
+            dp_shard=2,
+            micro_batch_size=2,
+            loss_parallel=True,
+            activation_checkpointing="full",
+            checkpoint_every=2,
+        ),
+    ),
+    "tp2-loss_parallel-accum4-ac-selective-offload-params": (
+        2,
+        dict(
+            backend="fsdp2",
+            tp=2,
+            micro_batch_size=2,
+            loss_parallel=True,
+            activation_checkpointing="selective",
+            offload_params=True,
+        ),
+    ),
 }
 # pipeline parallel (FSDP2 stages), each with accumulation: the schedule owns the micro-batch loop
 PP_PLANS = {
@@ -214,6 +255,9 @@ EP_PLANS = {
         dict(backend="fsdp2", ep=2, micro_batch_size=2, activation_checkpointing="selective"),
     ),
     "fsdp2-ep2-dp_shard4-accum2": (4, dict(backend="fsdp2", ep=2, micro_batch_size=2)),
+    # with the parameters offloaded: a pair no other case runs. (With hybrid sharding, dp_replicate=2 x dp_shard=2 on
+    # Mixtral, the first gradient norm is 0.15% off: a row refuses it, expert_parallel.ep_with_hybrid_sharding.)
+    "fsdp2-ep2-accum4-offload-params": (2, dict(backend="fsdp2", ep=2, micro_batch_size=2, offload_params=True)),
 }
 PLANS.update(DEEPSPEED_PLANS)
 PLANS.update(TP_PLANS)
@@ -230,6 +274,8 @@ CASES = [("llama-tied", plan) for plan in PLANS if plan not in {**TP_PLANS, **PP
     ("qwen2-tied", "tp2-accum4"),
     ("qwen2-tied", "tp2-sequence_parallel-accum4"),
     ("llama-4layers", "tp2-dp_shard2-sequence_parallel-loss_parallel-accum2"),
+    ("llama-4layers", "tp2-dp_shard2-loss_parallel-accum2-ac-every2"),
+    ("llama-4layers", "tp2-loss_parallel-accum4-ac-selective-offload-params"),
     *[("llama-4layers", plan) for plan in PP_PLANS],
     # families beyond Llama's layout, from their real save_pretrained folders: Gemma 2 (eager, soft-capping),
     # GPT-NeoX (embed_out on disk), and mixture-of-experts models (experts fused at load time; no router loss: their
@@ -243,6 +289,7 @@ CASES = [("llama-tied", plan) for plan in PLANS if plan not in {**TP_PLANS, **PP
     ("qwen3_moe", "fsdp2-ep2-accum4-ac-selective"),
     ("deepseek_v3", "fsdp2-ep2-accum4"),
     ("deepseek_v3", "fsdp2-ep2-dp_shard4-accum2"),
+    ("mixtral", "fsdp2-ep2-accum4-offload-params"),
     # tensor parallelism with the layouts of Qwen3 (replicated q/k norms) and Phi-3 (outputs gathered, inputs split),
     # and the plain ones of Gemma 2 (eager attention, soft-capping) and GPT-NeoX (fused per-head q/k/v).
     # OLMo-2 (the same gather/split styles) on tp2-accum4: loss within 2e-7 on every step, but the gradient norm off
@@ -328,6 +375,9 @@ FULL_ONLY = {
     ("llama-tied", "hsdp-2x2-reduce-once"),
     ("llama-tied", "deepspeed-zero1-accum2"),
     ("llama-tied", "deepspeed-zero2-ac-selective-chunked-loss-accum2"),
+    ("llama-tied", "deepspeed-zero3-offload-ac-full-chunked-loss-accum2"),
+    ("llama-tied", "deepspeed-zero3-offload-ac-every2-offload-activations-accum2"),
+    ("llama-tied", "deepspeed-zero3-offload-ac-selective-accum2"),
     ("llama-4layers", "tp2-dp_shard2-loss_parallel-accum2"),
     ("qwen2-tied", "tp2-accum4"),
     ("qwen2-tied", "tp2-sequence_parallel-accum4"),
@@ -339,6 +389,9 @@ FULL_ONLY = {
     ("qwen2-untied", "fsdp2-zero2-ac-full"),
     *((a, n) for a, n in CASES if a in ("gemma2", "gpt_neox", "qwen3_moe", "deepseek_v3", "qwen3", "phi3", "olmo2")),
     ("mixtral", "fsdp2-2ranks-mb1-reduce-every"),
+    ("llama-4layers", "tp2-dp_shard2-loss_parallel-accum2-ac-every2"),
+    ("llama-4layers", "tp2-loss_parallel-accum4-ac-selective-offload-params"),
+    ("mixtral", "fsdp2-ep2-accum4-offload-params"),
 }
 TIERED = [pytest.param(a, n, marks=pytest.mark.full) if (a, n) in FULL_ONLY else (a, n) for a, n in CASES]
 

@@ -5,7 +5,8 @@ converts the same linears the transform's rule converts (every linear of the blo
 multiples of 16; not the LM head) with ``convert_to_float8_training`` and runs one forward per row: dynamic scales are
 computed per forward (one per tensor under tensorwise scaling), so the reference cuts the batch as the plans do
 (micro-batches of one row), and the objective is still the cross-entropy summed over the global batch's labelled
-tokens over their count. 1 rank and FSDP2 x 2, tensorwise and rowwise.
+tokens over their count. 1 rank and FSDP2 x 2, tensorwise and rowwise; the full tier adds DDP x 2, FSDP2 with its
+parameters offloaded and hybrid sharding (2 x 2).
 
 Compared: the first FP8_EXACT_STEPS steps' loss and gradient norm within 1e-5 (3 under tensorwise, 1 under rowwise). After them the runs part, by design of
 FP8 and not of the plans: measured on tensorwise, steps 1-3 agree within 2e-7 on 1 rank and on FSDP2 x 2 (the float32
@@ -22,8 +23,9 @@ import dataclasses
 import pytest
 import torch.nn.functional as F
 from cases import TINY_LLAMA
-from helpers import read_metrics, run_torchrun, save_tiny_model, with_sections, write_recipe
-from test_equivalence import RTOL, WORKER, recipe_for, reference_run
+from helpers import read_metrics, save_tiny_model, with_sections
+from shared_launch import SharedLaunches, launch_key, selected
+from test_equivalence import RTOL, recipe_for, reference_run
 from test_equivalence import data as equivalence_data
 
 data = equivalence_data  # the equivalence test's rows fixture
@@ -36,7 +38,10 @@ FP8_EXACT_STEPS = {"tensorwise": 3, "rowwise": 1}
 # other block checkpointed and activation offload on FSDP2 x 2 (with the chunked loss too, the float32 sums of another
 # order put a weight across an e4m3 boundary at step 3, as the docstring describes for later steps)
 PLANS = {
-    "1rank-mb1-accum8-ac-selective": (1, dict(backend="fsdp2", micro_batch_size=1, activation_checkpointing="selective")),
+    "1rank-mb1-accum8-ac-selective": (
+        1,
+        dict(backend="fsdp2", micro_batch_size=1, activation_checkpointing="selective"),
+    ),
     "fsdp2-2ranks-mb1-accum4-ac-every2-offload": (
         2,
         dict(
@@ -47,7 +52,27 @@ PLANS = {
             offload_activations=True,
         ),
     ),
+    # the full tier adds DDP with each checkpointing and activation offload, FSDP2 with its parameters offloaded,
+    # and hybrid sharding
+    "ddp-2ranks-mb1-accum4-ac-selective": (
+        2,
+        dict(backend="ddp", micro_batch_size=1, activation_checkpointing="selective"),
+    ),
+    "ddp-2ranks-mb1-accum4-ac-full": (2, dict(backend="ddp", micro_batch_size=1, activation_checkpointing="full")),
+    "ddp-2ranks-mb1-accum4-ac-every2-offload": (
+        2,
+        dict(
+            backend="ddp",
+            micro_batch_size=1,
+            activation_checkpointing="full",
+            checkpoint_every=2,
+            offload_activations=True,
+        ),
+    ),
+    "fsdp2-2ranks-mb1-accum4-offload-params": (2, dict(backend="fsdp2", micro_batch_size=1, offload_params=True)),
+    "hsdp-2x2-mb1-accum2": (4, dict(backend="fsdp2", dp_replicate=2, dp_shard=2, micro_batch_size=1)),
 }
+FULL_ONLY = {name for name in PLANS if name.startswith(("ddp", "hsdp")) or "offload-params" in name}
 
 
 def fp8_reference(model_dir, rows, recipe: str | None):
@@ -61,9 +86,7 @@ def fp8_reference(model_dir, rows, recipe: str | None):
             convert_to_float8_training(model, config=config, module_filter_fn=lambda m, name: name != "lm_head")
             model.converted = True
         labelled = batch[:, 1:].numel()
-        ce = sum(
-            F.cross_entropy(model(input_ids=row[None]).logits[0, :-1], row[1:], reduction="sum") for row in batch
-        )
+        ce = sum(F.cross_entropy(model(input_ids=row[None]).logits[0, :-1], row[1:], reduction="sum") for row in batch)
         return ce / labelled, (ce / labelled).detach()
 
     return reference_run(model_dir, rows, objective=objective)
@@ -77,30 +100,33 @@ def fp8_inputs(data):
 
 
 @pytest.fixture(scope="module")
-def fp8_runs(data, fp8_inputs, tmp_path_factory):
-    """Every (plan, recipe) trained: the two recipes of one plan in one torchrun launch."""
+def fp8_runs(data, fp8_inputs, tmp_path_factory, request):
+    """``fp8_runs(name, recipe)``: the launch that trained the case (shared_launch.py: the selected cases of one world
+    size, both recipes, in one launch)."""
     root, _ = data
     model_dir, _ = fp8_inputs
-    runs = {}
-    for name, (nproc, parallel) in PLANS.items():
-        folder = tmp_path_factory.mktemp(f"fp8-{name}")
-        args = []
-        for recipe in RECIPES:
-            raw = recipe_for(model_dir, root / "rows.npy", parallel, folder / recipe)
-            raw = with_sections(raw, train={**raw["train"], "fp8": recipe})
-            args += [str(write_recipe(folder / f"{recipe}.yaml", raw)), str(folder / f"{recipe}.pt")]
-        runs[name] = (run_torchrun([str(WORKER), *args], nproc=nproc, module=False, timeout=300), folder)
-    return runs
+    shared = SharedLaunches(tmp_path_factory, "fp8")
+
+    def recipe_of(parallel: dict, fp8: str):
+        def make(out):
+            raw = recipe_for(model_dir, root / "rows.npy", parallel, out)
+            return with_sections(raw, train={**raw["train"], "fp8": fp8})
+
+        return make
+
+    chosen = selected(request.session, "test_fp8_matches_a_loop", "name", "recipe")
+    cases = {(n, r): (launch_key(*PLANS[n]), recipe_of(PLANS[n][1], r)) for n, r in chosen}
+    return lambda name, recipe: shared.get((name, recipe), cases)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-@pytest.mark.parametrize("name", list(PLANS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.full) if n in FULL_ONLY else n for n in PLANS])
 def test_fp8_matches_a_loop_over_torchao_float8_linears(name, recipe, fp8_inputs, fp8_runs):
     _, references = fp8_inputs
     reference, _ = references[recipe]
-    proc, folder = fp8_runs[name]
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = read_metrics(folder / recipe)
+    launched = fp8_runs(name, recipe)
+    launched.check_finished()
+    got = read_metrics(launched.output_dir)
     assert len(got) == len(reference)
     for step, (mine, ref) in enumerate(zip(got[: FP8_EXACT_STEPS[recipe]], reference, strict=False), 1):
         assert mine["loss"] == pytest.approx(ref["loss"], rel=RTOL), f"step {step} loss"

@@ -107,6 +107,7 @@ EXAMPLES: dict[str, Example] = {
     "cp_with_packed_documents": Example(2, dict(cp=2), rows_len=16, packed=True),
     "cp_attention": Example(2, dict(cp=2), rows_len=16, attention="eager"),
     "ep_with_adapters": Example(2, dict(dp_shard=2, ep=2), CONVERTED_FAMILIES["mixtral"], method="lora"),
+    "ep_with_hybrid_sharding": Example(4, dict(dp_replicate=2, dp_shard=2, ep=2), CONVERTED_FAMILIES["mixtral"]),
     "ep_with_selective_on_some_families": Example(
         2, dict(dp_shard=2, ep=2, activation_checkpointing="selective"), CONVERTED_FAMILIES["deepseek_v3"]
     ),

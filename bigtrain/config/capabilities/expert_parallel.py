@@ -85,6 +85,19 @@ def ep_with_selective_on_some_families(s: Setup) -> str | None:
     return None
 
 
+def ep_with_hybrid_sharding(s: Setup) -> str | None:
+    # found by tests/pairs.py's equivalence case (Mixtral, dp_replicate=2 x dp_shard=2, ep=2): the first step's loss
+    # equals the plain loop's, its gradient norm is 0.15% off (0.68871 against 0.68971), so the experts' gradients
+    # are not reduced as the dense ones are across the replicas; refused until that case passes
+    p = s.plan
+    if p.ep > 1 and p.dp_replicate > 1:
+        return (
+            f"parallel.ep={p.ep} with parallel.dp_replicate={p.dp_replicate} (hybrid sharding) is not built yet; use "
+            f"ep with dp_shard alone (dp_replicate=1, dp_shard={p.dp_replicate * p.dp_shard})"
+        )
+    return None
+
+
 def ep_with_adapters(s: Setup) -> str | None:
     # decided, not left open: peft wraps each expert's projections, which the expert-parallel split and its
     # all-to-all dispatch (transformers' grouped experts) do not see; no equivalence case runs it
@@ -119,6 +132,7 @@ CAPABILITY = Capability(
     rules=(
         row(ep_needs_fsdp2, "not_built"),
         row(ep_with_tp_pp_or_cp, "not_built"),
+        row(ep_with_hybrid_sharding, "not_built"),
         row(ep_with_adapters, "not_built"),
         row(ep_with_selective_on_some_families, "not_built", reads_model=True, reads_micro_batch=True),
         row(ep_divides_dp_shard, "fit"),
