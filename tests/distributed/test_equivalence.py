@@ -255,9 +255,11 @@ EP_PLANS = {
         dict(backend="fsdp2", ep=2, micro_batch_size=2, activation_checkpointing="selective"),
     ),
     "fsdp2-ep2-dp_shard4-accum2": (4, dict(backend="fsdp2", ep=2, micro_batch_size=2)),
-    # with the parameters offloaded: a pair no other case runs. (With hybrid sharding, dp_replicate=2 x dp_shard=2 on
+    # with the parameters offloaded: a pair no other case runs. (With hybrid sharding and dp_shard = ep, 2 x 2 on
     # Mixtral, the first gradient norm is 0.15% off: a row refuses it, expert_parallel.ep_with_hybrid_sharding.)
     "fsdp2-ep2-accum4-offload-params": (2, dict(backend="fsdp2", ep=2, micro_batch_size=2, offload_params=True)),
+    # with hybrid sharding: 2 replicas of dp_shard=4 = ep=2 x efsdp=2, on 8 ranks
+    "hsdp-2x4-ep2": (8, dict(backend="fsdp2", dp_replicate=2, dp_shard=4, ep=2, micro_batch_size=1)),
 }
 PLANS.update(DEEPSPEED_PLANS)
 PLANS.update(TP_PLANS)
@@ -290,6 +292,7 @@ CASES = [("llama-tied", plan) for plan in PLANS if plan not in {**TP_PLANS, **PP
     ("deepseek_v3", "fsdp2-ep2-accum4"),
     ("deepseek_v3", "fsdp2-ep2-dp_shard4-accum2"),
     ("mixtral", "fsdp2-ep2-accum4-offload-params"),
+    ("mixtral", "hsdp-2x4-ep2"),
     # tensor parallelism with the layouts of Qwen3 (replicated q/k norms) and Phi-3 (outputs gathered, inputs split),
     # and the plain ones of Gemma 2 (eager attention, soft-capping) and GPT-NeoX (fused per-head q/k/v).
     # OLMo-2 (the same gather/split styles) on tp2-accum4: loss within 2e-7 on every step, but the gradient norm off
@@ -392,6 +395,7 @@ FULL_ONLY = {
     ("llama-4layers", "tp2-dp_shard2-loss_parallel-accum2-ac-every2"),
     ("llama-4layers", "tp2-loss_parallel-accum4-ac-selective-offload-params"),
     ("mixtral", "fsdp2-ep2-accum4-offload-params"),
+    ("mixtral", "hsdp-2x4-ep2"),
 }
 TIERED = [pytest.param(a, n, marks=pytest.mark.full) if (a, n) in FULL_ONLY else (a, n) for a, n in CASES]
 

@@ -86,14 +86,17 @@ def ep_with_selective_on_some_families(s: Setup) -> str | None:
 
 
 def ep_with_hybrid_sharding(s: Setup) -> str | None:
-    # found by tests/pairs.py's equivalence case (Mixtral, dp_replicate=2 x dp_shard=2, ep=2): the first step's loss
-    # equals the plain loop's, its gradient norm is 0.15% off (0.68871 against 0.68971), so the experts' gradients
-    # are not reduced as the dense ones are across the replicas; refused until that case passes
+    # found by tests/pairs.py's equivalence cases on Mixtral: with dp_replicate=2 x dp_shard=2 and ep=2 (each expert
+    # on one rank of its replica, FSDP2's expert mesh dp_replicate x efsdp with efsdp=1) the first step's loss equals
+    # the plain loop's and its gradient norm is 0.15% off (0.68871 against 0.68971), the same with or without
+    # accumulation and in both reduction modes; dp_replicate=2 x dp_shard=4 with ep=2 (efsdp=2) equals the loop
     p = s.plan
-    if p.ep > 1 and p.dp_replicate > 1:
+    if p.ep > 1 and p.dp_replicate > 1 and p.dp_shard == p.ep:
         return (
-            f"parallel.ep={p.ep} with parallel.dp_replicate={p.dp_replicate} (hybrid sharding) is not built yet; use "
-            f"ep with dp_shard alone (dp_replicate=1, dp_shard={p.dp_replicate * p.dp_shard})"
+            f"parallel.ep={p.ep} equal to parallel.dp_shard={p.dp_shard} with parallel.dp_replicate={p.dp_replicate} "
+            "(hybrid sharding with each expert on one rank per replica) is not built yet; use a dp_shard that is a "
+            f"larger multiple of ep (dp_shard={2 * p.ep}), or dp_replicate=1 with "
+            f"dp_shard={p.dp_replicate * p.dp_shard}"
         )
     return None
 
