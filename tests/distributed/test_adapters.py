@@ -207,7 +207,7 @@ ADAPTER_PLANS = {
         2,
         dict(backend="fsdp2", zero_stage=2, micro_batch_size=1, activation_checkpointing="full"),
     ),
-    # ZeRO-3 with the frozen base and the adapters' optimizer states offloaded (DeepSpeed's CPU Adam)
+    # ZeRO-3 with the frozen base and the adapters' optimizer states offloaded to host memory
     "deepspeed-zero3-offload-accum2": (
         2,
         dict(backend="deepspeed", zero_stage=3, micro_batch_size=2, offload_optimizer=True, offload_params=True),

@@ -140,9 +140,9 @@ DEEPSPEED_PLANS["deepspeed-zero2-ac-selective-chunked-loss-accum2"] = (
         backend="deepspeed", zero_stage=2, micro_batch_size=2, activation_checkpointing="selective", loss_chunk_tokens=7
     ),
 )
-# ZeRO-Offload (its CPU Adam, DeepSpeedCPUAdam, steps the fp32 master weights on the host) and ZeRO-3's parameter
-# offload, with the capabilities no other case pairs them with (tests/pairs.py): each checkpointing, the chunked loss,
-# activation offload
+# ZeRO-Offload (DeepSpeed's ZeRO optimizer steps bigtrain's AdamW on the fp32 partitions in host memory) and
+# ZeRO-3's parameter offload, with the capabilities no other case pairs them with (tests/pairs.py): each
+# checkpointing, the chunked loss, activation offload
 DS_OFFLOAD = dict(backend="deepspeed", zero_stage=3, micro_batch_size=2, offload_optimizer=True, offload_params=True)
 DEEPSPEED_PLANS["deepspeed-zero3-offload-ac-full-chunked-loss-accum2"] = (
     2,
