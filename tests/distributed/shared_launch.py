@@ -10,7 +10,7 @@ from its own recipe into its own output_dir; train_and_save.py marks each finish
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,8 +66,7 @@ class SharedLaunches:
             self._launch(key[0], group, cases)
         return self._runs[case]
 
-    def _launch(self, nproc: int, group: Iterable[Hashable], cases: dict) -> None:
-        group = list(group)
+    def _launch(self, nproc: int, group: list[Hashable], cases: dict) -> None:
         folder = self._tmp.mktemp(f"{self._prefix}-{nproc}ranks")
         args, places = [], {}
         for case in group:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from cases import TINY_LLAMA
 from helpers import read_metrics, run_torchrun, save_tiny_model, with_sections, write_recipe
-from shared_launch import SharedLaunches, launch_key, selected
+from shared_launch import WORKER, SharedLaunches, launch_key, selected
 from test_equivalence import (
     BETAS,
     CLIP,
@@ -27,7 +27,6 @@ from test_equivalence import (
     SEED,
     STEPS,
     WD,
-    WORKER,
     global_batch_rows,
     lr_lambda,
     recipe_for,

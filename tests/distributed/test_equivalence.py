@@ -4,10 +4,10 @@ Each plan runs as a real job (torchrun, gloo, real collectives) of ``bigtrain.tr
 ``bigtrain train`` runs, and ends by saving its trained parameters. The selected plans of one world size share one
 launch whatever their architecture (``shared_launch.py``): their jobs run one after the other in the same ranks and
 process group, each from its own recipe into its own output_dir (DeepSpeed's plans share launches only with each
-other). The reference is what a user would write by
-hand: the whole global batch in one forward with HF's own mean loss, AdamW, ``clip_grad_norm_``, a warmup + cosine
-``LambdaLR`` written out below, and the documented data order (a permutation seeded by seed + epoch). Compared:
-the loss and gradient norm of every step, and every parameter after the last step.
+other). The reference is what a user would write by hand: the whole global batch in one forward with HF's own mean
+loss, AdamW, ``clip_grad_norm_``, a warmup + cosine ``LambdaLR`` written out below, and the documented data order (a
+permutation seeded by seed + epoch). Compared: the loss and gradient norm of every step, and every parameter after
+the last step.
 
 Sensitive on purpose: 10 steps over two epochs of a learnable corpus at a learning rate that moves the loss,
 clipping active. ``test_the_comparison_catches_a_wrong_beta2_or_a_missing_clip`` shows that the reference

@@ -94,9 +94,9 @@ def ep_with_hybrid_sharding(s: Setup) -> str | None:
     if p.ep > 1 and p.dp_replicate > 1 and p.dp_shard == p.ep:
         return (
             f"parallel.ep={p.ep} equal to parallel.dp_shard={p.dp_shard} with parallel.dp_replicate={p.dp_replicate} "
-            "(hybrid sharding with each expert on one rank per replica) is not built yet; use a dp_shard that is a "
-            f"larger multiple of ep (dp_shard={2 * p.ep}), or dp_replicate=1 with "
-            f"dp_shard={p.dp_replicate * p.dp_shard}"
+            "(hybrid sharding with each expert on one rank per replica) is not built yet; on these GPUs use "
+            f"dp_replicate=1 with dp_shard={p.dp_replicate * p.dp_shard}, or on more GPUs a dp_shard that is a larger "
+            f"multiple of ep (dp_shard={2 * p.ep})"
         )
     return None
 
