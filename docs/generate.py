@@ -156,19 +156,50 @@ def _planner_offers(fields: dict[str, Any], train_fields: dict[str, Any]) -> str
     return "yes" if any(c.runnable for c in candidates) else "no"
 
 
+# the classifiers' rows are asked of a tiny ResNet (BatchNorm); the planner models causal LMs only
+CLASSIFIER = dict(model_type="resnet", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
+CLASSIFIER_FEATURES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("image / sequence classification (`model.task`), with accumulation", dict(micro_batch_size=1), {}),
+    ("+ hybrid sharding", dict(dp_replicate=2, dp_shard=2), {}),
+    ("+ activation checkpointing", dict(activation_checkpointing="full"), {}),
+]
+
+
+def _classifier_facts() -> ModelFacts:
+    from bigtrain.config.schema import ModelConfig
+    from bigtrain.models.build import load_hf_config
+
+    return ModelFacts.of(load_hf_config(ModelConfig(config=CLASSIFIER)))
+
+
 def capability_matrix() -> str:
     facts = ModelFacts.of(hf_config_from_dict(MODEL))
     moe_facts = ModelFacts.of(hf_config_from_dict(MOE_MODEL))
+    classifier = _classifier_facts()
     rows = [
         "| feature | " + " | ".join(ENGINES) + " | `plan: auto` |",
         "|---|" + "---|" * (len(ENGINES) + 1),
     ]
-    brought = [(f"{c.summary} (`{o.key}`)", {o.name: o.example}, {}) for c in CAPABILITIES for o in c.options]
-    for name, fields, train_fields in FEATURES + brought:
+    for name, fields, train_fields in FEATURES:
         train = TrainConfig(global_batch_size=8, **train_fields)
         model = moe_facts if "ep" in fields else facts
         cells = [_cell(_plan(base, fields), train, model) for base in ENGINES.values()]
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {_planner_offers(fields, train_fields)} |")
+    for name, fields, train_fields in CLASSIFIER_FEATURES:
+        train = TrainConfig(global_batch_size=8, **train_fields)
+        cells = [_cell(_plan(base, fields), train, classifier) for base in ENGINES.values()]
+        rows.append(f"| {name} | " + " | ".join(cells) + " | no (plans causal LMs) |")
+    for c in CAPABILITIES:  # the keys records bring: asked of the LM, or of the classifier when the LM refuses them
+        for o in c.options:
+            fields, train = {o.name: o.example}, TrainConfig(global_batch_size=8)
+            lm = first_problem(Setup(_plan(ENGINES["DDP"], fields), train, facts))
+            model, offers = facts, None
+            if lm is not None and lm.rule in c.rules:
+                model, offers = classifier, "no (plans causal LMs)"
+            cells = [_cell(_plan(base, fields), train, model) for base in ENGINES.values()]
+            rows.append(
+                f"| {c.summary} (`{o.key}`) | " + " | ".join(cells) + f" | {offers or _planner_offers(fields, {})} |"
+            )
     return "\n".join(rows)
 
 

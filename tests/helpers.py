@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -37,7 +38,9 @@ def save_tiny_model(folder: Path, seed: int = 0, spec: dict[str, Any] | None = N
 
 
 def make_plan(**fields: Any):
-    """A Plan with FSDP2 defaults and ``fields`` changed, unresolved (for asking the capability table directly)."""
+    """A Plan with FSDP2 defaults and ``fields`` changed, unresolved (for asking the capability table directly); the
+    capability records' options at their defaults, as resolution and the search set them."""
+    from bigtrain.config.capabilities import option_defaults
     from bigtrain.config.plan import Plan
 
     base = dict(
@@ -53,7 +56,13 @@ def make_plan(**fields: Any):
         micro_batch_size=1,
         offload_optimizer=False,
         offload_params=False,
+        options=option_defaults(),
     )
+    own = {f.name for f in dataclasses.fields(Plan)}
+    options = {k: v for k, v in fields.items() if k not in own}  # a record's option, as Plan.to_dict flattens it
+    if options:
+        fields = {k: v for k, v in fields.items() if k in own}
+        base["options"] = tuple(sorted({**dict(option_defaults()), **options}.items()))
     return Plan(**{**base, **fields})
 
 

@@ -28,11 +28,17 @@ MAX_SHARD_BYTES = 2 * 2**30  # per safetensors file, like HF's sharded checkpoin
 
 
 def write_hf_files(
-    folder: Path, hf_config: Any, model_folder: str | None, tokenizer_folder: str | None, byte_tokenizer: bool = False
+    folder: Path,
+    hf_config: Any,
+    model_folder: str | None,
+    tokenizer_folder: str | None,
+    byte_tokenizer: bool = False,
+    image_processor: dict[str, Any] | None = None,
 ) -> None:
     """Everything of an HF model folder except the weights: config (fp32, KV cache on again), the source model's
     generation config when it had one, and the recipe's tokenizer when it has one (``byte_tokenizer``: the built-in
-    one the run read its text with, as an HF tokenizer folder)."""
+    one the run read its text with, as an HF tokenizer folder); an image classifier's image processor (the model
+    folder's own, else one that resizes to the trained size and normalises as trained)."""
     folder.mkdir(parents=True, exist_ok=True)
     config = copy.deepcopy(hf_config)
     config.use_cache = True  # the trainer turned the KV cache off; generation wants it
@@ -48,6 +54,24 @@ def write_hf_files(
         from bigtrain.data.tokenizer import save_byte_tokenizer
 
         save_byte_tokenizer(folder)
+    if image_processor is not None:
+        _write_image_processor(folder, model_folder, image_processor)
+
+
+def _write_image_processor(folder: Path, model_folder: str | None, settings: dict[str, Any]) -> None:
+    own = None if model_folder is None else Path(model_folder) / "preprocessor_config.json"
+    if own is not None and own.is_file():
+        shutil.copy2(own, folder / own.name)
+        return
+    # resize to a square, rescale to [0, 1], normalise: what was trained (the PIL backend: torchvision's needs a
+    # torchvision that loads, see data/images.py)
+    from transformers import ViTImageProcessorPil
+
+    side = settings["size"]
+    processor = ViTImageProcessorPil(
+        size={"height": side, "width": side}, image_mean=list(settings["mean"]), image_std=list(settings["std"])
+    )
+    processor.save_pretrained(folder)
 
 
 def meta_model_of(hf_config: Any) -> Any:

@@ -72,8 +72,11 @@ class Checkpointer:
         engine: Engine,
         data_info: dict[str, Any],
         device: torch.device,
+        image_processor: dict[str, Any] | None = None,
     ) -> None:
+        """``image_processor``: an image classifier's preprocessing (size, mean, std), saved beside its config."""
         self.cfg = cfg
+        self.image_processor = image_processor
         self.plan = plan
         self.hf_config = hf_config
         self.engine = engine
@@ -165,7 +168,8 @@ class Checkpointer:
             self.hf_config,
             self.cfg.model.name_or_path,
             self.cfg.data.tokenizer,
-            byte_tokenizer=uses_byte_tokenizer(self.cfg),
+            byte_tokenizer=self.image_processor is None and uses_byte_tokenizer(self.cfg),
+            image_processor=self.image_processor,
         )
         files = list_files(partial)
         Manifest(

@@ -9,12 +9,15 @@ from bigtrain.errors import ConfigError
 
 
 def require_causal_lm(model_type: str, key: str) -> None:
-    """bigtrain trains next-token predictors: refuse encoders and seq2seq models before anything is built."""
+    """The planner, the simulator and the Python API's plans model next-token predictors: refuse other models (and
+    encoders and seq2seq models) before anything is built. ``bigtrain train`` reads the task first
+    (``config/tasks.py``) and trains classifiers on written plans."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ConfigError(
-            f"{key}: model_type {model_type!r} is not a causal language model; bigtrain trains causal LMs"
+            f"{key}: model_type {model_type!r} is not a causal language model; the planner, the simulator and plan "
+            "exports model causal LMs only (bigtrain train runs image and sequence classifiers on a written plan)"
         )
 
 
@@ -63,16 +66,18 @@ def require_causal_attention(hf_config: Any, key: str) -> None:
         )
 
 
-def config_object(spec: dict[str, Any], key: str = "model.config") -> Any:
+def config_object(spec: dict[str, Any], key: str = "model.config", causal_lm: bool = True) -> Any:
     """The ``PretrainedConfig`` of a dict that names its ``model_type`` (transformers fills every field left out),
-    without the checks of ``hf_config_from_dict``: for a dict that already passed them (the planner's)."""
+    without the checks of ``hf_config_from_dict``: for a dict that already passed them (the planner's).
+    ``causal_lm=False``: any family (the recipe's model.task decides what it is built as)."""
     from transformers import AutoConfig
 
     fields = dict(spec)
     model_type = fields.pop("model_type", None)
     if model_type is None:
         raise ConfigError(f"{key} needs model_type (e.g. llama, qwen2, mistral, gpt2)")
-    require_causal_lm(model_type, key)
+    if causal_lm:
+        require_causal_lm(model_type, key)
     try:
         return AutoConfig.for_model(model_type, **fields)
     except (ValueError, TypeError) as e:
@@ -149,10 +154,11 @@ AUTO_ATTENTION = "auto"
 def attention_choices(hf_config: Any) -> list[str]:
     """The attention implementations transformers builds this family with, its own default first: sdpa where the
     family's class supports it, else eager; flash_attention_2 where supported and installed; flex where supported."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
     from transformers.utils import is_flash_attn_2_available
 
-    cls = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(hf_config), None)
+    from bigtrain.config.tasks import model_class
+
+    cls = model_class(hf_config)
     supports = {flag: getattr(cls, flag, False) for flag in ("_supports_sdpa", "_supports_flash_attn")}
     choices = ["sdpa"] if supports["_supports_sdpa"] else []
     choices.append("eager")
@@ -170,17 +176,39 @@ def resolve_attention(hf_config: Any, asked: str) -> str:
 
 
 def decoder_blocks(model: Any) -> list[tuple[Any, str, Any]]:
-    """The repeated transformer blocks as (parent, attribute name, block), found through HF's ``_no_split_modules``.
+    """The repeated blocks as (parent, attribute name, block), found through HF's ``_no_split_modules``.
 
     HF lists, for every architecture, the block classes that must not be split across devices: exactly the units we
-    shard (FSDP) and recompute (activation checkpointing) one at a time.
+    shard (FSDP) and recompute (activation checkpointing) one at a time. A block nested in another listed block
+    (ConvNeXt lists its layers and the stages holding them) belongs to the outer one. A model that lists none (BERT's
+    classifiers) has its units found by shape instead: the items of its longest list of modules of one class (the
+    encoder's layers).
     """
     names = set(getattr(model, "_no_split_modules", None) or [])
     found = []
+    inside: set[int] = set()
     for _, parent in model.named_modules():
+        if id(parent) in inside:
+            continue
         for attr, child in parent.named_children():
-            if type(child).__name__ in names:
+            if type(child).__name__ in names and id(child) not in inside:
                 found.append((parent, attr, child))
+                inside.update(id(m) for m in child.modules())
+    if not found:
+        found = _repeated_blocks(model)
     if not found:
         raise ConfigError(f"cannot find the decoder blocks of {type(model).__name__} (no _no_split_modules match)")
     return found
+
+
+def _repeated_blocks(model: Any) -> list[tuple[Any, str, Any]]:
+    """The items of the model's longest ``nn.ModuleList`` whose items are all of one class (at least two)."""
+    from torch import nn
+
+    lists = [
+        m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1 and len({type(c) for c in m}) == 1
+    ]
+    if not lists:
+        return []
+    longest = max(lists, key=len)
+    return [(longest, str(i), child) for i, child in enumerate(longest)]

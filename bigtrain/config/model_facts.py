@@ -32,17 +32,22 @@ class ModelFacts:
     router_loss: bool = False
     num_experts: int = 0  # routed experts per MoE block (0: dense)
     ep_layout: bool = False  # transformers' base_model_ep_plan dispatches the experts (ep_dispatch_experts)
+    task: str = "causal-lm"  # model.task, resolved (config/tasks.py)
+    batch_norm: bool = False  # the model normalises with BatchNorm (its statistics depend on how a batch is split)
 
     @classmethod
     def of(cls, hf_config: Any) -> ModelFacts:
-        heads = hf_config.num_attention_heads
+        from bigtrain.config.tasks import task_of, uses_batch_norm
+
+        # a classifier may have no attention, layers or vocabulary (a CNN): 0 where the config has none
+        heads = getattr(hf_config, "num_attention_heads", 0) or 0
         tp_plan = getattr(hf_config, "base_model_tp_plan", None) or {}
         return cls(
             model_type=hf_config.model_type,
-            layers=hf_config.num_hidden_layers,
+            layers=getattr(hf_config, "num_hidden_layers", 0) or len(getattr(hf_config, "depths", []) or []),
             heads=heads,
             kv_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
-            vocab=hf_config.vocab_size,
+            vocab=getattr(hf_config, "vocab_size", 0) or 0,
             tied=bool(getattr(hf_config, "tie_word_embeddings", False)),
             tp_styles=tuple(sorted(set(tp_plan.values()))),
             pp_layout=PP_LAYOUT_PARTS <= set(getattr(hf_config, "base_model_pp_plan", None) or {}),
@@ -53,4 +58,6 @@ class ModelFacts:
             and bool(getattr(hf_config, "router_aux_loss_coef", 0.0)),
             num_experts=next((int(getattr(hf_config, k)) for k in EXPERT_COUNT_KEYS if getattr(hf_config, k, None)), 0),
             ep_layout="ep_dispatch_experts" in (getattr(hf_config, "base_model_ep_plan", None) or {}).values(),
+            task=task_of(hf_config).name,
+            batch_norm=uses_batch_norm(hf_config),
         )

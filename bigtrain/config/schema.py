@@ -50,7 +50,7 @@ def recipe_key(f: Any) -> str:
 @dataclass
 class ModelConfig:
     name_or_path: str | None = doc(
-        "Local HuggingFace causal-LM folder (config.json + safetensors weights).", default=None
+        "Local HuggingFace model folder (config.json + safetensors weights).", default=None
     )
     config: dict[str, Any] | None = doc(
         "Config dict for AutoConfig.for_model (needs model_type); the model is built from scratch with its own init.",
@@ -59,6 +59,12 @@ class ModelConfig:
     attn_implementation: str = doc(
         "HF attention implementation: auto (the family's own default: sdpa where transformers supports it for the "
         "family, else eager), sdpa, eager, flash_attention_2 (where installed), flex_attention.",
+        default="auto",
+    )
+    task: str = doc(
+        "What the model is trained to do: auto (from the config's architectures, else causal-lm for a decoder "
+        "family and the one task transformers serves otherwise: image-classification for ResNet/ViT/ConvNeXt, "
+        "sequence-classification for BERT-like encoders), causal-lm, image-classification, sequence-classification.",
         default="auto",
     )
     trust_remote_code: bool = doc(
@@ -109,6 +115,22 @@ class DataConfig:
         default=None,
     )
     text_field: str = doc("Field of each .jsonl object that holds the text.", default="text")
+    label_field: str = doc(
+        "Classification: the field (or HF dataset column) holding each example's label, a class name or an index.",
+        default="label",
+    )
+    image_field: str = doc("Image classification: the HF dataset column holding the image.", default="image")
+    image_size: int | None = doc(
+        "Image classification: the side of the square the model sees, in pixels; unset: the model folder's image "
+        "processor's (preprocessor_config.json), else 224.",
+        default=None,
+    )
+    augment: Literal["crop_flip", "none"] = doc(
+        "Image classification: crop_flip (torchvision's reference training: random-resized crop and horizontal "
+        "flip, seeded per image and epoch, the same whatever the plan) or none (resize and centre crop, as "
+        "evaluation).",
+        default="crop_flip",
+    )
 
 
 @dataclass
@@ -135,6 +157,9 @@ class TrainConfig:
     )
     fp16_initial_scale: float = doc(
         "Initial loss scale under fp16; halved on every overflow, doubled after 2000 clean steps.", default=65536.0
+    )
+    label_smoothing: float = doc(
+        "Classification: cross-entropy label smoothing (torch's label_smoothing), 0 to 1.", default=0.0
     )
     seed: int = doc("Seed of the data order and of from-scratch initialisation.", default=0)
     compile: bool | Literal["auto"] = doc(

@@ -12,11 +12,11 @@ packed document never sees its neighbours. ``None``: one continuous stream per r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from bigtrain.data.labels import next_token_labels
+from bigtrain.data.labels import IGNORE_INDEX, next_token_labels
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,10 @@ class MicroBatch:
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.input_ids, self.labels, self.position_ids) if t is not None]
 
+    def without_labels(self, rows: torch.Tensor) -> MicroBatch:
+        """The rows where ``rows`` ([micro_batch_size] bool) is set predict nothing (evaluation fillers)."""
+        return replace(self, labels=self.labels.masked_fill(rows[:, None], IGNORE_INDEX))
+
 
 def concat(micro_batches: list[MicroBatch]) -> MicroBatch:
     """One batch of all rows (a pipeline schedule splits it back into the micro-batches along dim 0)."""
@@ -69,3 +73,27 @@ def concat(micro_batches: list[MicroBatch]) -> MicroBatch:
         torch.cat([m.labels for m in micro_batches]),
         torch.cat(positions) if has_positions else None,  # type: ignore[arg-type]
     )
+
+
+@dataclass(frozen=True)
+class ExampleBatch:
+    """A micro-batch of a classification task: the model's inputs (``pixel_values``, or ``input_ids`` with their
+    ``attention_mask``) and one label per example (IGNORE_INDEX for an evaluation filler, which counts nothing)."""
+
+    inputs: dict[str, torch.Tensor]
+    labels: torch.Tensor  # [micro_batch_size]
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        return dict(self.inputs)
+
+    def to(self, device: torch.device) -> ExampleBatch:
+        # pinned host tensors (the loader's) copy without blocking the host
+        inputs = {k: v.to(device, non_blocking=True) for k, v in self.inputs.items()}
+        return ExampleBatch(inputs, self.labels.to(device, non_blocking=True))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.inputs.values(), self.labels]
+
+    def without_labels(self, rows: torch.Tensor) -> ExampleBatch:
+        """The examples where ``rows`` ([micro_batch_size] bool) is set predict nothing (evaluation fillers)."""
+        return ExampleBatch(self.inputs, self.labels.masked_fill(rows, IGNORE_INDEX))

@@ -4,13 +4,13 @@ predicted-token count."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from bigtrain.data.batch import MicroBatch
-from bigtrain.data.labels import IGNORE_INDEX, labelled_positions
+from bigtrain.data.labels import labelled_positions
 from bigtrain.data.order import GlobalOrder
 from bigtrain.data.sources import TokenRows
 
@@ -36,15 +36,15 @@ class RankReader:
     # what the objective normalises by in a micro-batch's labels (the engine's objective.count), counted on the host
     count: Callable[[torch.Tensor], int] = field(default=labelled_positions, kw_only=True)
 
-    def _read(self, index: np.ndarray, filler: np.ndarray | None = None) -> StepBatch:
+    def _read(self, index: np.ndarray, filler: np.ndarray | None = None, seen: np.ndarray | None = None) -> StepBatch:
         """Rows ``index`` ([micro-batches, micro_batch_size]); rows marked in ``filler`` are read, but predict
-        nothing (their labels are all ignored)."""
+        nothing (their labels are all ignored); ``seen``: each row's position in the endless global order, which
+        seeds a training image's augmentation (the same image at the same step whatever the plan)."""
         micro = []
         for i, rows in enumerate(index):
-            batch = self.data.micro_batch(rows)
+            batch = self.data.micro_batch(rows, None if seen is None else seen[i])
             if filler is not None and filler[i].any():
-                fill = torch.from_numpy(filler[i])[:, None]
-                batch = replace(batch, labels=batch.labels.masked_fill(fill, IGNORE_INDEX))
+                batch = batch.without_labels(torch.from_numpy(filler[i]))
             if self.cp_size > 1:
                 batch = batch.sequence_slice(self.cp_rank, self.cp_size)
             micro.append(batch)
@@ -58,7 +58,8 @@ class StepLoader(RankReader):
     order: GlobalOrder = field(kw_only=True)
 
     def __call__(self, step: int) -> StepBatch:
-        return self._read(self.order.micro_batches(step, self.dp_rank, self.dp_size, self.micro_batch_size))
+        where = (step, self.dp_rank, self.dp_size, self.micro_batch_size)
+        return self._read(self.order.micro_batches(*where), seen=self.order.micro_positions(*where))
 
 
 @dataclass

@@ -41,3 +41,10 @@ class GlobalOrder:
         per_rank = self.global_batch_size // dp_size
         mine = self.global_batch(step)[dp_rank * per_rank : (dp_rank + 1) * per_rank]
         return mine.reshape(-1, micro_batch_size)
+
+    def micro_positions(self, step: int, dp_rank: int, dp_size: int, micro_batch_size: int) -> np.ndarray:
+        """Where each row of ``micro_batches`` sits in the endless global order (step x B + its index in the global
+        batch): which epoch's visit of the row it is, whatever the plan."""
+        per_rank = self.global_batch_size // dp_size
+        start = step * self.global_batch_size + dp_rank * per_rank
+        return np.arange(start, start + per_rank).reshape(-1, micro_batch_size)

@@ -48,9 +48,9 @@ class TokenRows:
     def num_rows(self) -> int:
         return len(self.rows) if self.index is None else len(self.index)
 
-    def micro_batch(self, rows: np.ndarray) -> MicroBatch:
+    def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> MicroBatch:
         """Rows ``rows`` (0-based among these) as a host micro-batch with their labels (and position ids when
-        documents are packed)."""
+        documents are packed); ``seen`` (where the rows sit in the global order) changes nothing in token rows."""
         at = rows if self.index is None else self.index[rows]
         ids = torch.from_numpy(np.asarray(self.rows[at], dtype=np.int64))
         labels = next_token_labels(ids) if self.targets is None else masked_next_token_labels(ids, self.targets[at])

@@ -15,7 +15,7 @@ from bigtrain.config.deepspeed import deepspeed_config
 from bigtrain.config.hf import resolve_attention
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig, TrainConfig
-from bigtrain.engine.base import Engine, StepResult, train_step
+from bigtrain.engine.base import Engine, StepResult, objective_of, train_step
 from bigtrain.engine.deepspeed_engine import DeepSpeedZeroEngine
 from bigtrain.engine.pipelined import PipelinedEngine
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory, TorchNativeEngine
@@ -48,8 +48,13 @@ def build_options(cfg: RecipeConfig, hf_config: Any, plan: Plan, device: torch.d
         lora=cfg.lora,
         pretrained=cfg.model.name_or_path,
         seed=cfg.train.seed,
-        deepspeed_config=deepspeed_config(cfg, plan, hf_config.hidden_size) if plan.backend == "deepspeed" else None,
+        deepspeed_config=deepspeed_config(cfg, plan, _width(hf_config)) if plan.backend == "deepspeed" else None,
     )
+
+
+def _width(hf_config: Any) -> int:
+    """The model's width, which sizes DeepSpeed's "auto" buckets (HF's own rule): a CNN's widest stage."""
+    return int(getattr(hf_config, "hidden_size", None) or max(getattr(hf_config, "hidden_sizes", None) or [1024]))
 
 
 def build_engine(
@@ -61,10 +66,15 @@ def build_engine(
     trains with the same ones; ``train`` gives the loss scaling of fp16.
     """
     built = build_model(options)
+    engine: Engine
     if options.plan.backend == "deepspeed":
         assert options.deepspeed_config is not None
         config = options.deepspeed_config
-        return DeepSpeedZeroEngine.create(built, config, make_optimizer, make_scheduler, options.device)
-    if options.plan.pp > 1:
-        return PipelinedEngine.create_pipelined(built, train, make_optimizer, make_scheduler, options.device)
-    return TorchNativeEngine.create(built, train, make_optimizer, make_scheduler, options.device)
+        engine = DeepSpeedZeroEngine.create(built, config, make_optimizer, make_scheduler, options.device)
+    elif options.plan.pp > 1:
+        engine = PipelinedEngine.create_pipelined(built, train, make_optimizer, make_scheduler, options.device)
+    else:
+        engine = TorchNativeEngine.create(built, train, make_optimizer, make_scheduler, options.device)
+    if train.label_smoothing:  # the recipe's part of the objective (a classifier's)
+        engine.objective = objective_of(built, train.label_smoothing)
+    return engine

@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
+from bigtrain.config.tasks import task_of
 from bigtrain.data.batch import MicroBatch
-from bigtrain.objectives import CausalLM, Objective
+from bigtrain.objectives import CausalLM, Classification, Objective
 from bigtrain.objectives.causal_lm import router_loss_coef
 from bigtrain.parallel.transforms.base import BuiltModel
 
@@ -33,9 +34,12 @@ class StepResult:
     loss_scale: float | None  # the fp16 loss scale this step used; None without loss scaling
 
 
-def objective_of(built: BuiltModel) -> Objective:
-    """The objective a built model trains on (``bigtrain/objectives``): a causal LM's token loss, whole, compiled or
-    chunked as the transforms left the model, with the router loss its config asks for."""
+def objective_of(built: BuiltModel, label_smoothing: float = 0.0) -> Objective:
+    """The objective a built model trains on (``bigtrain/objectives``): a classifier's cross-entropy over its examples
+    (with ``label_smoothing``), or a causal LM's token loss, whole, compiled or chunked as the transforms left the
+    model, with the router loss its config asks for."""
+    if task_of(built.parts[0].config).examples:
+        return Classification(label_smoothing)
     return CausalLM(
         head=built.loss_head,
         chunk_tokens=built.plan.loss_chunk_tokens,

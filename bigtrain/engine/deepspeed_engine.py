@@ -137,6 +137,16 @@ class DeepSpeedZeroEngine(Engine):
         named = self.ds.module.named_parameters(remove_duplicate=False)
         return [(self.built.hf_name(n), p) for n, p in named if p.requires_grad]
 
+    def _persistent_buffers(self) -> list[tuple[str, torch.Tensor]]:
+        """The buffers a state dict holds (not the non-persistent ones, such as rotary frequencies), by HF name:
+        what torch's state dict of the torch-native engines holds besides the parameters."""
+        out = []
+        for module_name, module in self.ds.module.named_modules():
+            for name, buffer in module.named_buffers(recurse=False):
+                if buffer is not None and name not in module._non_persistent_buffers_set:
+                    out.append((self.built.hf_name(f"{module_name}.{name}" if module_name else name), buffer))
+        return out
+
     def state_dict(self) -> dict[str, Any]:
         """The state as the torch-native engines key it (``state.<name>.exp_avg``, ``param_groups.<name>.lr``, ...),
         so a DeepSpeed checkpoint resumes on FSDP2 or DDP and on any world size, and the other way round.
@@ -169,6 +179,8 @@ class DeepSpeedZeroEngine(Engine):
             for key, value in group.items():
                 if key != "params":
                     optim[f"param_groups.{name}.{key}"] = value
+        for name, buffer in self._persistent_buffers():  # BatchNorm's running statistics (the same on every rank)
+            model[name] = buffer.detach().cpu().clone()
         scale = self._loss_scale()
         scaler = {} if scale is None else {"scale": scale, "clean_steps": 0}
         return {"model": model, "optimizer": optim, "scheduler": self.scheduler.state_dict(), "loss_scaler": scaler}
@@ -196,6 +208,9 @@ class DeepSpeedZeroEngine(Engine):
             safe_set_full_fp32_param(param, value.to(self.device, torch.float32))
             for key in ("exp_avg", "exp_avg_sq"):
                 safe_set_full_optimizer_state(param, optim[f"state.{name}.{key}"].to(self.device), key)
+        with torch.no_grad():
+            for name, buffer in self._persistent_buffers():
+                buffer.copy_(model[name].to(device=buffer.device, dtype=buffer.dtype))
         # the group's hyperparameters as saved: above all its current lr, which the schedule's own state does not
         # carry (LambdaLR writes it into the group at each step)
         first = self._named_params()[0][0]

@@ -17,12 +17,14 @@ from torch import nn
 
 from bigtrain.config.hf import (
     attention_choices,
-    hf_config_from_dict,
+    config_object,
+    may_see_both_ways,
     require_causal_attention,
     require_causal_lm,
     resolve_attention,
 )
 from bigtrain.config.schema import ModelConfig
+from bigtrain.config.tasks import CAUSAL_LM, model_class, resolve_task, task_of
 from bigtrain.errors import ConfigError
 
 
@@ -40,10 +42,14 @@ def load_hf_config(cfg: ModelConfig) -> Any:
             )
         key = f"model.name_or_path={cfg.name_or_path!r}"
         config = _read_config(path, key, cfg.trust_remote_code)
+    else:
+        key = "model.config"
+        config = config_object(cfg.config or {}, key, causal_lm=False)
+    if resolve_task(config, cfg.task, key) is CAUSAL_LM:
         require_causal_lm(config.model_type, key)
-        require_causal_attention(config, key)
-        return config
-    return hf_config_from_dict(cfg.config or {}, key="model.config")
+        if cfg.name_or_path is not None or may_see_both_ways(config):
+            require_causal_attention(config, key)
+    return config
 
 
 def _read_config(path: Path, key: str, trust_remote_code: bool) -> Any:
@@ -76,15 +82,21 @@ def _read_config(path: Path, key: str, trust_remote_code: bool) -> Any:
     return config
 
 
-def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:
-    """An fp32 causal LM whose parameters and buffers live on ``meta``."""
-    from transformers import AutoModelForCausalLM
+def auto_class(hf_config: Any) -> Any:
+    """The transformers Auto class of the config's task (``config/tasks.py``)."""
+    import transformers
 
+    return getattr(transformers, task_of(hf_config).auto_class)
+
+
+def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:
+    """An fp32 model of the config's task (a causal LM, an image or a sequence classifier) whose parameters and
+    buffers live on ``meta``."""
     hf_config.use_cache = False  # training: no KV cache
     attn_implementation = resolve_attention(hf_config, attn_implementation)
     try:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(
+            model = auto_class(hf_config).from_config(
                 hf_config, dtype=torch.float32, attn_implementation=attn_implementation
             )
     except (ValueError, ImportError) as e:
@@ -97,7 +109,8 @@ def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:
                 f"for {hf_config.model_type} use {works} (or auto, the family's own default)"
             ) from e
         raise ConfigError(
-            f"model config of type {hf_config.model_type!r} does not build as a causal LM ({first})"
+            f"model config of type {hf_config.model_type!r} does not build as a {task_of(hf_config).name} model "
+            f"({first})"
         ) from e
     return model
 
@@ -121,7 +134,6 @@ def build_partitioned_model(hf_config: Any, attn_implementation: str, deepspeed_
     """DeepSpeed ZeRO-3: the model constructed under ``deepspeed.zero.Init``, each parameter partitioned over the
     ranks as its module is built (DeepSpeed cannot take a meta model); its values are written afterwards."""
     import deepspeed
-    from transformers import AutoModelForCausalLM
 
     init_deepspeed_comm()  # zero.Init reads it
     hf_config.use_cache = False
@@ -132,10 +144,17 @@ def build_partitioned_model(hf_config: Any, attn_implementation: str, deepspeed_
     # dtype from the config (fp32 unless bf16/fp16 is enabled): DeepSpeed 0.19.8 ignores an explicit dtype= on an
     # accelerator without fp16 support (the CPU) and partitions in bf16 (an operator-precedence slip in
     # Init._set_dtype), which rounds every weight
+    # HF's initialisation is skipped: the values are written afterwards (load_values), and some families' init reads
+    # shapes a partitioned parameter no longer has (ResNet's fan-in of a convolution)
+    from transformers.initialization import no_init_weights
+
     with deepspeed.zero.Init(config_dict_or_path=deepspeed_config):
-        return AutoModelForCausalLM.from_config(
-            hf_config, dtype=torch.float32, attn_implementation=resolve_attention(hf_config, attn_implementation)
-        )
+        with no_init_weights():
+            model = auto_class(hf_config).from_config(
+                hf_config, dtype=torch.float32, attn_implementation=resolve_attention(hf_config, attn_implementation)
+            )
+        model.tie_weights()  # skipped with the initialisation: the tied LM head is the embeddings' parameter again
+    return model
 
 
 def model_shapes(hf_config: Any, attn_implementation: str) -> dict[str, tuple[int, ...]]:
@@ -146,13 +165,10 @@ def model_shapes(hf_config: Any, attn_implementation: str) -> dict[str, tuple[in
 def block_class_names(hf_config: Any) -> list[str]:
     """The class names of the model's decoder blocks (its ``_no_split_modules``), read from the model class alone:
     what accelerate's and HF Trainer's FSDP plugins wrap (``transformer_layer_cls_to_wrap``)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    try:
-        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
-    except KeyError as e:
-        raise ConfigError(f"model config of type {hf_config.model_type!r} is not a causal LM") from e
-    names = list(getattr(model_class, "_no_split_modules", None) or [])
+    cls = model_class(hf_config)
+    if cls is None:
+        raise ConfigError(f"model config of type {hf_config.model_type!r} has no {task_of(hf_config).name} class")
+    names = list(getattr(cls, "_no_split_modules", None) or [])
     if not names:
-        raise ConfigError(f"{model_class.__name__} names no decoder block class (_no_split_modules is empty)")
+        raise ConfigError(f"{cls.__name__} names no decoder block class (_no_split_modules is empty)")
     return names

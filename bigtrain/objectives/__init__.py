@@ -9,5 +9,6 @@ preference pairs) are new objectives here.
 
 from bigtrain.objectives.base import Objective, Terms
 from bigtrain.objectives.causal_lm import CausalLM
+from bigtrain.objectives.classification import Classification
 
-__all__ = ["CausalLM", "Objective", "Terms"]
+__all__ = ["CausalLM", "Classification", "Objective", "Terms"]

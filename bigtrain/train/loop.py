@@ -82,6 +82,7 @@ class TrainLoop:
         checkpointer: Checkpointer,
         start: StartPoint,
         eval_loader: EvalLoader | None = None,
+        unit: str = "tokens",
     ) -> None:
         self.cfg = cfg
         self.plan = plan
@@ -92,6 +93,7 @@ class TrainLoop:
         self.checkpointer = checkpointer
         self.start = start
         self.eval_loader = eval_loader
+        self.unit = unit  # what throughput counts (config/tasks.py): tokens, images or examples per second
         self.is_main = dist.get_rank() == 0
 
     def run_step(self, step: int) -> dict:
@@ -143,7 +145,7 @@ class TrainLoop:
             else None,
         )
         writer.write_plan(self.plan)
-        progress = Progress(total, self.start.step, enabled=self.is_main)
+        progress = Progress(total, self.start.step, enabled=self.is_main, unit=self.unit)
         tokens_per_step = cfg.train.global_batch_size * self.seq_len
         step, tokens = self.start.step, self.start.tokens
         stopped: signal.Signals | None = None
@@ -158,7 +160,7 @@ class TrainLoop:
                     tokens += tokens_per_step
                     peak, measures = peak_memory_bytes(self.device)
                     record.update(
-                        tokens_per_s=tokens_per_step / dt,
+                        {f"{self.unit}_per_s": tokens_per_step / dt},
                         peak_mem_bytes=peak,
                         peak_mem_measures=measures,
                         tokens=tokens,
@@ -168,7 +170,7 @@ class TrainLoop:
                     record["elapsed_s"] = time.perf_counter() - start
                     writer.log_step(record)
                     check_finite(record, cfg.train.lr)
-                    progress.update(record["loss"], record["tokens_per_s"], record.get("eval_loss"))
+                    progress.update(record["loss"], record[f"{self.unit}_per_s"], record.get("eval_loss"))
                     checkpointer.poll()
                     stopped = stop.requested()
                     if stopped or step == total or checkpointer.due(step):

@@ -82,10 +82,12 @@ def _records_through(path: Path, step: int) -> list[str]:
 
 
 class Progress:
-    """A tqdm bar on rank 0 with step, loss, tokens/s and ETA (tqdm computes the ETA from the step rate)."""
+    """A tqdm bar on rank 0 with step, loss, throughput (tokens/s, images/s or examples/s: ``unit``) and ETA (tqdm
+    computes the ETA from the step rate)."""
 
-    def __init__(self, total: int, initial: int, enabled: bool) -> None:
+    def __init__(self, total: int, initial: int, enabled: bool, unit: str = "tokens") -> None:
         self._bar = None
+        self._rate = {"tokens": "tok_s", "images": "img_s", "examples": "ex_s"}.get(unit, f"{unit}_s")
         self._eval: str | None = None
         if enabled:
             from tqdm import tqdm
@@ -100,11 +102,11 @@ class Progress:
                 dynamic_ncols=True,
             )
 
-    def update(self, loss: float, tokens_per_s: float, eval_loss: float | None = None) -> None:
+    def update(self, loss: float, per_s: float, eval_loss: float | None = None) -> None:
         if self._bar is not None:
             if eval_loss is not None:
                 self._eval = f"{eval_loss:.4f}"
-            shown = {"loss": f"{loss:.4f}", "tok_s": f"{tokens_per_s:,.0f}"}
+            shown = {"loss": f"{loss:.4f}", self._rate: f"{per_s:,.0f}"}
             if self._eval is not None:  # the latest evaluation stays in view until the next
                 shown["eval_loss"] = self._eval
             self._bar.set_postfix(shown, refresh=False)

@@ -36,10 +36,11 @@ from bigtrain.config.load import dump_recipe, load_recipe, recipe_warnings
 from bigtrain.config.plan import Plan
 from bigtrain.config.resolve import parallel_of, resolve_plan
 from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
+from bigtrain.config.tasks import task_of
 from bigtrain.config.workload import Workload
+from bigtrain.data.for_task import apply_labels, load_training_data
 from bigtrain.data.loader import EvalLoader, StepLoader
 from bigtrain.data.order import GlobalOrder
-from bigtrain.data.sources import TokenRows, check_vocabulary, hold_out, load_token_rows
 from bigtrain.engine import Engine, build_engine, build_options
 from bigtrain.errors import CheckpointNotWritten, ConfigError
 from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes
@@ -133,24 +134,17 @@ class TrainingJob:
         auto = cfg.parallel.plan == "auto"
         self.device = pick_device(self.env)
         self.plan: Plan | None = None if auto else resolve_plan(cfg.parallel, self.env.world_size, cfg.train)
-        # one block on meta: a bad attn_implementation fails here, and it shows the position embedding
-        probe = build_meta_model(one_block(self.hf_config), cfg.model.attn_implementation)
-        if cfg.train.method in ADAPTER_METHODS:
-            # lora.target_modules or modules_to_save naming nothing that works: one line, before any group
-            modules_trained_fully(probe, cfg.lora, target_modules(probe, cfg.lora))
-        self.data, self.eval_data = self._load_data()
-        check_sequence_length(self.hf_config, probe, self.data.seq_len, is_main=self.env.rank == 0)
+        self.task = task_of(self.hf_config)
+        self._packed = False  # packed documents (token rows only)
+        self.data, self.eval_data = load_training_data(cfg, self.hf_config, self.task)
+        label_note = apply_labels(self.hf_config, self.data.class_names) if self.task.examples else None
+        packing_note = None if self.task.examples else self._check_token_rows()
         check_enough_rows(self.data.num_rows, self._batch, cfg.data.path)
-        held_out = self.eval_data.positions if self.eval_data is not None else None
-        packed = self.data.positions is not None or held_out is not None
-        self._packed = packed  # context parallelism cannot keep packed records apart yet (_build_options)
-        packing_note = None
-        if packed:
-            packing_note = check_packed_attention(self.hf_config, self.attention)
         check_writable(cfg.output_dir)
         check_tracker(cfg.train.log_to)
         if self.env.rank == 0:
-            for warning in recipe_warnings(cfg) + self._data_warnings() + ([packing_note] if packing_note else []):
+            notes = [note for note in (packing_note, label_note) if note]
+            for warning in recipe_warnings(cfg) + self._data_warnings() + notes:
                 log.warning("%s", warning)
         self.start = plan_start(cfg)
         if self.start.resume_from is not None:
@@ -164,6 +158,11 @@ class TrainingJob:
             check_base(cfg.model.name_or_path, Manifest.read(resume_from).base, f"resuming from {resume_from}")
         # plan: auto and method: auto are chosen at start-up, together, for the memory the job really has
         choose = self.plan is None or "auto" in (cfg.train.method, cfg.train.compile, cfg.train.fp8)
+        if choose and self.task.examples:
+            raise ConfigError(
+                f"parallel.plan=auto (or train.method, compile or fp8 auto) with model.task={self.task.name} is not "
+                "built yet: the planner models causal LMs; write the plan's parallel keys and those values"
+            )
         self.options: BuildOptions | None = None if choose else self._build_options(self.plan)
         self.output_lock = OutputDirLock(cfg.output_dir)
         self.engine: Engine | None = None
@@ -181,32 +180,32 @@ class TrainingJob:
             if data is not None and data.truncated:
                 out.append(
                     f"{key}: {data.truncated} of {data.examples} records are longer than data.seq_len="
-                    f"{data.seq_len} and were cut; what follows the cut is never trained on (raise data.seq_len)"
+                    f"{self.cfg.data.seq_len} and were cut; what follows the cut is never trained on (raise "
+                    "data.seq_len)"
                 )
         return out
 
-    def _load_data(self) -> tuple[TokenRows, TokenRows | None]:
-        """The training rows and the held-out rows (data.eval_path, or data.eval_fraction of data.path)."""
-        data_cfg, vocab = self.cfg.data, self.hf_config.vocab_size
-        data = load_token_rows(data_cfg)
-        check_vocabulary(data, vocab, data_cfg.path)
-        held: TokenRows | None = None
-        if data_cfg.eval_path is not None:
-            held = load_token_rows(data_cfg, "data.eval_path", data_cfg.eval_path)
-            check_vocabulary(held, vocab, data_cfg.eval_path, key="data.eval_path")
-            if held.seq_len != data.seq_len:
-                raise ConfigError(
-                    f"data.eval_path={data_cfg.eval_path!r} has rows of {held.seq_len} tokens but data.path of "
-                    f"{data.seq_len}; evaluate on rows of the training length"
-                )
-        elif data_cfg.eval_fraction > 0:
-            data, held = hold_out(data, data_cfg.eval_fraction, self.cfg.train.seed)
-        if self.cfg.train.eval_every > 0 and held is None:
-            raise ConfigError(
-                f"train.eval_every={self.cfg.train.eval_every} needs held-out data: set data.eval_path or "
-                "data.eval_fraction (e.g. 0.05)"
-            )
-        return data, held
+    def _image_processor(self) -> dict[str, Any] | None:
+        """An image classifier's preprocessing, saved with its checkpoints and final model."""
+        preprocessing = getattr(self.data, "preprocessing", None)
+        if preprocessing is None:
+            return None
+        return {"size": preprocessing.size, "mean": preprocessing.mean, "std": preprocessing.std}
+
+    def _check_token_rows(self) -> str | None:
+        """A causal LM's checks of its model against its rows (before any process group); returns the note on
+        packed documents, if any."""
+        cfg = self.cfg
+        # one block on meta: a bad attn_implementation fails here, and it shows the position embedding
+        probe = build_meta_model(one_block(self.hf_config), cfg.model.attn_implementation)
+        if cfg.train.method in ADAPTER_METHODS:
+            # lora.target_modules or modules_to_save naming nothing that works: one line, before any group
+            modules_trained_fully(probe, cfg.lora, target_modules(probe, cfg.lora))
+        check_sequence_length(self.hf_config, probe, self.data.seq_len, is_main=self.env.rank == 0)
+        held_out = self.eval_data.positions if self.eval_data is not None else None
+        self._packed = self.data.positions is not None or held_out is not None
+        # context parallelism cannot keep packed records apart yet (_build_options)
+        return check_packed_attention(self.hf_config, self.attention) if self._packed else None
 
     def __enter__(self) -> TrainingJob:
         self._launched = as_launched(self.env)  # the launcher's variables a library may read, for the job's life
@@ -251,7 +250,9 @@ class TrainingJob:
                 "shuffle": self.cfg.data.shuffle,
                 "seed": train.seed,
             }
-            self.checkpointer = Checkpointer(self.cfg, self.plan, self.hf_config, self.engine, data_info, self.device)
+            self.checkpointer = Checkpointer(
+                self.cfg, self.plan, self.hf_config, self.engine, data_info, self.device, self._image_processor()
+            )
             if self.start.resume_from is not None:
                 self._resume(self.start.resume_from, data_info)
         except BaseException:
@@ -326,16 +327,20 @@ class TrainingJob:
             self.checkpointer,
             self.start_point,
             evaluation,
+            unit=self.task.unit,
         )
         result = loop.run()
         if self.env.rank == 0:
+            unit = self.task.unit
             log.info(
-                "done: %d steps (now at step %d), %s tokens in %.1f s (%s tokens/s); %s per rank: %s; outputs in %s",
+                "done: %d steps (now at step %d), %s %s in %.1f s (%s %s/s); %s per rank: %s; outputs in %s",
                 result.steps,
                 result.last_step,
                 f"{result.tokens:,}",
+                unit,
                 result.seconds,
                 f"{result.tokens / result.seconds:,.0f}",
+                unit,
                 result.peak_mem_kind,
                 ", ".join(format_bytes(p) for p in result.peak_mem_bytes),
                 cfg.output_dir,
@@ -444,6 +449,8 @@ class TrainingJob:
 
     def _prediction(self, plan: Plan) -> str:
         """What the planner predicts for this plan on these devices (the plan line's check on the run)."""
+        if self.task.examples:
+            return f"no prediction: the planner models causal LMs, not {self.task.name} yet"
         device = self.device
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         free = local_free_memory(self.env, device)

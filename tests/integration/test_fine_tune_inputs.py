@@ -71,8 +71,8 @@ def test_a_model_folder_trains_on_its_own_tokenizer(tmp_path):
 
 @pytest.mark.parametrize("where", ["config", "folder"])
 def test_an_encoder_is_refused_up_front(where, tmp_path, rows_file, cli_in_process):
-    if where == "config":
-        path = recipe(tmp_path, rows_file, model={"config": BERT})
+    if where == "config":  # as a causal LM (model.task auto makes a BERT config a sequence classifier)
+        path = recipe(tmp_path, rows_file, model={"config": BERT, "task": "causal-lm"})
     else:
         from transformers import AutoConfig, AutoModelForCausalLM  # not through bigtrain, which refuses it
 

@@ -77,6 +77,7 @@ def test_json_contract(plan_cli):
         "checkpoint_every",
         "offload_activations",
         "ep",
+        "sync_batchnorm",  # a capability record's parallel key (classification's), carried by every plan
     }
     assert out["plan"]["backend"] == "fsdp2"
     assert set(out["memory"]) == {

@@ -21,8 +21,7 @@ import pytest
 
 from bigtrain.config.capabilities import DataFacts, ModelFacts, Setup, check
 from bigtrain.config.hf import hf_config_from_dict
-from bigtrain.config.resolve import resolve_plan
-from bigtrain.config.schema import ParallelConfig
+from bigtrain.config.resolve import parallel_of, resolve_plan
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.auto import choose_plan
@@ -85,7 +84,7 @@ def start_up_refuses(d: Draw, plan, method: str) -> str | None:
     hf_config = hf_config_from_dict(dict(model_config))
     train = replace(d.workload(), method=method).train_config()  # train.method: auto as start-up resolves it
     try:
-        written = resolve_plan(ParallelConfig(**plan.to_dict()), d.gpus, train)
+        written = resolve_plan(parallel_of(plan.to_dict()), d.gpus, train)
         check(Setup(written, train, ModelFacts.of(hf_config), DataFacts(d.seq_len, d.packed, d.attention)))
         bytes_per_value = 4 if d.precision == "fp32" else 2
         check_offload_host_memory(written, hf_config, d.seq_len, bytes_per_value, min(d.gpus, 8), d.host_gib * GiB)

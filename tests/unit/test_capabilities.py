@@ -16,8 +16,8 @@ from helpers import make_plan, recipe_dict, save_rows, save_word_tokenizer
 from bigtrain.config.capabilities import RULES, ModelFacts, Setup, check, first_problem
 from bigtrain.config.hf import hf_config_from_dict, resolve_attention
 from bigtrain.config.load import build_dataclass
-from bigtrain.config.resolve import resolve_plan
-from bigtrain.config.schema import ParallelConfig, RecipeConfig, TrainConfig
+from bigtrain.config.resolve import parallel_of, resolve_plan
+from bigtrain.config.schema import RecipeConfig, TrainConfig
 from bigtrain.config.setup import DataFacts
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
@@ -28,6 +28,7 @@ from bigtrain.planner.search import search
 UNTIED_4 = {**TINY_LLAMA, "num_hidden_layers": 4, "tie_word_embeddings": False}
 ONCE, EVERY = "once_per_step", "every_micro_step"
 PP2 = dict(pp=2, grad_reduce=ONCE)
+RESNET = dict(model_type="resnet", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
 GPT2 = dict(model_type="gpt2", vocab_size=128, n_embd=64, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)
 
 
@@ -44,6 +45,8 @@ class Example:
     rows_len: int = 17  # tokens per row of the data
     packed: bool = False  # chat-free text records packed into rows (data.packing: documents), else a .npy of rows
     attention: str = "auto"  # model.attn_implementation
+    images: bool = False  # an image classifier's example: the built-in shapes as data (the planner and the
+    # simulator model causal LMs only: they refuse the model before any row, which the test checks instead)
 
 
 EXAMPLES: dict[str, Example] = {
@@ -135,6 +138,11 @@ EXAMPLES: dict[str, Example] = {
         2, dict(**PP2, pp_schedule="interleaved_1f1b", pp_virtual_stages=2), UNTIED_4, batch=5
     ),
     "pp_enough_micro_batches": Example(2, dict(**PP2, micro_batch_size=4), UNTIED_4, batch=4),
+    "classifier_with_model_parallelism": Example(2, dict(tp=2), RESNET, images=True),
+    "classifier_with_block_transforms": Example(
+        2, dict(dp_shard=2, activation_checkpointing="full"), RESNET, images=True
+    ),
+    "sync_batchnorm_without_batchnorm": Example(2, dict(dp_shard=2, sync_batchnorm=True)),
 }
 ROWS = {rule.name: rule for rule in RULES}
 
@@ -143,10 +151,18 @@ def test_every_row_has_an_example_and_every_example_a_row():
     assert set(EXAMPLES) == set(ROWS)
 
 
+def config_of(ex: Example) -> Any:
+    """The example's model config, its task resolved as start-up resolves it."""
+    from bigtrain.config.schema import ModelConfig
+    from bigtrain.models.build import load_hf_config
+
+    return load_hf_config(ModelConfig(config=ex.model))
+
+
 def expected_message(name: str) -> str:
     """The row's message for its example; the example trips this row first (and no row above it)."""
     ex = EXAMPLES[name]
-    hf_config = hf_config_from_dict(ex.model)
+    hf_config = config_of(ex)
     setup = Setup(make_plan(**ex.plan), train_of(ex), ModelFacts.of(hf_config), data_of(ex, hf_config))
     problem = first_problem(setup)
     assert problem is not None and problem.rule.name == name, problem
@@ -164,7 +180,9 @@ def train_of(ex: Example) -> TrainConfig:
 
 
 def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
-    if ex.packed:  # text records packed whole into rows, kept apart by their position ids
+    if ex.images:
+        data = {"path": "builtin:shapes", "image_size": 16}
+    elif ex.packed:  # text records packed whole into rows, kept apart by their position ids
         records = tmp_path / "records.jsonl"
         records.write_text("".join('{"text": "hello world hello"}\n' for _ in range(80)))
         tokenizer = save_word_tokenizer(tmp_path / "tokenizer")
@@ -202,7 +220,7 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
 
     if not (ROWS[name].reads_model or ROWS[name].reads_data):  # recipe resolution, before model and data are read
         with pytest.raises(ConfigError) as e:
-            resolve_plan(ParallelConfig(**plan.to_dict()), ex.world, train_of(ex))
+            resolve_plan(parallel_of(plan.to_dict()), ex.world, train_of(ex))
         assert str(e.value) == message
 
     env = LaunchEnv(rank=0, world_size=ex.world, local_rank=0, local_world_size=ex.world, launched=True)
@@ -210,6 +228,15 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
         TrainingJob(cfg, env)
     assert str(e.value) == message
 
+    if ex.images:  # plan exports, the simulator and the planner model causal LMs only, and say so first
+        for consumer in (
+            lambda: recipe_plan(cfg, gpus=ex.world).export("accelerate"),
+            lambda: simulate(ex.model, plan, Workload(seq_len=1, global_batch_size=ex.batch)),
+            lambda: ModelStats.from_config(load_model_config(ex.model)),
+        ):
+            with pytest.raises(ConfigError, match="model causal LMs only"):
+                consumer()
+        return
     with pytest.raises(ConfigError) as e:
         recipe_plan(cfg, gpus=ex.world).export("accelerate")
     assert str(e.value) == message
@@ -244,7 +271,7 @@ def test_a_plan_no_row_refuses_passes_every_consumer_s_check(tmp_path):
     ex = Example(2, dict(dp_shard=2, micro_batch_size=2), UNTIED_4, batch=8)
     plan = make_plan(**ex.plan)
     assert first_problem(Setup(plan, train_of(ex), ModelFacts.of(hf_config_from_dict(ex.model)))) is None
-    assert resolve_plan(ParallelConfig(**plan.to_dict()), 2, train_of(ex)) == plan
+    assert resolve_plan(parallel_of(plan.to_dict()), 2, train_of(ex)) == plan
 
 
 def test_plan_auto_never_picks_a_plan_start_up_refuses_with_train_compile():
@@ -276,7 +303,7 @@ def test_a_row_not_marked_as_reading_the_micro_batch_does_not(name):
     """The search judges a layout's frame once by the rows not marked ``reads_micro_batch`` and skips (or shows by
     one plan) every micro-batch and checkpointing of a frame they refuse: such a row must say the same for each."""
     ex, rule = EXAMPLES[name], ROWS[name]
-    hf_config = hf_config_from_dict(ex.model)
+    hf_config = config_of(ex)
     facts, data = ModelFacts.of(hf_config), data_of(ex, hf_config)
     verdicts = {
         (mb, ac): rule.says(Setup(make_plan(**{**ex.plan, "micro_batch_size": mb, "activation_checkpointing": ac}),

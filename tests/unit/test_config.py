@@ -3,10 +3,10 @@ import re
 import pytest
 from helpers import REPO, check_fit
 
-from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.load import load_recipe
-from bigtrain.config.resolve import resolve_plan
+from bigtrain.config.resolve import parallel_of, resolve_plan
 from bigtrain.errors import ConfigError
+from bigtrain.models.build import load_hf_config
 
 
 def write(tmp_path, text):
@@ -74,10 +74,9 @@ def test_every_shipped_recipe_resolves_for_the_workers_its_header_names(recipe):
     parallel = cfg.parallel
     if parallel.plan == "auto":  # the plan the search chooses for N ranks, resolved as if the user had written it
         import bigtrain
-        from bigtrain.config.schema import ParallelConfig
 
-        parallel = ParallelConfig(**bigtrain.recipe_plan(REPO / "recipes" / recipe, gpus=nproc).plan.to_dict())
+        parallel = parallel_of(bigtrain.recipe_plan(REPO / "recipes" / recipe, gpus=nproc).plan.to_dict())
     plan = resolve_plan(parallel, nproc, cfg.train)
     assert plan.world_size == nproc
-    if cfg.model.config is not None:
-        check_fit(hf_config_from_dict(cfg.model.config), plan, cfg.train.global_batch_size)
+    if cfg.model.config is not None:  # the model's task resolved as start-up resolves it
+        check_fit(load_hf_config(cfg.model), plan, cfg.train.global_batch_size)

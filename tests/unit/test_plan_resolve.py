@@ -4,7 +4,7 @@ import pytest
 
 from bigtrain.config.capabilities import Setup, first_problem
 from bigtrain.config.plan import Plan
-from bigtrain.config.resolve import resolve_plan
+from bigtrain.config.resolve import parallel_of, resolve_plan
 from bigtrain.config.schema import ParallelConfig, TrainConfig
 from bigtrain.errors import ConfigError
 
@@ -61,7 +61,7 @@ def test_the_capability_table_is_what_resolve_plan_enforces():
 
 def test_plan_round_trips_into_a_recipe_section():
     plan = resolve_plan(ParallelConfig(zero_stage=2), 2, TrainConfig(global_batch_size=2))
-    assert resolve_plan(ParallelConfig(**plan.to_dict()), 2, TrainConfig(global_batch_size=2)) == plan
+    assert resolve_plan(parallel_of(plan.to_dict()), 2, TrainConfig(global_batch_size=2)) == plan
 
 
 @pytest.mark.parametrize(

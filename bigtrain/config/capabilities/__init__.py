@@ -36,6 +36,7 @@ RECORDS = (
     "expert_parallel",
     "router_loss",
     "activation_offload",
+    "classification",
 )
 CAPABILITIES: tuple[Capability, ...] = tuple(import_module(f"{__name__}.{name}").CAPABILITY for name in RECORDS)
 

@@ -13,6 +13,7 @@ Why this order (torchtitan's, extended):
 - the chunked loss takes the LM head out of the forward (of the last stage) before anything wraps or shards it;
 - activation checkpointing wraps the sliced blocks, and compile compiles the wrapped ones, both before FSDP2, so
   FSDP2's all-gather hooks sit outside the recomputed and the compiled region;
+- BatchNorm layers learn which ranks' statistics they normalise by before FSDP2 or DDP wraps them;
 - activation offload wraps them once more: its saved-tensor hooks sit outside the recompute (so they catch what a
   checkpointed block keeps, its input) and outside the compiled region, inside FSDP2's gathers;
 - FSDP2 shards on meta: nothing of the unsharded model is ever allocated;
@@ -33,6 +34,7 @@ from bigtrain.parallel.transforms import (
     activation_checkpoint,
     activation_offload,
     adapters,
+    batch_norm,
     chunked_loss,
     compile_blocks,
     context_parallel,
@@ -56,6 +58,7 @@ BUILT_IN: tuple[Transform, ...] = (
     activation_checkpoint.TRANSFORM,
     compile_blocks.TRANSFORM,
     activation_offload.TRANSFORM,
+    batch_norm.TRANSFORM,
     fsdp.TRANSFORM,
     load_values.TRANSFORM,
     context_parallel.TRANSFORM,
@@ -72,7 +75,9 @@ def with_record_steps(order: Sequence[Transform], capabilities: Sequence[Capabil
             names = [t.name for t in out]
             if step.after not in names:
                 raise ValueError(f"{capability.name}: its step {step.name!r} follows {step.after!r}, not in {names}")
-            transform = Transform(step.name, step.wanted, step.apply, planner_terms=step.planner_terms)
+            transform = Transform(
+                step.name, step.wanted, step.apply, after_step=step.after_step, planner_terms=step.planner_terms
+            )
             out.insert(names.index(step.after) + 1, transform)
     return tuple(out)
 

@@ -33,7 +33,14 @@ def apply_ddp(model: nn.Module, mesh: WorldMesh, device: torch.device) -> Distri
     ]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, quantized)
     return DistributedDataParallel(
-        model, device_ids=device_ids, process_group=mesh.batch_group, gradient_as_bucket_view=True
+        model,
+        device_ids=device_ids,
+        process_group=mesh.batch_group,
+        gradient_as_bucket_view=True,
+        # buffers are not rank 0's at every forward (DDP's default would overwrite what each rank's BatchNorm
+        # accumulated over a step's micro-batches): BatchNorm's running statistics are averaged over the ranks
+        # after each step instead (parallel/batch_norm.py); a causal LM's buffers are constants
+        forward_sync_buffers=False,
     )
 
 

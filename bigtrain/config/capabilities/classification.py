@@ -1,0 +1,90 @@
+"""Image and sequence classification (``model.task``): models with one label per example, trained on data-parallel
+plans (DDP, FSDP2, HSDP, DeepSpeed ZeRO), with BatchNorm's statistics kept or synchronised across ranks.
+
+Everything a causal LM's plan may add beyond data parallelism is a row here until it is built for these tasks: each
+of tp, pp, cp and ep splits a decoder's blocks, heads or sequence; the chunked and vocabulary-parallel losses work on
+an LM head; FP8, compile, activation checkpointing and offload, and adapters wrap or rewrite decoder blocks and are
+tested on causal LMs only.
+"""
+
+from __future__ import annotations
+
+from bigtrain.config.capabilities.table import Capability, Option, row
+from bigtrain.config.setup import Setup
+
+CAUSAL_LM = "causal-lm"
+SYNC_BATCHNORM = Option(
+    "sync_batchnorm",
+    False,
+    "BatchNorm statistics of a micro-step over every data-parallel rank's images together (SyncBatchNorm) instead "
+    "of each rank's own; either way the running statistics are the same on every rank after each step.",
+    example=True,
+)
+
+
+def _classifier(s: Setup) -> str | None:
+    """The task, when the model is a classifier (None: a causal LM, or not known yet)."""
+    return None if s.model is None or s.model.task == CAUSAL_LM else s.model.task
+
+
+def classifier_with_model_parallelism(s: Setup) -> str | None:
+    task, p = _classifier(s), s.plan
+    if task is None:
+        return None
+    for key, value, default in (
+        ("tp", p.tp, 1),
+        ("pp", p.pp, 1),
+        ("cp", p.cp, 1),
+        ("ep", p.ep, 1),
+        ("loss_parallel", p.loss_parallel, False),
+        ("sequence_parallel", p.sequence_parallel, False),
+        ("loss_chunk_tokens", p.loss_chunk_tokens, 0),
+    ):
+        if value != default:
+            return (
+                f"parallel.{key}={str(value).lower()} with model.task={task} is not built yet (it splits a causal "
+                f"LM's blocks, heads or sequence); train {task} with data parallelism: backend ddp, fsdp2 or "
+                f"deepspeed, parallel.{key}={str(default).lower()}"
+            )
+    return None
+
+
+def classifier_with_block_transforms(s: Setup) -> str | None:
+    task, p, t = _classifier(s), s.plan, s.train
+    if task is None:
+        return None
+    for key, on in (
+        ("parallel.activation_checkpointing", p.activation_checkpointing != "none"),
+        ("parallel.offload_activations", p.offload_activations),
+        ("train.compile", t.compile is True),
+        ("train.fp8", t.fp8 not in ("none", "auto")),
+        ("train.method", t.method not in ("full", "auto")),
+    ):
+        if on:
+            off = "full" if key == "train.method" else "none" if key != "parallel.offload_activations" else "false"
+            off = "false" if key == "train.compile" else off
+            return f"{key} with model.task={task} is not built yet; set {key}={off}"
+    return None
+
+
+def sync_batchnorm_without_batchnorm(s: Setup) -> str | None:
+    if s.model is None or s.model.batch_norm or not SYNC_BATCHNORM.of(s.plan):
+        return None
+    return (
+        f"parallel.sync_batchnorm=true, but {s.model.model_type} has no BatchNorm layer (its normalisation does not "
+        "depend on how a batch is split); leave parallel.sync_batchnorm=false"
+    )
+
+
+CAPABILITY = Capability(
+    name="classification",
+    summary="image and sequence classifiers (model.task), BatchNorm synchronised or not",
+    keys=("model.task", "data.label_field", "data.image_field", "data.image_size", "data.augment"),
+    rules=(
+        row(classifier_with_model_parallelism, "not_built", reads_model=True),
+        row(classifier_with_block_transforms, "not_built", reads_model=True, reads_micro_batch=True),
+        row(sync_batchnorm_without_batchnorm, "invalid", reads_model=True),
+    ),
+    options=(SYNC_BATCHNORM,),
+    transforms=("batch_norm",),
+)

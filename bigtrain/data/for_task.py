@@ -1,0 +1,114 @@
+"""The training and held-out data of a recipe, read as its model's task needs (``config/tasks.py``): token rows for a
+causal LM, images or texts with one label each for a classifier."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bigtrain.config.schema import RecipeConfig
+from bigtrain.config.tasks import IMAGE_CLASSIFICATION, Task
+from bigtrain.data.images import ImageExamples, Preprocessing, load_image_examples
+from bigtrain.data.sources import TokenRows, check_vocabulary, hold_out, load_token_rows
+from bigtrain.data.text_classes import TextExamples, load_text_examples, tokenizer_folder
+from bigtrain.errors import ConfigError
+
+Examples = ImageExamples | TextExamples
+Data = TokenRows | Examples
+
+
+def load_training_data(cfg: RecipeConfig, hf_config: Any, task: Task) -> tuple[Data, Data | None]:
+    """The training rows or examples and the held-out ones (data.eval_path, or data.eval_fraction of data.path)."""
+    data_cfg = cfg.data
+    if task.examples:
+        return _examples(cfg, hf_config, task)
+    vocab = hf_config.vocab_size
+    data = load_token_rows(data_cfg)
+    check_vocabulary(data, vocab, data_cfg.path)
+    held: TokenRows | None = None
+    if data_cfg.eval_path is not None:
+        held = load_token_rows(data_cfg, "data.eval_path", data_cfg.eval_path)
+        check_vocabulary(held, vocab, data_cfg.eval_path, key="data.eval_path")
+        if held.seq_len != data.seq_len:
+            raise ConfigError(
+                f"data.eval_path={data_cfg.eval_path!r} has rows of {held.seq_len} tokens but data.path of "
+                f"{data.seq_len}; evaluate on rows of the training length"
+            )
+    elif data_cfg.eval_fraction > 0:
+        data, held = hold_out(data, data_cfg.eval_fraction, cfg.train.seed)
+    _require_held_out(cfg, held)
+    return data, held
+
+
+def _require_held_out(cfg: RecipeConfig, held: Data | None) -> None:
+    if cfg.train.eval_every > 0 and held is None:
+        raise ConfigError(
+            f"train.eval_every={cfg.train.eval_every} needs held-out data: set data.eval_path or "
+            "data.eval_fraction (e.g. 0.05)"
+        )
+
+
+def _examples(cfg: RecipeConfig, hf_config: Any, task: Task) -> tuple[Examples, Examples | None]:
+    data_cfg, model_folder = cfg.data, cfg.model.name_or_path
+    augment = data_cfg.augment == "crop_flip"
+    if task is IMAGE_CLASSIFICATION:
+        preprocessing = Preprocessing.of(data_cfg, model_folder)
+
+        def read(key: str, path: str) -> Examples:
+            return load_image_examples(data_cfg, key, path, preprocessing, cfg.train.seed)
+    else:
+        tokenizer = tokenizer_folder(data_cfg, model_folder)
+
+        def read(key: str, path: str) -> Examples:
+            return load_text_examples(data_cfg, key, path, tokenizer)
+
+    data = read("data.path", data_cfg.path)
+    held: Examples | None = None
+    if data_cfg.eval_path is not None:
+        held = read("data.eval_path", data_cfg.eval_path)
+        if held.class_names != data.class_names:
+            raise ConfigError(
+                f"data.eval_path={data_cfg.eval_path!r} has the classes {held.class_names} but data.path "
+                f"{data.class_names}; evaluate on the classes trained on"
+            )
+    elif data_cfg.eval_fraction > 0:
+        count = max(1, round(data_cfg.eval_fraction * data.num_rows))
+        if count >= data.num_rows:
+            raise ConfigError(
+                f"data.eval_fraction={data_cfg.eval_fraction} of {data.num_rows} examples leaves none to train on; "
+                "use a smaller fraction"
+            )
+        chosen = np.sort(np.random.default_rng(cfg.train.seed).choice(data.num_rows, size=count, replace=False))
+        kept = np.setdiff1d(np.arange(data.num_rows), chosen)
+        held = data.subset(chosen, f"{count} held-out examples", augment=False)
+        data = data.subset(kept, f"{data.description}, {len(kept)} for training", augment=augment)
+    if data.index is None:
+        data = data.subset(np.arange(data.num_rows), data.description, augment=augment)
+    _require_held_out(cfg, held)
+    vocab = getattr(hf_config, "vocab_size", None)
+    if isinstance(data, TextExamples) and vocab is not None and data.vocab_size > vocab:
+        raise ConfigError(
+            f"the tokenizer has {data.vocab_size} ids but the model's vocab_size is {vocab}; set "
+            f"model.config.vocab_size >= {data.vocab_size} or use a matching data.tokenizer"
+        )
+    return data, held
+
+
+def apply_labels(hf_config: Any, class_names: list[str]) -> str | None:
+    """The data's classes in the model's config (``num_labels``, ``id2label``, ``label2id``), so the classifier's
+    head has one output per class and the exported model names them. Returns a note when a model folder's own
+    labels are replaced (its head then starts afresh, as transformers' ``ignore_mismatched_sizes`` does)."""
+    before = dict(getattr(hf_config, "id2label", {}) or {})
+    after = dict(enumerate(class_names))
+    if {int(k): v for k, v in before.items()} == after:
+        return None
+    default = all(str(v) == f"LABEL_{k}" for k, v in before.items())
+    hf_config.id2label = after
+    hf_config.label2id = {name: i for i, name in enumerate(class_names)}
+    if default or len(before) == len(after):
+        return None
+    return (
+        f"the model's head has {len(before)} labels and the data {len(after)} classes: the head is replaced by "
+        f"a new one of {len(after)} outputs, initialised as transformers does"
+    )

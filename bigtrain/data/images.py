@@ -1,0 +1,280 @@
+"""Image classification data: the built-in shapes, an image folder (one sub-folder per class) or a saved HF dataset
+with an image and a label column, read one micro-batch at a time and preprocessed as the model's image processor
+says (size, mean, std).
+
+Training images are augmented as torchvision's reference classification recipe does (``data.augment: crop_flip``:
+random-resized crop and horizontal flip, written here on tensors: see ``random_resized_crop_box``); the randomness of
+each image is seeded by ``train.seed`` and the image's position in the endless global order
+(``GlobalOrder.micro_positions``), which is the same for every plan: step k trains on the same pixels whatever the
+split into ranks and micro-batches, and an image seen again in the next epoch gets a new crop. Evaluation images are
+resized and centre-cropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bigtrain.config.schema import DataConfig
+from bigtrain.data.batch import ExampleBatch
+from bigtrain.data.synthetic_images import CLASSES, shapes
+from bigtrain.errors import ConfigError
+
+BUILTIN_SHAPES = "builtin:shapes"
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+DEFAULT_SIZE = 224
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """What the model expects of an image (its image processor's settings, or the recipe's)."""
+
+    size: int
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+
+    @classmethod
+    def of(cls, cfg: DataConfig, model_folder: str | None) -> Preprocessing:
+        """``data.image_size`` over the model folder's image processor (preprocessor_config.json) over 224; mean and
+        std from the processor, else ImageNet's."""
+        processor = _processor_settings(model_folder)
+        size = cfg.image_size or processor.get("size") or DEFAULT_SIZE
+        if size < 8:
+            raise ConfigError(f"data.image_size={size} is too small; use at least 8 pixels (224 for ImageNet models)")
+        return cls(int(size), processor.get("mean", IMAGENET_MEAN), processor.get("std", IMAGENET_STD))
+
+
+def _processor_settings(model_folder: str | None) -> dict[str, Any]:
+    if model_folder is None or not (Path(model_folder) / "preprocessor_config.json").is_file():
+        return {}
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(model_folder, local_files_only=True)
+    size = getattr(processor, "crop_size", None) or getattr(processor, "size", None) or {}
+    side = size.get("height") or size.get("shortest_edge") if isinstance(size, dict) else size
+    out: dict[str, Any] = {"size": side} if side else {}
+    if getattr(processor, "image_mean", None) is not None:
+        out.update(mean=tuple(processor.image_mean), std=tuple(processor.image_std))
+    return out
+
+
+@dataclass
+class ImageExamples:
+    """Images with one label each; ``read(i)`` decodes image ``i`` as [H, W, 3] uint8."""
+
+    read: Callable[[int], np.ndarray]
+    labels: np.ndarray  # [num_examples] int64
+    class_names: list[str]
+    preprocessing: Preprocessing
+    description: str
+    augment: bool = False
+    seed: int = 0
+    index: np.ndarray | None = None  # the examples these are (a split), in order; None: all
+
+    seq_len = 1  # one example per row (what the loop's per-row counts read)
+    positions = None  # nothing is packed
+    truncated = 0
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.labels) if self.index is None else len(self.index)
+
+    @property
+    def examples(self) -> int:
+        return self.num_rows
+
+    def subset(self, index: np.ndarray, description: str, augment: bool) -> ImageExamples:
+        at = index if self.index is None else self.index[index]
+        return replace(self, index=at, description=description, augment=augment)
+
+    def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> ExampleBatch:
+        """Examples ``rows`` (0-based among these) preprocessed, augmented when training (``seen``: each row's
+        position in the global order, which seeds its augmentation)."""
+        at = rows if self.index is None else self.index[rows]
+        pictures = []
+        for k, i in enumerate(at):
+            image = torch.from_numpy(np.ascontiguousarray(self.read(int(i)))).permute(2, 0, 1)
+            where = None if seen is None or not self.augment else int(seen[k])
+            pictures.append(self._transform(image, where))
+        labels = torch.from_numpy(self.labels[at].astype(np.int64))
+        pixels = torch.stack(pictures)
+        # pinned host memory: the copy to the GPU does not block the host (ExampleBatch.to)
+        return ExampleBatch({"pixel_values": pixels.pin_memory() if torch.cuda.is_available() else pixels}, labels)
+
+    def _transform(self, image: torch.Tensor, seen: int | None) -> torch.Tensor:
+        if seen is None:
+            return _pipeline(self.preprocessing, False)(image)
+        with torch.random.fork_rng(devices=[]):  # the image's own seed, the caller's random state untouched
+            torch.manual_seed(int(np.random.SeedSequence([self.seed, seen]).generate_state(1)[0]))
+            return _pipeline(self.preprocessing, True)(image)
+
+
+def _pipeline(p: Preprocessing, augment: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """torchvision's reference classification preprocessing: random-resized crop and flip for training, resize and
+    centre crop for evaluation; then to float in [0, 1] and normalised."""
+    mean = torch.tensor(p.mean, dtype=torch.float32).view(-1, 1, 1)
+    std = torch.tensor(p.std, dtype=torch.float32).view(-1, 1, 1)
+
+    def run(image: torch.Tensor) -> torch.Tensor:
+        if augment:
+            top, left, h, w = random_resized_crop_box(image.shape[1], image.shape[2])
+            out = resize(image[:, top : top + h, left : left + w], (p.size, p.size))
+            if torch.rand(()) < 0.5:
+                out = out.flip(-1)
+        else:
+            out = centre_crop(resize_shorter(image, p.size), p.size)
+        return (out - mean) / std
+
+    return run
+
+
+# torchvision (the library the issue names for this) cannot be used here: the only wheels the package index serves
+# are CUDA builds, whose extension does not load beside a CPU torch ("operator torchvision::nms does not exist" on
+# import). The few lines below follow torchvision's RandomResizedCrop, Resize and CenterCrop, on float tensors.
+CROP_SCALE = (0.08, 1.0)  # of the image's area (torchvision's defaults)
+CROP_RATIO = (3 / 4, 4 / 3)  # width / height
+
+
+def random_resized_crop_box(height: int, width: int) -> tuple[int, int, int, int]:
+    """(top, left, h, w) of a crop covering a random fraction of the area in ``CROP_SCALE`` with a log-uniform aspect
+    ratio in ``CROP_RATIO``, drawn from torch's RNG: ten tries, then the centre crop of the clamped ratio
+    (torchvision's ``RandomResizedCrop.get_params``)."""
+    area = height * width
+    log_ratio = torch.log(torch.tensor(CROP_RATIO))
+    for _ in range(10):
+        target = area * torch.empty(1).uniform_(*CROP_SCALE).item()
+        ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0].item(), log_ratio[1].item())).item()
+        w = round((target * ratio) ** 0.5)
+        h = round((target / ratio) ** 0.5)
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, size=(1,)).item())
+            left = int(torch.randint(0, width - w + 1, size=(1,)).item())
+            return top, left, h, w
+    ratio = width / height
+    if ratio < CROP_RATIO[0]:
+        w, h = width, round(width / CROP_RATIO[0])
+    elif ratio > CROP_RATIO[1]:
+        h, w = height, round(height * CROP_RATIO[1])
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """[C, H, W] uint8 or float -> [C, *size] float in [0, 1], bilinear with antialiasing."""
+    x = image.float().div(255.0) if image.dtype == torch.uint8 else image.float()
+    out = torch.nn.functional.interpolate(x[None], size=size, mode="bilinear", antialias=True, align_corners=False)
+    return out[0].clamp(0.0, 1.0)
+
+
+def resize_shorter(image: torch.Tensor, side: int) -> torch.Tensor:
+    h, w = image.shape[1], image.shape[2]
+    scale = side / min(h, w)
+    return resize(image, (max(side, round(h * scale)), max(side, round(w * scale))))
+
+
+def centre_crop(image: torch.Tensor, side: int) -> torch.Tensor:
+    h, w = image.shape[1], image.shape[2]
+    top, left = (h - side) // 2, (w - side) // 2
+    return image[:, top : top + side, left : left + side]
+
+
+def load_image_examples(cfg: DataConfig, key: str, path: str, preprocessing: Preprocessing, seed: int) -> ImageExamples:
+    """``path`` (data.path or data.eval_path) as image examples: builtin:shapes, an image folder or a saved HF
+    dataset (``datasets.save_to_disk``) with ``data.image_field`` and ``data.label_field`` columns."""
+    if path == BUILTIN_SHAPES:
+        images, labels = shapes()
+        where = f"{path} ({len(labels)} drawn images of {images.shape[1]} px, {len(CLASSES)} classes)"
+        return ImageExamples(images.__getitem__, labels, list(CLASSES), preprocessing, where, seed=seed)
+    if path.startswith("builtin:"):
+        raise ConfigError(f"{key}={path!r} is not a built-in image set; use {BUILTIN_SHAPES}")
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ConfigError(
+            f"{key}={path!r} is not a folder; give an image folder (one sub-folder of images per class), a saved HF "
+            f"dataset with {cfg.image_field!r} and {cfg.label_field!r} columns, or {BUILTIN_SHAPES}"
+        )
+    if (folder / "dataset_info.json").is_file() or (folder / "dataset_dict.json").is_file():
+        return _hf_images(cfg, key, folder, preprocessing, seed)
+    return _image_folder(key, folder, preprocessing, seed)
+
+
+def _image_folder(key: str, folder: Path, preprocessing: Preprocessing, seed: int) -> ImageExamples:
+    classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    files = {c: sorted(f for f in (folder / c).rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES) for c in classes}
+    classes = [c for c in classes if files[c]]
+    if len(classes) < 2:
+        found = f"only {classes[0]!r}" if classes else "none"
+        raise ConfigError(
+            f"{key}={str(folder)!r} has {found} as a class folder with images; an image folder needs one sub-folder "
+            f"of images ({', '.join(IMAGE_SUFFIXES)}) per class, at least two"
+        )
+    paths = [f for c in classes for f in files[c]]
+    labels = np.array([i for i, c in enumerate(classes) for _ in files[c]], dtype=np.int64)
+    for f in paths:  # headers only: a file that is no image fails now, named, not hours into the run
+        _check_image(key, f)
+    where = f"{folder} ({len(paths)} images, {len(classes)} classes)"
+    return ImageExamples(lambda i: _decode(paths[i]), labels, classes, preprocessing, where, seed=seed)
+
+
+def _check_image(key: str, path: Path) -> None:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            image.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError) as e:
+        raise ConfigError(f"{key}: {path} is not a readable image ({e}); remove or replace it") from e
+
+
+def _decode(path: Path) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def _hf_images(cfg: DataConfig, key: str, folder: Path, preprocessing: Preprocessing, seed: int) -> ImageExamples:
+    import datasets
+
+    data = datasets.load_from_disk(str(folder))
+    if isinstance(data, datasets.DatasetDict):
+        if cfg.split not in data:
+            raise ConfigError(f"{key}={str(folder)!r} has no split {cfg.split!r} (data.split); it has {list(data)}")
+        data = data[cfg.split]
+    for field_key, name in (("data.image_field", cfg.image_field), ("data.label_field", cfg.label_field)):
+        if name not in data.column_names:
+            raise ConfigError(f"{key}={str(folder)!r} has no column {name!r} ({field_key}); it has {data.column_names}")
+    feature = data.features[cfg.label_field]
+    raw = list(data[cfg.label_field])
+    if hasattr(feature, "names"):  # a ClassLabel column: its names, in its order
+        classes, labels = list(feature.names), np.array(raw, dtype=np.int64)
+    else:
+        classes, labels = label_indices(raw, key, cfg.label_field)
+    images = data.select_columns([cfg.image_field])
+    field = cfg.image_field
+    where = f"{folder} ({len(labels)} images, {len(classes)} classes)"
+    return ImageExamples(lambda i: np.asarray(images[i][field].convert("RGB")), labels, classes, preprocessing, where,
+                         seed=seed)  # fmt: skip
+
+
+def label_indices(raw: list[Any], key: str, field: str) -> tuple[list[str], np.ndarray]:
+    """Labels as class indices: integers as they are (classes named by their number), names in sorted order."""
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in raw):
+        count = max(raw) + 1
+        if min(raw) < 0:
+            raise ConfigError(f"{key}: {field} holds the label {min(raw)}; labels are class indices from 0")
+        return [str(i) for i in range(count)], np.array(raw, dtype=np.int64)
+    if all(isinstance(v, str) for v in raw):
+        classes = sorted(set(raw))
+        lookup = {c: i for i, c in enumerate(classes)}
+        return classes, np.array([lookup[v] for v in raw], dtype=np.int64)
+    kinds = sorted({type(v).__name__ for v in raw})
+    raise ConfigError(f"{key}: {field} holds {', '.join(kinds)} values; labels are class names or class indices")

@@ -1,0 +1,131 @@
+"""Sequence classification data: records (``.jsonl``, a local HF dataset, or ``builtin:story-animals``) with a text
+(``data.text_field``), optionally a second text (``text_pair``), and a label (``data.label_field``), tokenised once
+with the model's tokenizer (its special tokens added, as the classifier was trained with), cut at ``data.seq_len``
+and padded per micro-batch to its longest example, with the attention mask that hides the padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bigtrain.config.schema import DataConfig
+from bigtrain.data.batch import ExampleBatch
+from bigtrain.data.builtin import ANIMALS, builtin_records
+from bigtrain.data.images import label_indices
+from bigtrain.data.records import check_records_path, read_records
+from bigtrain.data.tokenizer import ByteTokenizer, has_tokenizer
+from bigtrain.errors import ConfigError
+
+BUILTIN_STORY_ANIMALS = "builtin:story-animals"
+TEXT_PAIR_FIELD = "text_pair"
+
+
+@dataclass
+class TextExamples:
+    ids: list[np.ndarray]  # each example's token ids, cut at seq_len
+    labels: np.ndarray  # [num_examples] int64
+    class_names: list[str]
+    pad_id: int
+    vocab_size: int
+    description: str
+    index: np.ndarray | None = None
+    truncated: int = 0  # examples longer than seq_len, cut
+
+    seq_len = 1  # one example per row (what the loop's per-row counts read)
+    positions = None
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.labels) if self.index is None else len(self.index)
+
+    @property
+    def examples(self) -> int:
+        return self.num_rows
+
+    def subset(self, index: np.ndarray, description: str, augment: bool) -> TextExamples:
+        at = index if self.index is None else self.index[index]
+        return replace(self, index=at, description=description)
+
+    def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> ExampleBatch:
+        at = rows if self.index is None else self.index[rows]
+        longest = max(len(self.ids[i]) for i in at)
+        ids = torch.full((len(at), longest), self.pad_id, dtype=torch.int64)
+        mask = torch.zeros((len(at), longest), dtype=torch.int64)
+        for k, i in enumerate(at):
+            ids[k, : len(self.ids[i])] = torch.from_numpy(self.ids[i])
+            mask[k, : len(self.ids[i])] = 1
+        labels = torch.from_numpy(self.labels[at].astype(np.int64))
+        return ExampleBatch({"input_ids": ids, "attention_mask": mask}, labels)
+
+
+def _encoder(tokenizer_folder: str | None) -> tuple[Callable[[str, str | None], list[int]], int, int, str]:
+    """(encode(text, pair), pad id, vocabulary size, what it is) of the recipe's tokenizer, else the byte tokenizer."""
+    if tokenizer_folder is None:
+        byte = ByteTokenizer()
+
+        def encode_bytes(text: str, pair: str | None) -> list[int]:
+            return byte.encode(text if pair is None else f"{text}\n{pair}")
+
+        return encode_bytes, byte.eos_id, byte.vocab_size, "the built-in byte tokenizer (257 ids)"
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_folder, local_files_only=True)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+
+    def encode(text: str, pair: str | None) -> list[int]:
+        return tok(text, pair, add_special_tokens=True)["input_ids"]
+
+    return encode, int(pad), len(tok), f"tokenizer {tokenizer_folder}"
+
+
+def tokenizer_folder(cfg: DataConfig, model_folder: str | None) -> str | None:
+    """data.tokenizer, else the model folder when it ships a tokenizer, else None (bytes)."""
+    if cfg.tokenizer is not None:
+        return cfg.tokenizer
+    if model_folder is not None and has_tokenizer(Path(model_folder)):
+        return model_folder
+    return None
+
+
+def load_text_examples(cfg: DataConfig, key: str, path: str, tokenizer: str | None) -> TextExamples:
+    """``path`` as classification examples, tokenised by ``tokenizer`` (a folder, or None for bytes)."""
+    if cfg.seq_len is None or cfg.seq_len < 2:
+        raise ConfigError("data.seq_len is required for sequence classification (the longest example kept, in tokens)")
+    if path == BUILTIN_STORY_ANIMALS:
+        stories = builtin_records("stories", num_records=4000)
+        records: Any = (
+            (f"record {i}", {cfg.text_field: r["text"], cfg.label_field: _animal(r["text"])})
+            for i, r in enumerate(stories)
+        )
+    elif path.startswith("builtin:"):
+        raise ConfigError(f"{key}={path!r} is not a built-in classification set; use {BUILTIN_STORY_ANIMALS}")
+    else:
+        check_records_path(key, path)
+        records = read_records(key, path, cfg.text_field, cfg.split)
+    encode, pad, vocab, which = _encoder(tokenizer)
+    ids, raw, truncated = [], [], 0
+    for where, record in records:
+        for field in (cfg.text_field, cfg.label_field):
+            if field not in record:
+                raise ConfigError(f"{key}={path!r}, {where}: no {field!r} field; it has {sorted(record)}")
+        tokens = encode(str(record[cfg.text_field]), record.get(TEXT_PAIR_FIELD))
+        truncated += len(tokens) > cfg.seq_len
+        ids.append(np.asarray(tokens[: cfg.seq_len], dtype=np.int64))
+        raw.append(record[cfg.label_field])
+    if not ids:
+        raise ConfigError(f"{key}={path!r} holds no records")
+    classes, labels = label_indices(raw, key, cfg.label_field)
+    cut = f", {truncated} cut at data.seq_len={cfg.seq_len}" if truncated else ""
+    where = f"{path} ({len(ids)} examples, {len(classes)} classes{cut}, {which})"
+    return TextExamples(ids, labels, classes, pad, vocab, where, truncated=truncated)
+
+
+def _animal(text: str) -> str:
+    """The label of a built-in story: the animal it is about ("... a {colour} {animal} named ...")."""
+    return next(a for a in ANIMALS if f" {a} named" in text)

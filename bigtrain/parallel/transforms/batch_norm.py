@@ -1,0 +1,139 @@
+"""BatchNorm across data-parallel ranks (the classification capability's transform, ``parallel.sync_batchnorm``).
+
+BatchNorm is the one layer whose output depends on how a batch is split: in training mode it normalises by the
+statistics of the images in its forward. Two ways, both with running statistics that are the same on every rank
+after each optimizer step (so a checkpoint and the exported model hold one set of them):
+- ``sync_batchnorm: false`` (default): each rank normalises by its own micro-batch's statistics and updates its
+  running statistics from them; after each optimizer step the running mean and variance are averaged over the
+  data-parallel ranks (one all-reduce of a few KB). DDP's own alternative, rank 0's buffers broadcast at every
+  forward, would drop what the other ranks accumulated, so DDP runs with ``forward_sync_buffers=False``.
+- ``sync_batchnorm: true``: a micro-step's statistics are those of every data-parallel rank's images of that
+  micro-step together (the sums and the count all-reduced with torch's differentiable all-reduce, so backward gets
+  the gradient through them), as one BatchNorm over the concatenated micro-batches computes them; the running
+  statistics are then the same on every rank by construction. torch's ``nn.SyncBatchNorm`` does the same on CUDA
+  only (it refuses CPU tensors); the layer here runs on any device, over the plan's data-parallel group.
+BatchNorm keeps fp32 under bf16: FSDP2's parameter cast reaches its weight and bias, so its forward upcasts the
+input and them, as autocast does for torch's own batch_norm.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_fn
+import torch.nn.functional as F
+from torch import nn
+
+from bigtrain.config.capabilities.classification import SYNC_BATCHNORM
+from bigtrain.parallel.transforms.base import BuildContext, BuildOptions, BuiltModel, Transform
+
+
+def batch_norms(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def wanted(options: BuildOptions) -> bool:
+    """Only where data-parallel ranks see different images (and only models with BatchNorm are changed)."""
+    plan = options.plan
+    return plan.dp_replicate * plan.dp_shard > 1
+
+
+class DataParallelBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """A BatchNorm (1d, 2d or 3d: its class is swapped in place, parameters and buffers kept) that normalises
+    training batches by the statistics of every rank of ``group`` together, or of its own rank when ``group`` is
+    None (then in fp32 through torch's own batch_norm)."""
+
+    group: dist.ProcessGroup | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = None if self.weight is None else self.weight.float()
+        bias = None if self.bias is None else self.bias.float()
+        if not self.training or self.group is None:
+            return self._own(x, weight, bias)
+        return self._synchronised(x, weight, bias)
+
+    def _own(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+        """torch's BatchNorm forward, in fp32."""
+        factor = self.momentum or 0.0
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        use_batch = self.training or (self.running_mean is None and self.running_var is None)
+        keep = not self.training or self.track_running_stats
+        mean, var = (self.running_mean, self.running_var) if keep else (None, None)
+        return F.batch_norm(x.float(), mean, var, weight, bias, use_batch, factor, self.eps).to(x.dtype)
+
+    def _synchronised(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+        xf = x.float()
+        dims = [0, *range(2, x.dim())]
+        count = torch.tensor([x.numel() // x.shape[1]], dtype=torch.float32, device=x.device)
+        sums = torch.cat([xf.sum(dims), (xf * xf).sum(dims), count])
+        sums = dist_fn.all_reduce(sums, group=self.group)  # its backward all-reduces the gradient of the sums
+        channels = x.shape[1]
+        total = sums[-1]
+        mean = sums[:channels] / total
+        var = sums[channels : 2 * channels] / total - mean * mean  # biased, what the forward normalises by
+        if self.track_running_stats and self.running_mean is not None:
+            with torch.no_grad():
+                momentum = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked + 1)
+                self.running_mean.lerp_(mean.detach(), momentum)
+                self.running_var.lerp_(var.detach() * total / (total - 1).clamp(min=1), momentum)
+                self.num_batches_tracked.add_(1)
+        shape = [1, channels] + [1] * (x.dim() - 2)
+        y = (xf - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        if weight is not None:
+            y = y * weight.view(shape) + bias.view(shape)
+        return y.to(x.dtype)
+
+
+def apply(built: BuiltModel, ctx: BuildContext) -> None:
+    """Every BatchNorm of the parts becomes a ``DataParallelBatchNorm`` over the data-parallel ranks (synchronised)
+    or over none (its own rank's statistics, averaged after each step); on meta, before anything wraps it."""
+    group = ctx.mesh.batch_group if SYNC_BATCHNORM.of(built.plan) else None
+    for part in built.parts:
+        for module in batch_norms(part):
+            module.__class__ = _swapped(type(module))
+            module.group = group
+
+
+@functools.cache
+def _swapped(cls: type) -> type:
+    """``cls`` (a torch BatchNorm class) with ``DataParallelBatchNorm``'s forward: isinstance checks (HF's weight
+    init, torch's input-dimension check) still see the original class. One class per original (cached), so
+    modules of the same class stay of the same class."""
+    if issubclass(cls, DataParallelBatchNorm):
+        return cls
+    return type(cls.__name__, (DataParallelBatchNorm, cls), {})
+
+
+def average_running_statistics(built: BuiltModel) -> None:
+    """After an optimizer step: each rank's running mean and variance replaced by their mean over the data-parallel
+    ranks (one all-reduce of all of them). Under ``sync_batchnorm`` they are equal already."""
+    if SYNC_BATCHNORM.of(built.plan):
+        return
+    stats = [t for part in built.parts for m in batch_norms(part) for t in _running(m)]
+    if not stats:
+        return
+    flat = torch.cat([t.reshape(-1).float() for t in stats])
+    group = built.mesh.batch_group
+    dist.all_reduce(flat, group=group)
+    flat /= dist.get_world_size(group)
+    offset = 0
+    for t in stats:
+        t.copy_(flat[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+def _running(module: Any) -> list[torch.Tensor]:
+    return [t for t in (module.running_mean, module.running_var) if t is not None]
+
+
+TRANSFORM = Transform(
+    name="batch_norm",
+    wanted=wanted,
+    apply=apply,
+    after_step=average_running_statistics,
+)

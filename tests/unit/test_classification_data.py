@@ -1,0 +1,137 @@
+"""Classification data: the task read from the model, images and texts with labels, augmentation that is the same
+for every plan, and the bad inputs that must be one line each."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from bigtrain.config.schema import DataConfig, ModelConfig
+from bigtrain.data.for_task import apply_labels
+from bigtrain.data.images import Preprocessing, load_image_examples
+from bigtrain.data.loader import StepLoader
+from bigtrain.data.order import GlobalOrder
+from bigtrain.data.text_classes import load_text_examples
+from bigtrain.errors import ConfigError
+from bigtrain.models.build import load_hf_config
+
+RESNET = dict(model_type="resnet", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
+
+
+@pytest.mark.parametrize(
+    "config, task",
+    [
+        (RESNET, "image-classification"),
+        (dict(model_type="vit", hidden_size=32, num_hidden_layers=1, num_attention_heads=2), "image-classification"),
+        (
+            dict(model_type="bert", hidden_size=32, num_hidden_layers=1, num_attention_heads=2),
+            "sequence-classification",
+        ),
+        (dict(model_type="llama", hidden_size=32, num_hidden_layers=1, num_attention_heads=2), "causal-lm"),
+    ],
+)
+def test_the_task_is_read_from_the_family_and_recorded_as_transformers_records_it(config, task):
+    from bigtrain.config.tasks import task_of
+
+    hf_config = load_hf_config(ModelConfig(config=dict(config)))
+    assert task_of(hf_config).name == task
+    assert hf_config.architectures[0].endswith(
+        {"image-classification": "ForImageClassification", "sequence-classification": "ForSequenceClassification"}
+        .get(task, "ForCausalLM")
+    )  # fmt: skip
+
+
+def test_a_task_the_family_cannot_serve_is_one_line_naming_what_it_serves():
+    with pytest.raises(ConfigError, match="has no image-classification class in transformers.*it serves: causal-lm"):
+        load_hf_config(ModelConfig(config=dict(model_type="llama"), task="image-classification"))
+    with pytest.raises(ConfigError, match="model.task='detection' is not a task"):
+        load_hf_config(ModelConfig(config=dict(RESNET), task="detection"))
+
+
+def shapes(augment: bool, seed: int = 3):
+    cfg = DataConfig(path="builtin:shapes")
+    data = load_image_examples(cfg, "data.path", "builtin:shapes", Preprocessing(16), seed)
+    return data.subset(np.arange(data.num_rows), data.description, augment=augment)
+
+
+def test_step_k_trains_on_the_same_augmented_pixels_whatever_the_split():
+    """The global order and each image's augmentation seed are the plan's business only through which rank reads
+    it: one rank reading micro-batches of 4 sees exactly what two ranks reading micro-batches of 1 see together."""
+    data = shapes(augment=True)
+    order = GlobalOrder(data.num_rows, 8, shuffle=True, seed=3)
+    cpu = torch.device("cpu")
+    whole = StepLoader(data, 0, 1, 4, cpu, order=order)
+    halves = [StepLoader(data, r, 2, 1, cpu, order=order) for r in range(2)]
+    for step in (0, 251):  # the second crosses into another epoch (2000 images, 8 per step)
+        one = torch.cat([m.inputs["pixel_values"] for m in whole(step).micro_batches])
+        two = torch.cat([m.inputs["pixel_values"] for h in halves for m in h(step).micro_batches])
+        assert torch.equal(one, two)
+        assert torch.equal(torch.cat([m.labels for m in whole(step).micro_batches]), torch.from_numpy(
+            data.labels[order.global_batch(step)]))  # fmt: skip
+
+
+def test_augmentation_differs_per_visit_and_evaluation_is_deterministic():
+    train, held = shapes(augment=True), shapes(augment=False)
+    rows = np.array([0, 1])
+    first = train.micro_batch(rows, np.array([0, 1])).inputs["pixel_values"]
+    again = train.micro_batch(rows, np.array([0, 1])).inputs["pixel_values"]
+    next_epoch = train.micro_batch(rows, np.array([2000, 2001])).inputs["pixel_values"]
+    assert torch.equal(first, again) and not torch.equal(first, next_epoch)
+    assert first.shape == (2, 3, 16, 16)
+    assert torch.equal(held.micro_batch(rows).inputs["pixel_values"], held.micro_batch(rows).inputs["pixel_values"])
+
+
+def _png(path, colour):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((12, 10, 3), colour, dtype=np.uint8)).save(path)
+
+
+def test_an_image_folder_reads_its_classes_in_sorted_order(tmp_path):
+    _png(tmp_path / "zebra" / "a.png", 10)
+    _png(tmp_path / "cat" / "b.png", 200)
+    _png(tmp_path / "cat" / "sub" / "c.jpg", 90)
+    data = load_image_examples(DataConfig(path=str(tmp_path)), "data.path", str(tmp_path), Preprocessing(8), 0)
+    assert data.class_names == ["cat", "zebra"] and list(data.labels) == [0, 0, 1]
+    assert data.micro_batch(np.array([2])).inputs["pixel_values"].shape == (1, 3, 8, 8)
+
+
+def test_an_image_folder_with_one_class_or_a_broken_image_is_one_line(tmp_path):
+    _png(tmp_path / "only" / "a.png", 10)
+    key = "data.path"
+    with pytest.raises(ConfigError, match="has only 'only' as a class folder with images; .* at least two"):
+        load_image_examples(DataConfig(path=str(tmp_path)), key, str(tmp_path), Preprocessing(8), 0)
+    _png(tmp_path / "other" / "b.png", 20)
+    (tmp_path / "other" / "broken.png").write_bytes(b"not a png")
+    with pytest.raises(ConfigError, match=r"broken.png is not a readable image .*remove or replace it"):
+        load_image_examples(DataConfig(path=str(tmp_path)), key, str(tmp_path), Preprocessing(8), 0)
+
+
+def test_texts_pad_per_micro_batch_and_name_their_classes(tmp_path):
+    path = tmp_path / "texts.jsonl"
+    rows = [
+        {"text": "short", "label": "neg"},
+        {"text": "a longer text", "label": "pos"},
+        {"text": "x" * 99, "label": "neg"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = load_text_examples(DataConfig(path=str(path), seq_len=16), "data.path", str(path), None)
+    assert data.class_names == ["neg", "pos"] and list(data.labels) == [0, 1, 0] and data.truncated == 1
+    batch = data.micro_batch(np.array([0, 1]))
+    assert batch.inputs["input_ids"].shape == (2, len("a longer text"))
+    assert batch.inputs["attention_mask"].sum(1).tolist() == [5, 13]
+    with pytest.raises(ConfigError, match="record 1|line 1"):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(json.dumps({"text": "no label"}) + "\n")
+        load_text_examples(DataConfig(path=str(bad), seq_len=16), "data.path", str(bad), None)
+
+
+def test_the_data_s_classes_become_the_model_s_labels():
+    config = load_hf_config(ModelConfig(config=dict(RESNET)))
+    assert apply_labels(config, ["cat", "dog"]) is None  # a new head: transformers' default names replaced silently
+    assert config.id2label == {0: "cat", 1: "dog"} and config.num_labels == 2
+    note = apply_labels(config, ["a", "b", "c"])
+    assert note is not None and "2 labels and the data 3 classes" in note
