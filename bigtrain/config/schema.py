@@ -122,7 +122,7 @@ class DataConfig:
     image_field: str = doc("Image classification: the HF dataset column holding the image.", default="image")
     image_size: int | None = doc(
         "Image classification: the side of the square the model sees, in pixels; unset: the model folder's image "
-        "processor's (preprocessor_config.json), else 224.",
+        "processor's (preprocessor_config.json), else the model config's image_size (ViT's); else it is needed.",
         default=None,
     )
     augment: Literal["crop_flip", "none"] = doc(

@@ -53,7 +53,7 @@ def _examples(cfg: RecipeConfig, hf_config: Any, task: Task) -> tuple[Examples, 
     data_cfg, model_folder = cfg.data, cfg.model.name_or_path
     augment = data_cfg.augment == "crop_flip"
     if task is IMAGE_CLASSIFICATION:
-        preprocessing = Preprocessing.of(data_cfg, model_folder)
+        preprocessing = Preprocessing.of(data_cfg, model_folder, hf_config)
 
         def read(key: str, path: str) -> Examples:
             return load_image_examples(data_cfg, key, path, preprocessing, cfg.train.seed)
@@ -95,20 +95,17 @@ def _examples(cfg: RecipeConfig, hf_config: Any, task: Task) -> tuple[Examples, 
     return data, held
 
 
-def apply_labels(hf_config: Any, class_names: list[str]) -> str | None:
+def apply_labels(hf_config: Any, class_names: list[str], pretrained: bool) -> str | None:
     """The data's classes in the model's config (``num_labels``, ``id2label``, ``label2id``), so the classifier's
-    head has one output per class and the exported model names them. Returns a note when a model folder's own
-    labels are replaced (its head then starts afresh, as transformers' ``ignore_mismatched_sizes`` does)."""
-    before = dict(getattr(hf_config, "id2label", {}) or {})
-    after = dict(enumerate(class_names))
-    if {int(k): v for k, v in before.items()} == after:
-        return None
-    default = all(str(v) == f"LABEL_{k}" for k, v in before.items())
-    hf_config.id2label = after
+    head has one output per class and the exported model names them. Returns a note when a pretrained folder's head
+    has another number of labels: that head starts afresh (``load_values``), as transformers'
+    ``ignore_mismatched_sizes`` does."""
+    before = len(getattr(hf_config, "id2label", {}) or {})
+    hf_config.id2label = dict(enumerate(class_names))
     hf_config.label2id = {name: i for i, name in enumerate(class_names)}
-    if default or len(before) == len(after):
+    if not pretrained or before == len(class_names):
         return None
     return (
-        f"the model's head has {len(before)} labels and the data {len(after)} classes: the head is replaced by "
-        f"a new one of {len(after)} outputs, initialised as transformers does"
+        f"the model's head has {before} labels and the data {len(class_names)} classes: the head is replaced by "
+        f"a new one of {len(class_names)} outputs, initialised as transformers does"
     )

@@ -29,7 +29,6 @@ BUILTIN_SHAPES = "builtin:shapes"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-DEFAULT_SIZE = 224
 
 
 @dataclass(frozen=True)
@@ -41,11 +40,19 @@ class Preprocessing:
     std: tuple[float, ...] = IMAGENET_STD
 
     @classmethod
-    def of(cls, cfg: DataConfig, model_folder: str | None) -> Preprocessing:
-        """``data.image_size`` over the model folder's image processor (preprocessor_config.json) over 224; mean and
-        std from the processor, else ImageNet's."""
+    def of(cls, cfg: DataConfig, model_folder: str | None, hf_config: Any = None) -> Preprocessing:
+        """``data.image_size`` over the model folder's image processor (preprocessor_config.json) over the config's
+        own ``image_size`` (ViT's); mean and std from the processor, else ImageNet's."""
         processor = _processor_settings(model_folder)
-        size = cfg.image_size or processor.get("size") or DEFAULT_SIZE
+        size = cfg.image_size or processor.get("size") or getattr(hf_config, "image_size", None)
+        if not size:
+            where = f"{model_folder} has no image processor (preprocessor_config.json)" if model_folder else (
+                "a model built from model.config has no image processor"
+            )  # fmt: skip
+            raise ConfigError(
+                f"data.image_size is needed: {where} to say what size the model sees; set data.image_size "
+                "(e.g. 224 for ImageNet models, 32 for builtin:shapes)"
+            )
         if size < 8:
             raise ConfigError(f"data.image_size={size} is too small; use at least 8 pixels (224 for ImageNet models)")
         return cls(int(size), processor.get("mean", IMAGENET_MEAN), processor.get("std", IMAGENET_STD))

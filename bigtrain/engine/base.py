@@ -80,9 +80,10 @@ class Engine(ABC):
         the summed token loss of the whole global batch (all data-parallel ranks), the same on every rank."""
 
     @abstractmethod
-    def eval_loss_sum(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
-        """The summed token loss of these micro-batches over all data-parallel ranks, the same on every rank: a
-        forward without gradients, in eval mode (no dropout), with the training step's precision."""
+    def eval_sums(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+        """Evaluation of these micro-batches, summed over all data-parallel ranks, the same on every rank: [the
+        summed loss, then the objective's ``eval_sums``]. A forward without gradients, in eval mode (no dropout),
+        with the training step's precision."""
 
     @abstractmethod
     def step(self, max_norm: float) -> StepResult:

@@ -98,18 +98,20 @@ class DeepSpeedZeroEngine(Engine):
         dist.all_reduce(loss_sum)
         return loss_sum
 
-    def eval_loss_sum(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
-        loss_sum = torch.zeros((), device=self.device)
+    def eval_sums(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+        parts = []
         self.ds.eval()
         try:
             with torch.no_grad():
                 for batch in micro_batches:
-                    logits = self.ds(**batch.model_inputs()).logits
-                    loss_sum += self.objective.loss_sum(logits, batch.labels).float()
+                    output = self.ds(**batch.model_inputs())
+                    loss = self.objective.loss_sum(output.logits, batch.labels).float().reshape(1)
+                    parts.append(torch.cat([loss, self.objective.eval_sums(output, batch.labels)]))
         finally:
             self.ds.train()
-        dist.all_reduce(loss_sum)
-        return loss_sum
+        total = torch.stack(parts).sum(0)
+        dist.all_reduce(total)
+        return total
 
     def step(self, max_norm: float) -> StepResult:
         if not self.ds.is_gradient_accumulation_boundary():

@@ -135,9 +135,10 @@ class PipelinedEngine(TorchNativeEngine):
     def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         return self._run_schedule(micro_batches, self._gradient_factor(loss_factor), train=True)
 
-    def eval_loss_sum(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+    def eval_sums(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+        """The loss alone: the last stage hands the schedule only the loss (causal LMs report nothing else)."""
         with self._evaluating():
-            return self._run_schedule(micro_batches, 1.0, train=False)
+            return self._run_schedule(micro_batches, 1.0, train=False).reshape(1)
 
     def _clip(self, max_norm: float) -> torch.Tensor:
         return clip_global_grad_norm(self.params, max_norm, stages_group=self.pp_group)

@@ -152,13 +152,18 @@ class TorchNativeEngine(Engine):
             for part in self.parts:
                 part.train()
 
-    def eval_loss_sum(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
-        loss_sum = torch.zeros((), device=self.device)
+    def eval_sums(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+        parts = []
         with self._evaluating():
             for batch in micro_batches:
-                loss_sum += _local(self._forward_loss(batch)[0])
-        dist.all_reduce(loss_sum, group=self.mesh.batch_group)
-        return loss_sum
+                with self._autocast():
+                    output = self.built.forward_module(**batch.model_inputs())
+                with self._loss_context():
+                    loss = _local(self.objective(output, batch.labels).loss_sum)
+                parts.append(torch.cat([loss.float().reshape(1), self.objective.eval_sums(output, batch.labels)]))
+        total = torch.stack(parts).sum(0)
+        dist.all_reduce(total, group=self.mesh.batch_group)
+        return total
 
     def _clip(self, max_norm: float) -> torch.Tensor:
         return clip_global_grad_norm(self.params, max_norm)

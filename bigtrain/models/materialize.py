@@ -112,6 +112,7 @@ def write_full(target: torch.Tensor, full: torch.Tensor, name: str, source: str,
         copy_full_into(target, full, name, source, convert)
 
 
+
 @torch.no_grad()
 def materialize(
     models: list[nn.Module],
@@ -120,6 +121,7 @@ def materialize(
     seed: int,
     hf_name: Callable[[str], str] = str,
     convert: Convert = None,
+    new_head: bool = False,
 ) -> None:
     """Fill every parameter and buffer of ``models``, already sharded and allocated (``to_empty_keeping_ties``, or
     DeepSpeed's partitioned construction).
@@ -127,25 +129,27 @@ def materialize(
     ``models`` is ``[model]``, or the pipeline stages one rank runs (each holding part of it under the HF names);
     ``meta_twin`` is an unsharded meta copy of the whole HF model; ``checkpoint`` is a HF folder or None (init);
     ``hf_name``: the HF name of a parameter of ``models`` (wrappers may have changed it); ``convert``: see
-    ``Convert``.
+    ``Convert``; ``new_head``: a classifier trained on another number of labels than the checkpoint's (its head's
+    values are not loaded but initialised, as transformers' ``ignore_mismatched_sizes`` does).
     """
     targets = _targets(models, hf_name)
-    for fqn, value, source in full_values(meta_twin, targets.keys(), checkpoint, seed):
+    for fqn, value, source in full_values(meta_twin, targets.keys(), checkpoint, seed, new_head):
         for target in targets[fqn]:
             write_full(target, value, fqn, source, convert)
 
 
 @torch.no_grad()
 def full_values(
-    meta_twin: Any, wanted: Collection[str], checkpoint: str | None, seed: int
+    meta_twin: Any, wanted: Collection[str], checkpoint: str | None, seed: int, new_head: bool = False
 ) -> Iterator[tuple[str, torch.Tensor, str]]:
     """(name, full value, where it came from) of every parameter and buffer named in ``wanted`` (HF names), one
     module at a time: read from ``checkpoint`` (a HF folder), or HF's own initialisation under ``seed`` when there is
     none. Each value is valid until the next one is asked for; the whole model is walked in a fixed order, so every
-    plan gets the same values.
+    plan gets the same values. ``new_head``: a checkpoint value of another shape than the model's is initialised
+    instead (the head of a classifier given another number of labels), each such name logged once.
     """
     reader = ConvertedCheckpoint(checkpoint, meta_twin) if checkpoint else None
-    loaded, missing = 0, []
+    loaded, missing, replaced = 0, [], []
     torch.manual_seed(seed)
     for mod_name, mod in meta_twin.named_modules():
         names = [n for n, _ in mod.named_parameters(recurse=False)] + [n for n, _ in mod.named_buffers(recurse=False)]
@@ -154,6 +158,11 @@ def full_values(
         if not names or (not wanted_here and reader is not None):
             continue
         from_ckpt = {n: reader.get(f) for n, f in wanted_here.items()} if reader else {}
+        if new_head:
+            shaped = {n: v for n, v in from_ckpt.items() if v is not None and v.shape != getattr(mod, n).shape}
+            for n in shaped:
+                from_ckpt[n] = None
+                replaced.append(fqns[n])
         if any(v is None for v in from_ckpt.values()) or not from_ckpt:
             # Let HF initialise this one module on the host, exactly as it would the whole model; also the modules
             # another pipeline stage holds, so that the random stream (and every value) is the same for every plan.
@@ -164,7 +173,7 @@ def full_values(
             value = from_ckpt.get(n)
             source = "HF's initialisation"
             if value is None:
-                if reader is not None and n in is_param:
+                if reader is not None and n in is_param and fqn not in replaced:
                     missing.append(fqn)
                 value = getattr(mod, n)
             else:

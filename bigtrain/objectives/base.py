@@ -32,3 +32,12 @@ class Objective(Protocol):
     def loss_sum(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The loss sum from the model's output tensor alone (a pipeline's last stage hands only that over)."""
         ...
+
+    def eval_sums(self, output: Any, labels: torch.Tensor) -> torch.Tensor:
+        """Evaluation: the sums over this micro-batch that the objective's metrics are made of (1-D fp32, of a length
+        fixed by the model; empty when it reports none beyond the loss), added up over the held-out data and ranks."""
+        ...
+
+    def eval_metrics(self, loss: float, sums: torch.Tensor, count: int) -> dict[str, float]:
+        """The metrics of a whole evaluation from its mean ``loss``, its ``sums`` and the ``count`` it is over."""
+        ...

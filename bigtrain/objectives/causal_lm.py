@@ -10,6 +10,7 @@ over the whole global batch, for any split into ranks and micro-steps.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import torch
@@ -114,3 +115,9 @@ class CausalLM:
 
     def __call__(self, output: Any, labels: torch.Tensor) -> Terms:
         return Terms(self.loss_sum(output.logits, labels), router_loss(output) if self.per_forward_weight else None)
+
+    def eval_sums(self, output: Any, labels: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(0, device=labels.device)  # the loss is the whole evaluation
+
+    def eval_metrics(self, loss: float, sums: torch.Tensor, count: int) -> dict[str, float]:
+        return {"eval_perplexity": math.exp(min(loss, 700.0)), "eval_tokens": count}

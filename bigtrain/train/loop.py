@@ -121,17 +121,21 @@ class TrainLoop:
         return self.eval_loader is not None and (step == self.cfg.train.steps or (every > 0 and step % every == 0))
 
     def evaluate(self) -> dict:
-        """Loss per labelled held-out token (all of them, every rank's share) and its perplexity."""
+        """The loss per labelled held-out token or example (all of them, every rank's share) and the objective's
+        metrics: perplexity for a causal LM; accuracy, top-5 accuracy and macro-F1 for a classifier."""
         assert self.eval_loader is not None
-        loss_sum, tokens = 0.0, 0
+        sums: torch.Tensor | None = None
+        count = 0
         for batch in self.eval_loader:
-            tokens += self.engine.data_parallel_sum(batch.tokens)
-            loss_sum += float(self.engine.eval_loss_sum(batch.micro_batches))
-        if tokens == 0:  # every held-out row's labels are ignored (prompts cut by seq_len): no number to report
-            log.warning("evaluation: the held-out rows hold no labelled token; eval_loss is null")
-            return {"eval_loss": math.nan, "eval_perplexity": math.nan, "eval_tokens": 0}
-        loss = loss_sum / tokens
-        return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0)), "eval_tokens": tokens}
+            count += self.engine.data_parallel_sum(batch.tokens)
+            part = self.engine.eval_sums(batch.micro_batches).cpu()
+            sums = part if sums is None else sums + part
+        assert sums is not None, "the held-out data gives at least one batch"
+        if count == 0:  # every held-out row's labels are ignored (prompts cut by seq_len): no number to report
+            log.warning("evaluation: the held-out data holds nothing labelled; eval_loss is null")
+            return {"eval_loss": math.nan, **self.engine.objective.eval_metrics(math.nan, sums[1:], 0)}
+        loss = float(sums[0]) / count
+        return {"eval_loss": loss, **self.engine.objective.eval_metrics(loss, sums[1:], count)}
 
     def run(self) -> TrainResult:
         cfg, checkpointer = self.cfg, self.checkpointer

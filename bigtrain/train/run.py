@@ -137,7 +137,9 @@ class TrainingJob:
         self.task = task_of(self.hf_config)
         self._packed = False  # packed documents (token rows only)
         self.data, self.eval_data = load_training_data(cfg, self.hf_config, self.task)
-        label_note = apply_labels(self.hf_config, self.data.class_names) if self.task.examples else None
+        label_note = None
+        if self.task.examples:
+            label_note = apply_labels(self.hf_config, self.data.class_names, cfg.model.name_or_path is not None)
         packing_note = None if self.task.examples else self._check_token_rows()
         check_enough_rows(self.data.num_rows, self._batch, cfg.data.path)
         check_writable(cfg.output_dir)

@@ -181,7 +181,13 @@ CASES = [
     ("bert", "fsdp2-2ranks-accum2"),
     ("bert", "ddp-2ranks-accum2"),
 ]
-FULL_ONLY = {("resnet", "hsdp-2x2-accum2"), ("resnet", "deepspeed-zero3-accum2"), ("bert", "ddp-2ranks-accum2")}
+FULL_ONLY = {
+    ("resnet", "1rank-accum2"),
+    ("resnet", "hsdp-2x2-accum2"),
+    ("resnet", "deepspeed-zero3-accum2"),
+    ("vit", "fsdp2-2ranks-accum2"),
+    ("bert", "ddp-2ranks-accum2"),
+}
 
 
 @pytest.fixture(scope="module")

@@ -131,7 +131,16 @@ def test_texts_pad_per_micro_batch_and_name_their_classes(tmp_path):
 
 def test_the_data_s_classes_become_the_model_s_labels():
     config = load_hf_config(ModelConfig(config=dict(RESNET)))
-    assert apply_labels(config, ["cat", "dog"]) is None  # a new head: transformers' default names replaced silently
+    assert apply_labels(config, ["cat", "dog"], pretrained=False) is None  # a model from its config: a new head
     assert config.id2label == {0: "cat", 1: "dog"} and config.num_labels == 2
-    note = apply_labels(config, ["a", "b", "c"])
+    assert apply_labels(config, ["x", "y"], pretrained=True) is None  # the same count: the head is kept, renamed
+    note = apply_labels(config, ["a", "b", "c"], pretrained=True)
     assert note is not None and "2 labels and the data 3 classes" in note
+
+
+def test_an_image_size_nobody_gives_is_one_line():
+    config = load_hf_config(ModelConfig(config=dict(RESNET)))
+    with pytest.raises(ConfigError, match="data.image_size is needed: a model built from model.config has no image"):
+        Preprocessing.of(DataConfig(path="builtin:shapes"), None, config)
+    vit = load_hf_config(ModelConfig(config=dict(model_type="vit", image_size=48)))
+    assert Preprocessing.of(DataConfig(path="builtin:shapes"), None, vit).size == 48
