@@ -61,8 +61,9 @@ def require_causal_attention(hf_config: Any, key: str) -> None:
     if flags and not all(flags):
         raise ConfigError(
             f"{key}: model_type {hf_config.model_type!r} is an encoder whose attention sees the whole sequence "
-            "(is_causal=False), so every position would see the token it predicts; bigtrain trains causal LMs "
-            "(a decoder-only model such as llama, qwen2, mistral or gpt2)"
+            "(is_causal=False), so as a causal LM every position would see the token it predicts: use a decoder-only "
+            "model (llama, qwen2, mistral, gpt2), or train it as a classifier with model.task=sequence-classification "
+            "(bigtrain train, a written plan: the planner, the simulator and plan exports model causal LMs only)"
         )
 
 
