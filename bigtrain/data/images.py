@@ -12,6 +12,7 @@ resized and centre-cropped.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -105,41 +106,37 @@ class ImageExamples:
         """Examples ``rows`` (0-based among these) preprocessed, augmented when training (``seen``: each row's
         position in the global order, which seeds its augmentation)."""
         at = rows if self.index is None else self.index[rows]
+        p = self.preprocessing
         pictures = []
         for k, i in enumerate(at):
             image = torch.from_numpy(np.ascontiguousarray(self.read(int(i)))).permute(2, 0, 1)
-            where = None if seen is None or not self.augment else int(seen[k])
-            pictures.append(self._transform(image, where))
+            if seen is None or not self.augment:
+                pictures.append(centre_crop(resize_shorter(image, p.size), p.size))
+            else:
+                pictures.append(crop_and_flip(image, p.size, _generator(self.seed, int(seen[k]))))
+        mean = torch.tensor(p.mean, dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.tensor(p.std, dtype=torch.float32).view(1, -1, 1, 1)
+        pixels = (torch.stack(pictures) - mean) / std
         labels = torch.from_numpy(self.labels[at].astype(np.int64))
-        pixels = torch.stack(pictures)
         # pinned host memory: the copy to the GPU does not block the host (ExampleBatch.to)
         return ExampleBatch({"pixel_values": pixels.pin_memory() if torch.cuda.is_available() else pixels}, labels)
 
-    def _transform(self, image: torch.Tensor, seen: int | None) -> torch.Tensor:
-        if seen is None:
-            return _pipeline(self.preprocessing, False)(image)
-        with torch.random.fork_rng(devices=[]):  # the image's own seed, the caller's random state untouched
-            torch.manual_seed(int(np.random.SeedSequence([self.seed, seen]).generate_state(1)[0]))
-            return _pipeline(self.preprocessing, True)(image)
+
+def _generator(seed: int, seen: int) -> torch.Generator:
+    """The random stream of the image at global position ``seen``: seeded by (train.seed, position) through
+    splitmix64's mixing (distinct, well-spread seeds for neighbouring positions), nothing else's state touched."""
+    z = (seed * 0x9E3779B97F4A7C15 + seen + 1) & 0xFFFF_FFFF_FFFF_FFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFF_FFFF_FFFF_FFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFF_FFFF_FFFF_FFFF
+    return torch.Generator().manual_seed((z ^ (z >> 31)) & 0x7FFF_FFFF_FFFF_FFFF)
 
 
-def _pipeline(p: Preprocessing, augment: bool) -> Callable[[torch.Tensor], torch.Tensor]:
-    """torchvision's reference classification preprocessing: random-resized crop and flip for training, resize and
-    centre crop for evaluation; then to float in [0, 1] and normalised."""
-    mean = torch.tensor(p.mean, dtype=torch.float32).view(-1, 1, 1)
-    std = torch.tensor(p.std, dtype=torch.float32).view(-1, 1, 1)
-
-    def run(image: torch.Tensor) -> torch.Tensor:
-        if augment:
-            top, left, h, w = random_resized_crop_box(image.shape[1], image.shape[2])
-            out = resize(image[:, top : top + h, left : left + w], (p.size, p.size))
-            if torch.rand(()) < 0.5:
-                out = out.flip(-1)
-        else:
-            out = centre_crop(resize_shorter(image, p.size), p.size)
-        return (out - mean) / std
-
-    return run
+def crop_and_flip(image: torch.Tensor, size: int, generator: torch.Generator) -> torch.Tensor:
+    """torchvision's reference training transform: a random-resized crop to ``size`` x ``size``, then a horizontal
+    flip with probability 1/2; [C, H, W] -> float in [0, 1]."""
+    top, left, h, w = random_resized_crop_box(image.shape[1], image.shape[2], generator)
+    out = resize(image[:, top : top + h, left : left + w], (size, size))
+    return out.flip(-1) if torch.rand((), generator=generator) < 0.5 else out
 
 
 # torchvision (the library the issue names for this) cannot be used here: the only wheels the package index serves
@@ -149,20 +146,21 @@ CROP_SCALE = (0.08, 1.0)  # of the image's area (torchvision's defaults)
 CROP_RATIO = (3 / 4, 4 / 3)  # width / height
 
 
-def random_resized_crop_box(height: int, width: int) -> tuple[int, int, int, int]:
+def random_resized_crop_box(height: int, width: int, generator: torch.Generator) -> tuple[int, int, int, int]:
     """(top, left, h, w) of a crop covering a random fraction of the area in ``CROP_SCALE`` with a log-uniform aspect
-    ratio in ``CROP_RATIO``, drawn from torch's RNG: ten tries, then the centre crop of the clamped ratio
+    ratio in ``CROP_RATIO``, drawn from ``generator``: ten tries, then the centre crop of the clamped ratio
     (torchvision's ``RandomResizedCrop.get_params``)."""
     area = height * width
-    log_ratio = torch.log(torch.tensor(CROP_RATIO))
+    low, high = math.log(CROP_RATIO[0]), math.log(CROP_RATIO[1])
     for _ in range(10):
-        target = area * torch.empty(1).uniform_(*CROP_SCALE).item()
-        ratio = torch.exp(torch.empty(1).uniform_(log_ratio[0].item(), log_ratio[1].item())).item()
+        draws = torch.rand(2, generator=generator).tolist()
+        target = area * (CROP_SCALE[0] + (CROP_SCALE[1] - CROP_SCALE[0]) * draws[0])
+        ratio = math.exp(low + (high - low) * draws[1])
         w = round((target * ratio) ** 0.5)
         h = round((target / ratio) ** 0.5)
         if 0 < w <= width and 0 < h <= height:
-            top = int(torch.randint(0, height - h + 1, size=(1,)).item())
-            left = int(torch.randint(0, width - w + 1, size=(1,)).item())
+            top = int(torch.randint(0, height - h + 1, size=(1,), generator=generator))
+            left = int(torch.randint(0, width - w + 1, size=(1,), generator=generator))
             return top, left, h, w
     ratio = width / height
     if ratio < CROP_RATIO[0]:
