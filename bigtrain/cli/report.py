@@ -2,7 +2,8 @@
 
 - loss.png: training loss per step and, where the run evaluated, the held-out loss;
 - lr.png: the learning rate the schedule applied;
-- tokens_per_s.png: throughput of each step (the whole job's tokens per second);
+- tokens_per_s.png (images_per_s.png, examples_per_s.png for a classifier): throughput of each step (the whole job's);
+- accuracy.png (a classifier): held-out top-1 and top-5 accuracy and macro-F1 at each evaluation;
 - memory.png: rank 0's peak memory after each step (CUDA allocator peak on GPU, process peak RSS on CPU).
 
 A resumed run's file holds each step once (see train/metrics.py), so the curves are continuous across restarts.
@@ -17,14 +18,24 @@ from typing import Any
 
 from bigtrain.errors import ConfigError
 
-# file name -> (title, y label, [(metrics key, legend label)], scale applied to the values)
+# file name -> (title, y label, [(metrics key, legend label)], scale applied to the values); the plots of OPTIONAL are
+# drawn only for runs that log their keys (a causal LM's tokens/s, a classifier's images/s and accuracy)
 PLOTS: dict[str, tuple[str, str, list[tuple[str, str]], float]] = {
-    "loss.png": ("Loss", "cross-entropy per predicted token", [("loss", "train"), ("eval_loss", "eval")], 1.0),
+    "loss.png": ("Loss", "cross-entropy (per token, or per example)", [("loss", "train"), ("eval_loss", "eval")], 1.0),
     "lr.png": ("Learning rate", "lr", [("lr", "lr")], 1.0),
     "tokens_per_s.png": ("Throughput", "tokens / s", [("tokens_per_s", "tokens/s")], 1.0),
+    "images_per_s.png": ("Throughput", "images / s", [("images_per_s", "images/s")], 1.0),
+    "examples_per_s.png": ("Throughput", "examples / s", [("examples_per_s", "examples/s")], 1.0),
+    "accuracy.png": (
+        "Held-out accuracy",
+        "fraction",
+        [("eval_accuracy", "top-1"), ("eval_top5_accuracy", "top-5"), ("eval_macro_f1", "macro-F1")],
+        1.0,
+    ),
     # titled by what was measured (records' peak_mem_measures): tensor memory on a GPU, the process's RSS on a CPU
     "memory.png": ("Peak memory (rank 0)", "GiB", [("peak_mem_bytes", "peak")], 1 / 2**30),
 }
+OPTIONAL = ("tokens_per_s.png", "images_per_s.png", "examples_per_s.png", "accuracy.png")
 
 
 def read_run_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
@@ -77,6 +88,8 @@ def write_report(output_dir: str | Path, out: str | Path | None = None) -> list[
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, (title, ylabel, keys, scale) in PLOTS.items():
+        if name in OPTIONAL and not any(series(records, key)[0] for key, _ in keys):
+            continue
         fig, ax = plt.subplots(figsize=(6.4, 4.0))
         for key, label in keys:
             steps, values = series(records, key, scale)

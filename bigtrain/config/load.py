@@ -71,6 +71,8 @@ MINIMUMS: dict[str, float] = {
     "train.warmup_steps": 0,
     "train.eval_every": 0,
     "data.eval_fraction": 0.0,
+    "data.workers": 0,
+    "train.label_smoothing": 0.0,
     "train.lr": 0.0,
     "train.weight_decay": 0.0,
     "train.grad_clip": 0.0,
@@ -115,6 +117,8 @@ def check_ranges(cfg: RecipeConfig) -> None:
         )
     if cfg.data.eval_fraction > 0 and cfg.data.eval_path is not None:
         raise ConfigError("set data.eval_path or data.eval_fraction, not both")
+    if cfg.train.label_smoothing > 1:
+        raise ConfigError(f"train.label_smoothing={cfg.train.label_smoothing} must be between 0 and 1 (e.g. 0.1)")
     if cfg.lora.dropout >= 1:
         raise ConfigError(f"lora.dropout={cfg.lora.dropout} must be below 1 (e.g. 0.05)")
     if cfg.lora.target_modules == []:

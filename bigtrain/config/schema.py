@@ -115,6 +115,12 @@ class DataConfig:
         default=None,
     )
     text_field: str = doc("Field of each .jsonl object that holds the text.", default="text")
+    workers: int = doc(
+        "DataLoader worker processes that read (decode, tokenise, augment) the next steps' micro-batches while the "
+        "current one trains, per rank; 0: read in the training process when the step asks. The order and the "
+        "augmentation are the same either way. Each step's wait for its data is data_s in metrics.jsonl.",
+        default=0,
+    )
     label_field: str = doc(
         "Classification: the field (or HF dataset column) holding each example's label, a class name or an index.",
         default="label",

@@ -51,8 +51,12 @@ class MicroBatch:
         return MicroBatch(self.input_ids[:, window], self.labels[:, window], positions)
 
     def to(self, device: torch.device) -> MicroBatch:
-        pos = None if self.position_ids is None else self.position_ids.to(device)
-        return MicroBatch(self.input_ids.to(device), self.labels.to(device), pos)
+        pos = None if self.position_ids is None else self.position_ids.to(device, non_blocking=True)
+        return MicroBatch(self.input_ids.to(device, non_blocking=True), self.labels.to(device, non_blocking=True), pos)
+
+    def pin_memory(self) -> MicroBatch:
+        pos = None if self.position_ids is None else self.position_ids.pin_memory()
+        return MicroBatch(self.input_ids.pin_memory(), self.labels.pin_memory(), pos)
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.input_ids, self.labels, self.position_ids) if t is not None]
@@ -90,6 +94,9 @@ class ExampleBatch:
         # pinned host tensors (the loader's) copy without blocking the host
         inputs = {k: v.to(device, non_blocking=True) for k, v in self.inputs.items()}
         return ExampleBatch(inputs, self.labels.to(device, non_blocking=True))
+
+    def pin_memory(self) -> ExampleBatch:
+        return ExampleBatch({k: v.pin_memory() for k, v in self.inputs.items()}, self.labels.pin_memory())
 
     def tensors(self) -> list[torch.Tensor]:
         return [*self.inputs.values(), self.labels]

@@ -118,8 +118,7 @@ class ImageExamples:
         std = torch.tensor(p.std, dtype=torch.float32).view(1, -1, 1, 1)
         pixels = (torch.stack(pictures) - mean) / std
         labels = torch.from_numpy(self.labels[at].astype(np.int64))
-        # pinned host memory: the copy to the GPU does not block the host (ExampleBatch.to)
-        return ExampleBatch({"pixel_values": pixels.pin_memory() if torch.cuda.is_available() else pixels}, labels)
+        return ExampleBatch({"pixel_values": pixels}, labels)  # pinned by the loader on the way to a GPU
 
 
 def _generator(seed: int, seen: int) -> torch.Generator:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import IterableDataset
 
 from bigtrain.data.batch import MicroBatch
 from bigtrain.data.labels import labelled_positions
@@ -37,9 +39,20 @@ class RankReader:
     count: Callable[[torch.Tensor], int] = field(default=labelled_positions, kw_only=True)
 
     def _read(self, index: np.ndarray, filler: np.ndarray | None = None, seen: np.ndarray | None = None) -> StepBatch:
-        """Rows ``index`` ([micro-batches, micro_batch_size]); rows marked in ``filler`` are read, but predict
-        nothing (their labels are all ignored); ``seen``: each row's position in the endless global order, which
-        seeds a training image's augmentation (the same image at the same step whatever the plan)."""
+        return self._to_device(*self._host(index, filler, seen))
+
+    def _to_device(self, micro: list[Any], count: int) -> StepBatch:
+        if self.device.type == "cuda":  # pinned host memory: the copy to the GPU does not block the host
+            micro = [m.pin_memory() for m in micro]
+        return StepBatch([m.to(self.device) for m in micro], count)
+
+    def _host(
+        self, index: np.ndarray, filler: np.ndarray | None = None, seen: np.ndarray | None = None
+    ) -> tuple[list[Any], int]:
+        """Rows ``index`` ([micro-batches, micro_batch_size]) as host micro-batches, and what the objective counts
+        in them; rows marked in ``filler`` are read, but predict nothing (their labels are all ignored); ``seen``:
+        each row's position in the endless global order, which seeds a training image's augmentation (the same
+        image at the same step whatever the plan)."""
         micro = []
         for i, rows in enumerate(index):
             batch = self.data.micro_batch(rows, None if seen is None else seen[i])
@@ -48,7 +61,7 @@ class RankReader:
             if self.cp_size > 1:
                 batch = batch.sequence_slice(self.cp_rank, self.cp_size)
             micro.append(batch)
-        return StepBatch([m.to(self.device) for m in micro], sum(self.count(m.labels) for m in micro))
+        return micro, sum(self.count(m.labels) for m in micro)
 
 
 @dataclass
@@ -56,10 +69,35 @@ class StepLoader(RankReader):
     """The rows the global order assigns to this rank at each optimizer step."""
 
     order: GlobalOrder = field(kw_only=True)
+    # data.workers: processes that read (decode, augment) the next steps' micro-batches while this one trains; 0: read
+    # in the training process when the step asks
+    workers: int = field(default=0, kw_only=True)
+    steps: int = field(default=0, kw_only=True)  # the run's last step (workers read nothing beyond it); 0: endless
+    _ahead: Iterator[tuple[list[Any], int]] | None = field(default=None, init=False, repr=False)
+    _next: int = field(default=-1, init=False, repr=False)
+
+    def close(self) -> None:
+        """Stop the reading workers now (the run is over, or stopping): they are not left to the garbage collector."""
+        ahead, self._ahead = self._ahead, None
+        shutdown = getattr(ahead, "_shutdown_workers", None)  # torch's own clean stop of a DataLoader's workers
+        if shutdown is not None:
+            shutdown()
+
+    def host_step(self, step: int) -> tuple[list[Any], int]:
+        """Step ``step``'s micro-batches of this rank on the host, and their count."""
+        where = (step, self.dp_rank, self.dp_size, self.micro_batch_size)
+        return self._host(self.order.micro_batches(*where), seen=self.order.micro_positions(*where))
 
     def __call__(self, step: int) -> StepBatch:
-        where = (step, self.dp_rank, self.dp_size, self.micro_batch_size)
-        return self._read(self.order.micro_batches(*where), seen=self.order.micro_positions(*where))
+        if self.workers == 0:
+            return self._to_device(*self.host_step(step))
+        if self._ahead is None or step != self._next:  # the first step asked, or a jump: read ahead from it
+            from torch.utils.data import DataLoader
+
+            steps = _StepsFrom(self, step, self.steps or None)
+            self._ahead = iter(DataLoader(steps, batch_size=None, num_workers=self.workers, prefetch_factor=2))
+        self._next = step + 1
+        return self._to_device(*next(self._ahead))
 
 
 @dataclass
@@ -80,3 +118,22 @@ class EvalLoader(RankReader):
             mine = np.arange(start, start + self.global_batch_size)[self.dp_rank * per_rank :][:per_rank]
             index = mine.reshape(-1, self.micro_batch_size)
             yield self._read(np.where(index < rows, index, 0), index >= rows)
+
+
+class _StepsFrom(IterableDataset):
+    """Steps ``start``, ``start + 1``, ... (up to ``stop``, excluded) of a loader, read by DataLoader workers: worker w
+    of n reads the steps ``start + w + k*n``, and the DataLoader takes its workers' results in turn, so the steps
+    arrive in order. A worker ends after the run's last step, so the run's end does not wait for it to be stopped."""
+
+    def __init__(self, loader: StepLoader, start: int, stop: int | None) -> None:
+        self.loader, self.start, self.stop = loader, start, stop
+
+    def __iter__(self) -> Iterator[tuple[list[Any], int]]:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        step = self.start + worker
+        while self.stop is None or step < self.stop:
+            yield self.loader.host_step(step)
+            step += workers

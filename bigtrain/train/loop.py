@@ -42,6 +42,7 @@ class TrainResult:
     peak_mem_kind: str
     stopped: signal.Signals | None  # the signal (SIGTERM, Ctrl-C's SIGINT) that ended the run early, after a checkpoint
     checkpoint: Path | None  # the last checkpoint published (rank 0; None on other ranks)
+    data_seconds: float = 0.0  # of ``seconds``, rank 0's steps waiting for their data (data.workers reads ahead)
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,10 @@ class TrainLoop:
         self.is_main = dist.get_rank() == 0
 
     def run_step(self, step: int) -> dict:
-        """One optimizer step (0-based ``step``); returns its metrics record."""
+        """One optimizer step (0-based ``step``); returns its metrics record (``data_s``: the wait for its data)."""
+        t0 = time.perf_counter()
         batch = self.loader(step)
+        waited = time.perf_counter() - t0
         global_tokens = self.engine.data_parallel_sum(batch.tokens)
         loss_sum, result = train_step(self.engine, batch.micro_batches, global_tokens, self.cfg.train.grad_clip)
         record = {
@@ -106,6 +109,7 @@ class TrainLoop:
             "loss": float(loss_sum) / max(global_tokens, 1),  # a batch without labels: 0, as train_step computes
             "grad_norm": float(result.grad_norm),
             "lr": result.lr,
+            "data_s": waited,
         }
         if result.loss_scale is not None:
             record.update(loss_scale=result.loss_scale, skipped=result.skipped)
@@ -153,6 +157,7 @@ class TrainLoop:
         tokens_per_step = cfg.train.global_batch_size * self.seq_len
         step, tokens = self.start.step, self.start.tokens
         stopped: signal.Signals | None = None
+        data_seconds = 0.0
         start = time.perf_counter()
         try:
             with StopOnSignal(self.device) as stop:
@@ -172,6 +177,7 @@ class TrainLoop:
                     if self.eval_due(step) and math.isfinite(record["loss"]):  # a diverged step stops below
                         record.update(self.evaluate())
                     record["elapsed_s"] = time.perf_counter() - start
+                    data_seconds += record["data_s"]
                     writer.log_step(record)
                     check_finite(record, cfg.train.lr)
                     progress.update(record["loss"], record[f"{self.unit}_per_s"], record.get("eval_loss"))
@@ -181,6 +187,7 @@ class TrainLoop:
                         checkpointer.save(step, tokens)
             checkpointer.wait()
         finally:
+            self.loader.close()
             progress.close()
             writer.close()
         if stopped and self.is_main:
@@ -198,5 +205,13 @@ class TrainLoop:
         dist.all_gather_object(peaks, peak)
         done = step - self.start.step
         return TrainResult(
-            done, step, tokens - self.start.tokens, seconds, peaks, kind, stopped, checkpointer.last_published
+            done,
+            step,
+            tokens - self.start.tokens,
+            seconds,
+            peaks,
+            kind,
+            stopped,
+            checkpointer.last_published,
+            data_seconds,
         )

@@ -73,6 +73,7 @@ from bigtrain.train.optim import build_optimizer, build_scheduler
 from bigtrain.train.trackers import check_tracker
 
 log = logging.getLogger("bigtrain")
+DATA_BOUND_SHARE = 0.25  # of the run's time spent waiting for data, above which the summary says so
 
 
 def run_training(cfg: RecipeConfig) -> TrainResult:
@@ -304,7 +305,15 @@ class TrainingJob:
         cp_rank, cp_size = engine.sequence_slice
         slices = dict(cp_rank=cp_rank, cp_size=cp_size)
         loader = StepLoader(
-            self.data, engine.dp_rank, engine.dp_size, micro, self.device, order=order, count=engine.objective.count,
+            self.data,
+            engine.dp_rank,
+            engine.dp_size,
+            micro,
+            self.device,
+            order=order,
+            count=engine.objective.count,
+            workers=cfg.data.workers,
+            steps=cfg.train.steps,
             **slices,
         )
         evaluation = None
@@ -333,21 +342,32 @@ class TrainingJob:
         )
         result = loop.run()
         if self.env.rank == 0:
-            unit = self.task.unit
-            log.info(
-                "done: %d steps (now at step %d), %s %s in %.1f s (%s %s/s); %s per rank: %s; outputs in %s",
-                result.steps,
-                result.last_step,
-                f"{result.tokens:,}",
-                unit,
-                result.seconds,
-                f"{result.tokens / result.seconds:,.0f}",
-                unit,
-                result.peak_mem_kind,
-                ", ".join(format_bytes(p) for p in result.peak_mem_bytes),
-                cfg.output_dir,
-            )
+            self._log_done(result)
         return result
+
+    def _log_done(self, result: TrainResult) -> None:
+        unit, cfg = self.task.unit, self.cfg
+        log.info(
+            "done: %d steps (now at step %d), %s %s in %.1f s (%s %s/s); %s per rank: %s; outputs in %s",
+            result.steps,
+            result.last_step,
+            f"{result.tokens:,}",
+            unit,
+            result.seconds,
+            f"{result.tokens / result.seconds:,.0f}",
+            unit,
+            result.peak_mem_kind,
+            ", ".join(format_bytes(p) for p in result.peak_mem_bytes),
+            cfg.output_dir,
+        )
+        share = result.data_seconds / max(result.seconds, 1e-9)
+        if share > DATA_BOUND_SHARE:  # the steps waited for their data: the loader, not the device, set the pace
+            log.warning(
+                "the steps waited for their data %.0f%% of the time (data_s in metrics.jsonl): reading limits this "
+                "run; raise data.workers (now %d) to read the next steps while one trains",
+                100 * share,
+                cfg.data.workers,
+            )
 
     def _resume(self, folder: Path, data_info: dict[str, Any]) -> None:
         attn = self.cfg.model.attn_implementation

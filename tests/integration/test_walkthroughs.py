@@ -104,9 +104,10 @@ def test_vision_walkthrough_runs_as_written(tmp_path):
     from bigtrain.data.synthetic_images import CLASSES
 
     commands = docs_commands("vision-walkthrough")
-    assert len(commands) == 3
+    assert len(commands) == 4
     outputs = run_as_written(commands, tmp_path)
     assert "sync_batchnorm" in (tmp_path / "vision_demo" / "recipe.yaml").read_text()
     assert float(outputs[1].stdout) > 0.5  # 10 classes: chance is 0.1; measured 0.71 after the 200 steps
     labels = ast.literal_eval(outputs[2].stdout.strip().splitlines()[-1])
     assert len(labels) == 4 and set(labels) <= set(CLASSES)
+    assert (tmp_path / "vision_demo" / "report" / "accuracy.png").is_file()

@@ -144,3 +144,17 @@ def test_an_image_size_nobody_gives_is_one_line():
         Preprocessing.of(DataConfig(path="builtin:shapes"), None, config)
     vit = load_hf_config(ModelConfig(config=dict(model_type="vit", image_size=48)))
     assert Preprocessing.of(DataConfig(path="builtin:shapes"), None, vit).size == 48
+
+
+def test_dataloader_workers_read_the_same_steps_in_order_and_restart_where_asked():
+    data = shapes(augment=True)
+    order = GlobalOrder(data.num_rows, 8, shuffle=True, seed=3)
+    cpu = torch.device("cpu")
+    here = StepLoader(data, 1, 2, 2, cpu, order=order)
+    ahead = StepLoader(data, 1, 2, 2, cpu, order=order, workers=2)
+    for step in (0, 1, 2, 3, 7, 8):  # in order, then a jump (a resumed run starts where its checkpoint was)
+        mine, theirs = ahead(step), here(step)
+        assert mine.tokens == theirs.tokens == 4
+        for a, b in zip(mine.micro_batches, theirs.micro_batches, strict=True):
+            assert torch.equal(a.inputs["pixel_values"], b.inputs["pixel_values"])
+            assert torch.equal(a.labels, b.labels)
