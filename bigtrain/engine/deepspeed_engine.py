@@ -77,6 +77,15 @@ class DeepSpeedZeroEngine(Engine):
         dist.all_reduce(total)
         return int(total.item())
 
+    def _inputs(self, batch: MicroBatch) -> dict[str, torch.Tensor]:
+        """The model's inputs, floating ones (an image's pixels) in the dtype DeepSpeed cast the model to (bf16/fp16:
+        it runs no autocast); token ids as they are."""
+        dtype = self.built.compute_dtype
+        inputs = batch.model_inputs()
+        if dtype is None:
+            return inputs
+        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+
     def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         factor = loss_factor * self.dp_size  # DeepSpeed averages over the ranks: back to the sum (module docstring)
         # the router loss: its mean over every forward of the global batch (objectives/causal_lm.router_loss;
@@ -84,7 +93,7 @@ class DeepSpeedZeroEngine(Engine):
         router_factor = self.objective.per_forward_weight / len(micro_batches)
         loss_sum = torch.zeros((), device=self.device)
         for i, batch in enumerate(micro_batches):
-            output = self.ds(**batch.model_inputs())
+            output = self.ds(**self._inputs(batch))
             terms = self.objective(output, batch.labels)
             loss, router = terms.loss_sum, terms.per_forward
             del output
@@ -104,7 +113,7 @@ class DeepSpeedZeroEngine(Engine):
         try:
             with torch.no_grad():
                 for batch in micro_batches:
-                    output = self.ds(**batch.model_inputs())
+                    output = self.ds(**self._inputs(batch))
                     loss = self.objective.loss_sum(output.logits, batch.labels).float().reshape(1)
                     parts.append(torch.cat([loss, self.objective.eval_sums(output, batch.labels)]))
         finally:

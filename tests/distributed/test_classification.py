@@ -325,3 +325,32 @@ def test_statistics_from_the_wrong_split_would_be_caught(models):
             (other_state[k] - per_rank_state[k]).abs().max().item() for k in per_rank_state if "running" in k
         )
         assert stats_gap > 10 * STATS_ATOL
+
+
+def test_batchnorm_keeps_fp32_under_fsdp2_s_bf16_parameter_cast(tmp_path):
+    """Each BatchNorm is its own FSDP2 unit gathered in fp32 (its forward upcasts too), every other unit in bf16."""
+    import torch.distributed as dist
+    from helpers import free_port, recipe_engine
+    from torch.distributed.fsdp import FSDPModule
+
+    from bigtrain.config.load import build_dataclass
+    from bigtrain.config.schema import RecipeConfig
+
+    raw = recipe_for(None, "resnet", tmp_path, dict(backend="fsdp2", micro_batch_size=8), tmp_path / "out")
+    raw["model"] = {"config": dict(RESNET)}
+    raw["train"]["mixed_precision"] = "bf16"
+    cfg = build_dataclass(RecipeConfig, raw, "")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        engine, _ = recipe_engine(cfg)
+        model = engine.built.parts[0]
+        units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        norms = [m for m in units if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        assert len(norms) == len(batch_norms(model)) > 0
+        assert all(m._get_fsdp_state()._mp_policy.param_dtype == torch.float32 for m in norms)
+        others = [m for m in units if m not in norms]
+        assert others and all(m._get_fsdp_state()._mp_policy.param_dtype == torch.bfloat16 for m in others)
+        pixels = torch.randn(2, 3, IMAGE_SIZE, IMAGE_SIZE)
+        assert torch.isfinite(model(pixel_values=pixels).logits).all()
+    finally:
+        dist.destroy_process_group()

@@ -87,6 +87,9 @@ class BuiltModel:
     fp8_all_gather: bool = False
     # train.compile: the loss (objectives/causal_lm.py) runs compiled too
     compile_loss: bool = False
+    # modules whose parameters stay fp32 under a bf16/fp16 parameter cast (BatchNorm, ``batch_norm``): FSDP2 shards
+    # each as a unit of its own with an fp32 parameter dtype, as FSDP1 kept BatchNorm out of its mixed precision
+    full_precision: list[nn.Module] = field(default_factory=list)
     _block_slots: dict[int, list[tuple[nn.Module, str]]] = field(default_factory=dict, repr=False)
 
     @property

@@ -12,8 +12,9 @@ after each optimizer step (so a checkpoint and the exported model hold one set o
   the gradient through them), as one BatchNorm over the concatenated micro-batches computes them; the running
   statistics are then the same on every rank by construction. torch's ``nn.SyncBatchNorm`` does the same on CUDA
   only (it refuses CPU tensors); the layer here runs on any device, over the plan's data-parallel group.
-BatchNorm keeps fp32 under bf16: FSDP2's parameter cast reaches its weight and bias, so its forward upcasts the
-input and them, as autocast does for torch's own batch_norm.
+BatchNorm keeps fp32 under bf16: its forward upcasts the input (and its output goes back to the input's dtype), and
+under FSDP2 each BatchNorm is a unit of its own whose parameters are gathered in fp32 (``BuiltModel.full_precision``),
+as FSDP1 kept BatchNorm out of its mixed precision; DDP keeps fp32 weights anyway.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ def batch_norms(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
 
 
 def wanted(options: BuildOptions) -> bool:
-    """Only where data-parallel ranks see different images (and only models with BatchNorm are changed)."""
-    plan = options.plan
-    return plan.dp_replicate * plan.dp_shard > 1
+    """Every plan of a model with BatchNorm (``apply`` changes nothing in one without): the layer computes in fp32,
+    and where data-parallel ranks see different images it learns whose statistics it normalises by."""
+    return True
 
 
 class DataParallelBatchNorm(nn.modules.batchnorm._BatchNorm):
@@ -64,7 +65,14 @@ class DataParallelBatchNorm(nn.modules.batchnorm._BatchNorm):
         use_batch = self.training or (self.running_mean is None and self.running_var is None)
         keep = not self.training or self.track_running_stats
         mean, var = (self.running_mean, self.running_var) if keep else (None, None)
-        return F.batch_norm(x.float(), mean, var, weight, bias, use_batch, factor, self.eps).to(x.dtype)
+        if mean is None or mean.dtype == torch.float32:
+            return F.batch_norm(x.float(), mean, var, weight, bias, use_batch, factor, self.eps).to(x.dtype)
+        # buffers an engine cast to bf16/fp16 with the model (DeepSpeed): updated in fp32, stored back
+        mean32, var32 = mean.float(), var.float()
+        out = F.batch_norm(x.float(), mean32, var32, weight, bias, use_batch, factor, self.eps).to(x.dtype)
+        mean.copy_(mean32)
+        var.copy_(var32)
+        return out
 
     def _synchronised(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
         xf = x.float()
@@ -79,8 +87,9 @@ class DataParallelBatchNorm(nn.modules.batchnorm._BatchNorm):
         if self.track_running_stats and self.running_mean is not None:
             with torch.no_grad():
                 momentum = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked + 1)
-                self.running_mean.lerp_(mean.detach(), momentum)
-                self.running_var.lerp_(var.detach() * total / (total - 1).clamp(min=1), momentum)
+                unbiased = var.detach() * total / (total - 1).clamp(min=1)
+                self.running_mean.copy_(self.running_mean.float().lerp(mean.detach(), momentum))
+                self.running_var.copy_(self.running_var.float().lerp(unbiased, momentum))
                 self.num_batches_tracked.add_(1)
         shape = [1, channels] + [1] * (x.dim() - 2)
         y = (xf - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
@@ -92,11 +101,14 @@ class DataParallelBatchNorm(nn.modules.batchnorm._BatchNorm):
 def apply(built: BuiltModel, ctx: BuildContext) -> None:
     """Every BatchNorm of the parts becomes a ``DataParallelBatchNorm`` over the data-parallel ranks (synchronised)
     or over none (its own rank's statistics, averaged after each step); on meta, before anything wraps it."""
-    group = ctx.mesh.batch_group if SYNC_BATCHNORM.of(built.plan) else None
+    plan = built.plan
+    ranks = plan.dp_replicate * plan.dp_shard
+    group = ctx.mesh.batch_group if SYNC_BATCHNORM.of(plan) and ranks > 1 else None
     for part in built.parts:
         for module in batch_norms(part):
             module.__class__ = _swapped(type(module))
             module.group = group
+            built.full_precision.append(module)
 
 
 @functools.cache

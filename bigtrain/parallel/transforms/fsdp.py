@@ -40,6 +40,7 @@ def apply_fsdp(
     mesh: WorldMesh,
     mixed_precision: str,
     experts: list[nn.Module] | None = None,
+    full_precision: list[nn.Module] | None = None,
 ) -> None:
     mp = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPES[mixed_precision], reduce_dtype=torch.float32)
     offload: OffloadPolicy = OffloadPolicy()
@@ -53,6 +54,11 @@ def apply_fsdp(
     kwargs["shard_placement_fn"] = shard_placement(mesh.fsdp_mesh.size())
     for module in experts or []:
         _shard_experts(module, mesh, {**kwargs, "mesh": mesh.expert_fsdp_mesh, "shard_placement_fn": None}, reshard)
+    if mp.param_dtype not in (None, torch.float32):  # e.g. BatchNorm: gathered and computed in fp32
+        # its input is not cast: the module upcasts it itself and answers in the compute dtype the model runs in
+        fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
+        for module in full_precision or []:
+            fully_shard(module, **{**kwargs, "mp_policy": fp32}, reshard_after_forward=reshard)
     for block in blocks:
         fully_shard(block, **kwargs, reshard_after_forward=reshard)
     # The root's parameters (embeddings, head) are needed again at once by backward: never reshard them after forward.
@@ -109,7 +115,8 @@ def _shard(built: BuiltModel, ctx: BuildContext) -> None:
     """Every part sharded on meta (nothing is allocated); FSDP2 casts parameters itself, so nothing is autocast."""
     for index, part in enumerate(built.parts):
         experts = [m for m in built.experts if any(m is sub for sub in part.modules())]
-        apply_fsdp(part, built.blocks(index), built.plan, ctx.mesh, ctx.options.mixed_precision, experts)
+        kept = [m for m in built.full_precision if any(m is sub for sub in part.modules())]
+        apply_fsdp(part, built.blocks(index), built.plan, ctx.mesh, ctx.options.mixed_precision, experts, kept)
     built.autocast_dtype = None
     if built.plan.pp == 1:  # pipeline schedules drive the stages' gradient sync themselves
         built.grad_sync = fsdp_grad_sync(built.parts[0], built.plan, ctx.mesh)
