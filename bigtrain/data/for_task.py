@@ -95,11 +95,15 @@ def _examples(cfg: RecipeConfig, hf_config: Any, task: Task) -> tuple[Examples, 
     return data, held
 
 
-def apply_labels(hf_config: Any, class_names: list[str], pretrained: bool) -> str | None:
+def apply_labels(hf_config: Any, data: Examples, pretrained: bool) -> str | None:
     """The data's classes in the model's config (``num_labels``, ``id2label``, ``label2id``), so the classifier's
-    head has one output per class and the exported model names them. Returns a note when a pretrained folder's head
-    has another number of labels: that head starts afresh (``load_values``), as transformers'
+    head has one output per class and the exported model names them; for texts, the id they are padded with
+    (``pad_token_id``: a decoder's score head reads the last token before it). Returns a note when a pretrained
+    folder's head has another number of labels: that head starts afresh (``load_values``), as transformers'
     ``ignore_mismatched_sizes`` does."""
+    class_names = data.class_names
+    if isinstance(data, TextExamples):
+        hf_config.pad_token_id = data.pad_id
     before = len(getattr(hf_config, "id2label", {}) or {})
     hf_config.id2label = dict(enumerate(class_names))
     hf_config.label2id = {name: i for i, name in enumerate(class_names)}

@@ -213,6 +213,14 @@ def load_image_examples(cfg: DataConfig, key: str, path: str, preprocessing: Pre
 def _image_folder(key: str, folder: Path, preprocessing: Preprocessing, seed: int) -> ImageExamples:
     classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
     files = {c: sorted(f for f in (folder / c).rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES) for c in classes}
+    nested = [c for c in classes if files[c] and not any(f.parent == folder / c for f in files[c])]
+    if nested and len(nested) == len(classes):  # root/train/cat, root/val/cat: the splits, not the classes
+        inner = sorted(p.name for p in (folder / nested[0]).iterdir() if p.is_dir())
+        raise ConfigError(
+            f"{key}={str(folder)!r}: its sub-folders ({', '.join(nested[:4])}) hold no image themselves, only "
+            f"folders ({', '.join(inner[:4])}); point data.path at the folder whose sub-folders are the classes "
+            f"(e.g. {folder / nested[0]})"
+        )
     classes = [c for c in classes if files[c]]
     if len(classes) < 2:
         found = f"only {classes[0]!r}" if classes else "none"
@@ -260,6 +268,11 @@ def _hf_images(cfg: DataConfig, key: str, folder: Path, preprocessing: Preproces
     raw = list(data[cfg.label_field])
     if hasattr(feature, "names"):  # a ClassLabel column: its names, in its order
         classes, labels = list(feature.names), np.array(raw, dtype=np.int64)
+        if len(labels) and labels.min() < 0:  # -1: an unlabelled row (a test split's)
+            raise ConfigError(
+                f"{key}: {cfg.label_field} holds the label {int(labels.min())} (unlabelled rows): train on a labelled "
+                "split (data.split) or drop those rows"
+            )
     else:
         classes, labels = label_indices(raw, key, cfg.label_field)
     images = data.select_columns([cfg.image_field])

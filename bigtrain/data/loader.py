@@ -95,7 +95,12 @@ class StepLoader(RankReader):
             from torch.utils.data import DataLoader
 
             steps = _StepsFrom(self, step, self.steps or None)
-            self._ahead = iter(DataLoader(steps, batch_size=None, num_workers=self.workers, prefetch_factor=2))
+            # fork: the workers share the data as read (readers are closures, not pickled), as on Linux by default
+            # before Python 3.14
+            loader = DataLoader(
+                steps, batch_size=None, num_workers=self.workers, prefetch_factor=2, multiprocessing_context="fork"
+            )
+            self._ahead = iter(loader)
         self._next = step + 1
         return self._to_device(*next(self._ahead))
 

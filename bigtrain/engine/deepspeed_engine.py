@@ -30,6 +30,7 @@ from bigtrain.engine.base import Engine, StepResult, objective_of
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory
 from bigtrain.models.build import init_deepspeed_comm
 from bigtrain.parallel.transforms.base import BuiltModel
+from bigtrain.parallel.transforms.batch_norm import keep_statistics_fp32
 
 
 class DeepSpeedZeroEngine(Engine):
@@ -62,6 +63,7 @@ class DeepSpeedZeroEngine(Engine):
         ds_engine, _, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, dist_init_required=False
         )
+        keep_statistics_fp32(model)  # DeepSpeed cast every buffer with the model under bf16/fp16
         return cls(ds_engine, built, scheduler, device, config)
 
     @property

@@ -140,7 +140,12 @@ class TrainingJob:
         self.data, self.eval_data = load_training_data(cfg, self.hf_config, self.task)
         label_note = None
         if self.task.examples:
-            label_note = apply_labels(self.hf_config, self.data.class_names, cfg.model.name_or_path is not None)
+            label_note = apply_labels(self.hf_config, self.data, cfg.model.name_or_path is not None)
+        elif cfg.train.label_smoothing:
+            raise ConfigError(
+                f"train.label_smoothing={cfg.train.label_smoothing} applies to classifiers; a causal LM's loss has "
+                "none: set train.label_smoothing=0"
+            )
         packing_note = None if self.task.examples else self._check_token_rows()
         check_enough_rows(self.data.num_rows, self._batch, cfg.data.path)
         check_writable(cfg.output_dir)

@@ -91,3 +91,26 @@ def test_a_pretrained_head_of_another_label_count_is_replaced_and_said(tmp_path)
     torch.testing.assert_close(trained["resnet.embedder.embedder.convolution.weight"], before, atol=1e-4, rtol=0)
     config = json.loads((tmp_path / "out" / "model" / "config.json").read_text())
     assert config["id2label"]["0"] == "disk" and config["architectures"] == ["ResNetForImageClassification"]
+
+
+def test_a_decoder_with_a_score_head_pads_with_the_data_s_pad_id(tmp_path):
+    """A causal family as a sequence classifier reads its score at the last token before padding: the config's
+    pad_token_id must be the id the texts are padded with (here the byte tokenizer's), or batches of more than one
+    example fail (transformers refuses them without one)."""
+    from cases import TINY_LLAMA
+
+    rows = [{"text": "a b" * (1 + i % 5), "label": i % 2} for i in range(16)]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = recipe_dict(
+        tmp_path / "out",
+        tmp_path / "t.jsonl",
+        {**TINY_LLAMA, "vocab_size": 320},
+        data={"seq_len": 16},
+        train={"steps": 2, "global_batch_size": 4},
+        parallel={"backend": "ddp", "micro_batch_size": 2},
+    )
+    raw["model"]["task"] = "sequence-classification"
+    proc = run_cli(["train", str(write_recipe(tmp_path / "r.yaml", raw))])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((tmp_path / "out" / "model" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForSequenceClassification"] and config["pad_token_id"] == 256

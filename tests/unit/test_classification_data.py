@@ -130,11 +130,17 @@ def test_texts_pad_per_micro_batch_and_name_their_classes(tmp_path):
 
 
 def test_the_data_s_classes_become_the_model_s_labels():
+    from types import SimpleNamespace
+
     config = load_hf_config(ModelConfig(config=dict(RESNET)))
-    assert apply_labels(config, ["cat", "dog"], pretrained=False) is None  # a model from its config: a new head
+
+    def classes(*names):
+        return SimpleNamespace(class_names=list(names))
+
+    assert apply_labels(config, classes("cat", "dog"), pretrained=False) is None  # a model from its config: new head
     assert config.id2label == {0: "cat", 1: "dog"} and config.num_labels == 2
-    assert apply_labels(config, ["x", "y"], pretrained=True) is None  # the same count: the head is kept, renamed
-    note = apply_labels(config, ["a", "b", "c"], pretrained=True)
+    assert apply_labels(config, classes("x", "y"), pretrained=True) is None  # the same count: kept, renamed
+    note = apply_labels(config, classes("a", "b", "c"), pretrained=True)
     assert note is not None and "2 labels and the data 3 classes" in note
 
 
@@ -158,3 +164,53 @@ def test_dataloader_workers_read_the_same_steps_in_order_and_restart_where_asked
         for a, b in zip(mine.micro_batches, theirs.micro_batches, strict=True):
             assert torch.equal(a.inputs["pixel_values"], b.inputs["pixel_values"])
             assert torch.equal(a.labels, b.labels)
+
+
+def test_a_dataset_root_whose_folders_are_splits_is_refused_naming_the_class_folder(tmp_path):
+    _png(tmp_path / "train" / "cat" / "a.png", 10)
+    _png(tmp_path / "val" / "dog" / "b.png", 20)
+    with pytest.raises(ConfigError, match=r"hold no image themselves, only folders \(cat\); point data.path at"):
+        load_image_examples(DataConfig(path=str(tmp_path)), "data.path", str(tmp_path), Preprocessing(8), 0)
+
+
+def test_unlabelled_rows_of_a_class_label_column_are_refused(tmp_path):
+    import datasets
+
+    images = [Image.fromarray(np.full((8, 8, 3), c, dtype=np.uint8)) for c in (10, 200)]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"])})
+    datasets.Dataset.from_dict({"image": images, "label": [0, -1]}, features=features).save_to_disk(tmp_path / "d")
+    with pytest.raises(ConfigError, match="holds the label -1 .unlabelled rows.: train on a labelled split"):
+        load_image_examples(DataConfig(path=str(tmp_path / "d")), "data.path", str(tmp_path / "d"), Preprocessing(8), 0)
+
+
+def test_synchronised_batchnorm_matches_torch_s_far_from_zero(tmp_path):
+    """The synchronised statistics (one rank's group here) equal torch's BatchNorm on inputs whose mean dwarfs their
+    spread, where E[x²] - E[x]² in fp32 would lose the variance; gradients included."""
+    import torch.distributed as dist
+    from helpers import free_port
+
+    from bigtrain.parallel.transforms.batch_norm import DataParallelBatchNorm, _swapped
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        plain = torch.nn.BatchNorm2d(3)
+        synced = torch.nn.BatchNorm2d(3)
+        synced.__class__ = _swapped(torch.nn.BatchNorm2d)
+        synced.group = dist.group.WORLD
+        assert isinstance(synced, DataParallelBatchNorm)
+        with torch.no_grad():
+            plain.running_mean.fill_(0.0)
+            synced.running_mean.fill_(0.0)
+        for _ in range(2):
+            x = (30 + 0.1 * torch.randn(4, 3, 5, 5)).requires_grad_()
+            y = x.detach().clone().requires_grad_()
+            a, b = plain(x), synced(y)
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-3)
+            a.square().sum().backward()
+            b.square().sum().backward()
+            torch.testing.assert_close(y.grad, x.grad, rtol=1e-3, atol=1e-2)
+        torch.testing.assert_close(synced.running_var, plain.running_var, rtol=1e-3, atol=1e-7)
+        torch.testing.assert_close(synced.running_mean, plain.running_mean)
+    finally:
+        dist.destroy_process_group()

@@ -8,8 +8,9 @@ after each optimizer step (so a checkpoint and the exported model hold one set o
   data-parallel ranks (one all-reduce of a few KB). DDP's own alternative, rank 0's buffers broadcast at every
   forward, would drop what the other ranks accumulated, so DDP runs with ``forward_sync_buffers=False``.
 - ``sync_batchnorm: true``: a micro-step's statistics are those of every data-parallel rank's images of that
-  micro-step together (the sums and the count all-reduced with torch's differentiable all-reduce, so backward gets
-  the gradient through them), as one BatchNorm over the concatenated micro-batches computes them; the running
+  micro-step together (the mean, then the squared deviations from it, all-reduced with torch's differentiable
+  all-reduce, so backward gets the gradient through them), as one BatchNorm over the concatenated micro-batches
+  computes them; the running
   statistics are then the same on every rank by construction. torch's ``nn.SyncBatchNorm`` does the same on CUDA
   only (it refuses CPU tensors); the layer here runs on any device, over the plan's data-parallel group.
 BatchNorm keeps fp32 under bf16: its forward upcasts the input (and its output goes back to the input's dtype), and
@@ -77,13 +78,16 @@ class DataParallelBatchNorm(nn.modules.batchnorm._BatchNorm):
     def _synchronised(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
         xf = x.float()
         dims = [0, *range(2, x.dim())]
-        count = torch.tensor([x.numel() // x.shape[1]], dtype=torch.float32, device=x.device)
-        sums = torch.cat([xf.sum(dims), (xf * xf).sum(dims), count])
-        sums = dist_fn.all_reduce(sums, group=self.group)  # its backward all-reduces the gradient of the sums
         channels = x.shape[1]
+        shape = [1, channels] + [1] * (x.dim() - 2)
+        # two passes, as torch's own batch norm: the mean over every rank's images, then the sum of squared
+        # deviations from it (E[x²] - E[x]² in fp32 would lose the variance of inputs far from zero)
+        count = torch.tensor([x.numel() // channels], dtype=torch.float32, device=x.device)
+        sums = dist_fn.all_reduce(torch.cat([xf.sum(dims), count]), group=self.group)  # backward: all-reduced too
         total = sums[-1]
         mean = sums[:channels] / total
-        var = sums[channels : 2 * channels] / total - mean * mean  # biased, what the forward normalises by
+        d = xf - mean.view(shape)
+        var = dist_fn.all_reduce((d * d).sum(dims), group=self.group) / total  # biased, what is normalised by
         if self.track_running_stats and self.running_mean is not None:
             with torch.no_grad():
                 momentum = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked + 1)
@@ -91,8 +95,7 @@ class DataParallelBatchNorm(nn.modules.batchnorm._BatchNorm):
                 self.running_mean.copy_(self.running_mean.float().lerp(mean.detach(), momentum))
                 self.running_var.copy_(self.running_var.float().lerp(unbiased, momentum))
                 self.num_batches_tracked.add_(1)
-        shape = [1, channels] + [1] * (x.dim() - 2)
-        y = (xf - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        y = d * torch.rsqrt(var.view(shape) + self.eps)
         if weight is not None:
             y = y * weight.view(shape) + bias.view(shape)
         return y.to(x.dtype)
@@ -149,3 +152,13 @@ TRANSFORM = Transform(
     apply=apply,
     after_step=average_running_statistics,
 )
+
+
+def keep_statistics_fp32(model: nn.Module) -> None:
+    """BatchNorm's running statistics back in fp32 after an engine cast the whole module to bf16/fp16 (DeepSpeed):
+    a momentum-0.1 update smaller than half a bf16 step would be lost, and the statistics would stop moving."""
+    for module in batch_norms(model):
+        for name in ("running_mean", "running_var"):
+            buffer = getattr(module, name)
+            if buffer is not None and buffer.dtype != torch.float32:
+                setattr(module, name, buffer.float())

@@ -13,6 +13,7 @@ allocated up front and kept, into which every gradient is moved once accumulated
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -21,6 +22,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bigtrain.parallel.mesh import WorldMesh
 from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transform
+
+
+def _no_forward_buffer_sync() -> dict[str, bool]:
+    """DDP's switch for its buffer broadcast at every forward: ``forward_sync_buffers`` where torch has it (2.13, which
+    deprecates the older name), ``broadcast_buffers`` before."""
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 def apply_ddp(model: nn.Module, mesh: WorldMesh, device: torch.device) -> DistributedDataParallel:
@@ -39,8 +48,8 @@ def apply_ddp(model: nn.Module, mesh: WorldMesh, device: torch.device) -> Distri
         gradient_as_bucket_view=True,
         # buffers are not rank 0's at every forward (DDP's default would overwrite what each rank's BatchNorm
         # accumulated over a step's micro-batches): BatchNorm's running statistics are averaged over the ranks
-        # after each step instead (parallel/batch_norm.py); a causal LM's buffers are constants
-        forward_sync_buffers=False,
+        # after each step instead (batch_norm.py); a causal LM's buffers are constants
+        **_no_forward_buffer_sync(),
     )
 
 
