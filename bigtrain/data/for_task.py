@@ -10,7 +10,7 @@ import numpy as np
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.config.tasks import IMAGE_CLASSIFICATION, Task
 from bigtrain.data.images import ImageExamples, Preprocessing, load_image_examples
-from bigtrain.data.sources import TokenRows, check_vocabulary, hold_out, load_token_rows
+from bigtrain.data.sources import TokenRows, check_vocabulary, held_out_rows, hold_out, load_token_rows
 from bigtrain.data.text_classes import TextExamples, load_text_examples, tokenizer_folder
 from bigtrain.errors import ConfigError
 
@@ -73,15 +73,8 @@ def _examples(cfg: RecipeConfig, hf_config: Any, task: Task) -> tuple[Examples, 
                 f"{data.class_names}; evaluate on the classes trained on"
             )
     elif data_cfg.eval_fraction > 0:
-        count = max(1, round(data_cfg.eval_fraction * data.num_rows))
-        if count >= data.num_rows:
-            raise ConfigError(
-                f"data.eval_fraction={data_cfg.eval_fraction} of {data.num_rows} examples leaves none to train on; "
-                "use a smaller fraction"
-            )
-        chosen = np.sort(np.random.default_rng(cfg.train.seed).choice(data.num_rows, size=count, replace=False))
-        kept = np.setdiff1d(np.arange(data.num_rows), chosen)
-        held = data.subset(chosen, f"{count} held-out examples", augment=False)
+        kept, chosen = held_out_rows(data.num_rows, data_cfg.eval_fraction, cfg.train.seed, "examples")
+        held = data.subset(chosen, f"{len(chosen)} held-out examples", augment=False)
         data = data.subset(kept, f"{data.description}, {len(kept)} for training", augment=augment)
     if data.index is None:
         data = data.subset(np.arange(data.num_rows), data.description, augment=augment)

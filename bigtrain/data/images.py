@@ -23,6 +23,7 @@ import torch
 
 from bigtrain.config.schema import DataConfig
 from bigtrain.data.batch import ExampleBatch
+from bigtrain.data.examples import IndexedExamples, label_indices
 from bigtrain.data.synthetic_images import CLASSES, shapes
 from bigtrain.errors import ConfigError
 
@@ -74,7 +75,7 @@ def _processor_settings(model_folder: str | None) -> dict[str, Any]:
 
 
 @dataclass
-class ImageExamples:
+class ImageExamples(IndexedExamples):
     """Images with one label each; ``read(i)`` decodes image ``i`` as [H, W, 3] uint8."""
 
     read: Callable[[int], np.ndarray]
@@ -86,26 +87,15 @@ class ImageExamples:
     seed: int = 0
     index: np.ndarray | None = None  # the examples these are (a split), in order; None: all
 
-    seq_len = 1  # one example per row (what the loop's per-row counts read)
-    positions = None  # nothing is packed
     truncated = 0
 
-    @property
-    def num_rows(self) -> int:
-        return len(self.labels) if self.index is None else len(self.index)
-
-    @property
-    def examples(self) -> int:
-        return self.num_rows
-
     def subset(self, index: np.ndarray, description: str, augment: bool) -> ImageExamples:
-        at = index if self.index is None else self.index[index]
-        return replace(self, index=at, description=description, augment=augment)
+        return replace(self, index=self.at(index), description=description, augment=augment)
 
     def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> ExampleBatch:
         """Examples ``rows`` (0-based among these) preprocessed, augmented when training (``seen``: each row's
         position in the global order, which seeds its augmentation)."""
-        at = rows if self.index is None else self.index[rows]
+        at = self.at(rows)
         p = self.preprocessing
         pictures = []
         for k, i in enumerate(at):
@@ -280,18 +270,3 @@ def _hf_images(cfg: DataConfig, key: str, folder: Path, preprocessing: Preproces
     where = f"{folder} ({len(labels)} images, {len(classes)} classes)"
     return ImageExamples(lambda i: np.asarray(images[i][field].convert("RGB")), labels, classes, preprocessing, where,
                          seed=seed)  # fmt: skip
-
-
-def label_indices(raw: list[Any], key: str, field: str) -> tuple[list[str], np.ndarray]:
-    """Labels as class indices: integers as they are (classes named by their number), names in sorted order."""
-    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in raw):
-        count = max(raw) + 1
-        if min(raw) < 0:
-            raise ConfigError(f"{key}: {field} holds the label {min(raw)}; labels are class indices from 0")
-        return [str(i) for i in range(count)], np.array(raw, dtype=np.int64)
-    if all(isinstance(v, str) for v in raw):
-        classes = sorted(set(raw))
-        lookup = {c: i for i, c in enumerate(classes)}
-        return classes, np.array([lookup[v] for v in raw], dtype=np.int64)
-    kinds = sorted({type(v).__name__ for v in raw})
-    raise ConfigError(f"{key}: {field} holds {', '.join(kinds)} values; labels are class names or class indices")

@@ -58,18 +58,23 @@ class TokenRows:
         return MicroBatch(ids, labels, pos)
 
 
-def hold_out(data: TokenRows, fraction: float, seed: int) -> tuple[TokenRows, TokenRows]:
-    """``data.eval_fraction``: a seeded choice of rows for evaluation, and the rest for training (both in file order,
-    without copying a memory-mapped file)."""
-    count = max(1, round(fraction * data.num_rows))
-    if count >= data.num_rows:
+def held_out_rows(num_rows: int, fraction: float, seed: int, noun: str = "rows") -> tuple[np.ndarray, np.ndarray]:
+    """``data.eval_fraction``: (the rows kept for training, the seeded choice held out), each in order."""
+    count = max(1, round(fraction * num_rows))
+    if count >= num_rows:
         raise ConfigError(
-            f"data.eval_fraction={fraction} of {data.num_rows} rows leaves none to train on; use a smaller fraction"
+            f"data.eval_fraction={fraction} of {num_rows} {noun} leaves none to train on; use a smaller fraction"
         )
-    held = np.sort(np.random.default_rng(seed).choice(data.num_rows, size=count, replace=False))
-    kept = np.setdiff1d(np.arange(data.num_rows), held)
+    held = np.sort(np.random.default_rng(seed).choice(num_rows, size=count, replace=False))
+    return np.setdiff1d(np.arange(num_rows), held), held
+
+
+def hold_out(data: TokenRows, fraction: float, seed: int) -> tuple[TokenRows, TokenRows]:
+    """``data.eval_fraction`` of token rows: held-out rows for evaluation, the rest for training (both in file order,
+    without copying a memory-mapped file)."""
+    kept, held = held_out_rows(data.num_rows, fraction, seed)
     train = replace(data, description=f"{data.description}, {len(kept)} for training", index=kept)
-    return train, replace(data, description=f"{count} held-out rows", index=held)
+    return train, replace(data, description=f"{len(held)} held-out rows", index=held)
 
 
 def check_data_config(cfg: DataConfig, key: str = "data.path", path: str | None = None) -> None:

@@ -17,7 +17,7 @@ import torch
 from bigtrain.config.schema import DataConfig
 from bigtrain.data.batch import ExampleBatch
 from bigtrain.data.builtin import ANIMALS, builtin_records
-from bigtrain.data.images import label_indices
+from bigtrain.data.examples import IndexedExamples, label_indices
 from bigtrain.data.records import check_records_path, read_records
 from bigtrain.data.tokenizer import ByteTokenizer, has_tokenizer
 from bigtrain.errors import ConfigError
@@ -27,7 +27,7 @@ TEXT_PAIR_FIELD = "text_pair"
 
 
 @dataclass
-class TextExamples:
+class TextExamples(IndexedExamples):
     ids: list[np.ndarray]  # each example's token ids, cut at seq_len
     labels: np.ndarray  # [num_examples] int64
     class_names: list[str]
@@ -37,23 +37,12 @@ class TextExamples:
     index: np.ndarray | None = None
     truncated: int = 0  # examples longer than seq_len, cut
 
-    seq_len = 1  # one example per row (what the loop's per-row counts read)
-    positions = None
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.labels) if self.index is None else len(self.index)
-
-    @property
-    def examples(self) -> int:
-        return self.num_rows
-
     def subset(self, index: np.ndarray, description: str, augment: bool) -> TextExamples:
-        at = index if self.index is None else self.index[index]
-        return replace(self, index=at, description=description)
+        """``augment``: images only (texts are not augmented)."""
+        return replace(self, index=self.at(index), description=description)
 
     def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> ExampleBatch:
-        at = rows if self.index is None else self.index[rows]
+        at = self.at(rows)
         longest = max(len(self.ids[i]) for i in at)
         ids = torch.full((len(at), longest), self.pad_id, dtype=torch.int64)
         mask = torch.zeros((len(at), longest), dtype=torch.int64)

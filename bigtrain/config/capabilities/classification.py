@@ -53,16 +53,14 @@ def classifier_with_block_transforms(s: Setup) -> str | None:
     task, p, t = _classifier(s), s.plan, s.train
     if task is None:
         return None
-    for key, on in (
-        ("parallel.activation_checkpointing", p.activation_checkpointing != "none"),
-        ("parallel.offload_activations", p.offload_activations),
-        ("train.compile", t.compile is True),
-        ("train.fp8", t.fp8 not in ("none", "auto")),
-        ("train.method", t.method not in ("full", "auto")),
+    for key, on, off in (
+        ("parallel.activation_checkpointing", p.activation_checkpointing != "none", "none"),
+        ("parallel.offload_activations", p.offload_activations, "false"),
+        ("train.compile", t.compile is True, "false"),
+        ("train.fp8", t.fp8 not in ("none", "auto"), "none"),
+        ("train.method", t.method not in ("full", "auto"), "full"),
     ):
         if on:
-            off = "full" if key == "train.method" else "none" if key != "parallel.offload_activations" else "false"
-            off = "false" if key == "train.compile" else off
             return f"{key} with model.task={task} is not built yet; set {key}={off}"
     return None
 

@@ -123,14 +123,13 @@ class Option:
 class ModelStep:
     """A model transform a capability brings with it, applied right after the transform named ``after`` in
     ``parallel/transforms``' ``ORDER`` (``wanted`` takes the build's options, ``apply`` the built model and the build
-    context, as a ``Transform``'s do; ``after_step``, the built model after every optimizer step that updated)."""
+    context, as a ``Transform``'s do)."""
 
     name: str
     after: str
     wanted: Callable[[Any], bool]
     apply: Callable[[Any, Any], None]
     planner_terms: tuple[str, ...] = ()
-    after_step: Callable[[Any], None] | None = None
 
 
 @dataclass(frozen=True)

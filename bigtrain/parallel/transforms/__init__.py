@@ -75,9 +75,7 @@ def with_record_steps(order: Sequence[Transform], capabilities: Sequence[Capabil
             names = [t.name for t in out]
             if step.after not in names:
                 raise ValueError(f"{capability.name}: its step {step.name!r} follows {step.after!r}, not in {names}")
-            transform = Transform(
-                step.name, step.wanted, step.apply, after_step=step.after_step, planner_terms=step.planner_terms
-            )
+            transform = Transform(step.name, step.wanted, step.apply, planner_terms=step.planner_terms)
             out.insert(names.index(step.after) + 1, transform)
     return tuple(out)
 
