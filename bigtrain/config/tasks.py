@@ -163,3 +163,19 @@ def uses_batch_norm(hf_config: Any) -> bool:
     with torch.device("meta"):
         model = getattr(transformers, task.auto_class).from_config(copy.deepcopy(hf_config))
     return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+
+def model_config_object(model_config: dict[str, Any], key: str = "the model config") -> Any:
+    """The ``PretrainedConfig`` of a planner or simulator model dict: a classifier when its ``architectures`` (or,
+    without one, its family) says so, checked as ``bigtrain train`` checks it; otherwise a causal LM, with the
+    causal-LM checks (``hf_config_from_dict``)."""
+    from bigtrain.config.hf import config_object, hf_config_from_dict
+
+    config = config_object(model_config, key, causal_lm=False)
+    task = _named_task(config)
+    if task is None and not getattr(config, "architectures", None):
+        task = detect_task(config)
+    if task is None or not task.examples:
+        return hf_config_from_dict(model_config, key)
+    resolve_task(config, task.name, key)
+    return config

@@ -27,6 +27,7 @@ class Workload:
     modules_to_save: tuple[str, ...] = ()  # lora.modules_to_save: modules trained fully beside the adapters
     packed: bool = False  # data.packing: documents (what context parallelism cannot keep apart yet)
     attention: str = "sdpa"  # model.attn_implementation (what context parallelism can wrap)
+    image_size: int = 0  # pixels per side of an image classifier's inputs (0: the model reads token rows)
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in PRECISIONS:

@@ -49,11 +49,12 @@ import torch.distributed as dist
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from bigtrain.config.capabilities import ModelFacts, Setup, check
-from bigtrain.config.hf import hf_config_from_dict, resolve_attention
+from bigtrain.config.hf import resolve_attention
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import AdapterConfig, TrainConfig
+from bigtrain.config.tasks import model_config_object, task_of
 from bigtrain.config.workload import Workload
-from bigtrain.data.batch import MicroBatch
+from bigtrain.data.batch import ExampleBatch, MicroBatch
 from bigtrain.engine import build_engine
 from bigtrain.engine.base import train_step
 from bigtrain.engine.pipelined import PipelinedEngine
@@ -77,7 +78,7 @@ def simulate(
     its ``pp_rank``.
     ``real_tensors``: run on real CPU tensors instead of fake ones (memory and time of a real step: small models).
     """
-    hf_config = hf_config_from_dict(model_config)
+    hf_config = model_config_object(model_config)
     attn_implementation = resolve_attention(hf_config, attn_implementation)  # "auto": the family's own default
     # what the trainer would refuse
     check(Setup(plan, workload.train_config(), ModelFacts.of(hf_config), workload.data_facts()))
@@ -156,24 +157,41 @@ def _simulate_rank(
         # what the gradients kept between micro-steps add
         micro_steps = accum if pipelined else min(accum, 2)
         with fake_mode or contextlib.nullcontext(), _unpacked_batches(), _static_pipeline_metadata():
-            shape = (plan.micro_batch_size, workload.seq_len)
-            batches = [
-                MicroBatch.of_ids(torch.randint(0, hf_config.vocab_size, shape, device=device))
-                for _ in range(micro_steps)
-            ]
-            cp_rank, cp_size = engine.sequence_slice  # rank 0's slice of each row under context parallelism
-            batches = [batch.sequence_slice(cp_rank, cp_size) for batch in batches] if cp_size > 1 else batches
+            if task_of(hf_config).examples:  # a classifier: examples with one label each, normalised by their count
+                batches: list[Any] = [_examples(hf_config, plan, workload, device) for _ in range(micro_steps)]
+                global_count = float(workload.global_batch_size)
+            else:
+                shape = (plan.micro_batch_size, workload.seq_len)
+                batches = [
+                    MicroBatch.of_ids(torch.randint(0, hf_config.vocab_size, shape, device=device))
+                    for _ in range(micro_steps)
+                ]
+                cp_rank, cp_size = engine.sequence_slice  # rank 0's slice of each row under context parallelism
+                batches = [batch.sequence_slice(cp_rank, cp_size) for batch in batches] if cp_size > 1 else batches
+                global_count = float(workload.global_batch_size * (workload.seq_len - 1))
             inputs = [t for batch in batches for t in batch.tensors()]
-            global_tokens = float(workload.global_batch_size * (workload.seq_len - 1))
-            train_step(engine, batches, global_tokens, train.grad_clip)  # warm-up, untracked (see the docstring)
+            train_step(engine, batches, global_count, train.grad_clip)  # warm-up, untracked (see the docstring)
             tracker = _tracker(engine, inputs)
             calls.tracker = tracker
             with tracker:
-                train_step(engine, batches, global_tokens, train.grad_clip)
+                train_step(engine, batches, global_count, train.grad_clip)
             snapshot = tracker.get_tracker_snapshot("peak")[device]
             return {str(getattr(k, "value", k)): int(v) for k, v in snapshot.items()}
     finally:
         dist.destroy_process_group()
+
+
+def _examples(hf_config: Any, plan: Plan, workload: Workload, device: torch.device) -> ExampleBatch:
+    """A classifier's micro-batch as its data path makes it: float images at the workload's size (channels first),
+    or token rows of the workload's length with their attention mask; one label per example."""
+    b = plan.micro_batch_size
+    labels = torch.randint(0, hf_config.num_labels, (b,), device=device)
+    if workload.image_size:
+        side = workload.image_size
+        channels = getattr(hf_config, "num_channels", 3)
+        return ExampleBatch({"pixel_values": torch.randn(b, channels, side, side, device=device)}, labels)
+    ids = torch.randint(0, hf_config.vocab_size, (b, workload.seq_len), device=device)
+    return ExampleBatch({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, labels)
 
 
 def _tracker(engine: TorchNativeEngine, inputs: list[torch.Tensor]) -> MemTracker:

@@ -109,9 +109,14 @@ def apply(built: BuiltModel, ctx: BuildContext) -> None:
     group = ctx.mesh.batch_group if SYNC_BATCHNORM.of(plan) and ranks > 1 else None
     for part in built.parts:
         for module in batch_norms(part):
-            module.__class__ = _swapped(type(module))
-            module.group = group
+            swap_in(module, group)
             built.full_precision.append(module)
+
+
+def swap_in(module: nn.modules.batchnorm._BatchNorm, group: dist.ProcessGroup | None) -> None:
+    """``module`` becomes a ``DataParallelBatchNorm`` over ``group`` (None: its own rank's statistics)."""
+    module.__class__ = _swapped(type(module))
+    module.group = group  # type: ignore[attr-defined]
 
 
 @functools.cache

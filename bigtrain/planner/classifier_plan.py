@@ -1,0 +1,260 @@
+"""Plans for image and sequence classifiers: memory and time of each data-parallel plan, the choice, and the scaling
+from 1 GPU to N, the measure data-parallel training is judged by.
+
+Candidates: DDP, FSDP2 (zero_stage 2 or 3) and DeepSpeed ZeRO-1/2/3, each at every micro-batch that divides a
+rank's share of the global batch (tp, pp, cp, ep, activation checkpointing and compile are rows of the capability
+table for classifiers: ``config/capabilities/classification.py``). The model's numbers are measured on fake tensors
+(``classifier_stats.py``).
+
+Memory of rank 0 (Ψ parameters, N data-parallel ranks, a bytes of the compute dtype, b the micro-batch):
+- DDP: fp32 weights, fp32 gradients in DDP's buckets (gradient_as_bucket_view), AdamW's two fp32 states: 16Ψ, plus
+  the measured activations under autocast (which include the compute-dtype weight copies backward keeps);
+- FSDP2: 12Ψ/N of sharded weights and AdamW states; at the start of backward the activations (weights cast, the
+  ``cast`` regime), the gathered units (all of them, aΨ, under zero_stage 2, which keeps them to backward; two of the
+  largest under 3) and, when accumulating, the sharded fp32 gradients (4Ψ/N); at the optimizer step the gradients
+  and AdamW's foreach temporary (8Ψ/N);
+- DeepSpeed: as ``deepspeed_memory.py`` counts it for LMs (compute-dtype weights whole under ZeRO-1/2 and a
+  partition under 3, 12Ψ/N of master weights and states, a gradient partition, every gradient under ZeRO-1 at the
+  end of backward, every gathered weight alive under ZeRO-3 up to its live-parameter limit).
+A margin for the CUDA context, NCCL and the allocator is added before comparing with the GPU's memory, as for LMs.
+
+Time: FLOPs per example (measured) at an achievable fraction of the GPU's peak: ACHIEVABLE (0.45, as for LMs) for
+transformers, CONV_ACHIEVABLE for convolutional networks, whose small channel counts and memory-bound BatchNorm and
+activations keep them far from the matmul peak: 0.20, taken from NVIDIA's published ResNet-50 figure (2,470
+images/s on one A100 80GB with AMP, DeepLearningExamples; 24.3 GFLOP per image forward and backward as measured here
+is 60 TFLOP/s, 19% of 312). The one-GPU prediction for ResNet-50 is therefore calibrated, not independent; the
+scaling is. Gradient traffic: a ring all-reduce of the fp32 gradients (DDP, 2(N-1)/N of 4Ψ bytes), FSDP2's
+all-gathers of the compute-dtype weights (two per micro-step under zero_stage 3) and fp32 reduce-scatters, DeepSpeed's
+in the compute dtype. It overlaps backward (two thirds of the compute) except EXPOSED_FRACTION of it; what backward
+cannot cover is exposed, and the scaling table says from how many GPUs on that happens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, Plan
+from bigtrain.config.workload import Workload
+from bigtrain.errors import ConfigError
+from bigtrain.planner.classifier_stats import ClassifierStats
+from bigtrain.planner.cost import ACHIEVABLE, EXPOSED_FRACTION, FP32_SLOWDOWN, MEMORY_ACHIEVABLE
+from bigtrain.planner.deepspeed_memory import DEEPSPEED_MAX_LIVE_PARAMETERS
+from bigtrain.planner.hardware import Cluster, ring_share
+from bigtrain.planner.memory_terms import MARGIN_FIXED, MARGIN_FRACTION
+
+CONV_ACHIEVABLE = 0.20  # of the datasheet peak, for CNNs (module docstring: NVIDIA's ResNet-50 A100 figure)
+BACKWARD_SHARE = 2 / 3  # of a step's compute: what gradient traffic can hide behind
+# the plans tried, simplest first: a near tie (NEAR_TIE) goes to the simpler one
+BACKENDS = (("ddp", 0), ("fsdp2", 2), ("fsdp2", 3), ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3))
+NEAR_TIE = 0.01
+
+
+@dataclass(frozen=True)
+class ClassifierMemory:
+    params: int
+    gradients: int
+    optimizer: int
+    activations: int
+    other: int  # gathered weights, buckets, temporaries
+    margin: int
+
+    @property
+    def tensor_bytes(self) -> int:
+        """What the simulator measures: every tensor at the step's peak."""
+        return self.params + self.gradients + self.optimizer + self.activations + self.other
+
+    @property
+    def total_bytes(self) -> int:
+        return self.tensor_bytes + self.margin
+
+
+@dataclass(frozen=True)
+class ClassifierTime:
+    step_s: float
+    compute_s: float
+    comm_s: float  # gradient and weight traffic of one step, overlapped or not
+    exposed_s: float  # the part of it backward does not hide
+    per_s: float  # examples per second over the whole job
+
+
+@dataclass(frozen=True)
+class Candidate:
+    plan: Plan
+    memory: ClassifierMemory
+    time: ClassifierTime
+    fits: bool
+
+
+def classifier_plan(backend: str, zero_stage: int, dp: int, micro_batch_size: int) -> Plan:
+    shard = backend != "ddp"
+    return Plan(
+        backend=backend,
+        zero_stage=zero_stage,
+        grad_reduce=DEFAULT_GRAD_REDUCE[backend],
+        dp_replicate=1 if shard else dp,
+        dp_shard=dp if shard else 1,
+        tp=1,
+        pp=1,
+        pp_schedule="1f1b",
+        activation_checkpointing="none",
+        micro_batch_size=micro_batch_size,
+        offload_optimizer=False,
+        offload_params=False,
+    )
+
+
+def estimate_memory(stats: ClassifierStats, plan: Plan, workload: Workload) -> ClassifierMemory:
+    psi, n, a, b = stats.params, plan.dp, workload.dtype_bytes, plan.micro_batch_size
+    accum = plan.grad_accum_steps(workload.global_batch_size)
+    fp32 = workload.mixed_precision == "fp32"
+    if plan.backend == "ddp":
+        acts = stats.activations("autocast", b)
+        return _with_margin(4 * psi, 4 * psi, 8 * psi, acts, 0)
+    acts = stats.activations("cast", b)
+    if plan.backend == "fsdp2":
+        gathered = a * psi if plan.zero_stage == 2 else 2 * a * stats.largest_unit
+        reduce = 4 * stats.largest_unit if not fp32 else 0  # a unit's unsharded fp32 gradient, being reduced
+        kept = 4 * psi // n if accum > 1 else 0
+        backward = acts + gathered + reduce + kept
+        step = 8 * psi // n
+        if backward >= step:
+            return _with_margin(4 * psi // n, kept, 8 * psi // n, acts, gathered + reduce)
+        return _with_margin(4 * psi // n, 4 * psi // n, 8 * psi // n, 0, 4 * psi // n)
+    optim = 12 * psi // n
+    if plan.zero_stage == 3:
+        partition = a * psi // n
+        gathered = a * min(psi, DEEPSPEED_MAX_LIVE_PARAMETERS)
+        moments = [(partition, acts, gathered), (partition, 0, 12 * psi // n)]
+        params = a * psi // n
+    else:
+        params = a * psi
+        partition = a * psi // n
+        bucket = a * min(psi, stats.largest_unit)
+        moments = [(partition if accum > 1 else 0, acts, bucket), (partition, 0, 8 * psi // n)]
+        if plan.zero_stage == 1:
+            moments.append((a * psi + partition, 0, 0))
+    grads, act, other = max(moments, key=sum)
+    return _with_margin(params, grads, optim, act, other)
+
+
+def _with_margin(params: float, grads: float, optim: float, acts: float, other: float) -> ClassifierMemory:
+    parts = [int(x) for x in (params, grads, optim, acts, other)]
+    return ClassifierMemory(*parts, margin=MARGIN_FIXED + int(MARGIN_FRACTION * sum(parts)))
+
+
+def estimate_time(stats: ClassifierStats, plan: Plan, cluster: Cluster, workload: Workload) -> ClassifierTime:
+    n, psi, a = plan.dp, stats.params, workload.dtype_bytes
+    accum = plan.grad_accum_steps(workload.global_batch_size)
+    rate = cluster.gpu.peak_tflops * 1e12 * (CONV_ACHIEVABLE if stats.convolutional else ACHIEVABLE)
+    if workload.mixed_precision == "fp32":
+        rate /= FP32_SLOWDOWN
+    micro_s = stats.flops_per_example * plan.micro_batch_size / rate
+    compute_s = micro_s * accum
+    link = _bandwidth(cluster, n)
+    share = ring_share(n)
+    if plan.backend == "ddp":  # one all-reduce of the fp32 gradients, in the last micro-step's backward
+        comm = [(2 * share * 4 * psi / link, micro_s)]
+    elif plan.backend == "fsdp2":  # every micro-step: the gathers and the fp32 reduce-scatter
+        gathers = 2 if plan.zero_stage == 3 else 1
+        comm = [(share * (gathers * a + 4) * psi / link, micro_s)] * accum
+    else:  # DeepSpeed reduces in the compute dtype; its weights are gathered once per step (twice per micro-step
+        # under ZeRO-3)
+        per_micro = share * (a * psi + (2 * a * psi if plan.zero_stage == 3 else 0)) / link
+        comm = [(per_micro, micro_s)] * accum
+        if plan.zero_stage < 3:
+            comm.append((share * a * psi / link, 0.0))
+    traffic = sum(c for c, _ in comm)
+    exposed = sum(max(0.0, c - BACKWARD_SHARE * s) + EXPOSED_FRACTION * c for c, s in comm)
+    if n == 1:
+        traffic = exposed = 0.0
+    shards = 1 if plan.backend == "ddp" else n
+    optimizer_s = 32 * psi / shards / (cluster.gpu.memory_gbps * 1e9 * MEMORY_ACHIEVABLE)  # AdamW reads/writes
+    step_s = compute_s + exposed + optimizer_s
+    return ClassifierTime(step_s, compute_s, traffic, exposed, workload.global_batch_size / step_s)
+
+
+def _bandwidth(cluster: Cluster, ranks: int) -> float:
+    """Bytes/s each way of the slowest link a ring over ``ranks`` GPUs crosses."""
+    spans_nodes = ranks > cluster.gpus_per_node
+    return (cluster.gpu.inter_node_gbps if spans_nodes else cluster.gpu.intra_node_gbps) * 1e9
+
+
+def micro_batch_sizes(per_rank: int) -> list[int]:
+    """Powers of two that divide a rank's share of the global batch, and the share itself."""
+    sizes = {per_rank}
+    b = 1
+    while b < per_rank:
+        if per_rank % b == 0:
+            sizes.add(b)
+        b *= 2
+    return sorted(sizes)
+
+
+def candidates(stats: ClassifierStats, cluster: Cluster, workload: Workload, fixed: dict[str, Any]) -> list[Candidate]:
+    n = cluster.num_gpus
+    if workload.global_batch_size % n:
+        lower = workload.global_batch_size // n * n
+        raise ConfigError(
+            f"global_batch_size={workload.global_batch_size} does not divide over {n} GPUs; try "
+            f"{lower or n} or {lower + n}"
+        )
+    out = []
+    for backend, stage in BACKENDS:
+        for b in micro_batch_sizes(workload.global_batch_size // n):
+            plan = classifier_plan(backend, stage, n, b)
+            if any(getattr(plan, k) != v for k, v in fixed.items()):
+                continue
+            memory = estimate_memory(stats, plan, workload)
+            time = estimate_time(stats, plan, cluster, workload)
+            out.append(Candidate(plan, memory, time, memory.total_bytes <= cluster.gpu.memory_bytes))
+    if not out:
+        raise ConfigError(f"no classifier plan has {fixed}; classifiers train on backend ddp, fsdp2 or deepspeed")
+    return ranked(out)
+
+
+def ranked(found: list[Candidate]) -> list[Candidate]:
+    """Fitting plans first, fastest first; a plan within NEAR_TIE of the fastest but simpler (earlier in BACKENDS,
+    then with the larger micro-batch) goes before it."""
+    order = {key: i for i, key in enumerate(BACKENDS)}
+    fits = sorted((c for c in found if c.fits), key=lambda c: c.time.step_s)
+    rest = sorted((c for c in found if not c.fits), key=lambda c: c.memory.total_bytes)
+    if fits:
+        best = fits[0].time.step_s
+        near = [c for c in fits if c.time.step_s <= best * (1 + NEAR_TIE)]
+        near.sort(key=lambda c: (order[(c.plan.backend, c.plan.zero_stage)], -c.plan.micro_batch_size))
+        fits = near + [c for c in fits if c not in near]
+    return fits + rest
+
+
+@dataclass(frozen=True)
+class ScalingRow:
+    gpus: int
+    per_s: float  # examples per second over all GPUs
+    speedup: float
+    efficiency: float
+    comm_s: float
+    exposed_s: float
+
+
+def scaling(stats: ClassifierStats, chosen: Plan, cluster: Cluster, workload: Workload) -> list[ScalingRow]:
+    """The chosen plan's kind on 1, 2, 4, ... up to the asked GPUs, each GPU with the same share of the batch (the
+    micro-batch and accumulation of the chosen plan): examples/s, speed-up over one GPU, and how much gradient
+    traffic backward no longer hides."""
+    counts, g = [], 1
+    while g < cluster.num_gpus:
+        counts.append(g)
+        g *= 2
+    counts.append(cluster.num_gpus)
+    per_gpu = workload.global_batch_size // cluster.num_gpus
+    rows: list[ScalingRow] = []
+    for g in counts:
+        c = Cluster(cluster.gpu, g, min(cluster.gpus_per_node, g), cluster.host_memory_bytes)
+        w = Workload(**{**workload.__dict__, "global_batch_size": per_gpu * g})
+        plan = chosen.but(
+            dp_replicate=g if chosen.backend == "ddp" else 1, dp_shard=1 if chosen.backend == "ddp" else g
+        )
+        t = estimate_time(stats, plan, c, w)
+        one = rows[0].per_s if rows else t.per_s
+        rows.append(ScalingRow(g, t.per_s, t.per_s / one, t.per_s / one / g, t.comm_s, t.exposed_s))
+    return rows

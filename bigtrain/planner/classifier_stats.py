@@ -1,0 +1,177 @@
+"""What the planner needs to know about a classifier: measured on the model itself, whatever its module tree.
+
+A CNN's stages differ in width and resolution, so no "one block times depth" formula describes it. Instead the
+model is built on fake tensors (shapes only: no memory, no arithmetic) and one training forward and backward is run
+at the workload's image size or row length, twice (micro-batches of 2 and 4 examples):
+- FLOPs per example (forward + backward) from torch's ``FlopCounterMode``;
+- activation bytes: the peak of what the step holds beyond parameters and gradients (torch's ``MemTracker``:
+  saved activations and temporaries), per example (the slope between the two batch sizes) and fixed (the
+  intercept: under autocast the compute-dtype copies of every weight that backward keeps).
+Two precision regimes are measured, as the engines run them: ``autocast`` (DDP: fp32 weights, autocast to the
+compute dtype) and ``cast`` (FSDP2 and DeepSpeed: the weights themselves in the compute dtype). BatchNorm layers
+run as the trainer runs them (``parallel/transforms/batch_norm.py``: fp32 over an fp32 copy of their input).
+Parameters come from the meta model; the FSDP2 units from the family's ``_no_split_modules`` as the trainer shards
+them. ResNet-50 at 224 px measures in about 2 s on one CPU core.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from bigtrain.config.tasks import model_config_object, task_of, uses_batch_norm
+
+REGIMES = ("autocast", "cast")  # DDP's; FSDP2's and DeepSpeed's (module docstring)
+SIZES = (2, 4)  # the micro-batches measured: the slope between them is the per-example term
+
+
+@dataclass(frozen=True)
+class ClassifierStats:
+    model_type: str
+    task: str  # model.task (image-classification, sequence-classification)
+    unit: str  # what throughput counts: images or examples
+    params: int
+    largest_unit: int  # parameters of the largest FSDP2 unit (a block of _no_split_modules, or the root's own)
+    convolutional: bool  # has Conv2d layers (the achievable FLOP rate of a CNN is lower: planner/classifier_plan.py)
+    batch_norm: bool
+    flops_per_example: float  # forward + backward
+    per_example: tuple[tuple[str, float], ...]  # (regime, activation bytes per example)
+    fixed: tuple[tuple[str, float], ...]  # (regime, activation bytes whatever the batch)
+    example: str  # what one example is, in words (3x224x224 px, 512 tokens)
+
+    def activations(self, regime: str, micro_batch_size: int) -> float:
+        """Bytes of activations and temporaries at the step's peak for a micro-batch of this size."""
+        return dict(self.fixed)[regime] + dict(self.per_example)[regime] * micro_batch_size
+
+    @property
+    def describe(self) -> str:
+        return f"{self.model_type} {self.task} ({self.example} per example)"
+
+
+def is_classifier(model_config: dict[str, Any]) -> bool:
+    """Whether a planner model dict is an image or sequence classifier (``config/tasks.py``)."""
+    return task_of(model_config_object(model_config)).examples
+
+
+def measure_classifier(
+    model_config: dict[str, Any], image_size: int, seq_len: int, mixed_precision: str
+) -> ClassifierStats:
+    """The stats of a classifier at an image size (image classifiers) or row length (sequence classifiers);
+    cached per configuration (the search asks once per candidate GPU count)."""
+    key = json.dumps(model_config, sort_keys=True, default=str)
+    return _measured(key, image_size, seq_len, mixed_precision)
+
+
+@functools.lru_cache(maxsize=16)
+def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str) -> ClassifierStats:
+    from bigtrain.models.build import build_meta_model
+
+    hf_config = model_config_object(json.loads(key))
+    task = task_of(hf_config)
+    meta = build_meta_model(hf_config, "auto")  # the family's own attention (none for a CNN)
+    params = sum(p.numel() for p in meta.parameters())
+    units = _unit_params(meta)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[mixed_precision]
+    per_example, fixed, flops = [], [], 0.0
+    for regime in REGIMES:
+        peaks = []
+        for b in SIZES:
+            peak, step_flops = _fake_step(meta, hf_config, b, image_size, seq_len, dtype, regime)
+            peaks.append(peak)
+            flops = step_flops / b
+        slope = (peaks[1] - peaks[0]) / (SIZES[1] - SIZES[0])
+        per_example.append((regime, slope))
+        fixed.append((regime, max(0.0, peaks[0] - slope * SIZES[0])))
+    channels = getattr(hf_config, "num_channels", 3)
+    example = f"{channels}x{image_size}x{image_size} px" if image_size else f"{seq_len} tokens"
+    return ClassifierStats(
+        model_type=hf_config.model_type,
+        task=task.name,
+        unit=task.unit,
+        params=params,
+        largest_unit=max([*units, params - sum(units)]),
+        convolutional=any(isinstance(m, nn.Conv2d) for m in meta.modules()),
+        batch_norm=uses_batch_norm(hf_config),
+        flops_per_example=flops,
+        per_example=tuple(per_example),
+        fixed=tuple(fixed),
+        example=example,
+    )
+
+
+def _unit_params(model: nn.Module) -> list[int]:
+    """Parameters of each FSDP2 unit the trainer makes: every module of a class in ``_no_split_modules`` (the
+    outermost, as the trainer's block finder takes them)."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    units: list[int] = []
+
+    def visit(module: nn.Module) -> None:
+        for child in module.children():
+            if type(child).__name__ in names:
+                units.append(sum(p.numel() for p in child.parameters()))
+            else:
+                visit(child)
+
+    visit(model)
+    return units
+
+
+def _fake_step(
+    meta: nn.Module, hf_config: Any, b: int, image_size: int, seq_len: int, dtype: torch.dtype, regime: str
+) -> tuple[float, float]:
+    """(peak bytes of activations and temporaries, FLOPs) of one forward and backward of a micro-batch of ``b``."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers.initialization import no_init_weights
+
+    from bigtrain.models.build import auto_class
+    from bigtrain.parallel.transforms.batch_norm import batch_norms, swap_in
+
+    cast = regime == "cast" and dtype != torch.float32
+    with FakeTensorMode():
+        with no_init_weights():  # values are never read: transformers' initialisation would read them
+            model = auto_class(hf_config).from_config(
+                hf_config, dtype=dtype if cast else torch.float32, attn_implementation=meta.config._attn_implementation
+            )
+        for module in batch_norms(model):
+            swap_in(module, None)  # as the trainer runs it: fp32, this rank's statistics
+        model.train()
+        if cast:  # BatchNorm's parameters stay fp32, as the engines keep them (fake tensors cannot be cast in place)
+            for module in batch_norms(model):
+                for name, param in list(module.named_parameters(recurse=False)):
+                    setattr(module, name, nn.Parameter(param.float()))
+        inputs = _inputs(hf_config, b, image_size, seq_len)
+        if cast and "pixel_values" in inputs:  # FSDP2 and DeepSpeed hand the model its inputs in the compute dtype
+            inputs["pixel_values"] = inputs["pixel_values"].to(dtype)
+        labels = torch.randint(0, hf_config.num_labels, (b,))
+        params = {p.untyped_storage()._cdata for p in model.parameters()}
+        saved: dict[int, int] = {}
+
+        def keep(t: torch.Tensor) -> torch.Tensor:  # what backward will read: held from its forward to its backward
+            storage = t.untyped_storage()
+            if storage._cdata not in params:
+                saved[storage._cdata] = storage.nbytes()
+            return t
+
+        autocast = not cast and dtype != torch.float32
+        with FlopCounterMode(display=False) as flops, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            with torch.autocast("cpu", dtype=dtype, enabled=autocast):
+                logits = model(**inputs).logits
+            loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+        with FlopCounterMode(display=False) as backward:
+            loss.backward()
+        held = sum(saved.values()) + sum(t.untyped_storage().nbytes() for t in inputs.values())
+        return float(held), float(flops.get_total_flops() + backward.get_total_flops())
+
+
+def _inputs(hf_config: Any, b: int, image_size: int, seq_len: int) -> dict[str, torch.Tensor]:
+    if image_size:
+        channels = getattr(hf_config, "num_channels", 3)
+        return {"pixel_values": torch.randn(b, channels, image_size, image_size)}
+    ids = torch.randint(0, hf_config.vocab_size, (b, seq_len))
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
