@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from bigtrain.api.classifier_planning import ClassifierPlanResult, classifier_model, plan_classifier
 from bigtrain.api.request import (
     PYTHON,
     Hardware,
@@ -47,8 +48,9 @@ def plan(
     fix: dict[str, Any] | None = None,
     hardware_profile: str | Path | None = None,
     allow_unrunnable: bool = False,
+    image_size: int | None = None,
     _spell: Spelling = PYTHON,
-) -> PlanResult:
+) -> PlanResult | ClassifierPlanResult:
     """Choose how to train ``model`` on ``gpus`` GPUs, and explain it.
 
     Args:
@@ -75,9 +77,12 @@ def plan(
         fix: plan fields to pin, e.g. ``{"backend": "deepspeed", "zero_stage": 3}``.
         hardware_profile: a ``bigtrain probe`` profile: measured rates and links instead of the GPU table's.
         allow_unrunnable: return the best plan even when the trainer cannot run it (``bigtrain plan --all``).
+        image_size: pixels per side an image classifier is trained at (default: the recipe's, else the model's,
+            else 224).
 
     Returns:
-        A :class:`PlanResult` (``result.plan``, ``result.explain()``, ``result.to_training_arguments()``, ...).
+        A :class:`PlanResult` (``result.plan``, ``result.explain()``, ``result.to_training_arguments()``, ...); for
+        an image or sequence classifier a :class:`ClassifierPlanResult` (``.plan``, ``.explain()``, ``.scaling``).
         ``result.fits`` is False when nothing fits; ``result.what_would_fit()`` then says what would.
 
     Raises:
@@ -85,6 +90,25 @@ def plan(
     """
     profile = str(hardware_profile) if hardware_profile else None
     hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, host_memory, profile)
+    classifier = classifier_model(model, recipe, _spell)
+    if classifier is not None:
+        model_config, cfg = classifier
+        return plan_classifier(
+            model_config,
+            cfg,
+            hw,
+            _spell,
+            image_size=image_size,
+            seq_len=seq_len,
+            global_batch_size=global_batch_size,
+            mixed_precision=mixed_precision,
+            fix=fix,
+            method=method,
+            compile=compile,
+            fp8=fp8,
+        )
+    if image_size is not None:
+        raise ConfigError(f"{_spell('image_size')} is for image classifiers; this model is a causal LM")
     request = build_request(
         model,
         recipe,

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from bigtrain.api.classifier_planning import ClassifierPlanResult
 from bigtrain.api.planning import plan
 from bigtrain.api.request import CLI
 from bigtrain.api.result import PlanResult
@@ -29,7 +30,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--host-memory", help="host memory per node for offloaded state, e.g. 2TB (default: 256 GiB per GPU)"
     )
     parser.add_argument("--gpu", help="GPU type, e.g. H100, A100-40GB, L4 (default: detected, else H100)")
-    parser.add_argument("--seq-len", type=int, help="sequence length")
+    parser.add_argument("--seq-len", type=int, help="sequence length (a causal LM's, or a text classifier's rows)")
+    parser.add_argument(
+        "--image-size", type=int, help="pixels per side of an image classifier's inputs (default: the model's, or 224)"
+    )
     parser.add_argument("--global-batch-size", type=int, help="sequences per optimizer step")
     parser.add_argument("--mixed-precision", choices=PRECISIONS, help="compute dtype")
     parser.add_argument(
@@ -96,8 +100,11 @@ def run_plan_command(args: argparse.Namespace) -> int:
         fix=args.fix,
         hardware_profile=args.hardware_profile,
         allow_unrunnable=args.all,
+        image_size=args.image_size,
         _spell=CLI,
     )
+    if isinstance(result, ClassifierPlanResult):
+        return _print_classifier_plan(args, result)
     out = result.to_dict(include_unrunnable=args.all)
     if args.simulate and result.searched[0].runnable:
         from bigtrain.measure.simulate import not_simulated
@@ -129,6 +136,29 @@ def run_plan_command(args: argparse.Namespace) -> int:
             f"bigtrain: no plan fits in {result.cluster.gpu.memory_bytes / 2**30:.1f} GiB per GPU. {sentence}",
             file=sys.stderr,
         )
+        return EXIT_NO_FIT
+    return 0
+
+
+def _print_classifier_plan(args: argparse.Namespace, result: ClassifierPlanResult) -> int:
+    """A classifier's plan: the candidates, the choice, the scaling from 1 GPU; --simulate checks its memory."""
+    out = result.to_dict()
+    if args.simulate:
+        out["simulated"] = result.simulate()
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(result.explain())
+        if "simulated" in out:
+            print(
+                f"\nsimulated peak of the chosen plan on rank 0 of {result.plan.world_size}: "
+                f"{out['simulated']['peak_bytes'] / 2**30:.2f} GiB (predicted {result.memory.tensor_bytes / 2**30:.2f} "
+                "GiB without the margin)"
+            )
+    sentence = result.what_would_fit()
+    if sentence:
+        print(f"bigtrain: nothing fits in {result.cluster.gpu.memory_bytes / 2**30:.1f} GiB per GPU: {sentence}",
+              file=sys.stderr)  # fmt: skip
         return EXIT_NO_FIT
     return 0
 

@@ -20,13 +20,15 @@ A margin for the CUDA context, NCCL and the allocator is added before comparing 
 
 Time: FLOPs per example (measured) at an achievable fraction of the GPU's peak: ACHIEVABLE (0.45, as for LMs) for
 transformers, CONV_ACHIEVABLE for convolutional networks, whose small channel counts and memory-bound BatchNorm and
-activations keep them far from the matmul peak: 0.20, taken from NVIDIA's published ResNet-50 figure (2,470
-images/s on one A100 80GB with AMP, DeepLearningExamples; 24.3 GFLOP per image forward and backward as measured here
-is 60 TFLOP/s, 19% of 312). The one-GPU prediction for ResNet-50 is therefore calibrated, not independent; the
+activations keep them far from the matmul peak: 0.20, taken from NVIDIA's published ResNet-50 figure (2,470 images/s
+on one A100 80GB with AMP, DeepLearningExamples; 24.5 GFLOP per image forward and backward as measured here is 60
+TFLOP/s, 19% of 312). The one-GPU prediction for ResNet-50 is therefore calibrated, not independent; the
 scaling is. Gradient traffic: a ring all-reduce of the fp32 gradients (DDP, 2(N-1)/N of 4Ψ bytes), FSDP2's
 all-gathers of the compute-dtype weights (two per micro-step under zero_stage 3) and fp32 reduce-scatters, DeepSpeed's
 in the compute dtype. It overlaps backward (two thirds of the compute) except EXPOSED_FRACTION of it; what backward
-cannot cover is exposed, and the scaling table says from how many GPUs on that happens.
+cannot cover is exposed, and the scaling table says from how many GPUs on that happens. A micro-step takes at least
+the time the host needs to launch its operators (counted on the fake step, at the GPU's per-operator overhead): what
+makes small micro-batches slow.
 """
 
 from __future__ import annotations
@@ -149,7 +151,10 @@ def estimate_time(stats: ClassifierStats, plan: Plan, cluster: Cluster, workload
     rate = cluster.gpu.peak_tflops * 1e12 * (CONV_ACHIEVABLE if stats.convolutional else ACHIEVABLE)
     if workload.mixed_precision == "fp32":
         rate /= FP32_SLOWDOWN
-    micro_s = stats.flops_per_example * plan.micro_batch_size / rate
+    # each micro-step launches the model's operators whatever its size: the host's launching is the floor of a small
+    # micro-step (the GPU waits for kernels), hidden behind a large one (kernels queue while it computes)
+    compute = stats.flops_per_example * plan.micro_batch_size / rate
+    micro_s = max(compute, stats.operators * cluster.gpu.op_overhead_s)
     compute_s = micro_s * accum
     link = _bandwidth(cluster, n)
     share = ring_share(n)
@@ -235,6 +240,7 @@ class ScalingRow:
     efficiency: float
     comm_s: float
     exposed_s: float
+    fits: bool  # the plan's memory fits one GPU at this count
 
 
 def scaling(stats: ClassifierStats, chosen: Plan, cluster: Cluster, workload: Workload) -> list[ScalingRow]:
@@ -255,6 +261,7 @@ def scaling(stats: ClassifierStats, chosen: Plan, cluster: Cluster, workload: Wo
             dp_replicate=g if chosen.backend == "ddp" else 1, dp_shard=1 if chosen.backend == "ddp" else g
         )
         t = estimate_time(stats, plan, c, w)
+        fits = estimate_memory(stats, plan, w).total_bytes <= cluster.gpu.memory_bytes
         one = rows[0].per_s if rows else t.per_s
-        rows.append(ScalingRow(g, t.per_s, t.per_s / one, t.per_s / one / g, t.comm_s, t.exposed_s))
+        rows.append(ScalingRow(g, t.per_s, t.per_s / one, t.per_s / one / g, t.comm_s, t.exposed_s, fits))
     return rows

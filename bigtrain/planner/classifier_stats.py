@@ -3,7 +3,7 @@
 A CNN's stages differ in width and resolution, so no "one block times depth" formula describes it. Instead the
 model is built on fake tensors (shapes only: no memory, no arithmetic) and one training forward and backward is run
 at the workload's image size or row length, twice (micro-batches of 2 and 4 examples):
-- FLOPs per example (forward + backward) from torch's ``FlopCounterMode``;
+- FLOPs per example: the forward's from torch's ``FlopCounterMode``, times 3 for forward and backward;
 - activation bytes: the peak of what the step holds beyond parameters and gradients (torch's ``MemTracker``:
   saved activations and temporaries), per example (the slope between the two batch sizes) and fixed (the
   intercept: under autocast the compute-dtype copies of every weight that backward keeps).
@@ -16,6 +16,7 @@ them. ResNet-50 at 224 px measures in about 2 s on one CPU core.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from dataclasses import dataclass
@@ -23,8 +24,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bigtrain.config.tasks import model_config_object, task_of, uses_batch_norm
+from bigtrain.parallel.transforms.batch_norm import batch_norms, swap_in
 
 REGIMES = ("autocast", "cast")  # DDP's; FSDP2's and DeepSpeed's (module docstring)
 SIZES = (2, 4)  # the micro-batches measured: the slope between them is the per-example term
@@ -40,6 +43,7 @@ class ClassifierStats:
     convolutional: bool  # has Conv2d layers (the achievable FLOP rate of a CNN is lower: planner/classifier_plan.py)
     batch_norm: bool
     flops_per_example: float  # forward + backward
+    operators: int  # torch operators one micro-step launches (forward + backward), whatever its size
     per_example: tuple[tuple[str, float], ...]  # (regime, activation bytes per example)
     fixed: tuple[tuple[str, float], ...]  # (regime, activation bytes whatever the batch)
     example: str  # what one example is, in words (3x224x224 px, 512 tokens)
@@ -77,11 +81,11 @@ def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str) -> 
     params = sum(p.numel() for p in meta.parameters())
     units = _unit_params(meta)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[mixed_precision]
-    per_example, fixed, flops = [], [], 0.0
+    per_example, fixed, flops, ops = [], [], 0.0, 0
     for regime in REGIMES:
         peaks = []
         for b in SIZES:
-            peak, step_flops = _fake_step(meta, hf_config, b, image_size, seq_len, dtype, regime)
+            peak, step_flops, ops = _fake_step(meta, hf_config, b, image_size, seq_len, dtype, regime)
             peaks.append(peak)
             flops = step_flops / b
         slope = (peaks[1] - peaks[0]) / (SIZES[1] - SIZES[0])
@@ -98,6 +102,7 @@ def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str) -> 
         convolutional=any(isinstance(m, nn.Conv2d) for m in meta.modules()),
         batch_norm=uses_batch_norm(hf_config),
         flops_per_example=flops,
+        operators=ops,
         per_example=tuple(per_example),
         fixed=tuple(fixed),
         example=example,
@@ -123,28 +128,28 @@ def _unit_params(model: nn.Module) -> list[int]:
 
 def _fake_step(
     meta: nn.Module, hf_config: Any, b: int, image_size: int, seq_len: int, dtype: torch.dtype, regime: str
-) -> tuple[float, float]:
-    """(peak bytes of activations and temporaries, FLOPs) of one forward and backward of a micro-batch of ``b``."""
+) -> tuple[float, float, int]:
+    """(peak bytes of activations and temporaries, FLOPs, operators) of one forward and backward of a micro-batch of
+    ``b`` (backward taken as twice the forward)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
-    from transformers.initialization import no_init_weights
-
-    from bigtrain.models.build import auto_class
-    from bigtrain.parallel.transforms.batch_norm import batch_norms, swap_in
 
     cast = regime == "cast" and dtype != torch.float32
+    model = copy.deepcopy(meta)
+    for module in batch_norms(model):
+        swap_in(module, None)  # as the trainer runs it: fp32, this rank's statistics
     with FakeTensorMode():
-        with no_init_weights():  # values are never read: transformers' initialisation would read them
-            model = auto_class(hf_config).from_config(
-                hf_config, dtype=dtype if cast else torch.float32, attn_implementation=meta.config._attn_implementation
-            )
-        for module in batch_norms(model):
-            swap_in(module, None)  # as the trainer runs it: fp32, this rank's statistics
+        # every parameter and buffer a fake CPU tensor (construction code may read values: it ran on meta);
+        # cast weights in the compute dtype, BatchNorm's kept fp32 as the engines keep them
+        keep_fp32 = set(batch_norms(model))
+        for module in model.modules():
+            want = dtype if cast and module not in keep_fp32 else None
+            for name, param in list(module.named_parameters(recurse=False)):
+                fake = torch.empty(param.shape, dtype=want or param.dtype)
+                setattr(module, name, nn.Parameter(fake, requires_grad=param.requires_grad))
+            for name, buffer in list(module.named_buffers(recurse=False)):
+                module._buffers[name] = torch.empty(buffer.shape, dtype=buffer.dtype)
         model.train()
-        if cast:  # BatchNorm's parameters stay fp32, as the engines keep them (fake tensors cannot be cast in place)
-            for module in batch_norms(model):
-                for name, param in list(module.named_parameters(recurse=False)):
-                    setattr(module, name, nn.Parameter(param.float()))
         inputs = _inputs(hf_config, b, image_size, seq_len)
         if cast and "pixel_values" in inputs:  # FSDP2 and DeepSpeed hand the model its inputs in the compute dtype
             inputs["pixel_values"] = inputs["pixel_values"].to(dtype)
@@ -159,14 +164,30 @@ def _fake_step(
             return t
 
         autocast = not cast and dtype != torch.float32
-        with FlopCounterMode(display=False) as flops, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        hooks = torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t)
+        with FlopCounterMode(display=False) as flops, hooks, _CountOps() as ops:
             with torch.autocast("cpu", dtype=dtype, enabled=autocast):
                 logits = model(**inputs).logits
             loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-        with FlopCounterMode(display=False) as backward:
-            loss.backward()
+        loss.backward()
         held = sum(saved.values()) + sum(t.untyped_storage().nbytes() for t in inputs.values())
-        return float(held), float(flops.get_total_flops() + backward.get_total_flops())
+        # backward as twice the forward (the input's and the weight's gradient): torch's counter overcounts a
+        # grouped convolution's backward by its group count (ConvNeXt-B's depthwise ones: 183 GFLOP for 1.1 forward)
+        return float(held), 3.0 * float(flops.get_total_flops()), 3 * ops.count
+
+
+_NO_KERNEL = (torch.ops.aten.detach.default, torch.ops.aten.empty.memory_format, torch.ops.aten.lift_fresh.default)
+
+
+class _CountOps(TorchDispatchMode):
+    """Counts the operators dispatched (each a kernel launch on a GPU: the floor of a small micro-step's time)."""
+
+    count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if not func.is_view and func not in _NO_KERNEL:  # a view or a detach launches nothing
+            self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 def _inputs(hf_config: Any, b: int, image_size: int, seq_len: int) -> dict[str, torch.Tensor]:

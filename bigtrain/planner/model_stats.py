@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from bigtrain.config.capabilities import ModelFacts
-from bigtrain.config.hf import config_object, hf_config_from_dict, resolve_attention
+from bigtrain.config.hf import config_object, resolve_attention
+from bigtrain.config.tasks import model_config_object
 from bigtrain.errors import ConfigError
 from bigtrain.planner.block_probe import ModelProfile, profile_model
 
@@ -265,7 +266,8 @@ def _presets() -> dict[str, Any]:
 def load_model_config(spec: str | dict[str, Any], key: str = "--model") -> dict[str, Any]:
     """A full HF config dict from a preset name, a model folder, a config.json path, or a recipe's config dict.
 
-    transformers fills in the defaults a partial dict leaves out; anything but a causal LM is refused. ``key``: how
+    transformers fills in the defaults a partial dict leaves out; a classifier keeps its task (``architectures``),
+    anything else but a causal LM is refused. ``key``: how
     the caller's input is named in errors (a flag, or a Python argument such as ``model``).
     """
     shown = f"{key} {spec!r}" if key.startswith("--") else f"{key}={spec!r}"
@@ -288,6 +290,6 @@ def load_model_config(spec: str | dict[str, Any], key: str = "--model") -> dict[
                 f"{shown} is neither a preset nor a local model folder or config.json; "
                 f"presets: {', '.join(preset_names())}"
             )
-    full = hf_config_from_dict(raw, key="the model config").to_dict()
+    full = model_config_object(raw, key="the model config").to_dict()  # a causal LM, or a classifier (its task)
     full["model_type"] = raw["model_type"]
     return full

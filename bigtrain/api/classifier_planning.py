@@ -1,0 +1,279 @@
+"""``bigtrain.plan`` and ``bigtrain plan`` for image and sequence classifiers: the request read from the arguments
+and the recipe, the search (``planner/classifier_plan.py``), and the result a person reads: the candidates, the
+choice and why, and the speed-up from 1 GPU to the asked count."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bigtrain.api.request import Hardware, Spelling, cluster_of, no_gpu_message, parse_fix
+from bigtrain.config.plan import Plan
+from bigtrain.config.schema import PRECISIONS, RecipeConfig
+from bigtrain.config.workload import Workload
+from bigtrain.errors import ConfigError
+from bigtrain.planner.classifier_plan import Candidate, ScalingRow, candidates, scaling
+from bigtrain.planner.classifier_stats import ClassifierStats, measure_classifier
+from bigtrain.planner.hardware import Cluster, count, size
+
+# examples per GPU in a step when no batch is given: NVIDIA's ResNet-50 AMP recipe takes 256 images per GPU; BERT
+# fine-tuning recipes take 32 sequences
+DEFAULT_PER_GPU = {"images": 256, "examples": 32}
+DEFAULT_SEQ_LEN = 512
+NOT_PLANNED = {  # arguments the classifier planner does not weigh (they are rows of the capability table)
+    "method": "full",
+    "compile": False,
+    "fp8": "none",
+}
+
+
+@dataclass(frozen=True)
+class ClassifierPlanResult:
+    stats: ClassifierStats
+    model_config: dict[str, Any]
+    cluster: Cluster
+    workload: Workload
+    searched: list[Candidate]
+    scaling: list[ScalingRow]
+
+    @property
+    def best(self) -> Candidate:
+        return self.searched[0]
+
+    @property
+    def plan(self) -> Plan:
+        return self.best.plan
+
+    @property
+    def fits(self) -> bool:
+        return self.best.fits
+
+    @property
+    def memory(self) -> Any:
+        return self.best.memory
+
+    @property
+    def time(self) -> Any:
+        return self.best.time
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.plan.micro_batch_size
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.plan.grad_accum_steps(self.workload.global_batch_size)
+
+    def summary(self) -> str:
+        return f"{_name(self.plan)}, micro-batch {self.micro_batch_size} x {self.gradient_accumulation_steps} steps"
+
+    def what_would_fit(self) -> str | None:
+        if self.fits:
+            return None
+        need = self.best.memory.total_bytes
+        return (
+            f"the smallest plan ({_name(self.plan)}, micro-batch {self.micro_batch_size}) needs {size(need)} per GPU; "
+            "use GPUs with more memory, more GPUs (FSDP2 and ZeRO shard the weights and optimizer states), or a "
+            "smaller image size or row length"
+        )
+
+    def simulate(self) -> dict[str, Any]:
+        """The chosen plan's training step on fake tensors (``measure/simulate.py``): rank 0's peak."""
+        from bigtrain.measure.simulate import simulate
+
+        peak = simulate(self.model_config, self.plan, self.workload)
+        return {"peak_bytes": peak["Total"], "by_kind": peak}
+
+    def to_dict(self, include_unrunnable: bool = False) -> dict[str, Any]:
+        unit = self.stats.unit
+        return {
+            "model": {
+                "model_type": self.stats.model_type,
+                "task": self.stats.task,
+                "params": self.stats.params,
+                "example": self.stats.example,
+                "flops_per_example": self.stats.flops_per_example,
+            },
+            "cluster": {"gpu": self.cluster.gpu.name, "gpus": self.cluster.num_gpus},
+            "global_batch_size": self.workload.global_batch_size,
+            "plan": self.plan.to_dict(),
+            "fits": self.fits,
+            "memory_bytes": self.memory.total_bytes,
+            "step_s": self.time.step_s,
+            f"{unit}_per_s": self.time.per_s,
+            "candidates": [
+                {
+                    "plan": _name(c.plan),
+                    "micro_batch_size": c.plan.micro_batch_size,
+                    "memory_bytes": c.memory.total_bytes,
+                    "step_s": c.time.step_s,
+                    "fits": c.fits,
+                }
+                for c in self.searched
+            ],
+            "scaling": [
+                {"gpus": r.gpus, f"{unit}_per_s": r.per_s, "speedup": r.speedup, "efficiency": r.efficiency}
+                for r in self.scaling
+            ],
+        }
+
+    def per_backend(self) -> list[Candidate]:
+        """The best candidate of each backend and stage (its best micro-batch), in the ranking's order."""
+        seen, out = set(), []
+        for cand in self.searched:
+            key = (cand.plan.backend, cand.plan.zero_stage)
+            if key not in seen:
+                seen.add(key)
+                out.append(cand)
+        return out
+
+    def explain(self, show_unrunnable: bool = False, limit: int = 8) -> str:
+        s, c, w, unit = self.stats, self.cluster, self.workload, self.stats.unit
+        lines = [
+            f"model: {s.describe}: {count(s.params)} params, {s.flops_per_example / 1e9:.1f} GFLOP per "
+            f"{unit[:-1]} (forward + backward)",
+            f"cluster: {c.num_gpus} x {c.gpu.name} ({size(c.gpu.memory_bytes)} each); global batch "
+            f"{w.global_batch_size} {unit}, {w.mixed_precision}",
+            "",
+            f"  {'#':>2}  {'plan':<16} {'micro':>5} {'accum':>5}  {'memory/GPU':>10}  {'step':>9}  "
+            f"{unit + '/s':>10}  fits",
+        ]
+        for i, cand in enumerate(self.per_backend()[:limit], 1):
+            accum = cand.plan.grad_accum_steps(w.global_batch_size)
+            lines.append(
+                f"  {i:>2}  {_name(cand.plan):<16} {cand.plan.micro_batch_size:>5} {accum:>5}  "
+                f"{size(cand.memory.total_bytes):>10}  {cand.time.step_s * 1e3:>7.1f} ms  {cand.time.per_s:>10,.0f}  "
+                f"{'yes' if cand.fits else 'no'}"
+            )
+        lines += ["", f"chosen: {self.summary()}. {self._why()}", ""]
+        lines += self._scaling_lines()
+        lines += [
+            "",
+            "each row: the backend's best micro-batch (micro: examples per forward, accum: micro-steps per step);",
+            "memory/GPU: predicted peak plus a margin for the CUDA context, NCCL and the allocator; step: one",
+            "optimizer step. FLOPs and activations measured on fake tensors at this size. Not weighed for classifiers:",
+            "activation checkpointing, compile, channels_last, LoRA (rows of the capability table).",
+        ]
+        return "\n".join(lines)
+
+    def _why(self) -> str:
+        fitting = [x for x in self.searched if x.fits]
+        if not fitting:
+            return "Nothing fits: " + (self.what_would_fit() or "")
+        best = self.best
+        fastest = min(fitting, key=lambda x: x.time.step_s)
+        if fastest is not best:
+            slower = best.time.step_s / fastest.time.step_s - 1
+            return (
+                f"A near tie with {_name(fastest.plan)} (micro-batch {fastest.plan.micro_batch_size}, {slower:.1%} "
+                "faster predicted): the simpler plan is taken."
+            )
+        if best.plan.backend == "ddp":
+            return "The fastest plan that fits: the whole model and its optimizer fit one GPU, so nothing is sharded."
+        return "The fastest plan that fits; DDP would not fit or is slower."
+
+    def _scaling_lines(self) -> list[str]:
+        unit, per_gpu = self.stats.unit, self.workload.global_batch_size // self.cluster.num_gpus
+        lines = [
+            f"scaling of this plan, {per_gpu} {unit} per GPU per step (1 GPU to {self.cluster.num_gpus}):",
+            f"  {'GPUs':>4}  {unit + '/s':>10}  {'speed-up':>8}  {'efficiency':>10}  {'grad traffic':>12}  "
+            f"{'not hidden':>10}",
+        ]
+        for r in self.scaling:
+            lines.append(
+                f"  {r.gpus:>4}  {r.per_s:>10,.0f}  {r.speedup:>7.2f}x  {r.efficiency:>10.0%}  "
+                f"{r.comm_s * 1e3:>9.1f} ms  {r.exposed_s * 1e3:>7.1f} ms{'' if r.fits else '  (does not fit)'}"
+            )
+        hidden = [r for r in self.scaling if r.gpus > 1 and r.exposed_s > 0.11 * r.comm_s]
+        if hidden:
+            lines.append(
+                f"  from {hidden[0].gpus} GPUs on, gradient traffic outlasts backward and the GPUs wait for it"
+            )
+        elif len(self.scaling) > 1:
+            lines.append(
+                "  gradient traffic hides behind backward at every count (all but its last bucket, 10%, shown as "
+                "not hidden)"
+            )
+        return lines
+
+
+def _name(plan: Plan) -> str:
+    if plan.backend == "ddp":
+        return "ddp"
+    return f"{plan.backend} zero{plan.zero_stage}"
+
+
+def plan_classifier(
+    model_config: dict[str, Any],
+    cfg: RecipeConfig | None,
+    hw: Hardware,
+    spell: Spelling,
+    *,
+    image_size: int | None = None,
+    seq_len: int | None = None,
+    global_batch_size: int | None = None,
+    mixed_precision: str | None = None,
+    fix: dict[str, Any] | list[str] | None = None,
+    cluster: Cluster | None = None,
+    **not_planned: Any,
+) -> ClassifierPlanResult:
+    """The classifier planner's answer for a model dict (its task in ``architectures``) on ``hw``."""
+    for name, value in not_planned.items():
+        if value not in (None, NOT_PLANNED[name]):
+            raise ConfigError(
+                f"{spell.value(name, value)}: the planner plans classifiers with {name}={NOT_PLANNED[name]} only "
+                "(the capability table lists what else trains them)"
+            )
+    if mixed_precision is not None and mixed_precision not in PRECISIONS:
+        raise ConfigError(f"{spell.value('mixed_precision', mixed_precision)} is not one of {', '.join(PRECISIONS)}")
+    cluster = cluster or cluster_of(hw, no_gpu_message(spell), spell)
+    images = "pixel" in _input_kind(model_config)
+    if images:
+        side = image_size or (cfg and cfg.data.image_size) or model_config.get("image_size") or 224
+        if side < 8:
+            raise ConfigError(f"{spell.value('image_size', side)} is too small; use at least 8 (224 for ImageNet)")
+        length = 0
+    else:
+        if image_size:
+            raise ConfigError(f"{spell('image_size')} is for image models; a sequence classifier takes --seq-len")
+        side = 0
+        length = seq_len or (cfg and cfg.data.seq_len) or DEFAULT_SEQ_LEN
+        limit = model_config.get("max_position_embeddings")
+        if limit and length > limit:
+            raise ConfigError(f"{spell.value('seq_len', length)} is more than the model's {limit} positions")
+    precision = mixed_precision or (cfg.train.mixed_precision if cfg else "bf16")
+    stats = measure_classifier(model_config, side, length, precision)
+    batch = global_batch_size or (cfg.train.global_batch_size if cfg else 0)
+    batch = batch or DEFAULT_PER_GPU[stats.unit] * cluster.num_gpus
+    workload = Workload(seq_len=max(length, 1), global_batch_size=batch, mixed_precision=precision, image_size=side)
+    found = candidates(stats, cluster, workload, parse_fix(fix or [], spell))
+    rows = scaling(stats, found[0].plan, cluster, workload)
+    return ClassifierPlanResult(stats, model_config, cluster, workload, found, rows)
+
+
+def classifier_model(model: Any, recipe: Any, spell: Spelling) -> tuple[dict[str, Any], RecipeConfig | None] | None:
+    """(the model dict, the recipe) when what ``bigtrain.plan`` was given is an image or sequence classifier (its
+    task from the config or the recipe's model.task), else None: a causal LM, planned by the LM planner."""
+    from bigtrain.api.request import model_config_of
+    from bigtrain.config.load import load_recipe
+    from bigtrain.config.tasks import model_config_object, task_of
+
+    cfg = recipe if isinstance(recipe, RecipeConfig) or recipe is None else load_recipe(recipe)
+    if model is not None:
+        model_config, _ = model_config_of(model, spell)
+    elif cfg is not None:
+        from bigtrain.models.build import load_hf_config
+
+        hf_config = load_hf_config(cfg.model)
+        model_config = {**hf_config.to_dict(), "model_type": hf_config.model_type}
+    else:
+        return None
+    if not task_of(model_config_object(model_config)).examples:
+        return None
+    return model_config, cfg
+
+
+def _input_kind(model_config: dict[str, Any]) -> str:
+    from bigtrain.config.tasks import model_config_object, task_of
+
+    return "pixel_values" if task_of(model_config_object(model_config)).unit == "images" else "input_ids"
