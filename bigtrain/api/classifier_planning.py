@@ -12,7 +12,7 @@ from bigtrain.config.plan import Plan
 from bigtrain.config.schema import PRECISIONS, RecipeConfig
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
-from bigtrain.planner.classifier_plan import Candidate, ScalingRow, candidates, scaling
+from bigtrain.planner.classifier_plan import Candidate, ScalingRow, candidates, plan_name, scaling, table_lines
 from bigtrain.planner.classifier_stats import ClassifierStats, measure_classifier
 from bigtrain.planner.hardware import Cluster, count, size
 
@@ -65,14 +65,15 @@ class ClassifierPlanResult:
         return self.plan.grad_accum_steps(self.workload.global_batch_size)
 
     def summary(self) -> str:
-        return f"{_name(self.plan)}, micro-batch {self.micro_batch_size} x {self.gradient_accumulation_steps} steps"
+        return f"{plan_name(self.plan)}, micro-batch {self.micro_batch_size} x {self.gradient_accumulation_steps} steps"
 
     def what_would_fit(self) -> str | None:
         if self.fits:
             return None
         need = self.best.memory.total_bytes
         return (
-            f"the smallest plan ({_name(self.plan)}, micro-batch {self.micro_batch_size}) needs {size(need)} per GPU; "
+            f"the smallest plan ({plan_name(self.plan)}, micro-batch {self.micro_batch_size}) needs {size(need)} "
+            "per GPU; "
             "use GPUs with more memory, more GPUs (FSDP2 and ZeRO shard the weights and optimizer states), or a "
             "smaller image size or row length"
         )
@@ -103,7 +104,7 @@ class ClassifierPlanResult:
             f"{unit}_per_s": self.time.per_s,
             "candidates": [
                 {
-                    "plan": _name(c.plan),
+                    "plan": plan_name(c.plan),
                     "micro_batch_size": c.plan.micro_batch_size,
                     "memory_bytes": c.memory.total_bytes,
                     "step_s": c.time.step_s,
@@ -117,34 +118,16 @@ class ClassifierPlanResult:
             ],
         }
 
-    def per_backend(self) -> list[Candidate]:
-        """The best candidate of each backend and stage (its best micro-batch), in the ranking's order."""
-        seen, out = set(), []
-        for cand in self.searched:
-            key = (cand.plan.backend, cand.plan.zero_stage)
-            if key not in seen:
-                seen.add(key)
-                out.append(cand)
-        return out
-
-    def explain(self, show_unrunnable: bool = False, limit: int = 8) -> str:
+    def explain(self, show_unrunnable: bool = False) -> str:
         s, c, w, unit = self.stats, self.cluster, self.workload, self.stats.unit
         lines = [
-            f"model: {s.describe}: {count(s.params)} params, {s.flops_per_example / 1e9:.1f} GFLOP per "
+            f"model: {s.describe}: {count(s.params)} params, {s.flops_per_example / 1e9:.3g} GFLOP per "
             f"{unit[:-1]} (forward + backward)",
             f"cluster: {c.num_gpus} x {c.gpu.name} ({size(c.gpu.memory_bytes)} each); global batch "
             f"{w.global_batch_size} {unit}, {w.mixed_precision}",
             "",
-            f"  {'#':>2}  {'plan':<16} {'micro':>5} {'accum':>5}  {'memory/GPU':>10}  {'step':>9}  "
-            f"{unit + '/s':>10}  fits",
+            *table_lines(self.searched, w, unit),
         ]
-        for i, cand in enumerate(self.per_backend()[:limit], 1):
-            accum = cand.plan.grad_accum_steps(w.global_batch_size)
-            lines.append(
-                f"  {i:>2}  {_name(cand.plan):<16} {cand.plan.micro_batch_size:>5} {accum:>5}  "
-                f"{size(cand.memory.total_bytes):>10}  {cand.time.step_s * 1e3:>7.1f} ms  {cand.time.per_s:>10,.0f}  "
-                f"{'yes' if cand.fits else 'no'}"
-            )
         lines += ["", f"chosen: {self.summary()}. {self._why()}", ""]
         lines += self._scaling_lines()
         lines += [
@@ -165,7 +148,7 @@ class ClassifierPlanResult:
         if fastest is not best:
             slower = best.time.step_s / fastest.time.step_s - 1
             return (
-                f"A near tie with {_name(fastest.plan)} (micro-batch {fastest.plan.micro_batch_size}, {slower:.1%} "
+                f"A near tie with {plan_name(fastest.plan)} (micro-batch {fastest.plan.micro_batch_size}, {slower:.1%} "
                 "faster predicted): the simpler plan is taken."
             )
         if best.plan.backend == "ddp":
@@ -195,12 +178,6 @@ class ClassifierPlanResult:
                 "not hidden)"
             )
         return lines
-
-
-def _name(plan: Plan) -> str:
-    if plan.backend == "ddp":
-        return "ddp"
-    return f"{plan.backend} zero{plan.zero_stage}"
 
 
 def plan_classifier(
@@ -245,6 +222,12 @@ def plan_classifier(
     stats = measure_classifier(model_config, side, length, precision)
     batch = global_batch_size or (cfg.train.global_batch_size if cfg else 0)
     batch = batch or DEFAULT_PER_GPU[stats.unit] * cluster.num_gpus
+    n = cluster.num_gpus
+    if batch < 1 or batch % n:
+        lower = batch // n * n
+        raise ConfigError(
+            f"{spell.value('global_batch_size', batch)} does not divide over {n} GPUs; try {lower or n} or {lower + n}"
+        )
     workload = Workload(seq_len=max(length, 1), global_batch_size=batch, mixed_precision=precision, image_size=side)
     found = candidates(stats, cluster, workload, parse_fix(fix or [], spell))
     rows = scaling(stats, found[0].plan, cluster, workload)

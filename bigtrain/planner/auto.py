@@ -12,6 +12,11 @@ from typing import Any, NamedTuple
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
+from bigtrain.planner.classifier_plan import candidates as classifier_candidates
+from bigtrain.planner.classifier_plan import estimate_memory as classifier_memory
+from bigtrain.planner.classifier_plan import estimate_time as classifier_time
+from bigtrain.planner.classifier_plan import table_lines
+from bigtrain.planner.classifier_stats import ClassifierStats, is_classifier, measure_classifier
 from bigtrain.planner.cost import estimate_time
 from bigtrain.planner.explain import render_table
 from bigtrain.planner.hardware import GPU, Cluster, GiB, lookup_gpu
@@ -53,8 +58,10 @@ def choose_plan(
     ``train.method``); ``profile``: a ``bigtrain probe`` profile whose measured rates replace the table's
     (``profile.py``); ``fixed``: plan fields the recipe states (``train.method: auto`` with a written plan);
     ``host_memory_bytes``: free host memory of a node, for offloaded state (None: the planner's assumption)."""
-    stats = ModelStats.from_config(model_config)
     cluster = local_cluster(world_size, ranks_per_node, device_name, free_bytes, profile, host_memory_bytes)
+    if is_classifier(model_config):
+        return _choose_classifier_plan(model_config, cluster, workload, fixed)
+    stats = ModelStats.from_config(model_config)
     gpu = cluster.gpu
     candidates = search(stats, cluster, workload, fixed, predict_unrunnable=False)
     table = render_table(candidates, stats, cluster, workload)
@@ -65,6 +72,27 @@ def choose_plan(
             f"'{best.rejected_because}'; use more devices, a smaller train.global_batch_size or data.seq_len"
         )
     return Choice(best.plan, best.method, best.compile, best.fp8, table)
+
+
+def _choose_classifier_plan(
+    model_config: dict[str, Any], cluster: Cluster, workload: Workload, fixed: dict[str, Any] | None
+) -> Choice:
+    """An image or sequence classifier's plan (``classifier_plan.py``): full training, eager, no FP8."""
+    stats = _classifier_stats(model_config, workload)
+    found = classifier_candidates(stats, cluster, workload, fixed or {})
+    best = found[0]
+    if not best.fits:
+        raise ConfigError(
+            f"parallel.plan=auto found no plan that fits {cluster.num_gpus} x {cluster.gpu.name}: the smallest needs "
+            f"{best.memory.total_bytes / GiB:.1f} GiB per device; use more devices, a smaller "
+            "train.global_batch_size or data.image_size"
+        )
+    return Choice(best.plan, "full", False, "none", "\n".join(table_lines(found, workload, stats.unit)))
+
+
+def _classifier_stats(model_config: dict[str, Any], workload: Workload) -> ClassifierStats:
+    image = workload.image_size
+    return measure_classifier(model_config, image, 0 if image else workload.seq_len, workload.mixed_precision)
 
 
 def local_cluster(
@@ -95,6 +123,14 @@ def local_cluster(
 def predict(model_config: dict[str, Any], plan: Plan, cluster: Cluster, workload: Workload) -> str:
     """The planner's prediction for the plan start-up runs (written or chosen), in the plan line's words: its peak
     per device, and on GPUs its step time (the time model has no numbers for CPU processes)."""
+    if is_classifier(model_config):
+        classifier = _classifier_stats(model_config, workload)
+        peak = classifier_memory(classifier, plan, workload).total_bytes
+        words = f"predicted peak {peak / GiB:.2f} GiB per device"
+        if cluster.gpu.name != CPU.name:
+            per_s = classifier_time(classifier, plan, cluster, workload).per_s
+            words += f", {per_s:,.0f} {classifier.unit}/s"
+        return words
     stats = ModelStats.from_config(model_config)
     memory = estimate_memory(stats, plan, workload).total_bytes
     words = f"predicted peak {memory / GiB:.2f} GiB per device"

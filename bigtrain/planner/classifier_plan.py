@@ -42,7 +42,7 @@ from bigtrain.errors import ConfigError
 from bigtrain.planner.classifier_stats import ClassifierStats
 from bigtrain.planner.cost import ACHIEVABLE, EXPOSED_FRACTION, FP32_SLOWDOWN, MEMORY_ACHIEVABLE
 from bigtrain.planner.deepspeed_memory import DEEPSPEED_MAX_LIVE_PARAMETERS
-from bigtrain.planner.hardware import Cluster, ring_share
+from bigtrain.planner.hardware import Cluster, ring_share, size
 from bigtrain.planner.memory_terms import MARGIN_FIXED, MARGIN_FRACTION
 
 CONV_ACHIEVABLE = 0.20  # of the datasheet peak, for CNNs (module docstring: NVIDIA's ResNet-50 A100 figure)
@@ -265,3 +265,33 @@ def scaling(stats: ClassifierStats, chosen: Plan, cluster: Cluster, workload: Wo
         one = rows[0].per_s if rows else t.per_s
         rows.append(ScalingRow(g, t.per_s, t.per_s / one, t.per_s / one / g, t.comm_s, t.exposed_s, fits))
     return rows
+
+
+def plan_name(plan: Plan) -> str:
+    return "ddp" if plan.backend == "ddp" else f"{plan.backend} zero{plan.zero_stage}"
+
+
+def per_backend(found: list[Candidate]) -> list[Candidate]:
+    """The best candidate of each backend and stage (its best micro-batch), in the ranking's order."""
+    seen, out = set(), []
+    for cand in found:
+        key = (cand.plan.backend, cand.plan.zero_stage)
+        if key not in seen:
+            seen.add(key)
+            out.append(cand)
+    return out
+
+
+def table_lines(found: list[Candidate], workload: Workload, unit: str) -> list[str]:
+    """The candidates, one row per backend (its best micro-batch): memory per GPU, step time, throughput."""
+    lines = [
+        f"  {'#':>2}  {'plan':<16} {'micro':>5} {'accum':>5}  {'memory/GPU':>10}  {'step':>9}  {unit + '/s':>10}  fits"
+    ]
+    for i, cand in enumerate(per_backend(found), 1):
+        accum = cand.plan.grad_accum_steps(workload.global_batch_size)
+        lines.append(
+            f"  {i:>2}  {plan_name(cand.plan):<16} {cand.plan.micro_batch_size:>5} {accum:>5}  "
+            f"{size(cand.memory.total_bytes):>10}  {cand.time.step_s * 1e3:>7.1f} ms  {cand.time.per_s:>10,.0f}  "
+            f"{'yes' if cand.fits else 'no'}"
+        )
+    return lines

@@ -166,10 +166,10 @@ class TrainingJob:
             check_base(cfg.model.name_or_path, Manifest.read(resume_from).base, f"resuming from {resume_from}")
         # plan: auto and method: auto are chosen at start-up, together, for the memory the job really has
         choose = self.plan is None or "auto" in (cfg.train.method, cfg.train.compile, cfg.train.fp8)
-        if choose and self.task.examples:
+        if self.task.examples and "auto" in (cfg.train.method, cfg.train.compile, cfg.train.fp8):
             raise ConfigError(
-                f"parallel.plan=auto (or train.method, compile or fp8 auto) with model.task={self.task.name} is not "
-                "built yet: the planner models causal LMs; write the plan's parallel keys and those values"
+                f"train.method, compile or fp8 auto with model.task={self.task.name} is not built yet: the planner "
+                "plans full, eager training of classifiers; write train.method=full, compile=false, fp8=none"
             )
         self.options: BuildOptions | None = None if choose else self._build_options(self.plan)
         self.output_lock = OutputDirLock(cfg.output_dir)
@@ -440,7 +440,9 @@ class TrainingJob:
     def _workload(self) -> Workload:
         """What one step processes, as the planner and the capability table's data rows read it."""
         cfg = self.cfg
-        return Workload.of_train(cfg.train, self.data.seq_len, cfg.lora, self._packed, self.attention)
+        workload = Workload.of_train(cfg.train, self.data.seq_len, cfg.lora, self._packed, self.attention)
+        images = getattr(self.data, "preprocessing", None)  # an image classifier's: the side it is trained at
+        return dataclasses.replace(workload, image_size=images.size) if images is not None else workload
 
     def _build_options(self, plan: Plan) -> BuildOptions:
         """The capability table's rows for this model and the engine's own inputs (its config files), checked on
@@ -476,8 +478,6 @@ class TrainingJob:
 
     def _prediction(self, plan: Plan) -> str:
         """What the planner predicts for this plan on these devices (the plan line's check on the run)."""
-        if self.task.examples:
-            return f"no prediction: the planner models causal LMs, not {self.task.name} yet"
         device = self.device
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         free = local_free_memory(self.env, device)

@@ -1,0 +1,106 @@
+"""The classifier planner's peak memory against bigtrain's own training step simulated on fake tensors.
+
+Real widths (ResNet-50, ConvNeXt-B, ViT-L/16, BERT-large), micro-batches 32 to 256, 224 to 384 px and 256 to 512
+tokens, DDP and FSDP2 (zero_stage 2 and 3, with accumulation): rank 0 of 2 or 4, bf16. DeepSpeed's step does not
+run on fake tensors (``measure/simulate.py``); activation checkpointing is not built for classifiers, so every case
+runs without it.
+
+    python bench/classifier_memory.py            # writes bench/results/classifier_memory.md
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bigtrain.config.workload import Workload
+from bigtrain.measure.simulate import simulate
+from bigtrain.planner.classifier_plan import classifier_plan, estimate_memory
+from bigtrain.planner.classifier_stats import measure_classifier
+from bigtrain.planner.model_stats import load_model_config
+
+RESULTS = Path(__file__).parent / "results" / "classifier_memory.md"
+
+
+@dataclass(frozen=True)
+class Case:
+    preset: str
+    backend: str
+    zero_stage: int
+    dp: int
+    micro_batch: int
+    accum: int
+    image_size: int = 0  # 0: a text classifier, at seq_len tokens
+    seq_len: int = 0
+
+    @property
+    def name(self) -> str:
+        size = f"{self.image_size}px" if self.image_size else f"{self.seq_len}tok"
+        plan = self.backend if self.backend == "ddp" else f"{self.backend}-z{self.zero_stage}"
+        return f"{self.preset}-{plan}x{self.dp}-mb{self.micro_batch}x{self.accum}-{size}"
+
+
+CASES = (
+    Case("resnet-50", "ddp", 0, 2, 64, 1, image_size=224),
+    Case("resnet-50", "fsdp2", 3, 2, 128, 2, image_size=224),
+    Case("resnet-50", "fsdp2", 2, 2, 256, 1, image_size=224),
+    Case("convnext-base", "ddp", 0, 2, 32, 1, image_size=224),
+    Case("convnext-base", "fsdp2", 2, 4, 32, 2, image_size=288),
+    Case("vit-large", "fsdp2", 3, 4, 32, 2, image_size=224),
+    Case("vit-large", "ddp", 0, 2, 32, 1, image_size=384),
+    Case("bert-large", "fsdp2", 2, 2, 32, 1, seq_len=512),
+    Case("bert-large", "ddp", 0, 2, 32, 2, seq_len=256),
+)
+
+
+def run_case(case: Case) -> tuple[int, int]:
+    """(predicted tensor bytes, simulated peak bytes) of rank 0."""
+    config = load_model_config(case.preset)
+    if case.image_size and "image_size" in config:  # a ViT's position table is sized for its image size
+        config = load_model_config({**config, "image_size": case.image_size})
+    plan = classifier_plan(case.backend, case.zero_stage, case.dp, case.micro_batch)
+    workload = Workload(
+        seq_len=max(case.seq_len, 1),
+        global_batch_size=case.micro_batch * case.dp * case.accum,
+        image_size=case.image_size,
+    )
+    stats = measure_classifier(config, case.image_size, case.seq_len, workload.mixed_precision)
+    predicted = estimate_memory(stats, plan, workload).tensor_bytes
+    return predicted, simulate(config, plan, workload)["Total"]
+
+
+def main() -> None:
+    rows, errors = [], []
+    for case in CASES:
+        start = time.perf_counter()
+        predicted, simulated = run_case(case)
+        error = predicted / simulated - 1
+        errors.append(abs(error))
+        rows.append(
+            f"| {case.name} | {predicted / 2**30:.2f} | {simulated / 2**30:.2f} | {error:+.1%} | "
+            f"{time.perf_counter() - start:.0f} s |"
+        )
+        print(rows[-1], flush=True)
+    text = "\n".join(
+        [
+            "# Classifier planner: predicted vs simulated peak (rank 0, bf16)",
+            "",
+            "`python bench/classifier_memory.py` (this machine: 2 CPU cores; fake tensors, fake process group).",
+            "",
+            "| case | predicted GiB | simulated GiB | error | time |",
+            "|---|---|---|---|---|",
+            *rows,
+            "",
+            f"largest error {max(errors):.1%}, median {statistics.median(errors):.1%} ({len(CASES)} cases).",
+            "",
+        ]
+    )
+    RESULTS.write_text(text)
+    print(text.splitlines()[-1])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
