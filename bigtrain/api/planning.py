@@ -77,8 +77,7 @@ def plan(
         fix: plan fields to pin, e.g. ``{"backend": "deepspeed", "zero_stage": 3}``.
         hardware_profile: a ``bigtrain probe`` profile: measured rates and links instead of the GPU table's.
         allow_unrunnable: return the best plan even when the trainer cannot run it (``bigtrain plan --all``).
-        image_size: pixels per side an image classifier is trained at (default: the recipe's, else the model's,
-            else 224).
+        image_size: pixels per side of an image classifier's inputs (default: the recipe's, the model's, or 224).
 
     Returns:
         A :class:`PlanResult` (``result.plan``, ``result.explain()``, ``result.to_training_arguments()``, ...); for
@@ -90,25 +89,11 @@ def plan(
     """
     profile = str(hardware_profile) if hardware_profile else None
     hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, host_memory, profile)
-    classifier = classifier_model(model, recipe, _spell)
+    classifier = _classifier(model, recipe, hw, _spell, image_size=image_size, seq_len=seq_len, fix=fix,
+                             global_batch_size=global_batch_size, mixed_precision=mixed_precision, method=method,
+                             compile=compile, fp8=fp8)  # fmt: skip
     if classifier is not None:
-        model_config, cfg = classifier
-        return plan_classifier(
-            model_config,
-            cfg,
-            hw,
-            _spell,
-            image_size=image_size,
-            seq_len=seq_len,
-            global_batch_size=global_batch_size,
-            mixed_precision=mixed_precision,
-            fix=fix,
-            method=method,
-            compile=compile,
-            fp8=fp8,
-        )
-    if image_size is not None:
-        raise ConfigError(f"{_spell('image_size')} is for image classifiers; this model is a causal LM")
+        return classifier
     request = build_request(
         model,
         recipe,
@@ -124,6 +109,18 @@ def plan(
         spell=_spell,
     )
     return searched(request, allow_unrunnable, _spell)
+
+
+def _classifier(
+    model: ModelSpec | None, recipe: Any, hw: Hardware, spell: Spelling, **asked: Any
+) -> ClassifierPlanResult | None:
+    """The classifier planner's answer when the model is an image or sequence classifier, else None."""
+    found = classifier_model(model, recipe, spell)
+    if found is None:
+        if asked["image_size"] is not None:
+            raise ConfigError(f"{spell('image_size')} is for image classifiers; this model is a causal LM")
+        return None
+    return plan_classifier(*found, hw, spell, **asked)
 
 
 def searched(
@@ -163,6 +160,11 @@ def recipe_plan(
     if isinstance(recipe, RecipeConfig) and overrides:
         raise ConfigError("overrides apply to a recipe read from a file: pass its path, or change the RecipeConfig")
     cfg = recipe if isinstance(recipe, RecipeConfig) else load_recipe(recipe, overrides)
+    if classifier_model(None, cfg, _spell) is not None:
+        raise ConfigError(
+            f"model.task={cfg.model.task}: recipe plans and plan exports (accelerate, DeepSpeed, HF Trainer configs) "
+            "model causal LMs only; bigtrain plan RECIPE (bigtrain.plan(recipe=...)) plans this classifier"
+        )
     profile = str(hardware_profile) if hardware_profile else cfg.parallel.hardware_profile
     hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, None, profile)
     if cfg.parallel.plan == "auto":

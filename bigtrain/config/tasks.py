@@ -166,15 +166,13 @@ def uses_batch_norm(hf_config: Any) -> bool:
 
 
 def model_config_object(model_config: dict[str, Any], key: str = "the model config") -> Any:
-    """The ``PretrainedConfig`` of a planner or simulator model dict: a classifier when its ``architectures`` (or,
-    without one, its family) says so, checked as ``bigtrain train`` checks it; otherwise a causal LM, with the
-    causal-LM checks (``hf_config_from_dict``)."""
+    """The ``PretrainedConfig`` of a planner or simulator model dict: a classifier when its ``architectures`` names
+    a classifier class (as presets, saved model folders and recipes resolved by ``bigtrain train`` do), checked as
+    ``bigtrain train`` checks it; otherwise a causal LM, with the causal-LM checks (``hf_config_from_dict``)."""
     from bigtrain.config.hf import config_object, hf_config_from_dict
 
     config = config_object(model_config, key, causal_lm=False)
     task = _named_task(config)
-    if task is None and not getattr(config, "architectures", None):
-        task = detect_task(config)
     if task is None or not task.examples:
         return hf_config_from_dict(model_config, key)
     resolve_task(config, task.name, key)

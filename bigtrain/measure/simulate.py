@@ -79,6 +79,8 @@ def simulate(
     ``real_tensors``: run on real CPU tensors instead of fake ones (memory and time of a real step: small models).
     """
     hf_config = model_config_object(model_config)
+    if task_of(hf_config).unit == "images" and not workload.image_size:
+        raise ConfigError("an image classifier's step is simulated at an image size: set Workload.image_size")
     attn_implementation = resolve_attention(hf_config, attn_implementation)  # "auto": the family's own default
     # what the trainer would refuse
     check(Setup(plan, workload.train_config(), ModelFacts.of(hf_config), workload.data_facts()))

@@ -162,6 +162,11 @@ class ModelStats:
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> ModelStats:
         model_type = cfg.get("model_type")
+        if _names_classifier(cfg):
+            raise ConfigError(
+                f"{cfg.get('architectures')}: these statistics model causal LMs only; classifiers are measured by "
+                "planner/classifier_stats.py (bigtrain plan chooses the planner by the model's task)"
+            )
         hf_config = config_object(cfg)
         facts = ModelFacts.of(hf_config)
         if model_type not in FORMULA_FAMILIES:
@@ -253,6 +258,17 @@ class ModelStats:
             "vocab": self.vocab,
             "tied": self.tied,
         }
+
+
+def _names_classifier(cfg: dict[str, Any]) -> bool:
+    """Whether a model dict names an image or sequence classifier class (``architectures``)."""
+    names = cfg.get("architectures") or []
+    return any(a.endswith(("ForImageClassification", "ForSequenceClassification")) for a in names)
+
+
+def lm_preset_names() -> list[str]:
+    """The presets of causal LMs (the others are classifiers, planned by planner/classifier_plan.py)."""
+    return [k for k in preset_names() if not _names_classifier(_presets()[k])]
 
 
 def preset_names() -> list[str]:

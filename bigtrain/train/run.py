@@ -430,8 +430,9 @@ class TrainingJob:
             self.cfg = _with_method(cfg, choice.method)
         if "auto" in (cfg.train.compile, cfg.train.fp8):
             self.cfg = _with_speed(self.cfg, choice.compile, choice.fp8)
-        # validated as if the user had written it
-        return resolve_plan(parallel_of(choice.plan.to_dict()), self.env.world_size, self.cfg.train)
+        # validated as if the user had written it, with the records' options the recipe writes (sync_batchnorm)
+        chosen = {**choice.plan.to_dict(), **cfg.parallel.options}
+        return resolve_plan(parallel_of(chosen), self.env.world_size, self.cfg.train)
 
     def _model_config(self) -> dict[str, Any]:
         """The model's config as the planner reads it (a dict naming its model_type)."""

@@ -53,7 +53,7 @@ def test_every_recipe_exports_to_each_target_or_names_what_it_cannot(cli_in_proc
             out = tmp_path / f"{name}.{target}"
             proc = cli_in_process(["export", f"recipes/{name}.yaml", "--to", target, "-o", str(out), *args])
             if name in CLASSIFIERS:
-                assert proc.returncode == 2 and "plan exports model causal LMs only" in proc.stderr, proc.stderr
+                assert proc.returncode == 2 and "plan exports (accelerate, DeepSpeed, HF Trainer configs) model causal LMs only" in proc.stderr, proc.stderr
                 assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
             elif (name, target) in REFUSED:
                 assert proc.returncode == 2, proc.stderr

@@ -85,10 +85,6 @@ def test_a_recipe_plans_the_same_in_python_and_on_the_command_line(recipe, hardw
 
 def test_every_shipped_recipe_plans_in_python(recipe_world):
     for recipe in RECIPES:
-        if recipe in ("image_classifier.yaml", "text_classifier.yaml"):  # the planner models causal LMs only
-            with pytest.raises(ConfigError, match="the planner, the simulator and plan exports model causal LMs"):
-                bigtrain.plan(recipe=f"recipes/{recipe}", gpus=8, gpu="H100")
-            continue
         result = bigtrain.plan(recipe=f"recipes/{recipe}", gpus=8, gpu="H100")
         assert result.to_dict()["candidates"], recipe
 

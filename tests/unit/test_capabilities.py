@@ -45,8 +45,8 @@ class Example:
     rows_len: int = 17  # tokens per row of the data
     packed: bool = False  # chat-free text records packed into rows (data.packing: documents), else a .npy of rows
     attention: str = "auto"  # model.attn_implementation
-    images: bool = False  # an image classifier's example: the built-in shapes as data (the planner and the
-    # simulator model causal LMs only: they refuse the model before any row, which the test checks instead)
+    images: bool = False  # an image classifier's example: the built-in shapes as data (recipe plans, plan exports
+    # and the LM planner's statistics refuse the model before any row, which the test checks instead)
 
 
 EXAMPLES: dict[str, Example] = {
@@ -228,14 +228,18 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
         TrainingJob(cfg, env)
     assert str(e.value) == message
 
-    if ex.images:  # plan exports, the simulator and the planner model causal LMs only, and say so first
+    if ex.images:  # recipe plans, plan exports and the LM planner model causal LMs only, and say so first
         for consumer in (
             lambda: recipe_plan(cfg, gpus=ex.world).export("accelerate"),
-            lambda: simulate(ex.model, plan, Workload(seq_len=1, global_batch_size=ex.batch)),
             lambda: ModelStats.from_config(load_model_config(ex.model)),
         ):
             with pytest.raises(ConfigError, match="model causal LMs only"):
                 consumer()
+        # the simulator runs a classifier's step, and asks the capability table first as the trainer does
+        with pytest.raises(ConfigError) as e:
+            classifier = {**ex.model, "architectures": ["ResNetForImageClassification"]}
+            simulate(classifier, plan, Workload(seq_len=1, global_batch_size=ex.batch, image_size=16))
+        assert str(e.value) == message
         return
     with pytest.raises(ConfigError) as e:
         recipe_plan(cfg, gpus=ex.world).export("accelerate")

@@ -17,7 +17,7 @@ from bigtrain.errors import ConfigError
 from bigtrain.planner.explain import describe
 from bigtrain.planner.hardware import GiB, lookup_gpu, make_cluster, parse_memory
 from bigtrain.planner.memory import estimate_memory
-from bigtrain.planner.model_stats import ModelStats, load_model_config, preset_names
+from bigtrain.planner.model_stats import ModelStats, lm_preset_names, load_model_config
 from bigtrain.planner.search import NEAR_TIE, search
 
 
@@ -97,7 +97,7 @@ PUBLISHED = {  # parameters reported by the model cards
 }
 
 
-@pytest.mark.parametrize("name", preset_names())
+@pytest.mark.parametrize("name", lm_preset_names())  # classifiers: test_classifier_planner.py
 def test_presets_have_their_published_size(name):
     assert stats(name).params == pytest.approx(PUBLISHED[name], rel=0.005)
 
