@@ -162,15 +162,17 @@ CLASSIFIER = dict(model_type="resnet", embedding_size=8, hidden_sizes=[8, 16], d
 CLASSIFIER_FEATURES: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
     ("image / sequence classification (`model.task`), with accumulation", dict(micro_batch_size=1), {}, "yes"),
     ("+ hybrid sharding", dict(dp_replicate=2, dp_shard=2), {}, "no (classifier plans: ddp, fsdp2, zero)"),
-    ("+ activation checkpointing", dict(activation_checkpointing="full"), {}, "no (not built)"),
+    ("+ activation checkpointing (BatchNorm: ResNet)", dict(activation_checkpointing="full"), {}, "no (not built)"),
+    ("+ activation checkpointing (no BatchNorm: ViT, BERT)", dict(activation_checkpointing="full"), {}, "no"),
 ]
+VIT = dict(model_type="vit", image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
 
 
-def _classifier_facts() -> ModelFacts:
+def _classifier_facts(config: dict[str, Any] = CLASSIFIER) -> ModelFacts:
     from bigtrain.config.schema import ModelConfig
     from bigtrain.models.build import load_hf_config
 
-    return ModelFacts.of(load_hf_config(ModelConfig(config=CLASSIFIER)))
+    return ModelFacts.of(load_hf_config(ModelConfig(config=config, task="image-classification")))
 
 
 def capability_matrix() -> str:
@@ -186,9 +188,11 @@ def capability_matrix() -> str:
         model = moe_facts if "ep" in fields else facts
         cells = [_cell(_plan(base, fields), train, model) for base in ENGINES.values()]
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {_planner_offers(fields, train_fields)} |")
+    vit = _classifier_facts(VIT)
     for name, fields, train_fields, offered in CLASSIFIER_FEATURES:
         train = TrainConfig(global_batch_size=8, **train_fields)
-        cells = [_cell(_plan(base, fields), train, classifier) for base in ENGINES.values()]
+        model = vit if "ViT" in name else classifier
+        cells = [_cell(_plan(base, fields), train, model) for base in ENGINES.values()]
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {offered} |")
     for c in CAPABILITIES:  # the keys records bring: asked of the LM, or of the classifier when the LM refuses them
         for o in c.options:

@@ -34,14 +34,16 @@ class ModelFacts:
     ep_layout: bool = False  # transformers' base_model_ep_plan dispatches the experts (ep_dispatch_experts)
     task: str = "causal-lm"  # model.task, resolved (config/tasks.py)
     batch_norm: bool = False  # the model normalises with BatchNorm (its statistics depend on how a batch is split)
+    convolutional: bool = False  # the model has 2-D convolutions (what parallel.channels_last lays out)
 
     @classmethod
     def of(cls, hf_config: Any) -> ModelFacts:
-        from bigtrain.config.tasks import task_of, uses_batch_norm
+        from bigtrain.config.tasks import layer_kinds, task_of
 
         # a classifier may have no attention, layers or vocabulary (a CNN): 0 where the config has none
         heads = getattr(hf_config, "num_attention_heads", 0) or 0
         tp_plan = getattr(hf_config, "base_model_tp_plan", None) or {}
+        batch_norm, convolutional = layer_kinds(hf_config)
         return cls(
             model_type=hf_config.model_type,
             layers=getattr(hf_config, "num_hidden_layers", 0) or len(getattr(hf_config, "depths", []) or []),
@@ -59,5 +61,6 @@ class ModelFacts:
             num_experts=next((int(getattr(hf_config, k)) for k in EXPERT_COUNT_KEYS if getattr(hf_config, k, None)), 0),
             ep_layout="ep_dispatch_experts" in (getattr(hf_config, "base_model_ep_plan", None) or {}).values(),
             task=task_of(hf_config).name,
-            batch_norm=uses_batch_norm(hf_config),
+            batch_norm=batch_norm,
+            convolutional=convolutional,
         )

@@ -152,6 +152,11 @@ def task_of(hf_config: Any) -> Task:
 def uses_batch_norm(hf_config: Any) -> bool:
     """Whether the config's model (built on meta, no memory) has a BatchNorm layer: its training output then depends
     on how a batch is split over ranks (``parallel/batch_norm.py``). Causal LMs have none."""
+    return layer_kinds(hf_config)[0]
+
+
+def layer_kinds(hf_config: Any) -> tuple[bool, bool]:
+    """(has BatchNorm, has 2-D convolutions) of the config's classifier, built on meta; causal LMs: neither."""
     import copy
 
     import torch
@@ -159,10 +164,14 @@ def uses_batch_norm(hf_config: Any) -> bool:
 
     task = task_of(hf_config)
     if not task.examples:
-        return False
+        return False, False
     with torch.device("meta"):
         model = getattr(transformers, task.auto_class).from_config(copy.deepcopy(hf_config))
-    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    modules = list(model.modules())
+    return (
+        any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in modules),
+        any(isinstance(m, torch.nn.Conv2d) for m in modules),
+    )
 
 
 def model_config_object(model_config: dict[str, Any], key: str = "the model config") -> Any:

@@ -35,7 +35,14 @@ class TextExamples(IndexedExamples):
     vocab_size: int
     description: str
     index: np.ndarray | None = None
-    truncated: int = 0  # examples longer than seq_len, cut
+    was_cut: np.ndarray | None = None  # [num_examples] bool: the example was longer than seq_len
+
+    @property
+    def truncated(self) -> int:
+        """Examples of this set (training or held out) longer than seq_len, cut."""
+        if self.was_cut is None:
+            return 0
+        return int(self.was_cut.sum() if self.index is None else self.was_cut[self.index].sum())
 
     def subset(self, index: np.ndarray, description: str, augment: bool) -> TextExamples:
         """``augment``: images only (texts are not augmented)."""
@@ -98,21 +105,22 @@ def load_text_examples(cfg: DataConfig, key: str, path: str, tokenizer: str | No
         check_records_path(key, path)
         records = read_records(key, path, cfg.text_field, cfg.split)
     encode, pad, vocab, which = _encoder(tokenizer)
-    ids, raw, truncated = [], [], 0
+    ids, raw, cut_at = [], [], []
     for where, record in records:
         for field in (cfg.text_field, cfg.label_field):
             if field not in record:
                 raise ConfigError(f"{key}={path!r}, {where}: no {field!r} field; it has {sorted(record)}")
         tokens = encode(str(record[cfg.text_field]), record.get(TEXT_PAIR_FIELD))
-        truncated += len(tokens) > cfg.seq_len
+        cut_at.append(len(tokens) > cfg.seq_len)
         ids.append(np.asarray(tokens[: cfg.seq_len], dtype=np.int64))
         raw.append(record[cfg.label_field])
     if not ids:
         raise ConfigError(f"{key}={path!r} holds no records")
     classes, labels = label_indices(raw, key, cfg.label_field)
-    cut = f", {truncated} cut at data.seq_len={cfg.seq_len}" if truncated else ""
+    was_cut = np.array(cut_at, dtype=bool)
+    cut = f", {was_cut.sum()} cut at data.seq_len={cfg.seq_len}" if was_cut.any() else ""
     where = f"{path} ({len(ids)} examples, {len(classes)} classes{cut}, {which})"
-    return TextExamples(ids, labels, classes, pad, vocab, where, truncated=truncated)
+    return TextExamples(ids, labels, classes, pad, vocab, where, was_cut=was_cut)
 
 
 def _animal(text: str) -> str:

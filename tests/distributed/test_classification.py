@@ -165,6 +165,10 @@ PLANS = {
     "fsdp2-2ranks-accum2": (2, 4, dict(backend="fsdp2", micro_batch_size=4, grad_reduce=EVERY)),
     "fsdp2-2ranks-accum2-sync": (2, 4, dict(backend="fsdp2", micro_batch_size=4, sync_batchnorm=True)),
     "hsdp-2x2-accum2": (4, 2, dict(backend="fsdp2", dp_replicate=2, dp_shard=2, micro_batch_size=2)),
+    "ddp-2ranks-accum2-channels_last": (2, 4, dict(backend="ddp", micro_batch_size=4, channels_last=True)),
+    "fsdp2-2ranks-accum2-channels_last": (2, 4, dict(backend="fsdp2", micro_batch_size=4, channels_last=True)),
+    "fsdp2-2ranks-accum2-ac": (2, 4, dict(backend="fsdp2", micro_batch_size=4, activation_checkpointing="full")),
+    "ddp-2ranks-accum2-ac": (2, 4, dict(backend="ddp", micro_batch_size=4, activation_checkpointing="selective")),
     "deepspeed-zero2-accum2": (2, 4, dict(backend="deepspeed", zero_stage=2, micro_batch_size=4)),
     "deepspeed-zero3-accum2": (2, 4, dict(backend="deepspeed", zero_stage=3, micro_batch_size=4)),
 }
@@ -175,17 +179,23 @@ CASES = [
     ("resnet", "fsdp2-2ranks-accum2"),
     ("resnet", "fsdp2-2ranks-accum2-sync"),
     ("resnet", "hsdp-2x2-accum2"),
+    ("resnet", "ddp-2ranks-accum2-channels_last"),
+    ("resnet", "fsdp2-2ranks-accum2-channels_last"),
     ("resnet", "deepspeed-zero2-accum2"),
     ("resnet", "deepspeed-zero3-accum2"),
     ("vit", "fsdp2-2ranks-accum2"),
+    ("vit", "fsdp2-2ranks-accum2-ac"),
     ("bert", "fsdp2-2ranks-accum2"),
     ("bert", "ddp-2ranks-accum2"),
+    ("bert", "ddp-2ranks-accum2-ac"),
 ]
 FULL_ONLY = {
     ("resnet", "1rank-accum2"),
+    ("resnet", "fsdp2-2ranks-accum2-channels_last"),
     ("resnet", "hsdp-2x2-accum2"),
     ("resnet", "deepspeed-zero3-accum2"),
     ("vit", "fsdp2-2ranks-accum2"),
+    ("vit", "fsdp2-2ranks-accum2-ac"),
     ("bert", "ddp-2ranks-accum2"),
 }
 

@@ -3,8 +3,8 @@ plans (DDP, FSDP2, HSDP, DeepSpeed ZeRO), with BatchNorm's statistics kept or sy
 
 Everything a causal LM's plan may add beyond data parallelism is a row here until it is built for these tasks: each
 of tp, pp, cp and ep splits a decoder's blocks, heads or sequence; the chunked and vocabulary-parallel losses work on
-an LM head; FP8, compile, activation checkpointing and offload, and adapters wrap or rewrite decoder blocks and are
-tested on causal LMs only.
+an LM head; FP8, compile, activation offload and adapters wrap or rewrite decoder blocks and are tested on causal LMs
+only. Activation checkpointing wraps a classifier's blocks (its ``_no_split_modules``) unless it has BatchNorm.
 """
 
 from __future__ import annotations
@@ -18,6 +18,15 @@ SYNC_BATCHNORM = Option(
     False,
     "BatchNorm statistics of a micro-step over every data-parallel rank's images together (SyncBatchNorm) instead "
     "of each rank's own; either way the running statistics are the same on every rank after each step.",
+    example=True,
+)
+
+
+CHANNELS_LAST = Option(
+    "channels_last",
+    False,
+    "Convolutional models: images and activations in channels-last memory layout (NHWC), the layout tensor cores' "
+    "convolutions read directly; DDP lays out the convolution weights so too. Numerics unchanged.",
     example=True,
 )
 
@@ -53,8 +62,13 @@ def classifier_with_block_transforms(s: Setup) -> str | None:
     task, p, t = _classifier(s), s.plan, s.train
     if task is None:
         return None
+    if p.activation_checkpointing != "none" and s.model is not None and s.model.batch_norm:
+        return (
+            f"parallel.activation_checkpointing={p.activation_checkpointing} with {s.model.model_type}: recomputing "
+            "a BatchNorm's forward in backward would update its running statistics a second time; set "
+            "parallel.activation_checkpointing=none (models without BatchNorm, such as ViT and BERT, take it)"
+        )
     for key, on, off in (
-        ("parallel.activation_checkpointing", p.activation_checkpointing != "none", "none"),
         ("parallel.offload_activations", p.offload_activations, "false"),
         ("train.compile", t.compile is True, "false"),
         ("train.fp8", t.fp8 not in ("none", "auto"), "none"),
@@ -74,15 +88,25 @@ def sync_batchnorm_without_batchnorm(s: Setup) -> str | None:
     )
 
 
+def channels_last_without_convolutions(s: Setup) -> str | None:
+    if s.model is None or s.model.convolutional or not CHANNELS_LAST.of(s.plan):
+        return None
+    return (
+        f"parallel.channels_last=true, but {s.model.model_type} has no 2-D convolution (the layout changes nothing "
+        "in it); leave parallel.channels_last=false"
+    )
+
+
 CAPABILITY = Capability(
     name="classification",
-    summary="image and sequence classifiers (model.task), BatchNorm synchronised or not",
+    summary="image and sequence classifiers (model.task): BatchNorm synchronised or not, channels-last layout",
     keys=("model.task", "data.label_field", "data.image_field", "data.image_size", "data.augment"),
     rules=(
         row(classifier_with_model_parallelism, "not_built", reads_model=True),
         row(classifier_with_block_transforms, "not_built", reads_model=True, reads_micro_batch=True),
         row(sync_batchnorm_without_batchnorm, "invalid", reads_model=True),
+        row(channels_last_without_convolutions, "invalid", reads_model=True),
     ),
-    options=(SYNC_BATCHNORM,),
-    transforms=("batch_norm",),
+    options=(SYNC_BATCHNORM, CHANNELS_LAST),
+    transforms=("batch_norm", "channels_last"),
 )

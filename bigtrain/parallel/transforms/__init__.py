@@ -18,6 +18,8 @@ Why this order (torchtitan's, extended):
   checkpointed block keeps, its input) and outside the compiled region, inside FSDP2's gathers;
 - FSDP2 shards on meta: nothing of the unsharded model is ever allocated;
 - then the values are allocated and loaded, each rank writing only its shards;
+- channels-last layout (convolutional classifiers) after the values exist, before DDP's buckets take the weights'
+  strides;
 - context parallelism then points the model's attention at its all-to-all attention (after the values: loading
   builds a twin of the model from the same config object, which would set the config's attention back);
 - DDP last: it broadcasts real values.
@@ -35,6 +37,7 @@ from bigtrain.parallel.transforms import (
     activation_offload,
     adapters,
     batch_norm,
+    channels_last,
     chunked_loss,
     compile_blocks,
     context_parallel,
@@ -61,6 +64,7 @@ BUILT_IN: tuple[Transform, ...] = (
     batch_norm.TRANSFORM,
     fsdp.TRANSFORM,
     load_values.TRANSFORM,
+    channels_last.TRANSFORM,
     context_parallel.TRANSFORM,
     ddp.TRANSFORM,
 )

@@ -65,8 +65,11 @@ def _wrap_blocks(built: BuiltModel, ctx: BuildContext) -> None:
     for part in range(len(built.parts)):
         blocks = built.blocks(part)
         for index in checkpointed_blocks(len(blocks), plan.checkpoint_every):
+            # a block with active dropout recomputes with the random state of its forward (else backward would
+            # differentiate other masks than the forward applied: a classifier's BERT keeps 0.1 by default)
+            dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in blocks[index].modules())
             wrapped = checkpoint_wrapper(
-                blocks[index], checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=False, **kwargs
+                blocks[index], checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=dropout, **kwargs
             )
             built.replace_block(part, index, wrapped)
 
