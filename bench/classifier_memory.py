@@ -1,9 +1,9 @@
 """The classifier planner's peak memory against bigtrain's own training step simulated on fake tensors.
 
 Real widths (ResNet-50, ConvNeXt-B, ViT-L/16, BERT-large), micro-batches 32 to 256, 224 to 384 px and 256 to 512
-tokens, DDP and FSDP2 (zero_stage 2 and 3, with accumulation): rank 0 of 2 or 4, bf16. DeepSpeed's step does not
-run on fake tensors (``measure/simulate.py``); activation checkpointing is not built for classifiers, so every case
-runs without it.
+tokens, DDP and FSDP2 (zero_stage 2 and 3, with accumulation), with and without full activation checkpointing (the
+models without BatchNorm): rank 0 of 2 or 4, bf16. DeepSpeed's step does not run on fake tensors
+(``measure/simulate.py``).
 
     python bench/classifier_memory.py            # writes bench/results/classifier_memory.md
 """
@@ -35,12 +35,13 @@ class Case:
     accum: int
     image_size: int = 0  # 0: a text classifier, at seq_len tokens
     seq_len: int = 0
+    checkpointed: bool = False  # full activation checkpointing of every block
 
     @property
     def name(self) -> str:
         size = f"{self.image_size}px" if self.image_size else f"{self.seq_len}tok"
         plan = self.backend if self.backend == "ddp" else f"{self.backend}-z{self.zero_stage}"
-        return f"{self.preset}-{plan}x{self.dp}-mb{self.micro_batch}x{self.accum}-{size}"
+        return f"{self.preset}-{plan}x{self.dp}-mb{self.micro_batch}x{self.accum}-{size}" + "-ac" * self.checkpointed
 
 
 CASES = (
@@ -53,6 +54,9 @@ CASES = (
     Case("vit-large", "ddp", 0, 2, 32, 1, image_size=384),
     Case("bert-large", "fsdp2", 2, 2, 32, 1, seq_len=512),
     Case("bert-large", "ddp", 0, 2, 32, 2, seq_len=256),
+    Case("vit-large", "fsdp2", 3, 4, 64, 1, image_size=224, checkpointed=True),
+    Case("vit-large", "ddp", 0, 2, 32, 2, image_size=384, checkpointed=True),
+    Case("bert-large", "fsdp2", 2, 2, 64, 1, seq_len=512, checkpointed=True),
 )
 
 
@@ -61,7 +65,7 @@ def run_case(case: Case) -> tuple[int, int]:
     config = load_model_config(case.preset)
     if case.image_size and "image_size" in config:  # a ViT's position table is sized for its image size
         config = load_model_config({**config, "image_size": case.image_size})
-    plan = classifier_plan(case.backend, case.zero_stage, case.dp, case.micro_batch)
+    plan = classifier_plan(case.backend, case.zero_stage, case.dp, case.micro_batch, case.checkpointed)
     workload = Workload(
         seq_len=max(case.seq_len, 1),
         global_batch_size=case.micro_batch * case.dp * case.accum,

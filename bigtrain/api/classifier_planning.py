@@ -121,7 +121,7 @@ class ClassifierPlanResult:
     def explain(self, show_unrunnable: bool = False) -> str:
         s, c, w, unit = self.stats, self.cluster, self.workload, self.stats.unit
         lines = [
-            f"model: {s.describe}: {count(s.params)} params, {s.flops_per_example / 1e9:.3g} GFLOP per "
+            f"model: {s.describe}: {count(s.params)} params, {_gflop(s.flops_per_example)} GFLOP per "
             f"{unit[:-1]} (forward + backward)",
             f"cluster: {c.num_gpus} x {c.gpu.name} ({size(c.gpu.memory_bytes)} each); global batch "
             f"{w.global_batch_size} {unit}, {w.mixed_precision}",
@@ -178,6 +178,10 @@ class ClassifierPlanResult:
                 "not hidden)"
             )
         return lines
+
+
+def _gflop(flops: float) -> str:
+    return f"{flops / 1e9:,.0f}" if flops >= 1e11 else f"{flops / 1e9:.3g}"
 
 
 def plan_classifier(

@@ -2,9 +2,10 @@
 from 1 GPU to N, the measure data-parallel training is judged by.
 
 Candidates: DDP, FSDP2 (zero_stage 2 or 3) and DeepSpeed ZeRO-1/2/3, each at every micro-batch that divides a
-rank's share of the global batch (tp, pp, cp, ep, activation checkpointing and compile are rows of the capability
-table for classifiers: ``config/capabilities/classification.py``). The model's numbers are measured on fake tensors
-(``classifier_stats.py``).
+rank's share of the global batch, with and without full activation checkpointing of the blocks for models without
+BatchNorm (tp, pp, cp, ep and compile are rows of the capability table for classifiers:
+``config/capabilities/classification.py``). Checkpointing costs one more forward of the blocks (4/3 of the
+compute). The model's numbers are measured on fake tensors (``classifier_stats.py``).
 
 Memory of rank 0 (Ψ parameters, N data-parallel ranks, a bytes of the compute dtype, b the micro-batch):
 - DDP: fp32 weights, fp32 gradients in DDP's buckets (gradient_as_bucket_view), AdamW's two fp32 states: 16Ψ, plus
@@ -88,7 +89,7 @@ class Candidate:
     fits: bool
 
 
-def classifier_plan(backend: str, zero_stage: int, dp: int, micro_batch_size: int) -> Plan:
+def classifier_plan(backend: str, zero_stage: int, dp: int, micro_batch_size: int, checkpointed: bool = False) -> Plan:
     shard = backend != "ddp"
     return Plan(
         backend=backend,
@@ -99,7 +100,7 @@ def classifier_plan(backend: str, zero_stage: int, dp: int, micro_batch_size: in
         tp=1,
         pp=1,
         pp_schedule="1f1b",
-        activation_checkpointing="none",
+        activation_checkpointing="full" if checkpointed else "none",
         micro_batch_size=micro_batch_size,
         offload_optimizer=False,
         offload_params=False,
@@ -110,10 +111,11 @@ def estimate_memory(stats: ClassifierStats, plan: Plan, workload: Workload) -> C
     psi, n, a, b = stats.params, plan.dp, workload.dtype_bytes, plan.micro_batch_size
     accum = plan.grad_accum_steps(workload.global_batch_size)
     fp32 = workload.mixed_precision == "fp32"
+    checkpointed = plan.activation_checkpointing == "full"
     if plan.backend == "ddp":
-        acts = stats.activations("autocast", b)
+        acts = stats.activations("autocast", b, checkpointed)
         return _with_margin(4 * psi, 4 * psi, 8 * psi, acts, 0)
-    acts = stats.activations("cast", b)
+    acts = stats.activations("cast", b, checkpointed)
     if plan.backend == "fsdp2":
         gathered = a * psi if plan.zero_stage == 2 else 2 * a * stats.largest_unit
         reduce = 4 * stats.largest_unit if not fp32 else 0  # a unit's unsharded fp32 gradient, being reduced
@@ -153,7 +155,8 @@ def estimate_time(stats: ClassifierStats, plan: Plan, cluster: Cluster, workload
         rate /= FP32_SLOWDOWN
     # each micro-step launches the model's operators whatever its size: the host's launching is the floor of a small
     # micro-step (the GPU waits for kernels), hidden behind a large one (kernels queue while it computes)
-    compute = stats.flops_per_example * plan.micro_batch_size / rate
+    recompute = 4 / 3 if plan.activation_checkpointing == "full" else 1.0  # one more forward of every block
+    compute = recompute * stats.flops_per_example * plan.micro_batch_size / rate
     micro_s = max(compute, stats.operators * cluster.gpu.op_overhead_s)
     compute_s = micro_s * accum
     link = _bandwidth(cluster, n)
@@ -205,14 +208,16 @@ def candidates(stats: ClassifierStats, cluster: Cluster, workload: Workload, fix
             f"{lower or n} or {lower + n}"
         )
     out = []
+    checkpointing = (False, True) if stats.checkpointable else (False,)
     for backend, stage in BACKENDS:
         for b in micro_batch_sizes(workload.global_batch_size // n):
-            plan = classifier_plan(backend, stage, n, b)
-            if any(getattr(plan, k) != v for k, v in fixed.items()):
-                continue
-            memory = estimate_memory(stats, plan, workload)
-            time = estimate_time(stats, plan, cluster, workload)
-            out.append(Candidate(plan, memory, time, memory.total_bytes <= cluster.gpu.memory_bytes))
+            for checkpointed in checkpointing:
+                plan = classifier_plan(backend, stage, n, b, checkpointed)
+                if any(getattr(plan, k) != v for k, v in fixed.items()):
+                    continue
+                memory = estimate_memory(stats, plan, workload)
+                time = estimate_time(stats, plan, cluster, workload)
+                out.append(Candidate(plan, memory, time, memory.total_bytes <= cluster.gpu.memory_bytes))
     if not out:
         raise ConfigError(f"no classifier plan has {fixed}; classifiers train on backend ddp, fsdp2 or deepspeed")
     return ranked(out)
@@ -227,7 +232,13 @@ def ranked(found: list[Candidate]) -> list[Candidate]:
     if fits:
         best = fits[0].time.step_s
         near = [c for c in fits if c.time.step_s <= best * (1 + NEAR_TIE)]
-        near.sort(key=lambda c: (order[(c.plan.backend, c.plan.zero_stage)], -c.plan.micro_batch_size))
+        near.sort(
+            key=lambda c: (
+                c.plan.activation_checkpointing != "none",
+                order[(c.plan.backend, c.plan.zero_stage)],
+                -c.plan.micro_batch_size,
+            )
+        )
         fits = near + [c for c in fits if c not in near]
     return fits + rest
 
@@ -268,14 +279,15 @@ def scaling(stats: ClassifierStats, chosen: Plan, cluster: Cluster, workload: Wo
 
 
 def plan_name(plan: Plan) -> str:
-    return "ddp" if plan.backend == "ddp" else f"{plan.backend} zero{plan.zero_stage}"
+    name = "ddp" if plan.backend == "ddp" else f"{plan.backend} zero{plan.zero_stage}"
+    return name + (" ac" if plan.activation_checkpointing != "none" else "")
 
 
 def per_backend(found: list[Candidate]) -> list[Candidate]:
-    """The best candidate of each backend and stage (its best micro-batch), in the ranking's order."""
+    """The best candidate of each backend, stage and checkpointing (its best micro-batch), in the ranking's order."""
     seen, out = set(), []
     for cand in found:
-        key = (cand.plan.backend, cand.plan.zero_stage)
+        key = (cand.plan.backend, cand.plan.zero_stage, cand.plan.activation_checkpointing)
         if key not in seen:
             seen.add(key)
             out.append(cand)
@@ -285,12 +297,12 @@ def per_backend(found: list[Candidate]) -> list[Candidate]:
 def table_lines(found: list[Candidate], workload: Workload, unit: str) -> list[str]:
     """The candidates, one row per backend (its best micro-batch): memory per GPU, step time, throughput."""
     lines = [
-        f"  {'#':>2}  {'plan':<16} {'micro':>5} {'accum':>5}  {'memory/GPU':>10}  {'step':>9}  {unit + '/s':>10}  fits"
+        f"  {'#':>2}  {'plan':<19} {'micro':>5} {'accum':>5}  {'memory/GPU':>10}  {'step':>9}  {unit + '/s':>10}  fits"
     ]
     for i, cand in enumerate(per_backend(found), 1):
         accum = cand.plan.grad_accum_steps(workload.global_batch_size)
         lines.append(
-            f"  {i:>2}  {plan_name(cand.plan):<16} {cand.plan.micro_batch_size:>5} {accum:>5}  "
+            f"  {i:>2}  {plan_name(cand.plan):<19} {cand.plan.micro_batch_size:>5} {accum:>5}  "
             f"{size(cand.memory.total_bytes):>10}  {cand.time.step_s * 1e3:>7.1f} ms  {cand.time.per_s:>10,.0f}  "
             f"{'yes' if cand.fits else 'no'}"
         )

@@ -20,6 +20,7 @@ import copy
 import functools
 import json
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from bigtrain.config.tasks import model_config_object, task_of, uses_batch_norm
 from bigtrain.parallel.transforms.batch_norm import batch_norms, swap_in
 
 REGIMES = ("autocast", "cast")  # DDP's; FSDP2's and DeepSpeed's (module docstring)
+CHECKPOINTED = "+ac"  # a regime's name with this suffix: every block under full activation checkpointing
 SIZES = (2, 4)  # the micro-batches measured: the slope between them is the per-example term
 
 
@@ -40,6 +42,7 @@ class ClassifierStats:
     unit: str  # what throughput counts: images or examples
     params: int
     largest_unit: int  # parameters of the largest FSDP2 unit (a block of _no_split_modules, or the root's own)
+    blocks: int  # the repeated blocks FSDP2 shards and checkpointing wraps (0: none found)
     convolutional: bool  # has Conv2d layers (the achievable FLOP rate of a CNN is lower: planner/classifier_plan.py)
     batch_norm: bool
     flops_per_example: float  # forward + backward
@@ -48,9 +51,17 @@ class ClassifierStats:
     fixed: tuple[tuple[str, float], ...]  # (regime, activation bytes whatever the batch)
     example: str  # what one example is, in words (3x224x224 px, 512 tokens)
 
-    def activations(self, regime: str, micro_batch_size: int) -> float:
-        """Bytes of activations and temporaries at the step's peak for a micro-batch of this size."""
-        return dict(self.fixed)[regime] + dict(self.per_example)[regime] * micro_batch_size
+    def activations(self, regime: str, micro_batch_size: int, checkpointed: bool = False) -> float:
+        """Bytes of activations and temporaries at the step's peak for a micro-batch of this size (``checkpointed``:
+        every block under full activation checkpointing)."""
+        key = regime + CHECKPOINTED if checkpointed else regime
+        return dict(self.fixed)[key] + dict(self.per_example)[key] * micro_batch_size
+
+    @property
+    def checkpointable(self) -> bool:
+        """Activation checkpointing applies (blocks found, and no BatchNorm, whose recompute would update its
+        running statistics twice)."""
+        return self.blocks > 0 and not self.batch_norm
 
     @property
     def describe(self) -> str:
@@ -79,18 +90,20 @@ def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str) -> 
     task = task_of(hf_config)
     meta = build_meta_model(hf_config, "auto")  # the family's own attention (none for a CNN)
     params = sum(p.numel() for p in meta.parameters())
-    units = _unit_params(meta)
+    units = [sum(p.numel() for p in block.parameters()) for block in _blocks(meta)]
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[mixed_precision]
     per_example, fixed, flops, ops = [], [], 0.0, 0
     for regime in REGIMES:
-        peaks = []
+        peaks: dict[str, list[float]] = {regime: [], regime + CHECKPOINTED: []}
         for b in SIZES:
-            peak, step_flops, ops = _fake_step(meta, hf_config, b, image_size, seq_len, dtype, regime)
-            peaks.append(peak)
+            held, checkpointed, step_flops, ops = _fake_step(meta, hf_config, b, image_size, seq_len, dtype, regime)
+            peaks[regime].append(held)
+            peaks[regime + CHECKPOINTED].append(checkpointed)
             flops = step_flops / b
-        slope = (peaks[1] - peaks[0]) / (SIZES[1] - SIZES[0])
-        per_example.append((regime, slope))
-        fixed.append((regime, max(0.0, peaks[0] - slope * SIZES[0])))
+        for key, (small, large) in peaks.items():
+            slope = (large - small) / (SIZES[1] - SIZES[0])
+            per_example.append((key, slope))
+            fixed.append((key, max(0.0, small - slope * SIZES[0])))
     channels = getattr(hf_config, "num_channels", 3)
     example = f"{channels}x{image_size}x{image_size} px" if image_size else f"{seq_len} tokens"
     return ClassifierStats(
@@ -99,6 +112,7 @@ def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str) -> 
         unit=task.unit,
         params=params,
         largest_unit=max([*units, params - sum(units)]),
+        blocks=len(units),
         convolutional=any(isinstance(m, nn.Conv2d) for m in meta.modules()),
         batch_norm=uses_batch_norm(hf_config),
         flops_per_example=flops,
@@ -109,28 +123,22 @@ def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str) -> 
     )
 
 
-def _unit_params(model: nn.Module) -> list[int]:
-    """Parameters of each FSDP2 unit the trainer makes: every module of a class in ``_no_split_modules`` (the
-    outermost, as the trainer's block finder takes them)."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    units: list[int] = []
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks the trainer shards (FSDP2 units) and checkpoints: ``decoder_blocks``' (none: an empty list)."""
+    from bigtrain.config.hf import decoder_blocks
+    from bigtrain.errors import ConfigError
 
-    def visit(module: nn.Module) -> None:
-        for child in module.children():
-            if type(child).__name__ in names:
-                units.append(sum(p.numel() for p in child.parameters()))
-            else:
-                visit(child)
-
-    visit(model)
-    return units
+    try:
+        return [block for _, _, block in decoder_blocks(model)]
+    except ConfigError:
+        return []
 
 
 def _fake_step(
     meta: nn.Module, hf_config: Any, b: int, image_size: int, seq_len: int, dtype: torch.dtype, regime: str
-) -> tuple[float, float, int]:
-    """(peak bytes of activations and temporaries, FLOPs, operators) of one forward and backward of a micro-batch of
-    ``b`` (backward taken as twice the forward)."""
+) -> tuple[float, float, float, int]:
+    """(activation bytes, the same with every block checkpointed, FLOPs, operators) of one forward and backward of a
+    micro-batch of ``b`` (backward taken as twice the forward)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -155,13 +163,19 @@ def _fake_step(
             inputs["pixel_values"] = inputs["pixel_values"].to(dtype)
         labels = torch.randint(0, hf_config.num_labels, (b,))
         params = {p.untyped_storage()._cdata for p in model.parameters()}
-        saved: dict[int, int] = {}
+        saved: dict[int, tuple[int, int | None]] = {}  # storage -> (bytes, the block that saved it first, or None)
+        block_inputs: dict[int, int] = {}  # storage -> bytes of what entered a block
+        current: list[int | None] = [None]
 
         def keep(t: torch.Tensor) -> torch.Tensor:  # what backward will read: held from its forward to its backward
             storage = t.untyped_storage()
-            if storage._cdata not in params:
-                saved[storage._cdata] = storage.nbytes()
+            if storage._cdata not in params and storage._cdata not in saved:
+                saved[storage._cdata] = (storage.nbytes(), current[0])
             return t
+
+        for index, block in enumerate(_blocks(model)):
+            block.register_forward_pre_hook(partial(_entered, index, current, block_inputs, params), with_kwargs=True)
+            block.register_forward_hook(lambda *_: current.__setitem__(0, None))
 
         autocast = not cast and dtype != torch.float32
         hooks = torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t)
@@ -170,10 +184,31 @@ def _fake_step(
                 logits = model(**inputs).logits
             loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
         loss.backward()
-        held = sum(saved.values()) + sum(t.untyped_storage().nbytes() for t in inputs.values())
+        given = sum(t.untyped_storage().nbytes() for t in inputs.values())
+        held = sum(n for n, _ in saved.values()) + given
+        # under full checkpointing each block keeps only what entered it, and backward recomputes one block at a
+        # time: what it saved is held again, for the largest block
+        outside = {k: n for k, (n, owner) in saved.items() if owner is None}
+        within: dict[int, int] = {}
+        for n, owner in saved.values():
+            if owner is not None:
+                within[owner] = within.get(owner, 0) + n
+        entered = sum(n for k, n in block_inputs.items() if k not in outside)
+        held_checkpointed = sum(outside.values()) + entered + max(within.values(), default=0) + given
         # backward as twice the forward (the input's and the weight's gradient): torch's counter overcounts a
         # grouped convolution's backward by its group count (ConvNeXt-B's depthwise ones: 183 GFLOP for 1.1 forward)
-        return float(held), 3.0 * float(flops.get_total_flops()), 3 * ops.count
+        return float(held), float(held_checkpointed), 3.0 * float(flops.get_total_flops()), 3 * ops.count
+
+
+def _entered(
+    index: int, current: list[int | None], block_inputs: dict[int, int], params: set[int], module: nn.Module,
+    args: tuple, kwargs: dict[str, Any],
+) -> None:  # fmt: skip
+    """A block's forward begins: what it saves is its own; its tensor inputs are what checkpointing keeps of it."""
+    current[0] = index
+    for t in [*args, *kwargs.values()]:
+        if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in params:
+            block_inputs[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
 
 
 _NO_KERNEL = (torch.ops.aten.detach.default, torch.ops.aten.empty.memory_format, torch.ops.aten.lift_fresh.default)

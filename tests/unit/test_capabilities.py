@@ -143,6 +143,7 @@ EXAMPLES: dict[str, Example] = {
         2, dict(dp_shard=2, activation_checkpointing="full"), RESNET, images=True
     ),
     "sync_batchnorm_without_batchnorm": Example(2, dict(dp_shard=2, sync_batchnorm=True)),
+    "channels_last_without_convolutions": Example(2, dict(dp_shard=2, channels_last=True)),
 }
 ROWS = {rule.name: rule for rule in RULES}
 

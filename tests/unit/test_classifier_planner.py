@@ -50,7 +50,7 @@ def test_flops_and_activations_are_measured_per_example():
 
 
 def test_sharding_is_chosen_when_a_replica_does_not_fit():
-    result = bigtrain.plan("vit-large", gpus=8, gpu="H100", gpu_memory="7GB", global_batch_size=256)
+    result = bigtrain.plan("vit-large", gpus=8, gpu="H100", gpu_memory="6GB", global_batch_size=256)
     assert result.fits and result.plan.backend != "ddp"
     assert not any(c.fits for c in result.searched if c.plan.backend == "ddp")
     assert "DDP would not fit" in result.explain()
@@ -113,3 +113,20 @@ def test_plan_auto_chooses_for_a_classifier_on_the_job_s_devices():
 def test_bad_input_is_one_line(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         bigtrain.plan(kwargs.pop("model"), gpu="H100", **kwargs)
+
+
+def test_checkpointing_is_weighed_where_it_applies():
+    """BERT-large at 512 tokens on 9 GB GPUs: without checkpointing only tiny micro-batches fit, whose operator
+    launches cost more than checkpointing's third more compute at a larger one; ResNet's BatchNorm would update its
+    statistics twice on recompute, so no ResNet plan checkpoints."""
+    bert = bigtrain.plan("bert-large", gpus=8, gpu="L4", gpu_memory="9GB", seq_len=512, global_batch_size=256)
+    assert bert.fits and bert.plan.activation_checkpointing == "full"
+    plain = [c for c in bert.searched if c.plan.activation_checkpointing == "none"]
+    fitting = [c for c in plain if c.fits]
+    assert fitting and max(c.plan.micro_batch_size for c in fitting) < bert.micro_batch_size
+    assert min(c.time.step_s for c in fitting) > bert.time.step_s
+    same = next(c for c in plain if c.plan.micro_batch_size == bert.micro_batch_size and c.plan.backend == "fsdp2")
+    assert same.memory.activations > 5 * bert.memory.activations
+    assert bert.best.time.compute_s == pytest.approx(same.time.compute_s * 4 / 3, rel=1e-6)
+    resnet = bigtrain.plan("resnet-50", gpus=8, gpu="L4", global_batch_size=256)
+    assert all(c.plan.activation_checkpointing == "none" for c in resnet.searched)
