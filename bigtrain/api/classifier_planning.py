@@ -67,6 +67,12 @@ class ClassifierPlanResult:
     def summary(self) -> str:
         return f"{plan_name(self.plan)}, micro-batch {self.micro_batch_size} x {self.gradient_accumulation_steps} steps"
 
+    def export(self, target: str, gpus_per_node: int | None = None) -> Any:
+        raise ConfigError(
+            f"model.task={self.stats.task}: plan exports (accelerate, DeepSpeed, HF Trainer configs) model causal "
+            "LMs only; bigtrain train runs this plan as it is"
+        )
+
     def what_would_fit(self) -> str | None:
         if self.fits:
             return None
@@ -134,8 +140,8 @@ class ClassifierPlanResult:
             "",
             "each row: the backend's best micro-batch (micro: examples per forward, accum: micro-steps per step);",
             "memory/GPU: predicted peak plus a margin for the CUDA context, NCCL and the allocator; step: one",
-            "optimizer step. FLOPs and activations measured on fake tensors at this size. Not weighed for classifiers:",
-            "activation checkpointing, compile, channels_last, LoRA (rows of the capability table).",
+            "optimizer step; ac: every block under full activation checkpointing. FLOPs and activations measured on",
+            "fake tensors at this size. Not weighed: channels_last, HSDP (compile, LoRA: not built for classifiers).",
         ]
         return "\n".join(lines)
 
@@ -178,6 +184,31 @@ class ClassifierPlanResult:
                 "not hidden)"
             )
         return lines
+
+
+def written_classifier_plan(
+    model_config: dict[str, Any], cfg: RecipeConfig, plan: Plan, cluster: Cluster
+) -> ClassifierPlanResult:
+    """A recipe's written plan for a classifier, predicted (what ``bigtrain train`` runs)."""
+    from bigtrain.planner.classifier_plan import estimate_memory, estimate_time
+
+    images = "pixel" in _input_kind(model_config)
+    side = (cfg.data.image_size or model_config.get("image_size") or 224) if images else 0
+    length = 0 if images else (cfg.data.seq_len or DEFAULT_SEQ_LEN)
+    stats = measure_classifier(model_config, side, length, cfg.train.mixed_precision)
+    workload = Workload(
+        seq_len=max(length, 1),
+        global_batch_size=cfg.train.global_batch_size,
+        mixed_precision=cfg.train.mixed_precision,
+        image_size=side,
+    )
+    memory = estimate_memory(stats, plan, workload)
+    found = [
+        Candidate(
+            plan, memory, estimate_time(stats, plan, cluster, workload), memory.total_bytes <= cluster.gpu.memory_bytes
+        )
+    ]
+    return ClassifierPlanResult(stats, model_config, cluster, workload, found, scaling(stats, plan, cluster, workload))
 
 
 def _gflop(flops: float) -> str:

@@ -8,7 +8,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bigtrain.api.classifier_planning import ClassifierPlanResult, classifier_model, plan_classifier
+from bigtrain.api.classifier_planning import (
+    ClassifierPlanResult,
+    classifier_model,
+    plan_classifier,
+    written_classifier_plan,
+)
 from bigtrain.api.request import (
     PYTHON,
     Hardware,
@@ -152,7 +157,7 @@ def recipe_plan(
     gpu_memory: str | int | None = None,
     hardware_profile: str | Path | None = None,
     _spell: Spelling = PYTHON,
-) -> PlanResult:
+) -> PlanResult | ClassifierPlanResult:
     """The plan ``bigtrain train`` would run for ``recipe`` (with ``overrides``, ``"key.sub=value"`` items): a
     written plan resolved for ``gpus`` ranks (or the product of its degrees when it states them all) and predicted
     on ``gpu`` (default: detected, else H100); ``parallel.plan: auto`` chosen by the planner for ``gpus`` of ``gpu``
@@ -160,13 +165,9 @@ def recipe_plan(
     if isinstance(recipe, RecipeConfig) and overrides:
         raise ConfigError("overrides apply to a recipe read from a file: pass its path, or change the RecipeConfig")
     cfg = recipe if isinstance(recipe, RecipeConfig) else load_recipe(recipe, overrides)
-    if classifier_model(None, cfg, _spell) is not None:
-        raise ConfigError(
-            f"model.task={cfg.model.task}: recipe plans and plan exports (accelerate, DeepSpeed, HF Trainer configs) "
-            "model causal LMs only; bigtrain plan RECIPE (bigtrain.plan(recipe=...)) plans this classifier"
-        )
     profile = str(hardware_profile) if hardware_profile else cfg.parallel.hardware_profile
     hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, None, profile)
+    classifier = classifier_model(None, cfg, _spell)
     if cfg.parallel.plan == "auto":
         no_gpu = (
             "parallel.plan=auto is planned for the GPUs it will run on: no GPU detected here, give "
@@ -174,6 +175,8 @@ def recipe_plan(
             + _spell.example("gpu_memory", "SIZE")
         )
         cluster = cluster_of(hw, no_gpu, _spell)
+        if classifier is not None:
+            return _fitting(plan_classifier(*classifier, hw, _spell, cluster=cluster), "parallel.plan=auto")
         return _chosen(build_request(None, cfg, hw, spell=_spell, cluster=cluster), "parallel.plan=auto")
     world = gpus or stated_world(cfg)
     if world is None:
@@ -183,12 +186,21 @@ def recipe_plan(
         )
     written = resolve_plan(cfg.parallel, world, cfg.train)
     cluster = written_plan_cluster(replace(hw, gpus=world), _spell)
+    if classifier is not None:
+        return written_classifier_plan(classifier[0], cfg, written, cluster)
     request = build_request(None, cfg, hw, spell=_spell, cluster=cluster)
     chosen = [k for k in ("method", "compile", "fp8") if getattr(cfg.train, k) == "auto"]
     if chosen:  # the written plan, with what train.X: auto leaves to the planner chosen as bigtrain train does
         keys = " and ".join(f"train.{k}=auto" for k in chosen)
         return _chosen(replace(request, fixed=written.to_dict()), keys)
     return PlanResult(request, [candidate(request.stats, written, cluster, request.workload)])
+
+
+def _fitting(result: ClassifierPlanResult, what: str) -> ClassifierPlanResult:
+    """A classifier's plan for a recipe's ``auto``, refused as bigtrain train refuses it when nothing fits."""
+    if not result.fits:
+        raise ConfigError(f"{what} found no plan that fits: {result.what_would_fit()}")
+    return result
 
 
 def _chosen(request: PlanRequest, what: str) -> PlanResult:

@@ -184,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         code = next(code for kind, code in EXIT_CODES.items() if isinstance(e, kind))
         say(f"error{_rank_tag(env)}: {e}", env, quiet, code)
         return code
+    except BrokenPipeError:  # the reader of our output went away (bigtrain plan ... | head): nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush then succeeds
+        return 0
     except KeyboardInterrupt:  # Ctrl-C before the first step, or a second one: stop at once
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher's echo of the same Ctrl-C
         if env.rank == 0 or quiet:

@@ -108,7 +108,9 @@ def classifier_plan(backend: str, zero_stage: int, dp: int, micro_batch_size: in
 
 
 def estimate_memory(stats: ClassifierStats, plan: Plan, workload: Workload) -> ClassifierMemory:
-    psi, n, a, b = stats.params, plan.dp, workload.dtype_bytes, plan.micro_batch_size
+    # the ranks the states are sharded over: FSDP2's dp_shard (HSDP replicates over dp_replicate), DeepSpeed's dp
+    n = plan.dp_shard if plan.backend == "fsdp2" else plan.dp
+    psi, a, b = stats.params, workload.dtype_bytes, plan.micro_batch_size
     accum = plan.grad_accum_steps(workload.global_batch_size)
     fp32 = workload.mixed_precision == "fp32"
     checkpointed = plan.activation_checkpointing == "full"

@@ -279,3 +279,15 @@ def test_the_docs_plan_commands_run_and_say_what_the_docs_say(cli_in_process):
     assert chosen.split()[1:10] == "fsdp2 zero2 dp=8 tp=1 pp=1 ac=none mb=2 rs=micro 60.5".split()
     text = (REPO / "docs" / "planner.md").read_text()
     assert "chooses `fsdp2 zero2 dp=8 tp=1 pp=1 ac=none mb=2 rs=micro` at 60.5 GiB" in " ".join(text.split())
+
+
+def test_a_classifier_plan_shows_the_speed_up_from_one_gpu(plan_cli):
+    """docs/vision.md's command: the backends' rows, the choice, and the scaling table from 1 GPU to 8."""
+    for command in docs_commands("vision-plan"):
+        proc = plan_cli(shlex.split(command)[1:], timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("model: resnet image-classification (3x224x224 px per example): 25.56M params")
+        assert "chosen: ddp, micro-batch 256 x 1 steps" in proc.stdout
+        rows = re.findall(r"^\s+(\d+)\s+([\d,]+)\s+([\d.]+)x\s+(\d+)%", proc.stdout, re.MULTILINE)
+        assert [int(r[0]) for r in rows] == [1, 2, 4, 8] and float(rows[-1][2]) > 7
+        assert not proc.stderr.strip(), proc.stderr

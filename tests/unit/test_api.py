@@ -26,6 +26,7 @@ RECIPE_FOLDERS = {
     "chat_demo/base": None,
     "models/Meta-Llama-3-8B": "llama-3-8b",
     "models/Meta-Llama-3-70B": "llama-3-70b",
+    "models/vit-base-patch16-224": "vit-base",
 }
 
 
