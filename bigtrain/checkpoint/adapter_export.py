@@ -111,7 +111,7 @@ def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
         # trained value under each of the tensor's names (as its own save writes it)
         aliases = _aliases(folder) if cfg.lora.modules_to_save else {}
         tied = {alias: value.clone() for name, value in adapters.items() for alias in aliases.get(name, [])}
-        config = peft_config(cfg.lora, _targets(cfg, adapters), tied=bool(tied))
+        config = peft_config(cfg.lora, _targets(cfg, adapters), tied=bool(tied), task_type=_peft_task(folder))
         # the base by the absolute path the run recorded: AutoPeftModelForCausalLM.from_pretrained(this folder)
         # then finds it from any directory, never asking the hub for a relative name
         recorded = (manifest.base or {}).get("path")
@@ -130,6 +130,53 @@ def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
     return folder
 
 
+def _publish_merged_classifier(folder: Path, base: Path, out: Path) -> None:
+    """A classifier's base loaded by transformers (its key renaming, the head made for the data's labels), the
+    exported adapter applied and merged by peft (``merge_and_unload``), saved with the run's processor files."""
+    import tempfile
+
+    from peft import PeftModel
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    from bigtrain.config.tasks import model_class
+
+    config = AutoConfig.from_pretrained(folder / HF_FILES)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its report of the replaced head: the run said so when it started
+    hf_logging.disable_progress_bar()  # one line says what was written
+    try:
+        model = model_class(config).from_pretrained(base, config=config, ignore_mismatched_sizes=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            export_adapter(folder, Path(scratch) / "adapter")
+            merged = PeftModel.from_pretrained(model, Path(scratch) / "adapter").merge_and_unload()
+        merged.save_pretrained(partial)
+        hf_logging.enable_progress_bar()
+        for file in (folder / HF_FILES).iterdir():  # the image processor or tokenizer the run saved
+            if file.is_file() and not (partial / file.name).exists():
+                shutil.copy2(file, partial / file.name)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    out.parent.mkdir(parents=True, exist_ok=True)
+    publish(partial, out)
+
+
+def _peft_task(folder: Path) -> str | None:
+    """peft's task type for the adapter of the checkpoint's model (``PEFT_TASK_TYPES``)."""
+    from transformers import AutoConfig
+
+    from bigtrain.config.tasks import task_of
+    from bigtrain.parallel.transforms.adapters import PEFT_TASK_TYPES
+
+    return PEFT_TASK_TYPES[task_of(AutoConfig.from_pretrained(folder / HF_FILES)).name]
+
+
 def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
     """Write base + adapters of an adapter checkpoint as a HF folder ``out`` in the base's dtype."""
     from safetensors import safe_open
@@ -145,6 +192,9 @@ def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
         raise ConfigError(f"checkpoint {folder} adapted a model built from model.config: there is no base to merge")
     base = Path(cfg.model.name_or_path)
     check_base(base, manifest.base, f"bigtrain export-model {folder} --merge")
+    if _peft_task(folder) != "CAUSAL_LM":  # a classifier: its base may name weights as an older transformers did
+        _publish_merged_classifier(folder, base, Path(out))
+        return folder
     adapters = read_adapters(folder, cfg)
     scale = cfg.lora.alpha / cfg.lora.r
     files = sorted(p.name for p in base.glob("*.safetensors"))

@@ -32,6 +32,11 @@ def quiet_libraries() -> None:
     warnings.filterwarnings(
         "ignore", message=_DEPRECATED_COLLECTIVES, category=FutureWarning, module=r"torch\.distributed\.c10d_logger"
     )
+    # peft asks a transformers model whether it checkpoints through a name transformers 5 deprecates (adapters
+    # loaded for a merged export)
+    warnings.filterwarnings(
+        "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning, module=r"transformers"
+    )
     # torchao registers its enums as pytree constants at import (transformers imports it to list its quantizers);
     # torch 2.13 logs a deprecation for each, twice per process
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)

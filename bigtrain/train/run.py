@@ -38,7 +38,7 @@ from bigtrain.config.resolve import parallel_of, resolve_plan
 from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
 from bigtrain.config.tasks import task_of
 from bigtrain.config.workload import Workload
-from bigtrain.data.for_task import apply_labels, load_training_data
+from bigtrain.data.for_task import load_training_data
 from bigtrain.data.loader import EvalLoader, StepLoader
 from bigtrain.data.order import GlobalOrder
 from bigtrain.engine import Engine, build_engine, build_options
@@ -70,6 +70,7 @@ from bigtrain.train.checks import (
 from bigtrain.train.loop import StartPoint, TrainLoop, TrainResult
 from bigtrain.train.metrics import format_bytes
 from bigtrain.train.optim import build_optimizer, build_scheduler
+from bigtrain.train.task_setup import prepare_task
 from bigtrain.train.trackers import check_tracker
 
 log = logging.getLogger("bigtrain")
@@ -138,14 +139,8 @@ class TrainingJob:
         self.task = task_of(self.hf_config)
         self._packed = False  # packed documents (token rows only)
         self.data, self.eval_data = load_training_data(cfg, self.hf_config, self.task)
-        label_note = None
-        if self.task.examples:
-            label_note = apply_labels(self.hf_config, self.data, cfg.model.name_or_path is not None)
-        elif cfg.train.label_smoothing:
-            raise ConfigError(
-                f"train.label_smoothing={cfg.train.label_smoothing} applies to classifiers; a causal LM's loss has "
-                "none: set train.label_smoothing=0"
-            )
+        cfg, label_note = prepare_task(cfg, self.hf_config, self.task, self.data)
+        self.cfg = cfg
         packing_note = None if self.task.examples else self._check_token_rows()
         check_enough_rows(self.data.num_rows, self._batch, cfg.data.path)
         check_writable(cfg.output_dir)

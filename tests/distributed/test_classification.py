@@ -11,6 +11,8 @@ What BatchNorm sees depends on the split, so the loop splits as the plan does, a
   their concatenation).
 Compared: every step's loss and gradient norm (rel 1e-5), every parameter (2e-5) and the running statistics (1e-6
 + 5e-6 relative).
+LoRA cases (ViT on FSDP2, BERT on DDP) against peft's ``get_peft_model`` loop: adapters on the blocks' linears, the
+classifier in ``modules_to_save`` (a reference that leaves the head frozen misses step 1's grad norm by 4x).
 ``test_statistics_from_the_wrong_split_would_be_caught`` shows that the loop of the other BatchNorm mode lands far
 outside these tolerances.
 """
@@ -23,7 +25,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import read_metrics, recipe_dict
+from helpers import read_metrics, recipe_dict, with_sections
 from shared_launch import SharedLaunches, launch_key, selected
 
 STEPS, GLOBAL_BATCH, SEED = 10, 16, 5
@@ -33,6 +35,7 @@ RTOL, PARAM_ATOL, STATS_ATOL, STATS_RTOL = 1e-5, 2e-5, 1e-6, 5e-6
 IMAGE_SIZE = 32
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet's, which bigtrain uses without a processor
 TEXT_LEN, TEXTS = 48, 64
+LORA_R, LORA_ALPHA = 4, 8.0  # LoRA on the blocks' linears, the head trained fully (peft's modules_to_save)
 
 RESNET = dict(
     model_type="resnet", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", num_labels=10
@@ -112,15 +115,21 @@ def batch_norms(model) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
 
 
-def reference_run(model_dir, arch: str, inputs, labels, ranks: int, micro: int, sync: bool, betas=BETAS):
+def reference_run(
+    model_dir, arch: str, inputs, labels, ranks: int, micro: int, sync: bool, betas=BETAS, lora: bool = False
+):
     """The plain loop over ``ranks`` x (accumulation) x ``micro`` examples per step, BatchNorm split as described in
-    the module docstring; returns each step's loss and grad norm, and the final state dict."""
+    the module docstring; returns each step's loss and grad norm, and the final state dict (under LoRA: the adapters
+    and the head, as peft trains them, under the model's names)."""
     from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
 
     auto = AutoModelForSequenceClassification if arch == "bert" else AutoModelForImageClassification
     model = auto.from_pretrained(model_dir, dtype=torch.float32)
+    if lora:
+        model = with_adapters(model)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=betas, eps=EPS, weight_decay=WD)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=LR, betas=betas, eps=EPS, weight_decay=WD)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
     per_rank = GLOBAL_BATCH // ranks
     accum = per_rank // micro
@@ -148,12 +157,43 @@ def reference_run(model_dir, arch: str, inputs, labels, ranks: int, micro: int, 
             for i, bn in enumerate(batch_norms(model)):
                 bn.running_mean.copy_(torch.stack([e[i][0] for e in ends]).mean(0))
                 bn.running_var.copy_(torch.stack([e[i][1] for e in ends]).mean(0))
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        norm = torch.nn.utils.clip_grad_norm_(trained, CLIP)
         opt.step()
         schedule.step()
         opt.zero_grad()
         out.append({"loss": loss_sum / GLOBAL_BATCH, "grad_norm": norm.item()})
+    if lora:
+        return out, adapter_state(model)
     return out, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def with_adapters(model):
+    """peft's LoRA on every linear of the encoder's layers, the classifier trained fully (peft's modules_to_save);
+    each ``lora_A`` from bigtrain's documented initial values (seeded by train.seed and the adapter's name)."""
+    from peft import LoraConfig, get_peft_model
+
+    from bigtrain.parallel.transforms.adapters import initial_lora_A
+
+    layer = next(m for m in model.modules() if type(m).__name__ in ("ViTLayer", "BertLayer"))  # the first block
+    targets = sorted({n.rsplit(".", 1)[-1] for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)})
+    config = LoraConfig(r=LORA_R, lora_alpha=LORA_ALPHA, target_modules=targets, modules_to_save=["classifier"])
+    model = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_A." in name:
+                own = name.removeprefix("base_model.model.").replace(".default", "")
+                param.copy_(initial_lora_A(own, tuple(param.shape), SEED))
+    return model
+
+
+def adapter_state(model) -> dict[str, torch.Tensor]:
+    """The trained parameters of a peft model under the model's own names (what bigtrain's state dict holds)."""
+    out = {}
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            own = name.removeprefix("base_model.model.").replace(".modules_to_save.default", "")
+            out[own.replace(".default", "")] = param.detach().clone()
+    return out
 
 
 EVERY = "every_micro_step"
@@ -169,6 +209,8 @@ PLANS = {
     "fsdp2-2ranks-accum2-channels_last": (2, 4, dict(backend="fsdp2", micro_batch_size=4, channels_last=True)),
     "fsdp2-2ranks-accum2-ac": (2, 4, dict(backend="fsdp2", micro_batch_size=4, activation_checkpointing="full")),
     "ddp-2ranks-accum2-ac": (2, 4, dict(backend="ddp", micro_batch_size=4, activation_checkpointing="selective")),
+    "fsdp2-2ranks-accum2-lora": (2, 4, dict(backend="fsdp2", micro_batch_size=4)),
+    "ddp-2ranks-accum2-lora": (2, 4, dict(backend="ddp", micro_batch_size=4)),
     "deepspeed-zero2-accum2": (2, 4, dict(backend="deepspeed", zero_stage=2, micro_batch_size=4)),
     "deepspeed-zero3-accum2": (2, 4, dict(backend="deepspeed", zero_stage=3, micro_batch_size=4)),
 }
@@ -188,6 +230,8 @@ CASES = [
     ("bert", "fsdp2-2ranks-accum2"),
     ("bert", "ddp-2ranks-accum2"),
     ("bert", "ddp-2ranks-accum2-ac"),
+    ("vit", "fsdp2-2ranks-accum2-lora"),
+    ("bert", "ddp-2ranks-accum2-lora"),
 ]
 FULL_ONLY = {
     ("resnet", "1rank-accum2"),
@@ -197,6 +241,7 @@ FULL_ONLY = {
     ("vit", "fsdp2-2ranks-accum2"),
     ("vit", "fsdp2-2ranks-accum2-ac"),
     ("bert", "ddp-2ranks-accum2"),
+    ("bert", "ddp-2ranks-accum2-lora"),
 }
 
 
@@ -228,9 +273,9 @@ def models(inputs):
 
     def reference(arch: str, name: str):
         ranks, micro, parallel = PLANS[name]
-        key = (arch, ranks, micro, bool(parallel.get("sync_batchnorm")) and arch == "resnet")
+        key = (arch, ranks, micro, bool(parallel.get("sync_batchnorm")) and arch == "resnet", name.endswith("-lora"))
         if key not in runs:
-            runs[key] = reference_run(folder(arch), arch, *data[arch], *key[1:])
+            runs[key] = reference_run(folder(arch), arch, *data[arch], *key[1:4], lora=key[4])
         return runs[key]
 
     return folder, reference
@@ -272,6 +317,9 @@ def launches(inputs, models, tmp_path_factory, request):
     shared = SharedLaunches(tmp_path_factory, "classify")
 
     def recipe(arch: str, name: str):
+        if name.endswith("-lora"):
+            lora = {"train": {"method": "lora"}, "lora": {"r": LORA_R, "alpha": LORA_ALPHA}}
+            return lambda out: with_sections(recipe_for(folder(arch), arch, root, PLANS[name][2], out), **lora)
         return lambda out: recipe_for(folder(arch), arch, root, PLANS[name][2], out)
 
     chosen = selected(request.session, "test_classifier_matches_a_plain_loop", "arch", "name")

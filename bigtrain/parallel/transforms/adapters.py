@@ -67,6 +67,11 @@ def target_modules(model: nn.Module, lora: AdapterConfig) -> list[str]:
     what would), or every linear of the decoder blocks."""
     inside, outside = linear_names(model)
     if lora.target_modules is None:
+        if not inside:
+            raise ConfigError(
+                f"train.method=lora: {type(model).__name__} has no linear layer in its blocks (a CNN's are "
+                "convolutions), and LoRA here adapts linears; train it with train.method=full"
+            )
         return inside
     linears = [name for name, m in model.named_modules() if _is_linear(m)]
     for target in lora.target_modules:
@@ -114,8 +119,17 @@ def modules_trained_fully(model: nn.Module, lora: AdapterConfig, targets: list[s
     return chosen
 
 
+# peft's task type of the saved adapter, by model.task: PeftModel.from_pretrained picks its wrapper by it (an image
+# classifier has none in peft; its plain PeftModel runs the classifier's forward)
+PEFT_TASK_TYPES = {"causal-lm": "CAUSAL_LM", "sequence-classification": "SEQ_CLS", "image-classification": None}
+
+
 def peft_config(
-    lora: AdapterConfig, targets: list[str], tied: bool = False, with_modules_to_save: bool = True
+    lora: AdapterConfig,
+    targets: list[str],
+    tied: bool = False,
+    with_modules_to_save: bool = True,
+    task_type: str | None = "CAUSAL_LM",
 ):  # -> peft.LoraConfig (imported lazily: peft is heavy)
     """peft's config for these adapters (what the saved adapter folder holds). ``tied``: a module trained fully
     shares its weight with another (a tied embedding and LM head), which peft keeps shared on load only when asked
@@ -123,7 +137,7 @@ def peft_config(
     from peft import LoraConfig
 
     modules_to_save = list(lora.modules_to_save) if lora.modules_to_save and with_modules_to_save else None
-    # task_type: PeftModel.from_pretrained then gives a PeftModelForCausalLM (generate, labels) for the saved adapter
+    # task_type: PeftModel.from_pretrained then gives e.g. a PeftModelForCausalLM (generate, labels) for the adapter
     return LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
@@ -132,7 +146,7 @@ def peft_config(
         modules_to_save=modules_to_save,
         ensure_weight_tying=tied and modules_to_save is not None,
         bias="none",
-        task_type="CAUSAL_LM",
+        task_type=task_type,
     )
 
 

@@ -1,0 +1,53 @@
+"""What a model's task adds to a run before anything is built: a classifier's labels from its data, and under LoRA
+its head trained fully beside the adapters; a causal LM refuses the classifiers' options."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch import nn
+
+from bigtrain.config.schema import RecipeConfig
+from bigtrain.config.tasks import Task
+from bigtrain.data.for_task import apply_labels
+from bigtrain.errors import ConfigError
+
+
+def prepare_task(cfg: RecipeConfig, hf_config: Any, task: Task, data: Any) -> tuple[RecipeConfig, str | None]:
+    """The recipe as the run records it and a note to print (a pretrained head replaced), or a ConfigError."""
+    if not task.examples:
+        if cfg.train.label_smoothing:
+            raise ConfigError(
+                f"train.label_smoothing={cfg.train.label_smoothing} applies to classifiers; a causal LM's loss has "
+                "none: set train.label_smoothing=0"
+            )
+        return cfg, None
+    note = apply_labels(hf_config, data, cfg.model.name_or_path is not None)
+    if cfg.train.method == "lora" and cfg.lora.modules_to_save is None:
+        # the head is new or of the data's classes: adapters alone would leave it as initialised (peft's
+        # sequence-classification default trains it fully too); recorded in the recipe, so the saved adapter's
+        # config names it for peft
+        lora = dataclasses.replace(cfg.lora, modules_to_save=classifier_head(hf_config))
+        cfg = dataclasses.replace(cfg, lora=lora)
+    return cfg, note
+
+
+def classifier_head(hf_config: Any) -> list[str]:
+    """The names of the linear layers that answer one output per label (outside the repeated blocks)."""
+    from bigtrain.config.hf import decoder_blocks
+    from bigtrain.models.build import build_meta_model
+
+    model = build_meta_model(hf_config, "auto")
+    in_blocks = {id(m) for _, _, block in decoder_blocks(model) for m in block.modules()}
+    heads = [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and m.out_features == hf_config.num_labels and id(m) not in in_blocks
+    ]
+    if not heads:
+        raise ConfigError(
+            f"train.method=lora: no linear layer of {hf_config.model_type} answers its {hf_config.num_labels} "
+            "labels; name the head in lora.modules_to_save"
+        )
+    return heads
