@@ -163,7 +163,8 @@ CLASSIFIER_FEATURES: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
     ("image / sequence classification (`model.task`), with accumulation", dict(micro_batch_size=1), {}, "yes"),
     ("+ hybrid sharding", dict(dp_replicate=2, dp_shard=2), {}, "no (classifier plans: ddp, fsdp2, zero)"),
     ("+ activation checkpointing (BatchNorm: ResNet)", dict(activation_checkpointing="full"), {}, "no (not built)"),
-    ("+ activation checkpointing (no BatchNorm: ViT, BERT)", dict(activation_checkpointing="full"), {}, "no"),
+    ("+ activation checkpointing (no BatchNorm: ViT, BERT)", dict(activation_checkpointing="full"), {}, "yes"),
+    ("+ LoRA (ViT, BERT: the blocks' linears; the head trained fully)", {}, dict(method="lora"), "no"),
 ]
 VIT = dict(model_type="vit", image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
 
