@@ -140,8 +140,8 @@ class ClassifierPlanResult:
             "",
             "each row: the backend's best micro-batch (micro: examples per forward, accum: micro-steps per step);",
             "memory/GPU: predicted peak plus a margin for the CUDA context, NCCL and the allocator; step: one",
-            "optimizer step; ac: every block under full activation checkpointing. FLOPs and activations measured on",
-            "fake tensors at this size. Not weighed: channels_last, HSDP (compile, LoRA: not built for classifiers).",
+            "optimizer step; ac: every block under full activation checkpointing; nhwc: parallel.channels_last (a",
+            "CNN on GPUs). FLOPs and activations measured on fake tensors at this size. Not weighed: HSDP, LoRA.",
         ]
         return "\n".join(lines)
 

@@ -1,7 +1,8 @@
 """Plans for image and sequence classifiers: memory and time of each data-parallel plan, the choice, and the scaling
 from 1 GPU to N, the measure data-parallel training is judged by.
 
-Candidates: DDP, FSDP2 (zero_stage 2 or 3) and DeepSpeed ZeRO-1/2/3, each at every micro-batch that divides a
+Candidates (a convolutional model on GPUs channels-last in all of them): DDP, FSDP2 (zero_stage 2 or 3) and
+DeepSpeed ZeRO-1/2/3, each at every micro-batch that divides a
 rank's share of the global batch, with and without full activation checkpointing of the blocks for models without
 BatchNorm (tp, pp, cp, ep and compile are rows of the capability table for classifiers:
 ``config/capabilities/classification.py``). Checkpointing costs one more forward of the blocks (4/3 of the
@@ -37,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bigtrain.config.capabilities.classification import CHANNELS_LAST
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, Plan
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
@@ -211,11 +213,15 @@ def candidates(stats: ClassifierStats, cluster: Cluster, workload: Workload, fix
         )
     out = []
     checkpointing = (False, True) if stats.checkpointable else (False,)
+    # a convolutional model on GPUs trains channels-last: tensor cores' convolutions read NHWC (torchvision's and
+    # NVIDIA's reference recipes for AMP); its memory is the same, and its gain is not in the time model
+    nhwc = stats.convolutional and cluster.gpu.name != "CPU"
     for backend, stage in BACKENDS:
         for b in micro_batch_sizes(workload.global_batch_size // n):
             for checkpointed in checkpointing:
                 plan = classifier_plan(backend, stage, n, b, checkpointed)
-                if any(getattr(plan, k) != v for k, v in fixed.items()):
+                plan = plan.with_option(CHANNELS_LAST.name, True) if nhwc else plan
+                if any(plan.to_dict().get(k) != v for k, v in fixed.items()):
                     continue
                 memory = estimate_memory(stats, plan, workload)
                 time = estimate_time(stats, plan, cluster, workload)
@@ -229,7 +235,10 @@ def ranked(found: list[Candidate]) -> list[Candidate]:
     """Fitting plans first, fastest first; a plan within NEAR_TIE of the fastest but simpler (earlier in BACKENDS,
     then with the larger micro-batch) goes before it."""
     order = {key: i for i, key in enumerate(BACKENDS)}
-    fits = sorted((c for c in found if c.fits), key=lambda c: c.time.step_s)
+    fits = [c for c in found if c.fits]
+    fastest = min((c.time.step_s for c in fits), default=1.0)
+    # steps within 0.1% of each other are the same time: the larger micro-batch first (fewer, larger kernels)
+    fits.sort(key=lambda c: (round(c.time.step_s / fastest, 3), -c.plan.micro_batch_size))
     rest = sorted((c for c in found if not c.fits), key=lambda c: c.memory.total_bytes)
     if fits:
         best = fits[0].time.step_s
@@ -282,7 +291,8 @@ def scaling(stats: ClassifierStats, chosen: Plan, cluster: Cluster, workload: Wo
 
 def plan_name(plan: Plan) -> str:
     name = "ddp" if plan.backend == "ddp" else f"{plan.backend} zero{plan.zero_stage}"
-    return name + (" ac" if plan.activation_checkpointing != "none" else "")
+    name += " ac" if plan.activation_checkpointing != "none" else ""
+    return name + (" nhwc" if CHANNELS_LAST.of(plan) else "")
 
 
 def per_backend(found: list[Candidate]) -> list[Candidate]:
@@ -299,12 +309,12 @@ def per_backend(found: list[Candidate]) -> list[Candidate]:
 def table_lines(found: list[Candidate], workload: Workload, unit: str) -> list[str]:
     """The candidates, one row per backend (its best micro-batch): memory per GPU, step time, throughput."""
     lines = [
-        f"  {'#':>2}  {'plan':<19} {'micro':>5} {'accum':>5}  {'memory/GPU':>10}  {'step':>9}  {unit + '/s':>10}  fits"
+        f"  {'#':>2}  {'plan':<24} {'micro':>5} {'accum':>5}  {'memory/GPU':>10}  {'step':>9}  {unit + '/s':>10}  fits"
     ]
     for i, cand in enumerate(per_backend(found), 1):
         accum = cand.plan.grad_accum_steps(workload.global_batch_size)
         lines.append(
-            f"  {i:>2}  {plan_name(cand.plan):<19} {cand.plan.micro_batch_size:>5} {accum:>5}  "
+            f"  {i:>2}  {plan_name(cand.plan):<24} {cand.plan.micro_batch_size:>5} {accum:>5}  "
             f"{size(cand.memory.total_bytes):>10}  {cand.time.step_s * 1e3:>7.1f} ms  {cand.time.per_s:>10,.0f}  "
             f"{'yes' if cand.fits else 'no'}"
         )

@@ -287,7 +287,7 @@ def test_a_classifier_plan_shows_the_speed_up_from_one_gpu(plan_cli):
         proc = plan_cli(shlex.split(command)[1:], timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith("model: resnet image-classification (3x224x224 px per example): 25.56M params")
-        assert "chosen: ddp, micro-batch 256 x 1 steps" in proc.stdout
+        assert "chosen: ddp nhwc, micro-batch 256 x 1 steps" in proc.stdout
         rows = re.findall(r"^\s+(\d+)\s+([\d,]+)\s+([\d.]+)x\s+(\d+)%", proc.stdout, re.MULTILINE)
         assert [int(r[0]) for r in rows] == [1, 2, 4, 8] and float(rows[-1][2]) > 7
         assert not proc.stderr.strip(), proc.stderr
