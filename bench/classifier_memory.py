@@ -2,7 +2,7 @@
 
 Real widths (ResNet-50, ConvNeXt-B, ViT-L/16, BERT-large), micro-batches 32 to 256, 224 to 384 px and 256 to 512
 tokens, DDP and FSDP2 (zero_stage 2 and 3, with accumulation), with and without full activation checkpointing (the
-models without BatchNorm): rank 0 of 2 or 4, bf16. DeepSpeed's step does not run on fake tensors
+models without BatchNorm), full training and LoRA: rank 0 of 2 or 4, bf16. DeepSpeed's step does not run on fake tensors
 (``measure/simulate.py``).
 
     python bench/classifier_memory.py            # writes bench/results/classifier_memory.md
@@ -36,12 +36,14 @@ class Case:
     image_size: int = 0  # 0: a text classifier, at seq_len tokens
     seq_len: int = 0
     checkpointed: bool = False  # full activation checkpointing of every block
+    lora: bool = False  # train.method=lora (rank 16 on the blocks' linears, the head trained fully)
 
     @property
     def name(self) -> str:
         size = f"{self.image_size}px" if self.image_size else f"{self.seq_len}tok"
         plan = self.backend if self.backend == "ddp" else f"{self.backend}-z{self.zero_stage}"
-        return f"{self.preset}-{plan}x{self.dp}-mb{self.micro_batch}x{self.accum}-{size}" + "-ac" * self.checkpointed
+        suffix = "-ac" * self.checkpointed + "-lora" * self.lora
+        return f"{self.preset}-{plan}x{self.dp}-mb{self.micro_batch}x{self.accum}-{size}{suffix}"
 
 
 CASES = (
@@ -57,6 +59,8 @@ CASES = (
     Case("vit-large", "fsdp2", 3, 4, 64, 1, image_size=224, checkpointed=True),
     Case("vit-large", "ddp", 0, 2, 32, 2, image_size=384, checkpointed=True),
     Case("bert-large", "fsdp2", 2, 2, 64, 1, seq_len=512, checkpointed=True),
+    Case("vit-large", "fsdp2", 3, 4, 32, 2, image_size=224, lora=True),
+    Case("bert-large", "ddp", 0, 2, 32, 1, seq_len=512, lora=True),
 )
 
 
@@ -70,6 +74,7 @@ def run_case(case: Case) -> tuple[int, int]:
         seq_len=max(case.seq_len, 1),
         global_batch_size=case.micro_batch * case.dp * case.accum,
         image_size=case.image_size,
+        method="lora" if case.lora else "full",
     )
     stats = measure_classifier(config, case.image_size, case.seq_len, workload.mixed_precision)
     predicted = estimate_memory(stats, plan, workload).tensor_bytes

@@ -13,8 +13,9 @@ global batch 64 = 32 images per rank, one micro-batch:
   beside a CPU torch), ``DistributedDataParallel``, mean cross-entropy, ``clip_grad_norm_``, AdamW.
 channels_last and autocast are left out of both: on this CPU (no AVX-512) bf16 convolutions take the slow reference
 path, and channels-last (``parallel.channels_last``) made recipes/image_classifier.yaml slower here (227 against 1,358
-images/s over 20 steps, one run each: oneDNN reorders around small convolutions); both are GPU measurements. Runs alternate (each contender once per round, ``--reps``
-rounds); a run's time is the median of its steps after the first two, the table's the median over rounds.
+images/s over 20 steps, one run each: oneDNN reorders around small convolutions); both are GPU measurements. Runs
+alternate (each contender once per round, ``--reps`` rounds); a run's time is the median of its steps after the first
+two, the table's the median over rounds.
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ from bigtrain.planner.hardware import Cluster, count, size
 DEFAULT_PER_GPU = {"images": 256, "examples": 32}
 DEFAULT_SEQ_LEN = 512
 NOT_PLANNED = {  # arguments the classifier planner does not weigh (they are rows of the capability table)
-    "method": "full",
     "compile": False,
     "fp8": "none",
 }
+METHODS = ("full", "lora")  # what trains a classifier (QLoRA is a row of the table)
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,8 @@ class ClassifierPlanResult:
             f"model: {s.describe}: {count(s.params)} params, {_gflop(s.flops_per_example)} GFLOP per "
             f"{unit[:-1]} (forward + backward)",
             f"cluster: {c.num_gpus} x {c.gpu.name} ({size(c.gpu.memory_bytes)} each); global batch "
-            f"{w.global_batch_size} {unit}, {w.mixed_precision}",
+            f"{w.global_batch_size} {unit}, {w.mixed_precision}"
+            + (f"; LoRA r={w.lora_rank}: {count(s.lora_params(w.lora_rank))} trained" if w.method == "lora" else ""),
             "",
             *table_lines(self.searched, w, unit),
         ]
@@ -141,7 +142,7 @@ class ClassifierPlanResult:
             "each row: the backend's best micro-batch (micro: examples per forward, accum: micro-steps per step);",
             "memory/GPU: predicted peak plus a margin for the CUDA context, NCCL and the allocator; step: one",
             "optimizer step; ac: every block under full activation checkpointing; nhwc: parallel.channels_last (a",
-            "CNN on GPUs). FLOPs and activations measured on fake tensors at this size. Not weighed: HSDP, LoRA.",
+            "CNN on GPUs). FLOPs and activations measured on fake tensors at this size. Not weighed: HSDP.",
         ]
         return "\n".join(lines)
 
@@ -201,6 +202,8 @@ def written_classifier_plan(
         global_batch_size=cfg.train.global_batch_size,
         mixed_precision=cfg.train.mixed_precision,
         image_size=side,
+        method=cfg.train.method if cfg.train.method in METHODS else "full",
+        lora_rank=cfg.lora.r,
     )
     memory = estimate_memory(stats, plan, workload)
     found = [
@@ -227,9 +230,17 @@ def plan_classifier(
     mixed_precision: str | None = None,
     fix: dict[str, Any] | list[str] | None = None,
     cluster: Cluster | None = None,
+    method: str | None = None,
+    lora_r: int | None = None,
     **not_planned: Any,
 ) -> ClassifierPlanResult:
     """The classifier planner's answer for a model dict (its task in ``architectures``) on ``hw``."""
+    method = method or (cfg.train.method if cfg else "full")
+    if method not in METHODS:
+        raise ConfigError(
+            f"{spell.value('method', method)}: classifiers train with method full or lora (the capability table "
+            "lists why not the others)"
+        )
     for name, value in not_planned.items():
         if value not in (None, NOT_PLANNED[name]):
             raise ConfigError(
@@ -255,6 +266,12 @@ def plan_classifier(
             raise ConfigError(f"{spell.value('seq_len', length)} is more than the model's {limit} positions")
     precision = mixed_precision or (cfg.train.mixed_precision if cfg else "bf16")
     stats = measure_classifier(model_config, side, length, precision)
+    if method == "lora" and not stats.adapted:
+        raise ConfigError(
+            f"{spell.value('method', method)}: {stats.model_type}'s blocks hold no linear layer (a CNN's are "
+            "convolutions), and LoRA here adapts linears; plan it with method full"
+        )
+    rank = lora_r or (cfg.lora.r if cfg else 16)
     batch = global_batch_size or (cfg.train.global_batch_size if cfg else 0)
     batch = batch or DEFAULT_PER_GPU[stats.unit] * cluster.num_gpus
     n = cluster.num_gpus
@@ -263,7 +280,14 @@ def plan_classifier(
         raise ConfigError(
             f"{spell.value('global_batch_size', batch)} does not divide over {n} GPUs; try {lower or n} or {lower + n}"
         )
-    workload = Workload(seq_len=max(length, 1), global_batch_size=batch, mixed_precision=precision, image_size=side)
+    workload = Workload(
+        seq_len=max(length, 1),
+        global_batch_size=batch,
+        mixed_precision=precision,
+        image_size=side,
+        method=method,
+        lora_rank=rank,
+    )
     found = candidates(stats, cluster, workload, parse_fix(fix or [], spell))
     rows = scaling(stats, found[0].plan, cluster, workload)
     return ClassifierPlanResult(stats, model_config, cluster, workload, found, rows)
@@ -273,8 +297,9 @@ def classifier_model(model: Any, recipe: Any, spell: Spelling) -> tuple[dict[str
     """(the model dict, the recipe) when what ``bigtrain.plan`` was given is an image or sequence classifier (its
     task from the config or the recipe's model.task), else None: a causal LM, planned by the LM planner."""
     from bigtrain.api.request import model_config_of
+    from bigtrain.config.hf import model_config_object
     from bigtrain.config.load import load_recipe
-    from bigtrain.config.tasks import model_config_object, task_of
+    from bigtrain.config.tasks import task_of
 
     cfg = recipe if isinstance(recipe, RecipeConfig) or recipe is None else load_recipe(recipe)
     if model is not None:
@@ -292,6 +317,7 @@ def classifier_model(model: Any, recipe: Any, spell: Spelling) -> tuple[dict[str
 
 
 def _input_kind(model_config: dict[str, Any]) -> str:
-    from bigtrain.config.tasks import model_config_object, task_of
+    from bigtrain.config.hf import model_config_object
+    from bigtrain.config.tasks import task_of
 
     return "pixel_values" if task_of(model_config_object(model_config)).unit == "images" else "input_ids"

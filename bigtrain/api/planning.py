@@ -96,7 +96,7 @@ def plan(
     hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, host_memory, profile)
     classifier = _classifier(model, recipe, hw, _spell, image_size=image_size, seq_len=seq_len, fix=fix,
                              global_batch_size=global_batch_size, mixed_precision=mixed_precision, method=method,
-                             compile=compile, fp8=fp8)  # fmt: skip
+                             lora_r=lora_r, compile=compile, fp8=fp8)  # fmt: skip
     if classifier is not None:
         return classifier
     request = build_request(

@@ -214,3 +214,52 @@ def _repeated_blocks(model: Any) -> list[tuple[Any, str, Any]]:
         return []
     longest = max(lists, key=len)
     return [(longest, str(i), child) for i, child in enumerate(longest)]
+
+
+def is_linear(module: Any) -> bool:
+    """A module peft can adapt as a linear: nn.Linear, or GPT-2's Conv1D (a linear with its weight transposed)."""
+    from torch import nn
+    from transformers.pytorch_utils import Conv1D
+
+    return isinstance(module, (nn.Linear, Conv1D))
+
+
+def linear_names(model: Any) -> tuple[list[str], list[str]]:
+    """The last name part of every linear inside the repeated blocks, and of every other linear (the LM head)."""
+    inside: set[str] = set()
+    for _, _, block in decoder_blocks(model):
+        inside |= {name.rsplit(".", 1)[-1] for name, m in block.named_modules() if is_linear(m)}
+    every = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if is_linear(m)}
+    return sorted(inside), sorted(every - inside)
+
+
+def classifier_heads(model: Any, num_labels: int) -> list[str]:
+    """The names of a classifier's linear layers that answer one output per label (outside the repeated blocks)."""
+    from torch import nn
+
+    in_blocks = {id(m) for _, _, block in decoder_blocks(model) for m in block.modules()}
+    heads = [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and m.out_features == num_labels and id(m) not in in_blocks
+    ]
+    if not heads:
+        raise ConfigError(
+            f"train.method=lora: no linear layer of {type(model).__name__} answers its {num_labels} labels; name "
+            "the head in lora.modules_to_save"
+        )
+    return heads
+
+
+def model_config_object(model_config: dict[str, Any], key: str = "the model config") -> Any:
+    """The ``PretrainedConfig`` of a planner or simulator model dict: a classifier when its ``architectures`` names
+    a classifier class (as presets, saved model folders and recipes resolved by ``bigtrain train`` do), checked as
+    ``bigtrain train`` checks it; otherwise a causal LM, with the causal-LM checks (``hf_config_from_dict``)."""
+    from bigtrain.config.tasks import named_task, resolve_task
+
+    config = config_object(model_config, key, causal_lm=False)
+    task = named_task(config)
+    if task is None or not task.examples:
+        return hf_config_from_dict(model_config, key)
+    resolve_task(config, task.name, key)
+    return config

@@ -82,7 +82,7 @@ def detect_task(hf_config: Any) -> Task:
     it); else, for a config without one (``model.config``), causal-lm for a decoder family, otherwise the one task
     transformers serves it with (an encoder such as BERT, which transformers also lists as a causal LM: its
     sequence classifier)."""
-    named = _named_task(hf_config)
+    named = named_task(hf_config)
     if named is not None:
         return named
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
@@ -133,7 +133,7 @@ def model_class(hf_config: Any) -> Any:
     return getattr(transformers, name, None) if name else None
 
 
-def _named_task(hf_config: Any) -> Task | None:
+def named_task(hf_config: Any) -> Task | None:
     """The task of the class the config's ``architectures`` names: by its name's ending, or as the class transformers
     builds for the family's task (BERT's causal LM is ``BertLMHeadModel``)."""
     for arch in getattr(hf_config, "architectures", None) or []:
@@ -146,7 +146,7 @@ def _named_task(hf_config: Any) -> Task | None:
 def task_of(hf_config: Any) -> Task:
     """The task a config was resolved for (``resolve_task``); a config that names no class of ours is a causal LM
     (the planner's presets and the simulator's configs)."""
-    return _named_task(hf_config) or CAUSAL_LM
+    return named_task(hf_config) or CAUSAL_LM
 
 
 def uses_batch_norm(hf_config: Any) -> bool:
@@ -172,17 +172,3 @@ def layer_kinds(hf_config: Any) -> tuple[bool, bool]:
         any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in modules),
         any(isinstance(m, torch.nn.Conv2d) for m in modules),
     )
-
-
-def model_config_object(model_config: dict[str, Any], key: str = "the model config") -> Any:
-    """The ``PretrainedConfig`` of a planner or simulator model dict: a classifier when its ``architectures`` names
-    a classifier class (as presets, saved model folders and recipes resolved by ``bigtrain train`` do), checked as
-    ``bigtrain train`` checks it; otherwise a causal LM, with the causal-LM checks (``hf_config_from_dict``)."""
-    from bigtrain.config.hf import config_object, hf_config_from_dict
-
-    config = config_object(model_config, key, causal_lm=False)
-    task = _named_task(config)
-    if task is None or not task.examples:
-        return hf_config_from_dict(model_config, key)
-    resolve_task(config, task.name, key)
-    return config

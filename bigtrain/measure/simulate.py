@@ -40,6 +40,7 @@ Runs on the CPU device (this torch may have no CUDA); byte counts are the same f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
@@ -49,10 +50,10 @@ import torch.distributed as dist
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from bigtrain.config.capabilities import ModelFacts, Setup, check
-from bigtrain.config.hf import resolve_attention
+from bigtrain.config.hf import model_config_object, resolve_attention
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import AdapterConfig, TrainConfig
-from bigtrain.config.tasks import model_config_object, task_of
+from bigtrain.config.tasks import task_of
 from bigtrain.config.workload import Workload
 from bigtrain.data.batch import ExampleBatch, MicroBatch
 from bigtrain.engine import build_engine
@@ -81,6 +82,10 @@ def simulate(
     hf_config = model_config_object(model_config)
     if task_of(hf_config).unit == "images" and not workload.image_size:
         raise ConfigError("an image classifier's step is simulated at an image size: set Workload.image_size")
+    if task_of(hf_config).examples and workload.method == "lora" and not workload.modules_to_save:
+        from bigtrain.train.task_setup import classifier_head  # its head trains beside the adapters, as in a run
+
+        workload = dataclasses.replace(workload, modules_to_save=tuple(classifier_head(hf_config)))
     attn_implementation = resolve_attention(hf_config, attn_implementation)  # "auto": the family's own default
     # what the trainer would refuse
     check(Setup(plan, workload.train_config(), ModelFacts.of(hf_config), workload.data_facts()))

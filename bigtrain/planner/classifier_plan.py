@@ -109,39 +109,51 @@ def classifier_plan(backend: str, zero_stage: int, dp: int, micro_batch_size: in
     )
 
 
+def trained_and_frozen(stats: ClassifierStats, workload: Workload) -> tuple[int, int]:
+    """(parameters trained, with fp32 weights, gradients and AdamW states; parameters frozen, stored in the compute
+    dtype): the whole model, or under LoRA its adapters and head beside the frozen base."""
+    if workload.method != "lora":
+        return stats.params, 0
+    return stats.lora_params(workload.lora_rank), stats.params - stats.head_params
+
+
 def estimate_memory(stats: ClassifierStats, plan: Plan, workload: Workload) -> ClassifierMemory:
     # the ranks the states are sharded over: FSDP2's dp_shard (HSDP replicates over dp_replicate), DeepSpeed's dp
     n = plan.dp_shard if plan.backend == "fsdp2" else plan.dp
     psi, a, b = stats.params, workload.dtype_bytes, plan.micro_batch_size
+    t, f = trained_and_frozen(stats, workload)
+    weights = 4 * t + a * f  # fp32 trained weights, the frozen base in the compute dtype
     accum = plan.grad_accum_steps(workload.global_batch_size)
     fp32 = workload.mixed_precision == "fp32"
     checkpointed = plan.activation_checkpointing == "full"
+    # autocast copies fp32 weights to the compute dtype for backward; a LoRA base is stored in it already
+    regime = "autocast" if plan.backend == "ddp" and not f else "cast"
+    acts = stats.activations(regime, b, checkpointed)
     if plan.backend == "ddp":
-        acts = stats.activations("autocast", b, checkpointed)
-        return _with_margin(4 * psi, 4 * psi, 8 * psi, acts, 0)
-    acts = stats.activations("cast", b, checkpointed)
+        return _with_margin(weights, 4 * t, 8 * t, acts, 0)
     if plan.backend == "fsdp2":
         gathered = a * psi if plan.zero_stage == 2 else 2 * a * stats.largest_unit
-        reduce = 4 * stats.largest_unit if not fp32 else 0  # a unit's unsharded fp32 gradient, being reduced
-        kept = 4 * psi // n if accum > 1 else 0
+        # a unit's unsharded fp32 gradient, being reduced (its trained share)
+        reduce = int(4 * stats.largest_unit * t / psi) if not fp32 else 0
+        kept = 4 * t // n if accum > 1 else 0
         backward = acts + gathered + reduce + kept
-        step = 8 * psi // n
+        step = 8 * t // n
         if backward >= step:
-            return _with_margin(4 * psi // n, kept, 8 * psi // n, acts, gathered + reduce)
-        return _with_margin(4 * psi // n, 4 * psi // n, 8 * psi // n, 0, 4 * psi // n)
-    optim = 12 * psi // n
+            return _with_margin(weights // n, kept, 8 * t // n, acts, gathered + reduce)
+        return _with_margin(weights // n, 4 * t // n, 8 * t // n, 0, 4 * t // n)
+    optim = 12 * t // n
     if plan.zero_stage == 3:
-        partition = a * psi // n
+        partition = a * t // n
         gathered = a * min(psi, DEEPSPEED_MAX_LIVE_PARAMETERS)
-        moments = [(partition, acts, gathered), (partition, 0, 12 * psi // n)]
+        moments = [(partition, acts, gathered), (partition, 0, 12 * t // n)]
         params = a * psi // n
     else:
         params = a * psi
-        partition = a * psi // n
-        bucket = a * min(psi, stats.largest_unit)
-        moments = [(partition if accum > 1 else 0, acts, bucket), (partition, 0, 8 * psi // n)]
+        partition = a * t // n
+        bucket = a * min(t, stats.largest_unit)
+        moments = [(partition if accum > 1 else 0, acts, bucket), (partition, 0, 8 * t // n)]
         if plan.zero_stage == 1:
-            moments.append((a * psi + partition, 0, 0))
+            moments.append((a * t + partition, 0, 0))
     grads, act, other = max(moments, key=sum)
     return _with_margin(params, grads, optim, act, other)
 
@@ -153,6 +165,7 @@ def _with_margin(params: float, grads: float, optim: float, acts: float, other: 
 
 def estimate_time(stats: ClassifierStats, plan: Plan, cluster: Cluster, workload: Workload) -> ClassifierTime:
     n, psi, a = plan.dp, stats.params, workload.dtype_bytes
+    t, frozen = trained_and_frozen(stats, workload)
     accum = plan.grad_accum_steps(workload.global_batch_size)
     rate = cluster.gpu.peak_tflops * 1e12 * (CONV_ACHIEVABLE if stats.convolutional else ACHIEVABLE)
     if workload.mixed_precision == "fp32":
@@ -160,28 +173,31 @@ def estimate_time(stats: ClassifierStats, plan: Plan, cluster: Cluster, workload
     # each micro-step launches the model's operators whatever its size: the host's launching is the floor of a small
     # micro-step (the GPU waits for kernels), hidden behind a large one (kernels queue while it computes)
     recompute = 4 / 3 if plan.activation_checkpointing == "full" else 1.0  # one more forward of every block
-    compute = recompute * stats.flops_per_example * plan.micro_batch_size / rate
+    # a frozen base has no weight gradients: backward computes the input's only (forward + backward: 2 of 3)
+    share = 2 / 3 if frozen else 1.0
+    compute = share * recompute * stats.flops_per_example * plan.micro_batch_size / rate
     micro_s = max(compute, stats.operators * cluster.gpu.op_overhead_s)
     compute_s = micro_s * accum
     link = _bandwidth(cluster, n)
-    share = ring_share(n)
+    ring = ring_share(n)
+    # gradient traffic carries the trained parameters only; FSDP2 and ZeRO-3 gather the whole model
     if plan.backend == "ddp":  # one all-reduce of the fp32 gradients, in the last micro-step's backward
-        comm = [(2 * share * 4 * psi / link, micro_s)]
+        comm = [(2 * ring * 4 * t / link, micro_s)]
     elif plan.backend == "fsdp2":  # every micro-step: the gathers and the fp32 reduce-scatter
         gathers = 2 if plan.zero_stage == 3 else 1
-        comm = [(share * (gathers * a + 4) * psi / link, micro_s)] * accum
+        comm = [(ring * (gathers * a * psi + 4 * t) / link, micro_s)] * accum
     else:  # DeepSpeed reduces in the compute dtype; its weights are gathered once per step (twice per micro-step
         # under ZeRO-3)
-        per_micro = share * (a * psi + (2 * a * psi if plan.zero_stage == 3 else 0)) / link
+        per_micro = ring * (a * t + (2 * a * psi if plan.zero_stage == 3 else 0)) / link
         comm = [(per_micro, micro_s)] * accum
         if plan.zero_stage < 3:
-            comm.append((share * a * psi / link, 0.0))
+            comm.append((ring * a * t / link, 0.0))
     traffic = sum(c for c, _ in comm)
     exposed = sum(max(0.0, c - BACKWARD_SHARE * s) + EXPOSED_FRACTION * c for c, s in comm)
     if n == 1:
         traffic = exposed = 0.0
     shards = 1 if plan.backend == "ddp" else n
-    optimizer_s = 32 * psi / shards / (cluster.gpu.memory_gbps * 1e9 * MEMORY_ACHIEVABLE)  # AdamW reads/writes
+    optimizer_s = 32 * t / shards / (cluster.gpu.memory_gbps * 1e9 * MEMORY_ACHIEVABLE)  # AdamW reads/writes
     step_s = compute_s + exposed + optimizer_s
     return ClassifierTime(step_s, compute_s, traffic, exposed, workload.global_batch_size / step_s)
 

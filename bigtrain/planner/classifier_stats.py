@@ -27,8 +27,16 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bigtrain.config.tasks import model_config_object, task_of, uses_batch_norm
-from bigtrain.parallel.transforms.batch_norm import batch_norms, swap_in
+from bigtrain.config.hf import (
+    classifier_heads,
+    decoder_blocks,
+    is_linear,
+    linear_names,
+    model_config_object,
+    resolve_attention,
+)
+from bigtrain.config.tasks import task_of, uses_batch_norm
+from bigtrain.errors import ConfigError
 
 REGIMES = ("autocast", "cast")  # DDP's; FSDP2's and DeepSpeed's (module docstring)
 CHECKPOINTED = "+ac"  # a regime's name with this suffix: every block under full activation checkpointing
@@ -43,13 +51,22 @@ class ClassifierStats:
     params: int
     largest_unit: int  # parameters of the largest FSDP2 unit (a block of _no_split_modules, or the root's own)
     blocks: int  # the repeated blocks FSDP2 shards and checkpointing wraps (0: none found)
-    convolutional: bool  # has Conv2d layers (the achievable FLOP rate of a CNN is lower: planner/classifier_plan.py)
+    convolutional: bool  # convolutions throughout (ResNet, ConvNeXt), not only a patch embedding (ViT): its
+    # achievable FLOP rate is lower and it trains channels-last (planner/classifier_plan.py)
     batch_norm: bool
     flops_per_example: float  # forward + backward
     operators: int  # torch operators one micro-step launches (forward + backward), whatever its size
     per_example: tuple[tuple[str, float], ...]  # (regime, activation bytes per example)
     fixed: tuple[tuple[str, float], ...]  # (regime, activation bytes whatever the batch)
     example: str  # what one example is, in words (3x224x224 px, 512 tokens)
+    # train.method=lora: (in, out) of every linear the default adapters adapt, and the head's parameters (trained
+    # fully); empty: LoRA does not apply (a CNN's blocks hold convolutions)
+    adapted: tuple[tuple[int, int], ...] = ()
+    head_params: int = 0
+
+    def lora_params(self, rank: int) -> int:
+        """Parameters LoRA trains at this rank: the adapters (r x (in + out) each) and the head."""
+        return sum(rank * (i + o) for i, o in self.adapted) + self.head_params
 
     def activations(self, regime: str, micro_batch_size: int, checkpointed: bool = False) -> float:
         """Bytes of activations and temporaries at the step's peak for a micro-batch of this size (``checkpointed``:
@@ -84,11 +101,13 @@ def measure_classifier(
 
 @functools.lru_cache(maxsize=16)
 def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str) -> ClassifierStats:
-    from bigtrain.models.build import build_meta_model
+    import transformers
 
     hf_config = model_config_object(json.loads(key))
     task = task_of(hf_config)
-    meta = build_meta_model(hf_config, "auto")  # the family's own attention (none for a CNN)
+    hf_config.attn_implementation = resolve_attention(hf_config, "auto")  # the family's own (none for a CNN)
+    with torch.device("meta"):
+        meta = getattr(transformers, task.auto_class).from_config(hf_config)
     params = sum(p.numel() for p in meta.parameters())
     units = [sum(p.numel() for p in block.parameters()) for block in _blocks(meta)]
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[mixed_precision]
@@ -113,25 +132,60 @@ def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str) -> 
         params=params,
         largest_unit=max([*units, params - sum(units)]),
         blocks=len(units),
-        convolutional=any(isinstance(m, nn.Conv2d) for m in meta.modules()),
+        convolutional=sum(isinstance(m, nn.Conv2d) for m in meta.modules()) > 2,
         batch_norm=uses_batch_norm(hf_config),
         flops_per_example=flops,
         operators=ops,
         per_example=tuple(per_example),
         fixed=tuple(fixed),
         example=example,
+        adapted=_adapted(meta),
+        head_params=sum(p.numel() for name in _head(meta, hf_config) for p in meta.get_submodule(name).parameters()),
     )
+
+
+def _adapted(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """(in, out) of the linears the trainer's default LoRA adapts: peft matches the names of the blocks' linears
+    (``parallel/transforms/adapters.py``) anywhere in the model."""
+    targets, _ = linear_names(model) if _blocks(model) else ([], [])
+    return tuple(
+        (m.in_features, m.out_features)
+        for name, m in model.named_modules()
+        if is_linear(m) and any(name == t or name.endswith("." + t) for t in targets)
+    )
+
+
+def _head(model: nn.Module, hf_config: Any) -> list[str]:
+    try:
+        return classifier_heads(model, hf_config.num_labels)
+    except ConfigError:
+        return []
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
     """The blocks the trainer shards (FSDP2 units) and checkpoints: ``decoder_blocks``' (none: an empty list)."""
-    from bigtrain.config.hf import decoder_blocks
-    from bigtrain.errors import ConfigError
-
     try:
         return [block for _, _, block in decoder_blocks(model)]
     except ConfigError:
         return []
+
+
+def _batch_norms(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def _as_trained(norm: nn.Module) -> None:
+    """A BatchNorm as the trainer runs it (``parallel/transforms/batch_norm.py``, which the simulator runs and
+    bench/classifier_memory.py compares with this): on an fp32 copy of its input, kept for backward, its output cast
+    back to the input's dtype."""
+    dtypes: list[torch.dtype] = []
+
+    def upcast(module: nn.Module, args: tuple) -> tuple:
+        dtypes.append(args[0].dtype)
+        return (args[0].float(), *args[1:])
+
+    norm.register_forward_pre_hook(upcast)
+    norm.register_forward_hook(lambda module, args, out: out.to(dtypes.pop()))
 
 
 def _fake_step(
@@ -144,12 +198,12 @@ def _fake_step(
 
     cast = regime == "cast" and dtype != torch.float32
     model = copy.deepcopy(meta)
-    for module in batch_norms(model):
-        swap_in(module, None)  # as the trainer runs it: fp32, this rank's statistics
+    for module in _batch_norms(model):
+        _as_trained(module)
     with FakeTensorMode():
         # every parameter and buffer a fake CPU tensor (construction code may read values: it ran on meta);
         # cast weights in the compute dtype, BatchNorm's kept fp32 as the engines keep them
-        keep_fp32 = set(batch_norms(model))
+        keep_fp32 = set(_batch_norms(model))
         for module in model.modules():
             want = dtype if cast and module not in keep_fp32 else None
             for name, param in list(module.named_parameters(recurse=False)):

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bigtrain.config.capabilities import ModelFacts
-from bigtrain.config.hf import config_object, resolve_attention
-from bigtrain.config.tasks import model_config_object
+from bigtrain.config.hf import config_object, model_config_object, resolve_attention
 from bigtrain.errors import ConfigError
 from bigtrain.planner.block_probe import ModelProfile, profile_model
 

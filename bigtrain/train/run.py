@@ -161,11 +161,6 @@ class TrainingJob:
             check_base(cfg.model.name_or_path, Manifest.read(resume_from).base, f"resuming from {resume_from}")
         # plan: auto and method: auto are chosen at start-up, together, for the memory the job really has
         choose = self.plan is None or "auto" in (cfg.train.method, cfg.train.compile, cfg.train.fp8)
-        if self.task.examples and "auto" in (cfg.train.method, cfg.train.compile, cfg.train.fp8):
-            raise ConfigError(
-                f"train.method, compile or fp8 auto with model.task={self.task.name} is not built yet: the planner "
-                "plans full, eager training of classifiers; write train.method=full, compile=false, fp8=none"
-            )
         self.options: BuildOptions | None = None if choose else self._build_options(self.plan)
         self.output_lock = OutputDirLock(cfg.output_dir)
         self.engine: Engine | None = None

@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from torch import nn
-
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.config.tasks import Task
 from bigtrain.data.for_task import apply_labels
@@ -35,19 +33,7 @@ def prepare_task(cfg: RecipeConfig, hf_config: Any, task: Task, data: Any) -> tu
 
 def classifier_head(hf_config: Any) -> list[str]:
     """The names of the linear layers that answer one output per label (outside the repeated blocks)."""
-    from bigtrain.config.hf import decoder_blocks
+    from bigtrain.config.hf import classifier_heads
     from bigtrain.models.build import build_meta_model
 
-    model = build_meta_model(hf_config, "auto")
-    in_blocks = {id(m) for _, _, block in decoder_blocks(model) for m in block.modules()}
-    heads = [
-        name
-        for name, m in model.named_modules()
-        if isinstance(m, nn.Linear) and m.out_features == hf_config.num_labels and id(m) not in in_blocks
-    ]
-    if not heads:
-        raise ConfigError(
-            f"train.method=lora: no linear layer of {hf_config.model_type} answers its {hf_config.num_labels} "
-            "labels; name the head in lora.modules_to_save"
-        )
-    return heads
+    return classifier_heads(build_meta_model(hf_config, "auto"), hf_config.num_labels)

@@ -39,6 +39,7 @@ def test_the_cases_cover_what_the_issue_asks():
     assert min(c.micro_batch for c in CASES) == 32 and max(c.micro_batch for c in CASES) == 256
     assert {224, 384} <= {c.image_size for c in CASES} and any(c.accum > 1 for c in CASES)
     assert {c.preset for c in CASES if c.checkpointed} == {"vit-large", "bert-large"}
+    assert {c.backend for c in CASES if c.lora} == {"ddp", "fsdp2"}
 
 
 @pytest.mark.full  # about 70 s of simulation in two processes

@@ -103,7 +103,7 @@ def test_a_transform_added_to_the_order_runs_in_every_engine(parallel, tmp_path,
 # What changes no planner term: the values (no memory of their own); BatchNorm across ranks (a classifier's: the
 # planner models causal LMs only, and its running statistics' all-reduce is a few KB). A new transform must name its
 # terms or join this list.
-NO_PLANNER_TERMS = {"load_values", "batch_norm"}
+NO_PLANNER_TERMS = {"load_values"}
 
 
 @pytest.mark.parametrize("transform", ORDER, ids=lambda t: t.name)

@@ -77,7 +77,8 @@ def test_json_contract(plan_cli):
         "checkpoint_every",
         "offload_activations",
         "ep",
-        "sync_batchnorm",  # a capability record's parallel key (classification's), carried by every plan
+        "sync_batchnorm",  # capability records' parallel keys (classification's), carried by every plan
+        "channels_last",
     }
     assert out["plan"]["backend"] == "fsdp2"
     assert set(out["memory"]) == {

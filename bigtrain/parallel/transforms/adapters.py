@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from bigtrain.config.hf import decoder_blocks
+from bigtrain.config.hf import decoder_blocks, is_linear, linear_names
 from bigtrain.config.schema import ADAPTER_METHODS, AdapterConfig
 from bigtrain.errors import ConfigError
 from bigtrain.models.build import build_meta_model
@@ -39,22 +39,6 @@ from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transfor
 ADAPTER_NAME = "default"  # peft's name for the one adapter; dropped from every key we write
 NF4_BLOCK = 64  # values per NF4 scale (torchao's default, QLoRA's paper)
 NF4_SCALER_BLOCK = 256  # scales per second-level scale
-
-
-def _is_linear(module: nn.Module) -> bool:
-    """A module peft can adapt as a linear: nn.Linear, or GPT-2's Conv1D (a linear with its weight transposed)."""
-    from transformers.pytorch_utils import Conv1D
-
-    return isinstance(module, (nn.Linear, Conv1D))
-
-
-def linear_names(model: nn.Module) -> tuple[list[str], list[str]]:
-    """The last name part of every linear inside the decoder blocks, and of every other linear (the LM head)."""
-    inside: set[str] = set()
-    for _, _, block in decoder_blocks(model):
-        inside |= {name.rsplit(".", 1)[-1] for name, m in block.named_modules() if _is_linear(m)}
-    every = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if _is_linear(m)}
-    return sorted(inside), sorted(every - inside)
 
 
 def _matches(target: str, module_name: str) -> bool:
@@ -73,7 +57,7 @@ def target_modules(model: nn.Module, lora: AdapterConfig) -> list[str]:
                 "convolutions), and LoRA here adapts linears; train it with train.method=full"
             )
         return inside
-    linears = [name for name, m in model.named_modules() if _is_linear(m)]
+    linears = [name for name, m in model.named_modules() if is_linear(m)]
     for target in lora.target_modules:
         hits = [n for n in linears if _matches(target, n) or re.fullmatch(target, n)]
         if not hits:
@@ -91,7 +75,7 @@ def modules_trained_fully(model: nn.Module, lora: AdapterConfig, targets: list[s
     if not lora.modules_to_save:
         return []
     names = [name for name, _ in model.named_modules() if name]
-    adapted = [n for n, m in model.named_modules() if _is_linear(m) and any(_matches(t, n) for t in targets)]
+    adapted = [n for n, m in model.named_modules() if is_linear(m) and any(_matches(t, n) for t in targets)]
     chosen: list[str] = []
     for entry in lora.modules_to_save:
         hits = [n for n in names if n.endswith(entry)]

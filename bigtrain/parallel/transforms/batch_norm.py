@@ -156,6 +156,7 @@ TRANSFORM = Transform(
     wanted=wanted,
     apply=apply,
     after_step=average_running_statistics,
+    planner_terms=("classifier_stats.measure_classifier",),  # its fp32 copy of each input, measured
 )
 
 

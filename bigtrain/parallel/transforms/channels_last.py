@@ -44,4 +44,5 @@ def _channels_last_inputs(module: nn.Module, args: tuple, kwargs: dict[str, Any]
     return args, kwargs
 
 
-TRANSFORM = Transform(name="channels_last", wanted=wanted, apply=apply)
+# the layout changes no byte of memory; the classifier planner lays a CNN out so on GPUs
+TRANSFORM = Transform(name="channels_last", wanted=wanted, apply=apply, planner_terms=("classifier_plan.candidates",))
