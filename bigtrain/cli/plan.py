@@ -39,7 +39,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--method",
         choices=METHODS,
-        help="what is trained: full, lora, qlora, or auto (the planner picks; default: the recipe's, else full)",
+        help="what is trained: full, lora, qlora, or auto (the planner picks; default: the recipe's, else full); "
+        "classifiers: full or lora",
     )
     parser.add_argument("--lora-r", type=int, help="adapter rank under lora/qlora (default: the recipe's, else 16)")
     parser.add_argument(
