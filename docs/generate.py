@@ -165,6 +165,7 @@ CLASSIFIER_FEATURES: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
     ("+ activation checkpointing (BatchNorm: ResNet)", dict(activation_checkpointing="full"), {}, "no (not built)"),
     ("+ activation checkpointing (no BatchNorm: ViT, BERT)", dict(activation_checkpointing="full"), {}, "yes"),
     ("+ LoRA (ViT, BERT: the blocks' linears; the head trained fully)", {}, dict(method="lora"), "no"),
+    ("+ `train.compile` (no BatchNorm: ViT, BERT)", {}, dict(compile=True), "no"),
 ]
 VIT = dict(model_type="vit", image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
 

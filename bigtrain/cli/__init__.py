@@ -65,7 +65,9 @@ class _VersionAction(argparse.Action):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bigtrain", description="Train HuggingFace causal LMs and image or text classifiers on 1 to N GPUs.")
+    parser = argparse.ArgumentParser(
+        prog="bigtrain", description="Train HuggingFace causal LMs and image or text classifiers on 1 to N GPUs."
+    )
     parser.add_argument("--version", action=_VersionAction, help="print the versions of bigtrain and its libraries")
     parser.add_argument(
         "-v",

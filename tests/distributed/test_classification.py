@@ -210,9 +210,15 @@ PLANS = {
     "fsdp2-2ranks-accum2-ac": (2, 4, dict(backend="fsdp2", micro_batch_size=4, activation_checkpointing="full")),
     "ddp-2ranks-accum2-ac": (2, 4, dict(backend="ddp", micro_batch_size=4, activation_checkpointing="selective")),
     "fsdp2-2ranks-accum2-lora": (2, 4, dict(backend="fsdp2", micro_batch_size=4)),
+    "fsdp2-2ranks-accum2-compile": (2, 4, dict(backend="fsdp2", micro_batch_size=4)),
     "ddp-2ranks-accum2-lora": (2, 4, dict(backend="ddp", micro_batch_size=4)),
     "deepspeed-zero2-accum2": (2, 4, dict(backend="deepspeed", zero_stage=2, micro_batch_size=4)),
     "deepspeed-zero3-accum2": (2, 4, dict(backend="deepspeed", zero_stage=3, micro_batch_size=4)),
+}
+# what a plan's name ending adds to the recipe beyond its parallel section
+TRAIN_OPTIONS = {
+    "lora": {"train": {"method": "lora"}, "lora": {"r": LORA_R, "alpha": LORA_ALPHA}},
+    "compile": {"train": {"compile": True}},
 }
 CASES = [
     ("resnet", "1rank-accum2"),
@@ -231,6 +237,7 @@ CASES = [
     ("bert", "ddp-2ranks-accum2"),
     ("bert", "ddp-2ranks-accum2-ac"),
     ("vit", "fsdp2-2ranks-accum2-lora"),
+    ("vit", "fsdp2-2ranks-accum2-compile"),
     ("bert", "ddp-2ranks-accum2-lora"),
 ]
 FULL_ONLY = {
@@ -242,6 +249,8 @@ FULL_ONLY = {
     ("vit", "fsdp2-2ranks-accum2-ac"),
     ("bert", "ddp-2ranks-accum2"),
     ("bert", "ddp-2ranks-accum2-lora"),
+    ("bert", "ddp-2ranks-accum2-ac"),
+    ("vit", "fsdp2-2ranks-accum2-compile"),  # inductor compiles the blocks on 2 cores: ~30 s
 }
 
 
@@ -317,10 +326,8 @@ def launches(inputs, models, tmp_path_factory, request):
     shared = SharedLaunches(tmp_path_factory, "classify")
 
     def recipe(arch: str, name: str):
-        if name.endswith("-lora"):
-            lora = {"train": {"method": "lora"}, "lora": {"r": LORA_R, "alpha": LORA_ALPHA}}
-            return lambda out: with_sections(recipe_for(folder(arch), arch, root, PLANS[name][2], out), **lora)
-        return lambda out: recipe_for(folder(arch), arch, root, PLANS[name][2], out)
+        extra = TRAIN_OPTIONS.get(name.rsplit("-", 1)[-1], {})
+        return lambda out: with_sections(recipe_for(folder(arch), arch, root, PLANS[name][2], out), **extra)
 
     chosen = selected(request.session, "test_classifier_matches_a_plain_loop", "arch", "name")
     cases = {(a, n): (launch_key(PLANS[n][0], PLANS[n][2]), recipe(a, n)) for a, n in chosen}
