@@ -77,6 +77,7 @@ def test_a_replica_that_fits_trains_with_ddp_and_the_table_scales_from_one_gpu()
     assert "speed-up" in text and "images/s" in text and "scaling of this plan, 256 images per GPU" in text
 
 
+@pytest.mark.full  # BERT-large measured on fake tensors (~5 s)
 def test_traffic_across_nodes_stops_hiding_behind_backward():
     """BERT-large's 1.3 GB of fp32 gradients over L4s' PCIe (32 GB/s) outlast backward from 4 GPUs on, and over
     12.5 GB/s Ethernet between two nodes far more: the table says from which count on."""
@@ -127,6 +128,7 @@ def test_bad_input_is_one_line(kwargs, message):
         bigtrain.plan(kwargs.pop("model"), gpu="H100", **kwargs)
 
 
+@pytest.mark.full  # BERT-large at 512 tokens measured on fake tensors (~12 s)
 def test_checkpointing_is_weighed_where_it_applies():
     """BERT-large at 512 tokens on 9 GB GPUs: without checkpointing only tiny micro-batches fit, whose operator
     launches cost more than checkpointing's third more compute at a larger one; ResNet's BatchNorm would update its
