@@ -149,6 +149,8 @@ def _print_classifier_plan(args: argparse.Namespace, result: ClassifierPlanResul
     if args.json:
         print(json.dumps(out, indent=2))
     else:
+        own = _classifier_recipe_s_own_plan(args, result) if args.recipe else None
+        print(own + "\n" if own else "", end="")
         print(result.explain())
         if "simulated" in out:
             print(
@@ -162,6 +164,21 @@ def _print_classifier_plan(args: argparse.Namespace, result: ClassifierPlanResul
               file=sys.stderr)  # fmt: skip
         return EXIT_NO_FIT
     return 0
+
+
+def _classifier_recipe_s_own_plan(args: argparse.Namespace, result: ClassifierPlanResult) -> str | None:
+    """A classifier recipe's written plan, predicted on the same GPUs (what ``bigtrain train`` will run)."""
+    from bigtrain.api.planning import recipe_plan
+    from bigtrain.config.load import load_recipe
+
+    if load_recipe(args.recipe).parallel.plan == "auto":
+        return None
+    cluster = result.cluster
+    own = recipe_plan(args.recipe, gpus=cluster.num_gpus, gpu=args.gpu, gpu_memory=args.gpu_memory)
+    unit = own.stats.unit
+    words = f"{own.memory.total_bytes / 2**30:.1f} GiB per GPU, {own.time.per_s:,.0f} {unit}/s"
+    verdict = "it fits" if own.fits else "it does not fit"
+    return f"the recipe's own plan (what bigtrain train runs): {own.summary()}: {words}; {verdict}"
 
 
 def _recipe_s_own_plan(args: argparse.Namespace, result: PlanResult) -> str | None:

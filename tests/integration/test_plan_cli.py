@@ -292,3 +292,11 @@ def test_a_classifier_plan_shows_the_speed_up_from_one_gpu(plan_cli):
         rows = re.findall(r"^\s+(\d+)\s+([\d,]+)\s+([\d.]+)x\s+(\d+)%", proc.stdout, re.MULTILINE)
         assert [int(r[0]) for r in rows] == [1, 2, 4, 8] and float(rows[-1][2]) > 7
         assert not proc.stderr.strip(), proc.stderr
+
+
+def test_a_classifier_recipe_s_written_plan_is_predicted_first(plan_cli):
+    proc = plan_cli(["plan", "recipes/image_classifier.yaml", "--gpus", "2", "--gpu", "H100"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("the recipe's own plan (what bigtrain train runs): ddp, micro-batch 16 x 1 steps: ")
+    assert first.endswith("it fits") and "images/s" in first
