@@ -77,7 +77,7 @@ def run_case(case: Case) -> tuple[int, int]:
         method="lora" if case.lora else "full",
     )
     stats = measure_classifier(config, case.image_size, case.seq_len, workload.mixed_precision)
-    predicted = estimate_memory(stats, plan, workload).tensor_bytes
+    predicted = estimate_memory(stats, plan, workload).total_bytes
     return predicted, simulate(config, plan, workload)["Total"]
 
 

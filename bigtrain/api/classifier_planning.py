@@ -76,7 +76,7 @@ class ClassifierPlanResult:
     def what_would_fit(self) -> str | None:
         if self.fits:
             return None
-        need = self.best.memory.total_bytes
+        need = self.best.memory.budget_bytes
         return (
             f"the smallest plan ({plan_name(self.plan)}, micro-batch {self.micro_batch_size}) needs {size(need)} "
             "per GPU; "
@@ -105,14 +105,14 @@ class ClassifierPlanResult:
             "global_batch_size": self.workload.global_batch_size,
             "plan": self.plan.to_dict(),
             "fits": self.fits,
-            "memory_bytes": self.memory.total_bytes,
+            "memory_bytes": self.memory.budget_bytes,
             "step_s": self.time.step_s,
             f"{unit}_per_s": self.time.per_s,
             "candidates": [
                 {
                     "plan": plan_name(c.plan),
                     "micro_batch_size": c.plan.micro_batch_size,
-                    "memory_bytes": c.memory.total_bytes,
+                    "memory_bytes": c.memory.budget_bytes,
                     "step_s": c.time.step_s,
                     "fits": c.fits,
                 }
@@ -208,7 +208,7 @@ def written_classifier_plan(
     memory = estimate_memory(stats, plan, workload)
     found = [
         Candidate(
-            plan, memory, estimate_time(stats, plan, cluster, workload), memory.total_bytes <= cluster.gpu.memory_bytes
+            plan, memory, estimate_time(stats, plan, cluster, workload), memory.budget_bytes <= cluster.gpu.memory_bytes
         )
     ]
     return ClassifierPlanResult(stats, model_config, cluster, workload, found, scaling(stats, plan, cluster, workload))

@@ -155,7 +155,7 @@ def _print_classifier_plan(args: argparse.Namespace, result: ClassifierPlanResul
         if "simulated" in out:
             print(
                 f"\nsimulated peak of the chosen plan on rank 0 of {result.plan.world_size}: "
-                f"{out['simulated']['peak_bytes'] / 2**30:.2f} GiB (predicted {result.memory.tensor_bytes / 2**30:.2f} "
+                f"{out['simulated']['peak_bytes'] / 2**30:.2f} GiB (predicted {result.memory.total_bytes / 2**30:.2f} "
                 "GiB without the margin)"
             )
     sentence = result.what_would_fit()
@@ -176,7 +176,7 @@ def _classifier_recipe_s_own_plan(args: argparse.Namespace, result: ClassifierPl
     cluster = result.cluster
     own = recipe_plan(args.recipe, gpus=cluster.num_gpus, gpu=args.gpu, gpu_memory=args.gpu_memory)
     unit = own.stats.unit
-    words = f"{own.memory.total_bytes / 2**30:.1f} GiB per GPU, {own.time.per_s:,.0f} {unit}/s"
+    words = f"{own.memory.budget_bytes / 2**30:.1f} GiB per GPU, {own.time.per_s:,.0f} {unit}/s"
     verdict = "it fits" if own.fits else "it does not fit"
     return f"the recipe's own plan (what bigtrain train runs): {own.summary()}: {words}; {verdict}"
 

@@ -84,7 +84,7 @@ def _choose_classifier_plan(
     if not best.fits:
         raise ConfigError(
             f"parallel.plan=auto found no plan that fits {cluster.num_gpus} x {cluster.gpu.name}: the smallest needs "
-            f"{best.memory.total_bytes / GiB:.1f} GiB per device; use more devices, a smaller "
+            f"{best.memory.budget_bytes / GiB:.1f} GiB per device; use more devices, a smaller "
             "train.global_batch_size or data.image_size"
         )
     return Choice(best.plan, "full", False, "none", "\n".join(table_lines(found, workload, stats.unit)))
@@ -125,7 +125,7 @@ def predict(model_config: dict[str, Any], plan: Plan, cluster: Cluster, workload
     per device, and on GPUs its step time (the time model has no numbers for CPU processes)."""
     if is_classifier(model_config):
         classifier = _classifier_stats(model_config, workload)
-        peak = classifier_memory(classifier, plan, workload).total_bytes
+        peak = classifier_memory(classifier, plan, workload).budget_bytes
         words = f"predicted peak {peak / GiB:.2f} GiB per device"
         if cluster.gpu.name != CPU.name:
             per_s = classifier_time(classifier, plan, cluster, workload).per_s

@@ -35,6 +35,7 @@ makes small micro-batches slow.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,35 +44,16 @@ from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, Plan
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.classifier_stats import ClassifierStats
-from bigtrain.planner.cost import ACHIEVABLE, EXPOSED_FRACTION, FP32_SLOWDOWN, MEMORY_ACHIEVABLE
+from bigtrain.planner.cost import ACHIEVABLE, EXPOSED_FRACTION, FP32_SLOWDOWN, MEMORY_ACHIEVABLE, link_bandwidth
 from bigtrain.planner.deepspeed_memory import DEEPSPEED_MAX_LIVE_PARAMETERS
 from bigtrain.planner.hardware import Cluster, ring_share, size
-from bigtrain.planner.memory_terms import MARGIN_FIXED, MARGIN_FRACTION
+from bigtrain.planner.memory_terms import MARGIN_FIXED, MARGIN_FRACTION, MemoryEstimate
 
 CONV_ACHIEVABLE = 0.20  # of the datasheet peak, for CNNs (module docstring: NVIDIA's ResNet-50 A100 figure)
 BACKWARD_SHARE = 2 / 3  # of a step's compute: what gradient traffic can hide behind
 # the plans tried, simplest first: a near tie (NEAR_TIE) goes to the simpler one
 BACKENDS = (("ddp", 0), ("fsdp2", 2), ("fsdp2", 3), ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3))
 NEAR_TIE = 0.01
-
-
-@dataclass(frozen=True)
-class ClassifierMemory:
-    params: int
-    gradients: int
-    optimizer: int
-    activations: int
-    other: int  # gathered weights, buckets, temporaries
-    margin: int
-
-    @property
-    def tensor_bytes(self) -> int:
-        """What the simulator measures: every tensor at the step's peak."""
-        return self.params + self.gradients + self.optimizer + self.activations + self.other
-
-    @property
-    def total_bytes(self) -> int:
-        return self.tensor_bytes + self.margin
 
 
 @dataclass(frozen=True)
@@ -86,7 +68,7 @@ class ClassifierTime:
 @dataclass(frozen=True)
 class Candidate:
     plan: Plan
-    memory: ClassifierMemory
+    memory: MemoryEstimate  # other_bytes: gathered weights, buckets, temporaries
     time: ClassifierTime
     fits: bool
 
@@ -117,7 +99,7 @@ def trained_and_frozen(stats: ClassifierStats, workload: Workload) -> tuple[int,
     return stats.lora_params(workload.lora_rank), stats.params - stats.head_params
 
 
-def estimate_memory(stats: ClassifierStats, plan: Plan, workload: Workload) -> ClassifierMemory:
+def estimate_memory(stats: ClassifierStats, plan: Plan, workload: Workload) -> MemoryEstimate:
     # the ranks the states are sharded over: FSDP2's dp_shard (HSDP replicates over dp_replicate), DeepSpeed's dp
     n = plan.dp_shard if plan.backend == "fsdp2" else plan.dp
     psi, a, b = stats.params, workload.dtype_bytes, plan.micro_batch_size
@@ -158,9 +140,9 @@ def estimate_memory(stats: ClassifierStats, plan: Plan, workload: Workload) -> C
     return _with_margin(params, grads, optim, act, other)
 
 
-def _with_margin(params: float, grads: float, optim: float, acts: float, other: float) -> ClassifierMemory:
+def _with_margin(params: float, grads: float, optim: float, acts: float, other: float) -> MemoryEstimate:
     parts = [int(x) for x in (params, grads, optim, acts, other)]
-    return ClassifierMemory(*parts, margin=MARGIN_FIXED + int(MARGIN_FRACTION * sum(parts)))
+    return MemoryEstimate(*parts, MARGIN_FIXED + int(MARGIN_FRACTION * sum(parts)))
 
 
 def estimate_time(stats: ClassifierStats, plan: Plan, cluster: Cluster, workload: Workload) -> ClassifierTime:
@@ -178,7 +160,7 @@ def estimate_time(stats: ClassifierStats, plan: Plan, cluster: Cluster, workload
     compute = share * recompute * stats.flops_per_example * plan.micro_batch_size / rate
     micro_s = max(compute, stats.operators * cluster.gpu.op_overhead_s)
     compute_s = micro_s * accum
-    link = _bandwidth(cluster, n)
+    link = link_bandwidth(cluster, n, 1)
     ring = ring_share(n)
     # gradient traffic carries the trained parameters only; FSDP2 and ZeRO-3 gather the whole model
     if plan.backend == "ddp":  # one all-reduce of the fp32 gradients, in the last micro-step's backward
@@ -200,12 +182,6 @@ def estimate_time(stats: ClassifierStats, plan: Plan, cluster: Cluster, workload
     optimizer_s = 32 * t / shards / (cluster.gpu.memory_gbps * 1e9 * MEMORY_ACHIEVABLE)  # AdamW reads/writes
     step_s = compute_s + exposed + optimizer_s
     return ClassifierTime(step_s, compute_s, traffic, exposed, workload.global_batch_size / step_s)
-
-
-def _bandwidth(cluster: Cluster, ranks: int) -> float:
-    """Bytes/s each way of the slowest link a ring over ``ranks`` GPUs crosses."""
-    spans_nodes = ranks > cluster.gpus_per_node
-    return (cluster.gpu.inter_node_gbps if spans_nodes else cluster.gpu.intra_node_gbps) * 1e9
 
 
 def micro_batch_sizes(per_rank: int) -> list[int]:
@@ -241,7 +217,7 @@ def candidates(stats: ClassifierStats, cluster: Cluster, workload: Workload, fix
                     continue
                 memory = estimate_memory(stats, plan, workload)
                 time = estimate_time(stats, plan, cluster, workload)
-                out.append(Candidate(plan, memory, time, memory.total_bytes <= cluster.gpu.memory_bytes))
+                out.append(Candidate(plan, memory, time, memory.budget_bytes <= cluster.gpu.memory_bytes))
     if not out:
         raise ConfigError(f"no classifier plan has {fixed}; classifiers train on backend ddp, fsdp2 or deepspeed")
     return ranked(out)
@@ -255,7 +231,7 @@ def ranked(found: list[Candidate]) -> list[Candidate]:
     fastest = min((c.time.step_s for c in fits), default=1.0)
     # steps within 0.1% of each other are the same time: the larger micro-batch first (fewer, larger kernels)
     fits.sort(key=lambda c: (round(c.time.step_s / fastest, 3), -c.plan.micro_batch_size))
-    rest = sorted((c for c in found if not c.fits), key=lambda c: c.memory.total_bytes)
+    rest = sorted((c for c in found if not c.fits), key=lambda c: c.memory.budget_bytes)
     if fits:
         best = fits[0].time.step_s
         near = [c for c in fits if c.time.step_s <= best * (1 + NEAR_TIE)]
@@ -294,7 +270,7 @@ def scaling(stats: ClassifierStats, chosen: Plan, cluster: Cluster, workload: Wo
     rows: list[ScalingRow] = []
     for g in counts:
         c = Cluster(cluster.gpu, g, min(cluster.gpus_per_node, g), cluster.host_memory_bytes)
-        w = Workload(**{**workload.__dict__, "global_batch_size": per_gpu * g})
+        w = dataclasses.replace(workload, global_batch_size=per_gpu * g)
         plan = chosen.but(
             dp_replicate=g if chosen.backend == "ddp" else 1, dp_shard=1 if chosen.backend == "ddp" else g
         )
@@ -331,7 +307,7 @@ def table_lines(found: list[Candidate], workload: Workload, unit: str) -> list[s
         accum = cand.plan.grad_accum_steps(workload.global_batch_size)
         lines.append(
             f"  {i:>2}  {plan_name(cand.plan):<24} {cand.plan.micro_batch_size:>5} {accum:>5}  "
-            f"{size(cand.memory.total_bytes):>10}  {cand.time.step_s * 1e3:>7.1f} ms  {cand.time.per_s:>10,.0f}  "
+            f"{size(cand.memory.budget_bytes):>10}  {cand.time.step_s * 1e3:>7.1f} ms  {cand.time.per_s:>10,.0f}  "
             f"{'yes' if cand.fits else 'no'}"
         )
     return lines

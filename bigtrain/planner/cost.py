@@ -193,7 +193,7 @@ def memory_bound_bytes(
     return elementwise + loss + optimizer
 
 
-def _bandwidth(cluster: Cluster, group: int, stride: int) -> float:
+def link_bandwidth(cluster: Cluster, group: int, stride: int) -> float:
     """GB/s each way for a group of ``group`` ranks spaced ``stride`` apart in rank order."""
     spans_nodes = group * stride > cluster.gpus_per_node or stride >= cluster.gpus_per_node
     return (cluster.gpu.inter_node_gbps if spans_nodes and group > 1 else cluster.gpu.intra_node_gbps) * 1e9
@@ -236,7 +236,7 @@ def ep_all_to_all_seconds(
     passes = 2 + (recomputed_share(stats, plan) if plan.activation_checkpointing == "full" else 0)
     pairs = stats.top_k * plan.micro_batch_size * seq_len
     per_block = 2 * ring_share(plan.ep) * a * pairs * stats.hidden
-    return passes * micro_batches * stats.routed_layers * per_block / _bandwidth(cluster, plan.ep, 1)
+    return passes * micro_batches * stats.routed_layers * per_block / link_bandwidth(cluster, plan.ep, 1)
 
 
 def cp_all_to_all_seconds(
@@ -251,7 +251,7 @@ def cp_all_to_all_seconds(
     per_block = a * local_tokens * (2 * stats.q_width + 2 * stats.kv_width) / plan.tp
     passes = 3 if plan.activation_checkpointing == "full" else 2
     volume = stage_layers(stats, plan.pp) * passes * micro_batches * per_block * ring_share(plan.cp)
-    return volume / _bandwidth(cluster, plan.cp, plan.tp)
+    return volume / link_bandwidth(cluster, plan.cp, plan.tp)
 
 
 def activation_offload_seconds(
@@ -284,7 +284,7 @@ def _data_parallel_seconds(
     if plan.backend == "ddp":
         # DDP all-reduces over every rank that sees different tokens (dp x cp)
         ranks = plan.dp * plan.cp
-        dp_overlapped = 2 * ring_share(ranks) * 4 * reduced / _bandwidth(cluster, ranks, plan.tp)
+        dp_overlapped = 2 * ring_share(ranks) * 4 * reduced / link_bandwidth(cluster, ranks, plan.tp)
     elif plan.backend == "fsdp2":
         dp_overlapped = _fsdp2_seconds(plan, cluster, micro_batches, gathered, reduced, shards, plan.tp)
     else:  # deepspeed; with adapters, ZeRO-3 gathers the base twice and only the adapters are reduced and updated
@@ -292,7 +292,7 @@ def _data_parallel_seconds(
             volume = (2 * gathered if plan.zero_stage >= 3 else 0.0) + 2 * a * reduced
         else:
             volume = (3 if plan.zero_stage >= 3 else 2) * a * psi
-        dp_overlapped = ring_share(plan.dp) * volume / _bandwidth(cluster, plan.dp, plan.tp)
+        dp_overlapped = ring_share(plan.dp) * volume / link_bandwidth(cluster, plan.dp, plan.tp)
     return dp_overlapped
 
 
@@ -305,8 +305,8 @@ def _fsdp2_seconds(
     gathers = 2 if plan.zero_stage == 3 else 1
     reduces = micro_batches if plan.grad_reduce == "every_micro_step" else 1
     volume = gathers * micro_batches * gathered + reduces * 4 * reduced
-    seconds = ring_share(shards) * volume / _bandwidth(cluster, shards, stride)
-    rep_bw = _bandwidth(cluster, plan.dp_replicate, stride * shards)
+    seconds = ring_share(shards) * volume / link_bandwidth(cluster, shards, stride)
+    rep_bw = link_bandwidth(cluster, plan.dp_replicate, stride * shards)
     return seconds + 2 * ring_share(plan.dp_replicate) * 4 * reduced / shards / rep_bw
 
 
@@ -386,9 +386,9 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     else:
         exposed = dp_overlapped
 
-    tp_bw, act = _bandwidth(cluster, plan.tp, 1), plan.micro_batch_size * seq_len * stats.hidden * a
+    tp_bw, act = link_bandwidth(cluster, plan.tp, 1), plan.micro_batch_size * seq_len * stats.hidden * a
     tp_comm = tp_time.collective_seconds(plan, cluster.gpu, tp_bw, act, layers, micro_batches, recomputed)
-    pp_comm = 2 * micro_batches * act / plan.tp / _bandwidth(cluster, 2, plan.tp * plan.dp) if plan.pp > 1 else 0.0
+    pp_comm = 2 * micro_batches * act / plan.tp / link_bandwidth(cluster, 2, plan.tp * plan.dp) if plan.pp > 1 else 0.0
     offload = _offload_seconds(stats, plan, cluster, workload, micro_batches, (psi, gathered, reduced))
     cp_comm = cp_all_to_all_seconds(stats, plan, cluster, seq_len, a, micro_batches)
     cp_comm += ep_all_to_all_seconds(stats, plan, cluster, seq_len, a, micro_batches)

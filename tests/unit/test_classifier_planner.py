@@ -95,7 +95,7 @@ def test_small_micro_batches_pay_the_operator_floor():
     large = estimate_time(stats, classifier_plan("ddp", 0, 8, 256), cluster, workload)
     assert small.step_s > 1.5 * large.step_s
     # memory grows with the micro-batch by the measured activations per example
-    grow = estimate_memory(stats, classifier_plan("ddp", 0, 8, 256), workload).activations
+    grow = estimate_memory(stats, classifier_plan("ddp", 0, 8, 256), workload).activations_bytes
     assert grow == pytest.approx(dict(stats.fixed)["autocast"] + 256 * dict(stats.per_example)["autocast"], rel=1e-6)
 
 
@@ -140,7 +140,7 @@ def test_checkpointing_is_weighed_where_it_applies():
     assert fitting and max(c.plan.micro_batch_size for c in fitting) < bert.micro_batch_size
     assert min(c.time.step_s for c in fitting) > bert.time.step_s
     same = next(c for c in plain if c.plan.micro_batch_size == bert.micro_batch_size and c.plan.backend == "fsdp2")
-    assert same.memory.activations > 5 * bert.memory.activations
+    assert same.memory.activations_bytes > 5 * bert.memory.activations_bytes
     assert bert.best.time.compute_s == pytest.approx(same.time.compute_s * 4 / 3, rel=1e-6)
     resnet = bigtrain.plan("resnet-50", gpus=8, gpu="L4", global_batch_size=256)
     assert all(c.plan.activation_checkpointing == "none" for c in resnet.searched)
@@ -156,5 +156,5 @@ def test_lora_trains_the_adapters_and_the_head_on_a_frozen_base():
     assert stats.lora_params(16) == sum(16 * (i + o) for i, o in stats.adapted) + stats.head_params
     same = next(c for c in full.searched if c.plan == lora.plan)
     assert lora.best.time.compute_s == pytest.approx(same.time.compute_s * 2 / 3, rel=1e-6)
-    assert lora.memory.params < same.memory.params / 1.9 and lora.memory.optimizer < same.memory.optimizer / 30
+    assert lora.memory.params_bytes < same.memory.params_bytes / 1.9 and lora.memory.optimizer_bytes < same.memory.optimizer_bytes / 30
     assert "LoRA r=16: 8.10M trained" in lora.explain()
