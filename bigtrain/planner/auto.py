@@ -123,17 +123,16 @@ def local_cluster(
 def predict(model_config: dict[str, Any], plan: Plan, cluster: Cluster, workload: Workload) -> str:
     """The planner's prediction for the plan start-up runs (written or chosen), in the plan line's words: its peak
     per device, and on GPUs its step time (the time model has no numbers for CPU processes)."""
+    on_gpus = cluster.gpu.name != CPU.name
     if is_classifier(model_config):
         classifier = _classifier_stats(model_config, workload)
-        peak = classifier_memory(classifier, plan, workload).budget_bytes
-        words = f"predicted peak {peak / GiB:.2f} GiB per device"
-        if cluster.gpu.name != CPU.name:
-            per_s = classifier_time(classifier, plan, cluster, workload).per_s
-            words += f", {per_s:,.0f} {classifier.unit}/s"
-        return words
-    stats = ModelStats.from_config(model_config)
-    memory = estimate_memory(stats, plan, workload).total_bytes
-    words = f"predicted peak {memory / GiB:.2f} GiB per device"
-    if cluster.gpu.name != CPU.name:
-        words += f", {estimate_time(stats, plan, cluster, workload).step_s:.3f} s per step"
-    return words
+        peak = classifier_memory(classifier, plan, workload).total_bytes
+        per_s = classifier_time(classifier, plan, cluster, workload).per_s if on_gpus else 0.0
+        speed = f"{per_s:,.0f} {classifier.unit}/s"
+    else:
+        stats = ModelStats.from_config(model_config)
+        peak = estimate_memory(stats, plan, workload).total_bytes
+        step_s = estimate_time(stats, plan, cluster, workload).step_s if on_gpus else 0.0
+        speed = f"{step_s:.3f} s per step"
+    words = f"predicted peak {peak / GiB:.2f} GiB per device"
+    return f"{words}, {speed}" if on_gpus else words
