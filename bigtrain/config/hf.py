@@ -233,6 +233,11 @@ def linear_names(model: Any) -> tuple[list[str], list[str]]:
     return sorted(inside), sorted(every - inside)
 
 
+def names_module(target: str, module_name: str) -> bool:
+    """peft's rule for one name of ``target_modules``: the module's name ends with it (as a dotted suffix)."""
+    return module_name == target or module_name.endswith("." + target)
+
+
 def classifier_heads(model: Any, num_labels: int) -> list[str]:
     """The names of a classifier's linear layers that answer one output per label (outside the repeated blocks)."""
     from torch import nn

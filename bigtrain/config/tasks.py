@@ -149,14 +149,9 @@ def task_of(hf_config: Any) -> Task:
     return named_task(hf_config) or CAUSAL_LM
 
 
-def uses_batch_norm(hf_config: Any) -> bool:
-    """Whether the config's model (built on meta, no memory) has a BatchNorm layer: its training output then depends
-    on how a batch is split over ranks (``parallel/batch_norm.py``). Causal LMs have none."""
-    return layer_kinds(hf_config)[0]
-
-
 def layer_kinds(hf_config: Any) -> tuple[bool, bool]:
-    """(has BatchNorm, has 2-D convolutions) of the config's classifier, built on meta; causal LMs: neither."""
+    """(has BatchNorm, has 2-D convolutions) of the config's classifier, built on meta; causal LMs: neither. A model
+    with BatchNorm trains differently by how a batch is split over ranks (``parallel/transforms/batch_norm.py``)."""
     import copy
 
     import torch

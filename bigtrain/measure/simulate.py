@@ -62,6 +62,7 @@ from bigtrain.engine.pipelined import PipelinedEngine
 from bigtrain.engine.torch_native import TorchNativeEngine
 from bigtrain.errors import ConfigError
 from bigtrain.parallel.transforms.base import BuildOptions
+from bigtrain.planner.classifier_stats import example_inputs
 from bigtrain.train.optim import build_optimizer, build_scheduler
 
 
@@ -191,14 +192,9 @@ def _simulate_rank(
 def _examples(hf_config: Any, plan: Plan, workload: Workload, device: torch.device) -> ExampleBatch:
     """A classifier's micro-batch as its data path makes it: float images at the workload's size (channels first),
     or token rows of the workload's length with their attention mask; one label per example."""
-    b = plan.micro_batch_size
-    labels = torch.randint(0, hf_config.num_labels, (b,), device=device)
-    if workload.image_size:
-        side = workload.image_size
-        channels = getattr(hf_config, "num_channels", 3)
-        return ExampleBatch({"pixel_values": torch.randn(b, channels, side, side, device=device)}, labels)
-    ids = torch.randint(0, hf_config.vocab_size, (b, workload.seq_len), device=device)
-    return ExampleBatch({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, labels)
+    b, side = plan.micro_batch_size, workload.image_size
+    inputs = example_inputs(hf_config, b, side, 0 if side else workload.seq_len, device)
+    return ExampleBatch(inputs, torch.randint(0, hf_config.num_labels, (b,), device=device))
 
 
 def _tracker(engine: TorchNativeEngine, inputs: list[torch.Tensor]) -> MemTracker:

@@ -4,14 +4,17 @@ A CNN's stages differ in width and resolution, so no "one block times depth" for
 model is built on fake tensors (shapes only: no memory, no arithmetic) and one training forward and backward is run
 at the workload's image size or row length, twice (micro-batches of 2 and 4 examples):
 - FLOPs per example: the forward's from torch's ``FlopCounterMode``, times 3 for forward and backward;
-- activation bytes: the peak of what the step holds beyond parameters and gradients (torch's ``MemTracker``:
-  saved activations and temporaries), per example (the slope between the two batch sizes) and fixed (the
-  intercept: under autocast the compute-dtype copies of every weight that backward keeps).
+- activation bytes: every tensor storage the forward saves for backward (``saved_tensors_hooks``; parameters
+  excluded) and the inputs, per example (the slope between the two batch sizes) and fixed (the intercept: under
+  autocast the compute-dtype copies of every weight that backward keeps); under full checkpointing, what the
+  blocks' inputs and one block's recompute hold instead of the blocks' own saved tensors;
+- the operators one micro-step dispatches (views aside), and, for LoRA, the linears the default adapters adapt and
+  the head.
 Two precision regimes are measured, as the engines run them: ``autocast`` (DDP: fp32 weights, autocast to the
 compute dtype) and ``cast`` (FSDP2 and DeepSpeed: the weights themselves in the compute dtype). BatchNorm layers
 run as the trainer runs them (``parallel/transforms/batch_norm.py``: fp32 over an fp32 copy of their input).
 Parameters come from the meta model; the FSDP2 units from the family's ``_no_split_modules`` as the trainer shards
-them. ResNet-50 at 224 px measures in about 2 s on one CPU core.
+them. Measuring takes 3 s (ResNet-50 at 224 px) to 12 s (BERT-large at 512 tokens) on one CPU core.
 """
 
 from __future__ import annotations
@@ -33,9 +36,10 @@ from bigtrain.config.hf import (
     is_linear,
     linear_names,
     model_config_object,
+    names_module,
     resolve_attention,
 )
-from bigtrain.config.tasks import task_of, uses_batch_norm
+from bigtrain.config.tasks import task_of
 from bigtrain.errors import ConfigError
 
 REGIMES = ("autocast", "cast")  # DDP's; FSDP2's and DeepSpeed's (module docstring)
@@ -133,7 +137,7 @@ def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str) -> 
         largest_unit=max([*units, params - sum(units)]),
         blocks=len(units),
         convolutional=sum(isinstance(m, nn.Conv2d) for m in meta.modules()) > 2,
-        batch_norm=uses_batch_norm(hf_config),
+        batch_norm=bool(_batch_norms(meta)),
         flops_per_example=flops,
         operators=ops,
         per_example=tuple(per_example),
@@ -151,7 +155,7 @@ def _adapted(model: nn.Module) -> tuple[tuple[int, int], ...]:
     return tuple(
         (m.in_features, m.out_features)
         for name, m in model.named_modules()
-        if is_linear(m) and any(name == t or name.endswith("." + t) for t in targets)
+        if is_linear(m) and any(names_module(t, name) for t in targets)
     )
 
 
@@ -212,7 +216,7 @@ def _fake_step(
             for name, buffer in list(module.named_buffers(recurse=False)):
                 module._buffers[name] = torch.empty(buffer.shape, dtype=buffer.dtype)
         model.train()
-        inputs = _inputs(hf_config, b, image_size, seq_len)
+        inputs = example_inputs(hf_config, b, image_size, seq_len)
         if cast and "pixel_values" in inputs:  # FSDP2 and DeepSpeed hand the model its inputs in the compute dtype
             inputs["pixel_values"] = inputs["pixel_values"].to(dtype)
         labels = torch.randint(0, hf_config.num_labels, (b,))
@@ -279,9 +283,13 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _inputs(hf_config: Any, b: int, image_size: int, seq_len: int) -> dict[str, torch.Tensor]:
+def example_inputs(
+    hf_config: Any, b: int, image_size: int, seq_len: int, device: torch.device | None = None
+) -> dict[str, torch.Tensor]:
+    """A classifier's inputs as its data path makes them (values aside): ``b`` images of ``image_size`` pixels a side,
+    channels first, or ``b`` token rows of ``seq_len`` with their attention mask."""
     if image_size:
         channels = getattr(hf_config, "num_channels", 3)
-        return {"pixel_values": torch.randn(b, channels, image_size, image_size)}
-    ids = torch.randint(0, hf_config.vocab_size, (b, seq_len))
+        return {"pixel_values": torch.randn(b, channels, image_size, image_size, device=device)}
+    ids = torch.randint(0, hf_config.vocab_size, (b, seq_len), device=device)
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from bigtrain.config.hf import decoder_blocks, is_linear, linear_names
+from bigtrain.config.hf import decoder_blocks, is_linear, linear_names, names_module
 from bigtrain.config.schema import ADAPTER_METHODS, AdapterConfig
 from bigtrain.errors import ConfigError
 from bigtrain.models.build import build_meta_model
@@ -39,11 +39,6 @@ from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transfor
 ADAPTER_NAME = "default"  # peft's name for the one adapter; dropped from every key we write
 NF4_BLOCK = 64  # values per NF4 scale (torchao's default, QLoRA's paper)
 NF4_SCALER_BLOCK = 256  # scales per second-level scale
-
-
-def _matches(target: str, module_name: str) -> bool:
-    """peft's rule for one name of ``target_modules``: the module's name ends with it (as a dotted suffix)."""
-    return module_name == target or module_name.endswith("." + target)
 
 
 def target_modules(model: nn.Module, lora: AdapterConfig) -> list[str]:
@@ -59,7 +54,7 @@ def target_modules(model: nn.Module, lora: AdapterConfig) -> list[str]:
         return inside
     linears = [name for name, m in model.named_modules() if is_linear(m)]
     for target in lora.target_modules:
-        hits = [n for n in linears if _matches(target, n) or re.fullmatch(target, n)]
+        hits = [n for n in linears if names_module(target, n) or re.fullmatch(target, n)]
         if not hits:
             raise ConfigError(
                 f"lora.target_modules: {target!r} names no linear module of this model; its linear modules are "
@@ -75,7 +70,7 @@ def modules_trained_fully(model: nn.Module, lora: AdapterConfig, targets: list[s
     if not lora.modules_to_save:
         return []
     names = [name for name, _ in model.named_modules() if name]
-    adapted = [n for n, m in model.named_modules() if is_linear(m) and any(_matches(t, n) for t in targets)]
+    adapted = [n for n, m in model.named_modules() if is_linear(m) and any(names_module(t, n) for t in targets)]
     chosen: list[str] = []
     for entry in lora.modules_to_save:
         hits = [n for n in names if n.endswith(entry)]
