@@ -193,9 +193,7 @@ def written_classifier_plan(
     """A recipe's written plan for a classifier, predicted (what ``bigtrain train`` runs)."""
     from bigtrain.planner.classifier_plan import estimate_memory, estimate_time
 
-    images = "pixel" in _input_kind(model_config)
-    side = (cfg.data.image_size or model_config.get("image_size") or 224) if images else 0
-    length = 0 if images else (cfg.data.seq_len or DEFAULT_SEQ_LEN)
+    side, length = _example_size(model_config, cfg, None, None)
     stats = measure_classifier(model_config, side, length, cfg.train.mixed_precision)
     workload = Workload(
         seq_len=max(length, 1),
@@ -250,20 +248,14 @@ def plan_classifier(
     if mixed_precision is not None and mixed_precision not in PRECISIONS:
         raise ConfigError(f"{spell.value('mixed_precision', mixed_precision)} is not one of {', '.join(PRECISIONS)}")
     cluster = cluster or cluster_of(hw, no_gpu_message(spell), spell)
-    images = "pixel" in _input_kind(model_config)
-    if images:
-        side = image_size or (cfg and cfg.data.image_size) or model_config.get("image_size") or 224
-        if side < 8:
-            raise ConfigError(f"{spell.value('image_size', side)} is too small; use at least 8 (224 for ImageNet)")
-        length = 0
-    else:
-        if image_size:
-            raise ConfigError(f"{spell('image_size')} is for image models; a sequence classifier takes --seq-len")
-        side = 0
-        length = seq_len or (cfg and cfg.data.seq_len) or DEFAULT_SEQ_LEN
-        limit = model_config.get("max_position_embeddings")
-        if limit and length > limit:
-            raise ConfigError(f"{spell.value('seq_len', length)} is more than the model's {limit} positions")
+    if image_size and not _is_image(model_config):
+        raise ConfigError(f"{spell('image_size')} is for image models; a sequence classifier takes --seq-len")
+    side, length = _example_size(model_config, cfg, image_size, seq_len)
+    if side and side < 8:
+        raise ConfigError(f"{spell.value('image_size', side)} is too small; use at least 8 (224 for ImageNet)")
+    limit = model_config.get("max_position_embeddings")
+    if length and limit and length > limit:
+        raise ConfigError(f"{spell.value('seq_len', length)} is more than the model's {limit} positions")
     precision = mixed_precision or (cfg.train.mixed_precision if cfg else "bf16")
     stats = measure_classifier(model_config, side, length, precision)
     if method == "lora" and not stats.adapted:
@@ -316,8 +308,18 @@ def classifier_model(model: Any, recipe: Any, spell: Spelling) -> tuple[dict[str
     return model_config, cfg
 
 
-def _input_kind(model_config: dict[str, Any]) -> str:
+def _is_image(model_config: dict[str, Any]) -> bool:
     from bigtrain.config.hf import model_config_object
     from bigtrain.config.tasks import task_of
 
-    return "pixel_values" if task_of(model_config_object(model_config)).unit == "images" else "input_ids"
+    return task_of(model_config_object(model_config)).unit == "images"
+
+
+def _example_size(
+    model_config: dict[str, Any], cfg: RecipeConfig | None, image_size: int | None, seq_len: int | None
+) -> tuple[int, int]:
+    """(pixels a side, 0) of an image classifier's examples, or (0, tokens a row) of a sequence classifier's: the
+    argument, else the recipe's, else the model's own image size (or 224), or DEFAULT_SEQ_LEN tokens."""
+    if _is_image(model_config):
+        return image_size or (cfg and cfg.data.image_size) or model_config.get("image_size") or 224, 0
+    return 0, seq_len or (cfg and cfg.data.seq_len) or DEFAULT_SEQ_LEN
