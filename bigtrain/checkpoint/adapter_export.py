@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from bigtrain.checkpoint.base_model import check_base
-from bigtrain.checkpoint.layout import HF_FILES, RECIPE, Manifest, check_files, publish, resolve_checkpoint
+from bigtrain.checkpoint.layout import HF_FILES, RECIPE, Manifest, check_files, resolve_checkpoint, staged
 from bigtrain.checkpoint.reader import MODEL_PREFIX, load_into, read_metadata
 from bigtrain.config.load import load_recipe
 from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
@@ -102,10 +102,7 @@ def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
     if cfg is None:
         raise ConfigError(f"checkpoint {folder} trained the whole model (train.method=full): it has no adapter")
     adapters = read_adapters(folder, cfg)
-    out = Path(out)
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
+    with staged(Path(out)) as partial:
         partial.mkdir(parents=True)
         # a module trained fully whose weight is tied: peft keeps it tied on load when asked, and then reads the
         # trained value under each of the tensor's names (as its own save writes it)
@@ -122,11 +119,6 @@ def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
                 shutil.copy2(file, partial / file.name)
         tensors = {PEFT_PREFIX + name: value.contiguous() for name, value in {**tied, **adapters}.items()}
         save_file(tensors, str(partial / ADAPTER_FILE), metadata={"format": "pt"})
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    out.parent.mkdir(parents=True, exist_ok=True)
-    publish(partial, out)
     return folder
 
 
@@ -147,24 +139,17 @@ def _publish_merged_classifier(folder: Path, base: Path, out: Path) -> None:
     hf_logging.disable_progress_bar()  # one line says what was written
     try:
         model = model_class(config).from_pretrained(base, config=config, ignore_mismatched_sizes=True)
-    finally:
+        with staged(out) as partial:
+            with tempfile.TemporaryDirectory() as scratch:
+                export_adapter(folder, Path(scratch) / "adapter")
+                merged = PeftModel.from_pretrained(model, Path(scratch) / "adapter").merge_and_unload()
+            merged.save_pretrained(partial)
+            for file in (folder / HF_FILES).iterdir():  # the image processor or tokenizer the run saved
+                if file.is_file() and not (partial / file.name).exists():
+                    shutil.copy2(file, partial / file.name)
+    finally:  # also when loading or merging fails
         hf_logging.set_verbosity(verbosity)
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
-        with tempfile.TemporaryDirectory() as scratch:
-            export_adapter(folder, Path(scratch) / "adapter")
-            merged = PeftModel.from_pretrained(model, Path(scratch) / "adapter").merge_and_unload()
-        merged.save_pretrained(partial)
         hf_logging.enable_progress_bar()
-        for file in (folder / HF_FILES).iterdir():  # the image processor or tokenizer the run saved
-            if file.is_file() and not (partial / file.name).exists():
-                shutil.copy2(file, partial / file.name)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    out.parent.mkdir(parents=True, exist_ok=True)
-    publish(partial, out)
 
 
 def _peft_task(folder: Path) -> str | None:
@@ -198,11 +183,8 @@ def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
     adapters = read_adapters(folder, cfg)
     scale = cfg.lora.alpha / cfg.lora.r
     files = sorted(p.name for p in base.glob("*.safetensors"))
-    out = Path(out)
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
     merged = 0
-    try:
+    with staged(Path(out)) as partial:
         shutil.copytree(folder / HF_FILES, partial)
         for file in files:
             tensors = {}
@@ -220,15 +202,9 @@ def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
         if (base / "model.safetensors.index.json").is_file():
             shutil.copy2(base / "model.safetensors.index.json", partial / "model.safetensors.index.json")
         _keep_base_dtype(partial / "config.json", base / "config.json")
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    pairs = sum(".lora_A." in name for name in adapters)
-    if merged != pairs:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise ConfigError(f"{base} has {merged} of the {pairs} weights the adapters adapt")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    publish(partial, out)
+        pairs = sum(".lora_A." in name for name in adapters)
+        if merged != pairs:  # raised inside: nothing is published
+            raise ConfigError(f"{base} has {merged} of the {pairs} weights the adapters adapt")
     if cfg.train.method == "qlora":
         log.info("note: the adapters were trained on the NF4 base; merged into its dequantised values")
     return folder

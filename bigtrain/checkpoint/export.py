@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from bigtrain.checkpoint.layout import HF_FILES, Manifest, check_files, publish, resolve_checkpoint
+from bigtrain.checkpoint.layout import HF_FILES, Manifest, check_files, resolve_checkpoint, staged
 from bigtrain.checkpoint.reader import MODEL_PREFIX, load_into, read_metadata
 from bigtrain.errors import ConfigError
 from bigtrain.models.checkpoint_keys import to_checkpoint_keys
@@ -103,16 +103,8 @@ def export_model(checkpoint: str | Path, out: str | Path, max_shard_bytes: int =
     names = [name for name in tensors if name not in aliases]
     shards = _shards(names, tensors, max_shard_bytes)
 
-    out = Path(out)
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
+    with staged(Path(out)) as partial:  # a failed export (a full disk) leaves nothing half-written
         _write_folder(folder, partial, names, tensors, shards, meta)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)  # a failed export (a full disk) leaves nothing half-written
-        raise
-    out.parent.mkdir(parents=True, exist_ok=True)
-    publish(partial, out)
     return folder
 
 

@@ -14,11 +14,13 @@ file before it resumes (``run_dir.plan_start`` falls back to the newest checkpoi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -181,6 +183,21 @@ def check_files(folder: Path, manifest: Manifest, contents: bool = True) -> None
                 f"checkpoint {folder} is damaged: {folder / name} does not match the checksum written at save (its "
                 "bytes changed since)"
             )
+
+
+@contextlib.contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A fresh folder beside ``out`` to write it in: published as ``out`` in one rename when the block ends, removed
+    when it fails (a failed export, e.g. a full disk, leaves nothing half-written and an older ``out`` as it was)."""
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        yield partial
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    out.parent.mkdir(parents=True, exist_ok=True)
+    publish(partial, out)
 
 
 def publish(partial: Path, final: Path) -> None:
