@@ -39,6 +39,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from bigtrain.config.capabilities import Setup, first_problem
 from bigtrain.config.capabilities.classification import CHANNELS_LAST
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, Plan
 from bigtrain.config.workload import Workload
@@ -204,16 +205,20 @@ def candidates(stats: ClassifierStats, cluster: Cluster, workload: Workload, fix
             f"{lower or n} or {lower + n}"
         )
     out = []
-    checkpointing = (False, True) if stats.checkpointable else (False,)
+    train, data = workload.train_config(), workload.data_facts()
     # a convolutional model on GPUs trains channels-last: tensor cores' convolutions read NHWC (torchvision's and
     # NVIDIA's reference recipes for AMP); its memory is the same, and its gain is not in the time model
     nhwc = stats.convolutional and cluster.gpu.name != "CPU"
     for backend, stage in BACKENDS:
         for b in micro_batch_sizes(workload.global_batch_size // n):
-            for checkpointed in checkpointing:
+            for checkpointed in (False, True):
                 plan = classifier_plan(backend, stage, n, b, checkpointed)
                 plan = plan.with_option(CHANNELS_LAST.name, True) if nhwc else plan
                 if any(plan.to_dict().get(k) != v for k, v in fixed.items()):
+                    continue
+                if stats.blocks == 0 and checkpointed:  # nothing to checkpoint
+                    continue
+                if first_problem(Setup(plan, train, stats.facts, data)) is not None:  # the table's rows
                     continue
                 memory = estimate_memory(stats, plan, workload)
                 time = estimate_time(stats, plan, cluster, workload)

@@ -39,6 +39,7 @@ from bigtrain.config.hf import (
     names_module,
     resolve_attention,
 )
+from bigtrain.config.model_facts import ModelFacts
 from bigtrain.config.tasks import task_of
 from bigtrain.errors import ConfigError
 
@@ -67,6 +68,7 @@ class ClassifierStats:
     # fully); empty: LoRA does not apply (a CNN's blocks hold convolutions)
     adapted: tuple[tuple[int, int], ...] = ()
     head_params: int = 0
+    facts: ModelFacts | None = None  # what the capability table reads of the model (which plans may run)
 
     def lora_params(self, rank: int) -> int:
         """Parameters LoRA trains at this rank: the adapters (r x (in + out) each) and the head."""
@@ -77,12 +79,6 @@ class ClassifierStats:
         every block under full activation checkpointing)."""
         key = regime + CHECKPOINTED if checkpointed else regime
         return dict(self.fixed)[key] + dict(self.per_example)[key] * micro_batch_size
-
-    @property
-    def checkpointable(self) -> bool:
-        """Activation checkpointing applies (blocks found, and no BatchNorm, whose recompute would update its
-        running statistics twice)."""
-        return self.blocks > 0 and not self.batch_norm
 
     @property
     def describe(self) -> str:
@@ -145,6 +141,7 @@ def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str) -> 
         example=example,
         adapted=_adapted(meta),
         head_params=sum(p.numel() for name in _head(meta, hf_config) for p in meta.get_submodule(name).parameters()),
+        facts=ModelFacts.of(hf_config),
     )
 
 
