@@ -43,7 +43,7 @@ def load_checkpoint(
     check_files(folder, manifest, contents=False)
     metadata = read_metadata(folder)
     check_same_model(model_shapes, metadata.state_dict_metadata, folder)
-    state = engine.state_dict()
+    state = engine.state_to_load(metadata.state_dict_metadata.keys())
     rank = dist.get_rank()
     key = rng_key(rank)
     same_world = manifest.world_size == dist.get_world_size()

@@ -2,7 +2,8 @@
 
 ``build_engine`` is the only place that maps a plan to an engine: the model comes from the one build path
 (``parallel/build.py``), then DeepSpeed ZeRO plans get the DeepSpeed engine, pipelined plans (pp > 1) the pipelined
-engine, and every other plan the trainer runs (DDP, FSDP2, HSDP, with or without tp) the torch-native engine.
+engine, and every other plan the trainer runs (DDP, FSDP2, HSDP, with or without tp) the torch-native engine, inside
+the replica-sync engine when its replica groups synchronise every H steps (``parallel.sync``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import torch
 
+from bigtrain.config.capabilities.replica_sync import settings_of
 from bigtrain.config.deepspeed import deepspeed_config
 from bigtrain.config.hf import resolve_attention
 from bigtrain.config.plan import Plan
@@ -18,6 +20,7 @@ from bigtrain.config.schema import RecipeConfig, TrainConfig
 from bigtrain.engine.base import Engine, StepResult, objective_of, train_step
 from bigtrain.engine.deepspeed_engine import DeepSpeedZeroEngine
 from bigtrain.engine.pipelined import PipelinedEngine
+from bigtrain.engine.replica_sync import ReplicaSyncEngine
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory, TorchNativeEngine
 from bigtrain.errors import ConfigError
 from bigtrain.parallel.build import build_model
@@ -77,4 +80,8 @@ def build_engine(
         engine = TorchNativeEngine.create(built, train, make_optimizer, make_scheduler, options.device)
     if train.label_smoothing:  # the recipe's part of the objective (a classifier's)
         engine.objective = objective_of(built, train.label_smoothing)
+    sync = settings_of(options.plan)
+    if sync.semi_synchronous and options.values != "empty":  # the simulator measures one group's step
+        assert isinstance(engine, TorchNativeEngine), "the table runs semi-synchronous plans on this engine only"
+        engine = ReplicaSyncEngine(engine, sync, train.steps)
     return engine

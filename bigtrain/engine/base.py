@@ -14,6 +14,7 @@ runs this same step on fake tensors, which have no values to read.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +97,12 @@ class Engine(ABC):
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer (keyed by parameter name), schedule and loss-scaler state, sharded as trained."""
+
+    def state_to_load(self, saved: Collection[str]) -> dict[str, Any]:
+        """The state to read a checkpoint holding the keys ``saved`` into (DCP fills its tensors in place):
+        ``state_dict``'s, unless the engine reads other keys than it writes (replica groups, ``replica_sync.py``)."""
+        del saved
+        return self.state_dict()
 
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -144,6 +144,12 @@ EXAMPLES: dict[str, Example] = {
     ),
     "sync_batchnorm_without_batchnorm": Example(2, dict(dp_shard=2, sync_batchnorm=True)),
     "channels_last_without_convolutions": Example(2, dict(dp_shard=2, channels_last=True)),
+    "sync_values_allowed": Example(2, dict(dp_replicate=2, sync="sometimes")),
+    "needs_replica_groups": Example(2, dict(dp_shard=2, sync="diloco")),
+    "period_and_fragments": Example(2, dict(dp_replicate=2, sync="diloco", sync_every=5, fragments=2)),
+    "outer_step": Example(2, dict(dp_replicate=2, sync="diloco", outer_lr=0.0)),
+    "semi_synchronous_engines": Example(4, dict(**PP2, dp_replicate=2, sync="local_sgd"), UNTIED_4),
+    "replica_failures": Example(2, dict(dp_replicate=2, sync="diloco", replica_failures="continue")),
 }
 ROWS = {rule.name: rule for rule in RULES}
 

@@ -37,6 +37,7 @@ RECORDS = (
     "router_loss",
     "activation_offload",
     "classification",
+    "replica_sync",
 )
 CAPABILITIES: tuple[Capability, ...] = tuple(import_module(f"{__name__}.{name}").CAPABILITY for name in RECORDS)
 

@@ -98,7 +98,7 @@ def fsdp_grad_sync(
     model: FSDPModule, plan: Plan, mesh: WorldMesh
 ) -> Callable[[bool], contextlib.AbstractContextManager]:
     """The micro-step context: ``sync(last)`` reduces as ``plan.grad_reduce`` says (see the module docstring)."""
-    hsdp = mesh.degree("dp_replicate") > 1
+    hsdp = mesh.fsdp_mesh.ndim > 1  # sharded within replicas, all-reduced across them
 
     @contextlib.contextmanager
     def sync(last: bool) -> Iterator[None]:

@@ -1,0 +1,224 @@
+"""How often the replica groups synchronise: every step (all-reduced gradients, today's data parallelism), or every
+H steps by local SGD or (streaming) DiLoCo, for replicas joined by slow links (a site, or a node on plain Ethernet,
+each).
+
+The replicas are the ``dp_replicate`` groups. Inside a group FSDP2 shards (or DDP replicates) and reduces gradients
+every step as always; across groups nothing is exchanged between synchronisations. Each group trains its own copy
+on its own slice of every global batch with its own AdamW (the inner optimizer); every H steps the groups average
+their pseudo-gradient (the last synchronised weights minus their own) and an outer step updates the synchronised
+weights, which replace each group's copy. local SGD averages the weights (DiLoCo with outer lr 1, momentum 0);
+DiLoCo takes a Nesterov step (arXiv 2311.08105: outer lr 0.7, momentum 0.9). Streaming DiLoCo (arXiv 2501.18512)
+cuts the model into ``fragments`` synchronised at staggered steps, each transfer overlapping the next
+``fragment_delay`` inner steps. ``engine/replica_sync.py`` runs it; ``schedule`` below is its calendar, which the
+planner prices too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bigtrain.config.capabilities.table import Capability, Option, row
+from bigtrain.config.plan import Plan
+from bigtrain.config.setup import Setup
+
+SYNC_MODES = ("every_step", "local_sgd", "diloco")
+SYNC_DTYPES = ("fp32", "bf16")
+OUTER_STATE_PLACES = ("host", "device")
+
+SYNC = Option(
+    "sync",
+    "every_step",
+    "How the dp_replicate groups synchronise: every_step (gradients all-reduced each step), local_sgd (weights "
+    "averaged every sync_every steps) or diloco (an outer Nesterov step on the averaged pseudo-gradient every "
+    "sync_every steps; streaming with fragments > 1). docs/slow-links.md says when each pays.",
+    example="diloco",
+)
+SYNC_EVERY = Option("sync_every", 100, "Inner steps between two synchronisations of the same weights (H).")
+OUTER_LR = Option("outer_lr", 0.7, "DiLoCo's outer learning rate (the paper's 0.7); local_sgd uses 1.")
+OUTER_MOMENTUM = Option("outer_momentum", 0.9, "DiLoCo's outer Nesterov momentum (the paper's 0.9); local_sgd uses 0.")
+FRAGMENTS = Option(
+    "fragments", 1, "Streaming DiLoCo: the model cut into this many fragments, synchronised at staggered steps."
+)
+FRAGMENT_DELAY = Option(
+    "fragment_delay",
+    0,
+    "Streaming: inner steps a fragment's all-reduce overlaps before its outer step is applied (tau); the fragment's "
+    "local progress during them is replaced by the synchronised weights.",
+)
+SYNC_DTYPE = Option(
+    "sync_dtype", "fp32", "The dtype of the pseudo-gradients' all-reduce across replicas: fp32 or bf16."
+)
+OUTER_STATE = Option(
+    "outer_state",
+    "host",
+    "Where the fp32 outer state (the last synchronised weights and the outer momentum, 8 bytes per trained "
+    "parameter, sharded like it) lives: host or device.",
+)
+REPLICA_FAILURES = Option(
+    "replica_failures",
+    "stop",
+    "What a dead replica group does to the others: stop (the job stops; start again to resume from the last "
+    "checkpoint) or continue (the others train on and it rejoins; not built).",
+)
+OPTIONS = (
+    SYNC,
+    SYNC_EVERY,
+    OUTER_LR,
+    OUTER_MOMENTUM,
+    FRAGMENTS,
+    FRAGMENT_DELAY,
+    SYNC_DTYPE,
+    OUTER_STATE,
+    REPLICA_FAILURES,
+)
+
+
+@dataclass(frozen=True)
+class SyncSettings:
+    """A plan's synchronisation, with local SGD's fixed outer step spelled out."""
+
+    mode: str
+    every: int  # H
+    outer_lr: float
+    outer_momentum: float
+    fragments: int
+    delay: int  # tau
+    dtype: str
+    outer_state: str
+
+    @property
+    def semi_synchronous(self) -> bool:
+        return self.mode != "every_step"
+
+    def sends(self, step: int) -> list[int]:
+        """The fragments whose pseudo-gradient is sent after inner step ``step`` (1-based)."""
+        return [f for f in range(self.fragments) if step % self.every == (self._due(f) - self.delay) % self.every]
+
+    def applies(self, step: int) -> list[int]:
+        """The fragments whose outer step is applied after inner step ``step`` (``delay`` steps after their send)."""
+        return [f for f in range(self.fragments) if step % self.every == self._due(f) % self.every]
+
+    def _due(self, fragment: int) -> int:
+        """Fragment f is synchronised at steps (f + 1) H / F modulo H: the last one at multiples of H."""
+        return (fragment + 1) * self.every // self.fragments
+
+
+def settings_of(plan: Plan) -> SyncSettings:
+    mode = SYNC.of(plan)
+    local_sgd = mode == "local_sgd"
+    return SyncSettings(
+        mode=mode,
+        every=SYNC_EVERY.of(plan),
+        outer_lr=1.0 if local_sgd else OUTER_LR.of(plan),
+        outer_momentum=0.0 if local_sgd else OUTER_MOMENTUM.of(plan),
+        fragments=FRAGMENTS.of(plan),
+        delay=FRAGMENT_DELAY.of(plan),
+        dtype=SYNC_DTYPE.of(plan),
+        outer_state=OUTER_STATE.of(plan),
+    )
+
+
+def _sync_values_allowed(s: Setup) -> str | None:
+    for option, allowed in ((SYNC, SYNC_MODES), (SYNC_DTYPE, SYNC_DTYPES), (OUTER_STATE, OUTER_STATE_PLACES)):
+        value = option.of(s.plan)
+        if value not in allowed:
+            return f"{option.key}={value} is not allowed; use one of: {', '.join(allowed)}"
+    if REPLICA_FAILURES.of(s.plan) not in ("stop", "continue"):
+        return f"{REPLICA_FAILURES.key}={REPLICA_FAILURES.of(s.plan)} is not allowed; use one of: stop, continue"
+    return None
+
+
+def _semi_synchronous(s: Setup) -> str | None:
+    """The mode's name when the plan synchronises every H steps, else None."""
+    mode = SYNC.of(s.plan)
+    return mode if mode in SYNC_MODES[1:] else None
+
+
+def _needs_replica_groups(s: Setup) -> str | None:
+    mode = _semi_synchronous(s)
+    if mode and s.plan.dp_replicate < 2:
+        return (
+            f"parallel.sync={mode} synchronises replica groups, and parallel.dp_replicate={s.plan.dp_replicate} "
+            "makes one: set parallel.dp_replicate to the number of groups (a node or a site each, >= 2), with "
+            "dp_shard the ranks of each"
+        )
+    return None
+
+
+def _period_and_fragments(s: Setup) -> str | None:
+    mode = _semi_synchronous(s)
+    if not mode:
+        return None
+    every, fragments, delay = SYNC_EVERY.of(s.plan), FRAGMENTS.of(s.plan), FRAGMENT_DELAY.of(s.plan)
+    if every < 1 or fragments < 1:
+        return f"parallel.sync_every={every} and parallel.fragments={fragments} must be >= 1"
+    if every % fragments:
+        divisible = [h for h in range(every - every % fragments, every + fragments + 1, fragments) if h > 0][:2]
+        return (
+            f"parallel.sync_every={every} is not divisible by parallel.fragments={fragments} (each fragment is "
+            f"synchronised every {every} steps, {every}/{fragments} steps after the previous one); try sync_every "
+            f"{' or '.join(map(str, divisible))}"
+        )
+    if not 0 <= delay < every // fragments:
+        return (
+            f"parallel.fragment_delay={delay} must be >= 0 and below sync_every / fragments = {every // fragments} "
+            "(a fragment's transfer ends before the next fragment's begins)"
+        )
+    return None
+
+
+def _outer_step(s: Setup) -> str | None:
+    if _semi_synchronous(s) != "diloco":
+        return None
+    lr, momentum = OUTER_LR.of(s.plan), OUTER_MOMENTUM.of(s.plan)
+    if lr <= 0:
+        return f"parallel.outer_lr={lr:g} must be > 0 (DiLoCo's paper uses 0.7; 1 with momentum 0 is local SGD)"
+    if not 0 <= momentum < 1:
+        return f"parallel.outer_momentum={momentum:g} must be in [0, 1) (DiLoCo's paper uses 0.9)"
+    return None
+
+
+def _semi_synchronous_engines(s: Setup) -> str | None:
+    mode = _semi_synchronous(s)
+    if not mode:
+        return None
+    p = s.plan
+    for key, value, on, instead in (
+        ("parallel.backend", p.backend, p.backend == "deepspeed", "fsdp2 (or ddp)"),
+        ("parallel.pp", p.pp, p.pp > 1, "1"),
+        ("parallel.ep", p.ep, p.ep > 1, "1"),
+        ("train.mixed_precision", s.train.mixed_precision, s.train.mixed_precision == "fp16", "bf16"),
+    ):
+        if on:
+            return (
+                f"parallel.sync={mode} with {key}={value} is not built yet (each replica group's step runs on the "
+                f"torch-native engine, one loss scale for all); use {key}={instead}, or parallel.sync=every_step"
+            )
+    return None
+
+
+def _replica_failures(s: Setup) -> str | None:
+    if REPLICA_FAILURES.of(s.plan) != "continue":
+        return None
+    return (
+        "parallel.replica_failures=continue is not built yet: torchft's Manager and Lighthouse (torchft 0.2.0 runs "
+        "on this torch) would keep the other groups training and let a restarted one rejoin, but each replica group "
+        "must then be its own torchrun world, which bigtrain does not launch yet; use parallel.replica_failures=stop "
+        "(a dead group stops the job; start again to resume from the last checkpoint)"
+    )
+
+
+CAPABILITY = Capability(
+    name="replica_sync",
+    summary="replica groups synchronised every step, or every H steps by local SGD or (streaming) DiLoCo for slow "
+    "links between them",
+    rules=(
+        row(_sync_values_allowed, "invalid"),
+        row(_needs_replica_groups, "invalid"),
+        row(_period_and_fragments, "invalid"),
+        row(_outer_step, "invalid"),
+        row(_semi_synchronous_engines, "not_built"),
+        row(_replica_failures, "not_built"),
+    ),
+    options=OPTIONS,
+)

@@ -1,0 +1,253 @@
+"""Semi-synchronous replicas (``parallel.sync``: local SGD, DiLoCo, streaming DiLoCo) around a replica group's engine.
+
+Each dp_replicate group trains its own copy with the torch-native engine built on its own ranks (``WorldMesh``:
+``replicas_apart``): its loss is normalised over its own slice of each global batch, its gradients reduced within
+it. After inner step s this engine, on each fragment the calendar (``SyncSettings.sends``) names, computes the
+pseudo-gradient (the last synchronised weights minus the group's own, in fp32), starts one asynchronous all-reduce
+of it over ``replica_group`` in the sync dtype, and ``fragment_delay`` steps later (``applies``) waits for it, takes
+the outer step on the synchronised weights and writes them over the group's copy of that fragment. The outer step
+is torch's SGD with Nesterov momentum (dampening 0), written out on the fp32 outer state: buf = mu buf + d,
+w -= lr (d + mu buf). Every tensor is this rank's local shard: replica groups are built alike, so rank k of every
+group holds the same shard of every parameter.
+
+What the run defines as its model is the synchronised weights: they are the checkpoint's ``model`` (what resume
+checks and export writes). A fragment still in flight at the last step is applied then, so the final model holds
+every group's work up to its last send. Each group's own copy and AdamW state are the checkpoint's
+``replicas.r<i>``; a run resumed on another number of groups gives group i the copy of group i mod the old count
+(the outer state is the same for all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from bigtrain.config.capabilities.replica_sync import SyncSettings
+from bigtrain.data.batch import MicroBatch
+from bigtrain.engine.base import Engine, StepResult
+from bigtrain.engine.torch_native import TorchNativeEngine
+
+REPLICAS = "replicas"
+OUTER = "outer"
+
+
+@dataclass
+class _Trained:
+    """One trained parameter: its names (a tied parameter has two), itself, and its fp32 outer state."""
+
+    names: list[str]
+    param: nn.Parameter
+    weights: torch.Tensor  # the last synchronised value of this rank's shard
+    momentum: torch.Tensor
+
+    @property
+    def local(self) -> torch.Tensor:
+        return self.param.to_local() if isinstance(self.param, DTensor) else self.param.data
+
+    def as_saved(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (shaped like this rank's shard) as the checkpoint sees the parameter: a DTensor laid out like it."""
+        p = self.param
+        if not isinstance(p, DTensor):
+            return t
+        return DTensor.from_local(t, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+
+
+class ReplicaSyncEngine(Engine):
+    """The loop's engine for a semi-synchronous plan; everything but the outer synchronisation is ``inner``'s."""
+
+    def __init__(self, inner: TorchNativeEngine, settings: SyncSettings, total_steps: int) -> None:
+        self.inner = inner
+        self.objective = inner.objective
+        self.settings = settings
+        self.total_steps = total_steps
+        self.group = inner.mesh.replica_group
+        self.replicas = dist.get_world_size(self.group)
+        self.replica = inner.mesh.coordinate("dp_replicate")
+        self.device = inner.device
+        state_device = self.device if settings.outer_state == "device" else torch.device("cpu")
+        self.trained = _trained_parameters(inner, state_device)
+        self.fragments = _split(self.trained, settings.fragments)
+        self.steps = 0  # inner steps taken
+        self.in_flight: dict[int, tuple[dist.Work | None, torch.Tensor]] = {}  # fragment -> its all-reduce
+        self.pending: dict[int, torch.Tensor] = {}  # fragment -> its averaged pseudo-gradient, awaiting its step
+        self._start_together()
+
+    def _start_together(self) -> None:
+        """Every group starts from replica group 0's weights (built alike, they are; a broadcast makes it so)."""
+        for t in self.trained:
+            dist.broadcast(t.local, group=self.group, group_src=0)
+            t.weights.copy_(t.local)
+
+    # the engine protocol: the replica group's own step
+    @property
+    def dp_rank(self) -> int:
+        return self.inner.dp_rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.inner.dp_size
+
+    @property
+    def sequence_slice(self) -> tuple[int, int]:
+        return self.inner.sequence_slice
+
+    def data_parallel_sum(self, value: int) -> int:
+        return self.inner.data_parallel_sum(value)
+
+    def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
+        return self.inner.forward_backward(micro_batches, loss_factor)
+
+    def eval_sums(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
+        return self.inner.eval_sums(micro_batches)
+
+    def zero_grad(self) -> None:
+        self.inner.zero_grad()
+
+    def step(self, max_norm: float) -> StepResult:
+        result = self.inner.step(max_norm)
+        self.steps += 1
+        self._synchronise(self.steps)
+        return result
+
+    # the outer synchronisation
+    def _synchronise(self, step: int) -> None:
+        for fragment in self.settings.sends(step):
+            self._send(fragment)
+        waiting = set(self.in_flight) | set(self.pending)
+        due = waiting if step == self.total_steps else waiting & set(self.settings.applies(step))
+        for fragment in sorted(due):
+            self._apply(fragment)
+
+    @torch.no_grad()
+    def _send(self, fragment: int) -> None:
+        """Start averaging the fragment's pseudo-gradient (synchronised weights minus this group's) over the groups."""
+        dtype = torch.bfloat16 if self.settings.dtype == "bf16" else torch.float32
+        parts = [(t.weights.to(self.device) - t.local.float()).reshape(-1) for t in self.fragments[fragment]]
+        flat = torch.cat(parts).to(dtype) if parts else torch.zeros(0, dtype=dtype, device=self.device)
+        self.in_flight[fragment] = (dist.all_reduce(flat, group=self.group, async_op=True), flat)
+
+    def _wait(self, fragment: int) -> torch.Tensor:
+        """The fragment's averaged pseudo-gradient in fp32 (flat), once its all-reduce is done."""
+        if fragment in self.pending:
+            return self.pending.pop(fragment)
+        work, flat = self.in_flight.pop(fragment)
+        if work is not None:
+            work.wait()
+        return flat.float() / self.replicas
+
+    @torch.no_grad()
+    def _apply(self, fragment: int) -> None:
+        """The outer step on the fragment's synchronised weights, which then replace the group's copy."""
+        average = self._wait(fragment)
+        lr, mu = self.settings.outer_lr, self.settings.outer_momentum
+        offset = 0
+        for t in self.fragments[fragment]:
+            n = t.weights.numel()
+            delta = average[offset : offset + n].view_as(t.weights).to(t.weights.device)
+            offset += n
+            t.momentum.mul_(mu).add_(delta)
+            t.weights.sub_(delta.add(t.momentum, alpha=mu), alpha=lr)
+            t.local.copy_(t.weights)
+
+    # checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        inner = self.inner.state_dict()
+        own = {"model": inner.pop("model"), "optimizer": inner.pop("optimizer")}
+        outer: dict[str, Any] = {"steps": self.steps, "momentum": self._named(lambda t: t.momentum)}
+        pending = self._pending_now()
+        if pending:
+            outer["pending"] = pending
+        return {
+            "model": self._named(lambda t: t.weights),
+            OUTER: outer,
+            REPLICAS: {f"r{self.replica}": own},
+            **inner,  # the schedule and the loss scaler: the same in every group
+        }
+
+    def _named(self, tensor_of: Any, fragment: int | None = None) -> dict[str, torch.Tensor]:
+        chosen = self.trained if fragment is None else self.fragments[fragment]
+        return {name: t.as_saved(tensor_of(t)) for t in chosen for name in t.names}
+
+    def _pending_now(self) -> dict[str, torch.Tensor]:
+        """The averaged pseudo-gradients of the fragments in flight (sent, not yet applied), waited for and kept."""
+        out: dict[str, torch.Tensor] = {}
+        for fragment in sorted(set(self.in_flight) | set(self.pending)):
+            average = self._wait(fragment)
+            self.pending[fragment] = average
+            offset = 0
+            for t in self.fragments[fragment]:
+                n = t.weights.numel()
+                view = average[offset : offset + n].view_as(t.weights)
+                offset += n
+                out.update({name: t.as_saved(view) for name in t.names})
+        return out
+
+    def state_to_load(self, saved: Collection[str]) -> dict[str, Any]:
+        """What to read of a checkpoint holding ``saved`` keys: this group's copy is group i mod the saved count's,
+        and the averages of the fragments that were in flight when it was saved."""
+        counts = {key.split(".")[1] for key in saved if key.startswith(f"{REPLICAS}.")}
+        source = f"r{self.replica % max(1, len(counts))}"
+        state = self.state_dict()
+        state[REPLICAS] = {source: state[REPLICAS].pop(f"r{self.replica}")}
+        pending = {
+            name: t.as_saved(torch.zeros_like(t.weights))
+            for t in self.trained
+            for name in t.names
+            if f"{OUTER}.pending.{t.names[0]}" in saved
+        }
+        if pending:
+            state[OUTER]["pending"] = pending
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        (own,) = state[REPLICAS].values()
+        self.inner.load_state_dict({**state, **own})
+        self.steps = int(state[OUTER]["steps"])
+        self.in_flight.clear()
+        self.pending.clear()
+        # the outer tensors were read in place; a fragment in flight when it was saved resumes with its average
+        pending = state[OUTER].get("pending", {})
+        for fragment, members in enumerate(self.fragments):
+            if members and members[0].names[0] in pending:
+                self.pending[fragment] = torch.cat(
+                    [_local(pending[t.names[0]]).reshape(-1).float().to(self.device) for t in members]
+                )
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _trained_parameters(engine: TorchNativeEngine, state_device: torch.device) -> list[_Trained]:
+    """The parameters the optimizer steps, under their HF names, each with fp32 outer state of its local shard."""
+    by_id: dict[int, _Trained] = {}
+    for part in engine.parts:
+        for name, p in part.named_parameters(remove_duplicate=False):
+            if not p.requires_grad:
+                continue
+            if id(p) not in by_id:
+                local = p.to_local() if isinstance(p, DTensor) else p.data
+                pin = state_device.type == "cpu" and local.device.type == "cuda"
+                weights = torch.empty(local.shape, dtype=torch.float32, device=state_device, pin_memory=pin)
+                by_id[id(p)] = _Trained([], p, weights, torch.zeros_like(weights))
+            by_id[id(p)].names.append(engine.built.hf_name(name))
+    return list(by_id.values())
+
+
+def _split(trained: list[_Trained], fragments: int) -> list[list[_Trained]]:
+    """Consecutive parameters (the model's order: embeddings, blocks, head) cut into ``fragments`` of about equal size,
+    by the parameters' global sizes so that every rank cuts alike."""
+    total = sum(t.param.numel() for t in trained)
+    out: list[list[_Trained]] = [[] for _ in range(fragments)]
+    seen = 0
+    for t in trained:
+        index = min(fragments - 1, seen * fragments // max(total, 1))
+        out[index].append(t)
+        seen += t.param.numel()
+    return out
