@@ -46,8 +46,11 @@ def global_batch(rows, step: int) -> torch.Tensor:
     return torch.from_numpy(rows[np.array(picked)])
 
 
-def reference(model_dir, rows, replicas: int, every: int, outer_lr: float, momentum: float, fragments=1, delay=0):
-    """(replica 0's loss per step, the synchronised weights after the last step)."""
+def reference(
+    model_dir, rows, replicas: int, every: int, outer_lr: float, momentum: float, fragments=1, delay=0, regroup=None
+):
+    """(replica 0's loss per step, the synchronised weights after the last step). ``regroup=(step, R')``: after that
+    many steps the run goes on with R' copies, copy i a copy of copy i mod R (weights and AdamW state)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -78,6 +81,17 @@ def reference(model_dir, rows, replicas: int, every: int, outer_lr: float, momen
     losses = []
     share = BATCH // replicas
     for step in range(STEPS):
+        if regroup is not None and step == regroup[0]:
+            replicas = regroup[1]
+            copies = [copy.deepcopy(copies[i % len(copies)]) for i in range(replicas)]
+            states = [inner[i % len(inner)].state_dict() for i in range(replicas)]
+            inner = [torch.optim.AdamW(m.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD) for m in copies]
+            old = schedules[0].state_dict()
+            schedules = [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda) for o in inner]  # sets lr: before the load
+            for opt, schedule, state in zip(inner, schedules, states, strict=True):
+                opt.load_state_dict(copy.deepcopy(state))
+                schedule.load_state_dict(old)
+            share = BATCH // replicas
         batch = global_batch(rows, step)
         for r, (model, opt, schedule) in enumerate(zip(copies, inner, schedules, strict=True)):
             part = batch[r * share : (r + 1) * share]
@@ -138,6 +152,7 @@ def train(inputs, folder, nproc: int, parallel: dict, checkpoint: dict | None = 
         parallel={"micro_batch_size": 2, **parallel},
         checkpoint=checkpoint or {"every": 0},
     )
+    folder.mkdir(parents=True, exist_ok=True)
     path = write_recipe(folder / "recipe.yaml", recipe)
     args = ["train", str(path)]
     for item in overrides:
@@ -209,3 +224,72 @@ def test_replicas_train_what_r_copies_with_an_outer_step_train(name, inputs, tmp
         mine = final_model(out)
         worst = max(float((mine[n] - without[n]).abs().max()) for n in without)
         assert worst > 10 * WEIGHT_ATOL, worst
+
+
+STREAMING = {**DDP2, "sync": "diloco", "sync_every": 4, "fragments": 2, "fragment_delay": 1}
+
+
+@pytest.fixture(scope="module")
+def straight(inputs, tmp_path_factory):
+    """Streaming DiLoCo on 2 groups checkpointed after step 5, when fragment 0's average is in flight."""
+    return train(inputs, tmp_path_factory.mktemp("straight"), 2, STREAMING, {"every": 5, "keep": 3})
+
+
+def test_resume_in_the_middle_of_an_outer_period_is_exact(straight, tmp_path):
+    recipe, out = straight
+    checkpoint = out / "checkpoints" / "step_5"
+    proc = run_torchrun(
+        ["train", str(recipe), "--set", f"checkpoint.resume={checkpoint}", "--set", f"output_dir={tmp_path / 'out'}"],
+        nproc=2,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref = {r["step"]: r for r in read_metrics(out)}
+    got = read_metrics(tmp_path / "out")
+    assert [r["step"] for r in got] == list(range(6, STEPS + 1))
+    for record in got:
+        assert record["loss"] == pytest.approx(ref[record["step"]]["loss"], rel=1e-6)
+    mine, theirs = final_model(tmp_path / "out"), final_model(out)
+    for name, value in theirs.items():
+        torch.testing.assert_close(mine[name], value, rtol=1e-6, atol=1e-7, msg=name)
+
+
+@pytest.mark.full
+def test_a_checkpoint_resumes_on_another_number_of_replica_groups(straight, inputs, tmp_path):
+    """2 groups -> 4: group i goes on from group i mod 2's copy and AdamW state; the synchronised weights, the outer
+    momentum and fragment 0's average in flight carry over unchanged (the reference regroups the same way)."""
+    recipe, out = straight
+    _, rows, model = inputs
+    checkpoint = out / "checkpoints" / "step_5"
+    args = ["train", str(recipe), "--set", f"checkpoint.resume={checkpoint}", "--set", f"output_dir={tmp_path / 'out'}"]
+    proc = run_torchrun([*args, "--set", "parallel.dp_replicate=4", "--set", "parallel.micro_batch_size=1"], nproc=4)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses, weights = reference(model, rows, 2, 4, 0.7, 0.9, 2, 1, regroup=(5, 4))
+    assert_same_run(tmp_path / "out", losses, weights, first_step=6)
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("layout", ["ddp2", "hsdp2x2"])
+def test_with_h1_local_sgd_and_diloco_with_outer_lr_1_momentum_0_are_the_same_run(layout, inputs, tmp_path):
+    """With H = 1, outer lr 1 and momentum 0 both average the groups' weights after every step. That is not
+    synchronous training with AdamW: the average of two AdamW steps is not the AdamW step of the averaged gradient
+    (Adam divides each by its own magnitude), which the last lines show with the every-step run's numbers."""
+    nproc, base = (2, DDP2) if layout == "ddp2" else (4, HSDP)
+    runs = {
+        mode: train(inputs, tmp_path / mode, nproc, {**base, "sync_every": 1, **extra})[1]
+        for mode, extra in (
+            ("local_sgd", {"sync": "local_sgd"}),
+            ("diloco", {"sync": "diloco", "outer_lr": 1.0, "outer_momentum": 0.0}),
+            ("every_step", {}),
+        )
+    }
+    local, diloco = read_metrics(runs["local_sgd"]), read_metrics(runs["diloco"])
+    for a, b in zip(local, diloco, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6)
+    averaged, diloco_model = final_model(runs["local_sgd"]), final_model(runs["diloco"])
+    synchronous = final_model(runs["every_step"])
+    for name, value in averaged.items():
+        torch.testing.assert_close(value, diloco_model[name], rtol=0, atol=1e-6, msg=name)
+    gap = max(float((averaged[n] - synchronous[n]).abs().max()) for n in averaged)
+    print(f"{layout}: H=1 averaging vs every-step training, largest weight difference after {STEPS} steps: {gap:.2e}")
+    assert gap > 100 * WEIGHT_ATOL, gap  # averaging AdamW steps is another algorithm than AdamW on the average
