@@ -54,6 +54,11 @@ def plan(
     hardware_profile: str | Path | None = None,
     allow_unrunnable: bool = False,
     image_size: int | None = None,
+    inter_node_bandwidth: str | None = None,
+    inter_node_latency: str | None = None,
+    sites: int | None = None,
+    site_bandwidth: str | None = None,
+    site_latency: str | None = None,
     _spell: Spelling = PYTHON,
 ) -> PlanResult | ClassifierPlanResult:
     """Choose how to train ``model`` on ``gpus`` GPUs, and explain it.
@@ -83,6 +88,10 @@ def plan(
         hardware_profile: a ``bigtrain probe`` profile: measured rates and links instead of the GPU table's.
         allow_unrunnable: return the best plan even when the trainer cannot run it (``bigtrain plan --all``).
         image_size: pixels per side of an image classifier's inputs (default: the recipe's, the model's, or 224).
+        inter_node_bandwidth, inter_node_latency: a slow link between nodes (e.g. ``"100Gb/s"``, ``"25us"``), per
+            node; sites, site_bandwidth, site_latency: the GPUs split into ``sites`` equal sites joined by one link
+            (``2``, ``"10Gb/s"``, ``"30ms"``). Either makes the planner weigh local SGD / DiLoCo across them
+            (docs/slow-links.md); without, it never proposes them.
 
     Returns:
         A :class:`PlanResult` (``result.plan``, ``result.explain()``, ``result.to_training_arguments()``, ...); for
@@ -93,7 +102,14 @@ def plan(
         ConfigError: bad input, named by its argument, with what would work.
     """
     profile = str(hardware_profile) if hardware_profile else None
-    hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, host_memory, profile)
+    network = {
+        "inter_node_bandwidth": inter_node_bandwidth,
+        "inter_node_latency": inter_node_latency,
+        "sites": sites,
+        "site_bandwidth": site_bandwidth,
+        "site_latency": site_latency,
+    }
+    hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, host_memory, profile, network)
     classifier = _classifier(model, recipe, hw, _spell, image_size=image_size, seq_len=seq_len, fix=fix,
                              global_batch_size=global_batch_size, mixed_precision=mixed_precision, method=method,
                              lora_r=lora_r, compile=compile, fp8=fp8)  # fmt: skip

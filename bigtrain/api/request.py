@@ -24,7 +24,7 @@ from bigtrain.config.resolve import recipe_data_facts, recipe_seq_len
 from bigtrain.config.schema import FP8_CHOICES, METHODS, PRECISIONS, ParallelConfig, RecipeConfig
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
-from bigtrain.planner.hardware import GPU, Cluster, detect_local, lookup_gpu, parse_memory
+from bigtrain.planner.hardware import GPU, Cluster, detect_local, lookup_gpu, parse_memory, replica_link_of
 from bigtrain.planner.model_stats import ModelStats, load_model_config
 from bigtrain.planner.search import PLAN_FIELDS
 from bigtrain.runtime import LaunchEnv
@@ -65,6 +65,7 @@ class Hardware:
     gpu_memory: str | int | None = None
     host_memory: str | None = None
     hardware_profile: str | None = None
+    network: dict[str, Any] | None = None  # the slow link between groups of GPUs (``hardware.replica_link_of``'s keys)
 
 
 @dataclass
@@ -162,7 +163,9 @@ def cluster_of(hw: Hardware, no_gpu: str, spell: Spelling = CLI) -> Cluster:
         gpu = replace(gpu, memory_bytes=memory)
     gpu = _named_as_given(gpu, hw, name)
     host = _memory(hw.host_memory, "host_memory", spell)
-    cluster = Cluster(gpu, gpus, per_node or min(gpus, 8), host_memory_bytes=host)
+    per_node = per_node or min(gpus, 8)
+    link = replica_link_of(gpus, per_node, **(hw.network or {}), spell=spell)
+    cluster = Cluster(gpu, gpus, per_node, host_memory_bytes=host, replica_link=link)
     return _with_profile(cluster, hw, stated=bool(memory))
 
 

@@ -60,6 +60,14 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a profile from bigtrain probe: measured matmul rates and link bandwidth instead of the GPU table's",
     )
+    network = parser.add_argument_group(
+        "slow links between groups of GPUs (the planner then weighs local SGD / DiLoCo; docs/slow-links.md)"
+    )
+    network.add_argument("--inter-node-bandwidth", help="bandwidth between nodes, per node, e.g. 100Gb/s or 12.5GB/s")
+    network.add_argument("--inter-node-latency", help="one-way delay between nodes, e.g. 25us (default 25us)")
+    network.add_argument("--sites", type=int, help="the GPUs split into this many equal sites")
+    network.add_argument("--site-bandwidth", help="bandwidth between sites, per site, e.g. 10Gb/s")
+    network.add_argument("--site-latency", help="one-way delay between sites, e.g. 30ms")
     parser.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE", help="pin a plan field")
     parser.add_argument(
         "--simulate",
@@ -102,6 +110,11 @@ def run_plan_command(args: argparse.Namespace) -> int:
         hardware_profile=args.hardware_profile,
         allow_unrunnable=args.all,
         image_size=args.image_size,
+        inter_node_bandwidth=args.inter_node_bandwidth,
+        inter_node_latency=args.inter_node_latency,
+        sites=args.sites,
+        site_bandwidth=args.site_bandwidth,
+        site_latency=args.site_latency,
         _spell=CLI,
     )
     if isinstance(result, ClassifierPlanResult):

@@ -44,8 +44,9 @@ the first gather and last reduction exposed); tp, pp and offload traffic is not 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from bigtrain.config.capabilities.replica_sync import settings_of
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
 from bigtrain.planner import tp_time
@@ -54,6 +55,12 @@ from bigtrain.planner.hardware import Cluster, ring_share
 from bigtrain.planner.memory_terms import offloaded_block_bytes, rank_seq_len, stage_layers, stage_params, state_shards
 from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.profile import measured_rate, measured_row
+from bigtrain.planner.replica_sync_time import (
+    link_latency_seconds,
+    link_rate,
+    outer_wait_per_step,
+    pipeline_hop_seconds,
+)
 
 ACHIEVABLE = 0.45
 FP32_SLOWDOWN = 8.0
@@ -83,6 +90,7 @@ class TimeEstimate:
     mfu: float
     compute_s: float
     comm_s: float
+    link_wait_s: float = 0.0  # of step_s, what the slow link between replica groups costs (0 without one)
 
     def to_dict(self) -> dict[str, float]:
         return {"step_s": self.step_s, "tokens_per_s_per_device": self.tokens_per_s_per_device, "mfu": self.mfu}
@@ -194,9 +202,9 @@ def memory_bound_bytes(
 
 
 def link_bandwidth(cluster: Cluster, group: int, stride: int) -> float:
-    """GB/s each way for a group of ``group`` ranks spaced ``stride`` apart in rank order."""
-    spans_nodes = group * stride > cluster.gpus_per_node or stride >= cluster.gpus_per_node
-    return (cluster.gpu.inter_node_gbps if spans_nodes and group > 1 else cluster.gpu.intra_node_gbps) * 1e9
+    """Bytes per second each way for a group of ``group`` ranks spaced ``stride`` apart in rank order (the slow link
+    between replica groups where they reach over it)."""
+    return link_rate(cluster, group, stride)
 
 
 def _offload_seconds(
@@ -271,7 +279,14 @@ def activation_offload_seconds(
 
 
 def _data_parallel_seconds(
-    plan: Plan, cluster: Cluster, workload: Workload, micro_batches: int, psi: float, gathered: float, reduced: float
+    stats: ModelStats,
+    plan: Plan,
+    cluster: Cluster,
+    workload: Workload,
+    micro_batches: int,
+    psi: float,
+    gathered: float,
+    reduced: float,
 ) -> float:
     """Data-parallel traffic of one step (what the backward can overlap): DDP's all-reduce, FSDP2's gathers and
     reduce-scatters (and HSDP's all-reduce across replicas), DeepSpeed ZeRO's. ``gathered``: bytes of parameters
@@ -293,7 +308,7 @@ def _data_parallel_seconds(
         else:
             volume = (3 if plan.zero_stage >= 3 else 2) * a * psi
         dp_overlapped = ring_share(plan.dp) * volume / link_bandwidth(cluster, plan.dp, plan.tp)
-    return dp_overlapped
+    return dp_overlapped + link_latency_seconds(stats, plan, cluster, micro_batches, 4 * reduced)
 
 
 def _fsdp2_seconds(
@@ -319,7 +334,28 @@ def _expert_fsdp_seconds(plan: Plan, cluster: Cluster, micro_batches: int, gathe
 
 
 def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Workload) -> TimeEstimate:
-    """The predicted step time of ``plan`` on ``cluster`` for ``workload`` (module docstring)."""
+    """The predicted step time of ``plan`` on ``cluster`` for ``workload`` (module docstring); with a slow link
+    between replica groups, what a semi-synchronous plan waits for its synchronisations (``replica_sync_time``) and
+    what the link costs the step (``link_wait_s``: the step less the same plan's on the GPU table's links)."""
+    estimate = _step_time(stats, plan, cluster, workload)
+    wait = outer_wait_per_step(stats, plan, cluster, workload, estimate.step_s)
+    if wait:
+        step = estimate.step_s + wait
+        estimate = replace(
+            estimate,
+            step_s=step,
+            tokens_per_s_per_device=estimate.tokens_per_s_per_device * estimate.step_s / step,
+            mfu=estimate.mfu * estimate.step_s / step,
+            comm_s=estimate.comm_s + wait,
+        )
+    if cluster.replica_link is None:
+        return estimate
+    fast = estimate_time(stats, plan, replace(cluster, replica_link=None), workload)
+    return replace(estimate, link_wait_s=max(0.0, estimate.step_s - fast.step_s))
+
+
+def _step_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Workload) -> TimeEstimate:
+    """One step's compute and the communication it does not hide."""
     seq_len, mixed_precision, a = workload.seq_len, workload.mixed_precision, workload.dtype_bytes
     world = plan.world_size
     micro_batches = plan.grad_accum_steps(workload.global_batch_size)
@@ -379,7 +415,9 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     if workload.adapters:
         base_blocks, base_root = base_bytes(stats, plan, workload)
         gathered, reduced = base_blocks + base_root, trained_params(stats, workload) / plan.tp
-    dp_overlapped = _data_parallel_seconds(plan, cluster, workload, micro_batches, psi, gathered, reduced)
+    # semi-synchronous replica groups reduce within a group every step; their outer sync is timed apart
+    dp_plan = plan.but(dp_replicate=1) if settings_of(plan).semi_synchronous else plan
+    dp_overlapped = _data_parallel_seconds(stats, dp_plan, cluster, workload, micro_batches, psi, gathered, reduced)
     dp_overlapped += _expert_fsdp_seconds(plan, cluster, micro_batches, a * experts / plan.ep, experts / plan.ep)
     if cluster.gpu.overlaps_comm:
         exposed = max(0.0, dp_overlapped - compute) + EXPOSED_FRACTION * min(dp_overlapped, compute)
@@ -389,6 +427,7 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     tp_bw, act = link_bandwidth(cluster, plan.tp, 1), plan.micro_batch_size * seq_len * stats.hidden * a
     tp_comm = tp_time.collective_seconds(plan, cluster.gpu, tp_bw, act, layers, micro_batches, recomputed)
     pp_comm = 2 * micro_batches * act / plan.tp / link_bandwidth(cluster, 2, plan.tp * plan.dp) if plan.pp > 1 else 0.0
+    pp_comm = pipeline_hop_seconds(plan, cluster, micro_batches, act) or pp_comm
     offload = _offload_seconds(stats, plan, cluster, workload, micro_batches, (psi, gathered, reduced))
     cp_comm = cp_all_to_all_seconds(stats, plan, cluster, seq_len, a, micro_batches)
     cp_comm += ep_all_to_all_seconds(stats, plan, cluster, seq_len, a, micro_batches)

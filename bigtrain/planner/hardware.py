@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 from bigtrain.errors import ConfigError
 
@@ -148,11 +149,28 @@ HOST_BYTES_PER_GPU = 256 * GiB
 
 
 @dataclass(frozen=True)
+class ReplicaLink:
+    """A slow link between equal groups of the cluster's GPUs (sites, or nodes on plain Ethernet), as the user gave
+    it (``--sites 2 --site-bandwidth 10Gb/s --site-latency 30ms``, or ``--inter-node-bandwidth 100Gb/s``). A
+    collective among GPUs of different groups goes over it; all GPUs of a group share its bandwidth."""
+
+    groups: int  # how many groups it joins
+    bytes_per_s: float  # what one group can send over it (each way)
+    latency_s: float  # one message's one-way delay
+    said: str  # as the user gave it, for the table
+
+    def per_gpu(self, num_gpus: int) -> float:
+        """Bytes per second each GPU gets when every GPU of its group sends at once (data parallelism does)."""
+        return self.bytes_per_s / max(1, num_gpus // self.groups)
+
+
+@dataclass(frozen=True)
 class Cluster:
     gpu: GPU
     num_gpus: int
     gpus_per_node: int
     host_memory_bytes: int | None = None  # host memory per node for offloaded state (None: HOST_BYTES_PER_GPU each)
+    replica_link: ReplicaLink | None = None  # a slow link between groups of GPUs (None: the GPU table's links)
 
     @property
     def host_bytes_per_node(self) -> int:
@@ -163,6 +181,11 @@ class Cluster:
     @property
     def num_nodes(self) -> int:
         return -(-self.num_gpus // self.gpus_per_node)
+
+    def spans_link(self, group: int, stride: int) -> bool:
+        """Whether ``group`` ranks ``stride`` apart (the mesh's row-major order) reach over the slow link."""
+        link = self.replica_link
+        return link is not None and group > 1 and group * stride > self.num_gpus // link.groups
 
 
 def ring_share(n: int) -> float:
@@ -202,3 +225,67 @@ def detect_local() -> tuple[str | None, int, int | None]:
     count = torch.cuda.device_count()
     free = min(torch.cuda.mem_get_info(i)[0] for i in range(count))
     return torch.cuda.get_device_name(0), count, free
+
+
+_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(b|B)(?:/s|ps)\s*$")
+_DELAY = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|ms|us|µs|ns)\s*$")
+
+
+def parse_bandwidth(text: str, flag: str) -> float:
+    """'10Gb/s', '100Gbps' (bits) or '12.5GB/s' (bytes) -> bytes per second (decimal units, as links are sold)."""
+    m = _RATE.match(str(text))
+    if not m:
+        raise ConfigError(f"{flag} {text!r} is not a bandwidth; write e.g. 10Gb/s, 100Gbps or 12.5GB/s")
+    value = float(m.group(1)) * 1000 ** " KMGT".index(m.group(2) or " ")
+    if value <= 0:
+        raise ConfigError(f"{flag} {text!r} must be more than 0")
+    return value / 8 if m.group(3) == "b" else value
+
+
+def parse_latency(text: str, flag: str) -> float:
+    """'30ms', '5us', '0.03s' -> seconds."""
+    m = _DELAY.match(str(text))
+    if not m:
+        raise ConfigError(f"{flag} {text!r} is not a delay; write e.g. 30ms, 10us or 0.03s")
+    scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+# one-way delay assumed between nodes on Ethernet when --inter-node-bandwidth is given without a latency
+ETHERNET_LATENCY_S = 25e-6
+
+
+def replica_link_of(
+    num_gpus: int,
+    gpus_per_node: int,
+    inter_node_bandwidth: str | None = None,
+    inter_node_latency: str | None = None,
+    sites: int | None = None,
+    site_bandwidth: str | None = None,
+    site_latency: str | None = None,
+    spell: Any = None,
+) -> ReplicaLink | None:
+    """The slow link the arguments describe (sites win over nodes), or None without any."""
+    name = spell or (lambda key: "--" + key.replace("_", "-"))
+    if sites is not None or site_bandwidth is not None or site_latency is not None:
+        if sites is None or site_bandwidth is None:
+            raise ConfigError(f"{name('sites')} and {name('site_bandwidth')} go together (and {name('site_latency')})")
+        if sites < 2 or num_gpus % sites:
+            raise ConfigError(
+                f"{name('sites')} {sites} must be at least 2 and divide the {num_gpus} GPUs (each site holds as many)"
+            )
+        rate = parse_bandwidth(site_bandwidth, name("site_bandwidth"))
+        delay = parse_latency(site_latency, name("site_latency")) if site_latency else 0.0
+        said = f"{sites} sites of {num_gpus // sites} GPUs, {site_bandwidth} between them" + (
+            f", {site_latency}" if site_latency else ""
+        )
+        return ReplicaLink(sites, rate, delay, said)
+    if inter_node_bandwidth is None:
+        if inter_node_latency is not None:
+            raise ConfigError(f"{name('inter_node_latency')} needs {name('inter_node_bandwidth')}")
+        return None
+    nodes = -(-num_gpus // gpus_per_node)
+    rate = parse_bandwidth(inter_node_bandwidth, name("inter_node_bandwidth"))
+    delay = parse_latency(inter_node_latency, name("inter_node_latency")) if inter_node_latency else ETHERNET_LATENCY_S
+    said = f"{nodes} nodes, {inter_node_bandwidth} per node between them, {delay * 1e6:.0f} us"
+    return ReplicaLink(nodes, rate, delay, said)

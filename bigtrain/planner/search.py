@@ -38,6 +38,7 @@ from bigtrain.config.capabilities import (
     option_defaults,
     problems,
 )
+from bigtrain.config.capabilities.replica_sync import settings_of
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan
 from bigtrain.config.resolve import parallel_of, resolve_plan
 from bigtrain.config.schema import BACKENDS, CHECKPOINTING, GRAD_REDUCE
@@ -49,6 +50,7 @@ from bigtrain.planner.hardware import Cluster, size
 from bigtrain.planner.memory import estimate_memory, host_bytes
 from bigtrain.planner.memory_terms import MemoryEstimate
 from bigtrain.planner.model_stats import ModelStats
+from bigtrain.planner.replica_sync_time import WAIT_SHARE
 
 NEAR_TIE = 0.02
 AUTO_METHODS = ("full", "lora", "qlora")  # train.method auto: the order of preference
@@ -135,6 +137,9 @@ def complexity(plan: Plan) -> int:
     score += 2 * (plan.tp > 1) + 2 * (plan.pp > 1) + 2 * (plan.cp > 1) + 2 * (plan.ep > 1)
     score += plan.dp_replicate > 1 and plan.backend == "fsdp2"
     score += {"none": 0, "selective": 1, "full": 2}[plan.activation_checkpointing] + (plan.loss_chunk_tokens > 0)
+    # semi-synchronous training: two parts (the outer step, and a final model no every-step run gives); streaming
+    # adds none that a user tunes (a near tie goes to the shortest period instead, ``_rank``)
+    score += 2 * settings_of(plan).semi_synchronous
     return score + 3 * (plan.offload_params or plan.offload_optimizer) + 2 * plan.offload_activations
 
 
@@ -369,6 +374,7 @@ class _Judge:
             self.rides_along,
             self.contradicts,
             self.frame_problem,
+            link_groups=self.cluster.replica_link.groups if self.cluster.replica_link else 0,
         )
 
     def predict_time(self, plan: Plan) -> TimeEstimate:
@@ -427,20 +433,37 @@ def _rejection_order(c: Candidate) -> tuple[int, int]:
     return ("budget" not in (c.rejected_because or "")), c.memory.budget_bytes
 
 
+def _synchronous_unless_waiting(fitting: list[Candidate]) -> list[Candidate]:
+    """The plans the choice is made among: the every-step ones, unless the fastest of them waits on the slow link
+    between replica groups for more than WAIT_SHARE of its step (``replica_sync_time``)."""
+    synchronous = [c for c in fitting if not settings_of(c.plan).semi_synchronous]
+    if not synchronous or len(synchronous) == len(fitting):
+        return fitting
+    best = synchronous[0]
+    return fitting if best.time.link_wait_s > WAIT_SHARE * best.time.step_s else synchronous
+
+
 def _rank(candidates: list[Candidate]) -> list[Candidate]:
     """Fitting plans by predicted time (the simplest first among near ties), then the rest. Plans that offload
     activations come after every fitting plan that does not: their PCIe copies are timed by assumption (overlap with
     compute at the datasheet's PCIe rate), not yet measured on a GPU, so they are chosen where they make a job fit."""
     fitting = sorted((c for c in candidates if c.fits), key=lambda c: (c.plan.offload_activations, c.time.step_s))
-    if fitting:
-        limit = fitting[0].time.step_s * (1 + NEAR_TIE)
+    pool = _synchronous_unless_waiting(fitting)
+    if pool:
+        limit = pool[0].time.step_s * (1 + NEAR_TIE)
         near = [
-            c
-            for c in fitting
-            if c.time.step_s <= limit and c.plan.offload_activations == fitting[0].plan.offload_activations
+            c for c in pool if c.time.step_s <= limit and c.plan.offload_activations == pool[0].plan.offload_activations
         ]
-        # compile and FP8 count as moving parts too: chosen where they are faster, not on a near tie
-        best = min(near, key=lambda c: (complexity(c.plan) + c.compile + 2 * (c.fp8 != "none"), c.time.step_s))
+        # compile and FP8 count as moving parts too: chosen where they are faster, not on a near tie; among
+        # semi-synchronous plans of a tie, the shortest period (the closest to synchronous training)
+        best = min(
+            near,
+            key=lambda c: (
+                complexity(c.plan) + c.compile + 2 * (c.fp8 != "none"),
+                settings_of(c.plan).every if settings_of(c.plan).semi_synchronous else 0,
+                c.time.step_s,
+            ),
+        )
         fitting.remove(best)
         fitting.insert(0, best)
     # rejected: those that only lack GPU memory first, smallest need first; then those short of host memory, the

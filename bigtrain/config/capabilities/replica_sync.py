@@ -16,8 +16,9 @@ planner prices too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from bigtrain.config.capabilities.table import Capability, Option, row
+from bigtrain.config.capabilities.table import Capability, Option, SearchSpace, row
 from bigtrain.config.plan import Plan
 from bigtrain.config.setup import Setup
 
@@ -208,6 +209,55 @@ def _replica_failures(s: Setup) -> str | None:
     )
 
 
+# what the search weighs where the user described a slow link between groups of GPUs: DiLoCo every H steps (the
+# paper's range: H = 500 matched synchronous training with 8 replicas; smaller H stays closer to it), whole or
+# streamed in 4 fragments whose transfers each overlap a few inner steps
+SEARCHED_PERIODS = (20, 100, 500)
+SEARCHED_FRAGMENTS = 4
+SEARCHED_DELAY = 5
+
+
+def _sync_variants(plans: list[Plan], space: SearchSpace) -> list[Plan]:
+    """Without a described slow link, nothing (``plan: auto`` never turns it on blind). With one: for each plan whose
+    replica groups are the link's groups, DiLoCo at each searched period, whole and streamed. Pinned settings
+    (``--fix sync=diloco``) are the plans' own, link or not."""
+    pinned = {option.name: space.fixed[option.name] for option in OPTIONS if space.pinned(option.name)}
+    if pinned:
+        return [_with_options(plan, pinned) for plan in plans]
+    if not space.link_groups:
+        return plans
+    out = []
+    for plan in plans:
+        out.append(plan)
+        if plan.dp_replicate != space.link_groups or plan.backend == "deepspeed" or plan.pp > 1 or plan.ep > 1:
+            continue
+        for every in SEARCHED_PERIODS:
+            out.append(plan.with_option(SYNC.name, "diloco").with_option(SYNC_EVERY.name, every))
+            delay = min(SEARCHED_DELAY, every // SEARCHED_FRAGMENTS - 1)
+            streamed = out[-1].with_option(FRAGMENTS.name, SEARCHED_FRAGMENTS)
+            out.append(streamed.with_option(FRAGMENT_DELAY.name, delay))
+    return out
+
+
+def _with_options(plan: Plan, values: dict[str, Any]) -> Plan:
+    for name, value in values.items():
+        plan = plan.with_option(name, value)
+    return plan
+
+
+def _outer_state_bytes(stats: Any, plan: Plan, workload: Any) -> int:
+    """Device bytes a semi-synchronous plan adds per rank: the fp32 outer state where it lives on the device (8 bytes
+    per trained parameter of the rank's shard), and one fragment's pseudo-gradient while it is sent (fp32, and its
+    copy in the sync dtype). Adapter plans train few parameters: counted as none."""
+    sync = settings_of(plan)
+    if not sync.semi_synchronous or workload.adapters:
+        return 0
+    shards = {"fsdp2": plan.dp_shard * plan.cp}.get(plan.backend, 1)
+    local = stats.params / (shards * plan.tp * plan.pp)
+    in_flight = (4 + (2 if sync.dtype == "bf16" else 4)) * local / sync.fragments
+    return int((8 * local if sync.outer_state == "device" else 0) + in_flight)
+
+
 CAPABILITY = Capability(
     name="replica_sync",
     summary="replica groups synchronised every step, or every H steps by local SGD or (streaming) DiLoCo for slow "
@@ -221,4 +271,6 @@ CAPABILITY = Capability(
         row(_replica_failures, "not_built"),
     ),
     options=OPTIONS,
+    variants=_sync_variants,
+    memory=_outer_state_bytes,
 )

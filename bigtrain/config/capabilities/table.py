@@ -75,6 +75,8 @@ class SearchSpace:
     frame_problem: Callable[[Plan], tuple[str, str] | None] = field(
         repr=False, compare=False, default=lambda plan: None
     )
+    # groups of GPUs joined by a slow link the user described (sites, or nodes on Ethernet); 0: none described
+    link_groups: int = 0
     _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False, compare=False)
 
     def pinned(self, key: str) -> bool:

@@ -1,0 +1,133 @@
+"""What a slow link between replica groups costs a step, synchronised every step or every H steps (``parallel.sync``).
+
+Every step (data parallelism as always): the gradients cross the link each step. Its bandwidth is shared by all GPUs
+of a group (``ReplicaLink.per_gpu``) and each collective that crosses it waits for its latency once per ring step:
+2 (n - 1) latencies per all-reduce of n groups, (n - 1) per all-gather or reduce-scatter (``link_latency_seconds``;
+FSDP2 runs one collective per unit and pass, about one per decoder block; DDP one per 25 MiB bucket).
+
+A pipeline whose stages sit on both sides pays the hop between them for every micro-batch's activation and gradient,
+the boundary stage's ranks sharing the link (``pipeline_hop_seconds``).
+
+Every H steps (local SGD, DiLoCo): nothing crosses the link between synchronisations. One synchronisation moves each
+rank's share of the trained parameters once around the ring of the R groups in the sync dtype (an all-reduce:
+2 (R - 1) / R of it per rank), pays 2 (R - 1) latencies per fragment, and with the outer state on the host copies
+its shard in and out over PCIe (fp32). Split into F fragments, each fragment's transfer overlaps the next tau
+(``fragment_delay``) inner steps; what it does not hide is waited for. Averaged over the H steps of a period:
+F max(0, T / F - tau t_step) / H.
+
+``WAIT_SHARE``: a semi-synchronous plan is chosen only when the best every-step plan waits on the link for more than
+this share of its step (``search._rank``); below it, synchronous training is kept: same speed within a few percent,
+and no question about the final model's quality.
+"""
+
+from __future__ import annotations
+
+import math
+
+from bigtrain.config.capabilities.replica_sync import settings_of
+from bigtrain.config.plan import Plan
+from bigtrain.config.workload import Workload
+from bigtrain.planner.adapter_memory import trained_params
+from bigtrain.planner.hardware import Cluster, ring_share
+from bigtrain.planner.memory_terms import stage_params, state_shards
+from bigtrain.planner.model_stats import ModelStats
+
+WAIT_SHARE = 0.20
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
+
+
+def replica_stride(plan: Plan) -> int:
+    """Ranks between two replica groups' ranks at the same place (the mesh is pp x dp_replicate x dp_shard x cp x
+    tp, row-major)."""
+    return plan.dp_shard * plan.cp * plan.tp
+
+
+def rank_trained_params(stats: ModelStats, plan: Plan, workload: Workload) -> float:
+    """The trained parameters one rank holds (its shard): what its outer state keeps and its sync moves."""
+    if workload.adapters:
+        return trained_params(stats, workload) / plan.tp / plan.pp
+    blocks, root = stage_params(stats, plan)
+    return (blocks + root) / state_shards(plan)
+
+
+def outer_sync_seconds(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Workload) -> float:
+    """One synchronisation of every fragment: the all-reduce of the pseudo-gradients across the replica groups, its
+    latencies, and the host copies of the outer state."""
+    sync = settings_of(plan)
+    groups, stride = plan.dp_replicate, replica_stride(plan)
+    local = rank_trained_params(stats, plan, workload)
+    dtype_bytes = 2 if sync.dtype == "bf16" else 4
+    bandwidth = link_rate(cluster, groups, stride)
+    seconds = 2 * ring_share(groups) * local * dtype_bytes / bandwidth
+    seconds += sync.fragments * 2 * (groups - 1) * link_delay(cluster, groups, stride)
+    if sync.outer_state == "host":  # the synchronised weights in, the new ones out, fp32
+        seconds += 2 * 4 * local / (cluster.gpu.pcie_gbps * 1e9)
+    return seconds
+
+
+def outer_wait_per_step(
+    stats: ModelStats, plan: Plan, cluster: Cluster, workload: Workload, inner_step_s: float
+) -> float:
+    """The seconds per step a semi-synchronous plan waits for its synchronisations (0 when it syncs every step)."""
+    sync = settings_of(plan)
+    if not sync.semi_synchronous:
+        return 0.0
+    per_fragment = outer_sync_seconds(stats, plan, cluster, workload) / sync.fragments
+    hidden = sync.delay * inner_step_s
+    return sync.fragments * max(0.0, per_fragment - hidden) / sync.every
+
+
+def link_rate(cluster: Cluster, group: int, stride: int) -> float:
+    """Bytes per second each way for ``group`` ranks ``stride`` apart: the slow link's share per GPU where they
+    reach over it, else NVLink/PCIe within a node and the NIC between nodes."""
+    if cluster.spans_link(group, stride):
+        assert cluster.replica_link is not None
+        return cluster.replica_link.per_gpu(cluster.num_gpus)
+    spans_nodes = group * stride > cluster.gpus_per_node or stride >= cluster.gpus_per_node
+    return (cluster.gpu.inter_node_gbps if spans_nodes and group > 1 else cluster.gpu.intra_node_gbps) * 1e9
+
+
+def link_delay(cluster: Cluster, group: int, stride: int) -> float:
+    """One message's delay among ``group`` ranks ``stride`` apart: the slow link's where they reach over it."""
+    if cluster.spans_link(group, stride):
+        assert cluster.replica_link is not None
+        return cluster.replica_link.latency_s
+    return cluster.gpu.link_latency_s
+
+
+def link_latency_seconds(
+    stats: ModelStats, plan: Plan, cluster: Cluster, micro_batches: int, reduced_bytes: float
+) -> float:
+    """Latency of an every-step plan's data-parallel collectives that cross the slow link, per step (0 without one
+    or when none crosses it). ``reduced_bytes``: the fp32 gradients one rank reduces."""
+    if cluster.replica_link is None or settings_of(plan).semi_synchronous:
+        return 0.0
+    delay = cluster.replica_link.latency_s
+    units = stats.layers + 1  # FSDP2: one unit per block and the root
+    seconds = 0.0
+    shards = state_shards(plan) if plan.backend != "ddp" else 1
+    if plan.backend == "ddp" and cluster.spans_link(plan.dp * plan.cp, plan.tp):
+        buckets = math.ceil(reduced_bytes / DDP_BUCKET_BYTES)
+        seconds += buckets * 2 * (plan.dp * plan.cp - 1) * delay
+    elif plan.backend == "fsdp2":
+        if cluster.spans_link(shards, plan.tp):  # gathers and reduce-scatters per unit reach over it
+            gathers = 2 if plan.zero_stage == 3 else 1
+            reduces = micro_batches if plan.grad_reduce == "every_micro_step" else 1
+            seconds += units * (gathers * micro_batches + reduces) * (shards - 1) * delay
+        if cluster.spans_link(plan.dp_replicate, replica_stride(plan)):  # HSDP's all-reduce per unit
+            seconds += units * 2 * (plan.dp_replicate - 1) * delay
+    elif plan.backend == "deepspeed" and cluster.spans_link(plan.dp, plan.tp):
+        seconds += units * 3 * (plan.dp - 1) * delay
+    return seconds
+
+
+def pipeline_hop_seconds(plan: Plan, cluster: Cluster, micro_batches: int, activation_bytes: float) -> float | None:
+    """A pipeline's sends (one activation and one gradient per micro-batch and rank, ``activation_bytes`` each) where
+    its stages sit in different groups of the slow link: the hop between them carries every rank of the boundary
+    stage's sends at once, each with the link's delay. None where the pipeline stays inside a group."""
+    link = cluster.replica_link
+    if link is None or plan.pp == 1 or link.groups < 2:
+        return None
+    stage = cluster.num_gpus // plan.pp
+    senders = min(stage, cluster.num_gpus // link.groups)  # the boundary stage's ranks on one side
+    return 2 * micro_batches * (activation_bytes / plan.tp / (link.bytes_per_s / senders) + link.latency_s)
