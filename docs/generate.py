@@ -101,6 +101,7 @@ FEATURES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [  # (row, plan fie
     ("`train.fp8` (torchao float8 linears; GPUs with FP8)", {}, dict(fp8="rowwise")),
     ("LoRA (`train.method: lora`)", {}, dict(method="lora")),
     ("QLoRA (`train.method: qlora`, bf16)", {}, dict(method="qlora", mixed_precision="bf16")),
+    ("local SGD / DiLoCo across replica groups (`parallel.sync`)", dict(dp_replicate=2, sync="diloco"), {}),
 ]
 MODEL = dict(
     model_type="llama",
@@ -197,7 +198,7 @@ def capability_matrix() -> str:
         cells = [_cell(_plan(base, fields), train, model) for base in ENGINES.values()]
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {offered} |")
     for c in CAPABILITIES:  # the keys records bring: asked of the LM, or of the classifier when the LM refuses them
-        for o in c.options:
+        for o in (o for o in c.options if o.example is not None):  # settings without an example tune a row above
             fields, train = {o.name: o.example}, TrainConfig(global_batch_size=8)
             lm = first_problem(Setup(_plan(ENGINES["DDP"], fields), train, facts))
             model, offers = facts, None

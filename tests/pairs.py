@@ -50,7 +50,7 @@ class Feature:
 FEATURES = tuple(
     Feature(name, tuple(fields.items()), tuple(train.items()))
     for name, fields, train in GEN.FEATURES
-    + [(f"`{o.key}`", {o.name: o.example}, {}) for c in CAPABILITIES for o in c.options]
+    + [(f"`{o.key}`", {o.name: o.example}, {}) for c in CAPABILITIES for o in c.options if o.example is not None]
     if name != "gradient accumulation"
 )
 # counted as on when the case's value is above these (a degree of parallelism, a chunk size)

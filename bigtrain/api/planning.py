@@ -88,10 +88,8 @@ def plan(
         hardware_profile: a ``bigtrain probe`` profile: measured rates and links instead of the GPU table's.
         allow_unrunnable: return the best plan even when the trainer cannot run it (``bigtrain plan --all``).
         image_size: pixels per side of an image classifier's inputs (default: the recipe's, the model's, or 224).
-        inter_node_bandwidth, inter_node_latency: a slow link between nodes (e.g. ``"100Gb/s"``, ``"25us"``), per
-            node; sites, site_bandwidth, site_latency: the GPUs split into ``sites`` equal sites joined by one link
-            (``2``, ``"10Gb/s"``, ``"30ms"``). Either makes the planner weigh local SGD / DiLoCo across them
-            (docs/slow-links.md); without, it never proposes them.
+        inter_node_bandwidth, inter_node_latency, sites, site_bandwidth, site_latency: a slow link between nodes
+            (``"100Gb/s"``, ``"25us"``) or ``sites`` equal sites (``2, "10Gb/s", "30ms"``): DiLoCo is weighed then
 
     Returns:
         A :class:`PlanResult` (``result.plan``, ``result.explain()``, ``result.to_training_arguments()``, ...); for
@@ -102,33 +100,15 @@ def plan(
         ConfigError: bad input, named by its argument, with what would work.
     """
     profile = str(hardware_profile) if hardware_profile else None
-    network = {
-        "inter_node_bandwidth": inter_node_bandwidth,
-        "inter_node_latency": inter_node_latency,
-        "sites": sites,
-        "site_bandwidth": site_bandwidth,
-        "site_latency": site_latency,
-    }
+    network = dict(inter_node_bandwidth=inter_node_bandwidth, inter_node_latency=inter_node_latency, sites=sites,
+                   site_bandwidth=site_bandwidth, site_latency=site_latency)  # fmt: skip
     hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, host_memory, profile, network)
-    classifier = _classifier(model, recipe, hw, _spell, image_size=image_size, seq_len=seq_len, fix=fix,
-                             global_batch_size=global_batch_size, mixed_precision=mixed_precision, method=method,
-                             lora_r=lora_r, compile=compile, fp8=fp8)  # fmt: skip
+    asked = dict(seq_len=seq_len, global_batch_size=global_batch_size, mixed_precision=mixed_precision, method=method,
+                 lora_r=lora_r, compile=compile, fp8=fp8, fix=fix)  # fmt: skip
+    classifier = _classifier(model, recipe, hw, _spell, image_size=image_size, **asked)
     if classifier is not None:
         return classifier
-    request = build_request(
-        model,
-        recipe,
-        hw,
-        seq_len=seq_len,
-        global_batch_size=global_batch_size,
-        mixed_precision=mixed_precision,
-        method=method,
-        lora_r=lora_r,
-        compile=compile,
-        fp8=fp8,
-        fix=fix,
-        spell=_spell,
-    )
+    request = build_request(model, recipe, hw, spell=_spell, **asked)
     return searched(request, allow_unrunnable, _spell)
 
 

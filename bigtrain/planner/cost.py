@@ -290,7 +290,10 @@ def _data_parallel_seconds(
 ) -> float:
     """Data-parallel traffic of one step (what the backward can overlap): DDP's all-reduce, FSDP2's gathers and
     reduce-scatters (and HSDP's all-reduce across replicas), DeepSpeed ZeRO's. ``gathered``: bytes of parameters
-    gathered per pass; ``reduced``: parameters whose gradients are reduced (fp32)."""
+    gathered per pass; ``reduced``: parameters whose gradients are reduced (fp32). Semi-synchronous replica groups
+    reduce within a group only (their outer synchronisation is timed apart, ``replica_sync_time``)."""
+    if settings_of(plan).semi_synchronous:
+        plan = plan.but(dp_replicate=1)
     a = workload.dtype_bytes
     # rank order is (pp, dp_replicate, dp_shard, cp, tp) with tp innermost, as torchtitan lays out its mesh; FSDP2
     # shards over dp_shard x cp
@@ -323,6 +326,15 @@ def _fsdp2_seconds(
     seconds = ring_share(shards) * volume / link_bandwidth(cluster, shards, stride)
     rep_bw = link_bandwidth(cluster, plan.dp_replicate, stride * shards)
     return seconds + 2 * ring_share(plan.dp_replicate) * 4 * reduced / shards / rep_bw
+
+
+def _pipeline_seconds(plan: Plan, cluster: Cluster, micro_batches: int, activation_bytes: float) -> float:
+    """A pipeline's sends: an activation and a gradient per micro-batch between neighbouring stages (over the slow
+    link where stages sit on both sides of it)."""
+    if plan.pp == 1:
+        return 0.0
+    hop = pipeline_hop_seconds(plan, cluster, micro_batches, activation_bytes)
+    return hop or 2 * micro_batches * activation_bytes / plan.tp / link_bandwidth(cluster, 2, plan.tp * plan.dp)
 
 
 def _expert_fsdp_seconds(plan: Plan, cluster: Cluster, micro_batches: int, gathered: float, reduced: float) -> float:
@@ -415,9 +427,7 @@ def _step_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Worklo
     if workload.adapters:
         base_blocks, base_root = base_bytes(stats, plan, workload)
         gathered, reduced = base_blocks + base_root, trained_params(stats, workload) / plan.tp
-    # semi-synchronous replica groups reduce within a group every step; their outer sync is timed apart
-    dp_plan = plan.but(dp_replicate=1) if settings_of(plan).semi_synchronous else plan
-    dp_overlapped = _data_parallel_seconds(stats, dp_plan, cluster, workload, micro_batches, psi, gathered, reduced)
+    dp_overlapped = _data_parallel_seconds(stats, plan, cluster, workload, micro_batches, psi, gathered, reduced)
     dp_overlapped += _expert_fsdp_seconds(plan, cluster, micro_batches, a * experts / plan.ep, experts / plan.ep)
     if cluster.gpu.overlaps_comm:
         exposed = max(0.0, dp_overlapped - compute) + EXPOSED_FRACTION * min(dp_overlapped, compute)
@@ -426,8 +436,7 @@ def _step_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Worklo
 
     tp_bw, act = link_bandwidth(cluster, plan.tp, 1), plan.micro_batch_size * seq_len * stats.hidden * a
     tp_comm = tp_time.collective_seconds(plan, cluster.gpu, tp_bw, act, layers, micro_batches, recomputed)
-    pp_comm = 2 * micro_batches * act / plan.tp / link_bandwidth(cluster, 2, plan.tp * plan.dp) if plan.pp > 1 else 0.0
-    pp_comm = pipeline_hop_seconds(plan, cluster, micro_batches, act) or pp_comm
+    pp_comm = _pipeline_seconds(plan, cluster, micro_batches, act)
     offload = _offload_seconds(stats, plan, cluster, workload, micro_batches, (psi, gathered, reduced))
     cp_comm = cp_all_to_all_seconds(stats, plan, cluster, seq_len, a, micro_batches)
     cp_comm += ep_all_to_all_seconds(stats, plan, cluster, seq_len, a, micro_batches)

@@ -267,12 +267,13 @@ def replica_link_of(
 ) -> ReplicaLink | None:
     """The slow link the arguments describe (sites win over nodes), or None without any."""
     name = spell or (lambda key: "--" + key.replace("_", "-"))
+    shown = spell.value if spell else (lambda key, value: f"{name(key)} {value}")
     if sites is not None or site_bandwidth is not None or site_latency is not None:
         if sites is None or site_bandwidth is None:
             raise ConfigError(f"{name('sites')} and {name('site_bandwidth')} go together (and {name('site_latency')})")
         if sites < 2 or num_gpus % sites:
             raise ConfigError(
-                f"{name('sites')} {sites} must be at least 2 and divide the {num_gpus} GPUs (each site holds as many)"
+                f"{shown('sites', sites)} must be at least 2 and divide the {num_gpus} GPUs (each site holds as many)"
             )
         rate = parse_bandwidth(site_bandwidth, name("site_bandwidth"))
         delay = parse_latency(site_latency, name("site_latency")) if site_latency else 0.0

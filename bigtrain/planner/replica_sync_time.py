@@ -102,23 +102,36 @@ def link_latency_seconds(
     or when none crosses it). ``reduced_bytes``: the fp32 gradients one rank reduces."""
     if cluster.replica_link is None or settings_of(plan).semi_synchronous:
         return 0.0
-    delay = cluster.replica_link.latency_s
-    units = stats.layers + 1  # FSDP2: one unit per block and the root
-    seconds = 0.0
-    shards = state_shards(plan) if plan.backend != "ddp" else 1
-    if plan.backend == "ddp" and cluster.spans_link(plan.dp * plan.cp, plan.tp):
-        buckets = math.ceil(reduced_bytes / DDP_BUCKET_BYTES)
-        seconds += buckets * 2 * (plan.dp * plan.cp - 1) * delay
-    elif plan.backend == "fsdp2":
-        if cluster.spans_link(shards, plan.tp):  # gathers and reduce-scatters per unit reach over it
-            gathers = 2 if plan.zero_stage == 3 else 1
-            reduces = micro_batches if plan.grad_reduce == "every_micro_step" else 1
-            seconds += units * (gathers * micro_batches + reduces) * (shards - 1) * delay
-        if cluster.spans_link(plan.dp_replicate, replica_stride(plan)):  # HSDP's all-reduce per unit
-            seconds += units * 2 * (plan.dp_replicate - 1) * delay
-    elif plan.backend == "deepspeed" and cluster.spans_link(plan.dp, plan.tp):
-        seconds += units * 3 * (plan.dp - 1) * delay
-    return seconds
+    crossings = {"ddp": _ddp_crossings, "fsdp2": _fsdp2_crossings, "deepspeed": _zero_crossings}[plan.backend]
+    units = stats.layers + 1  # FSDP2 and ZeRO-3: about one collective per block and pass, and the root's
+    return crossings(plan, cluster, micro_batches, reduced_bytes, units) * cluster.replica_link.latency_s
+
+
+def _ddp_crossings(plan: Plan, cluster: Cluster, micro_batches: int, reduced_bytes: float, units: int) -> float:
+    """Ring steps over the link per step: one all-reduce per 25 MiB bucket over every rank that sees other tokens."""
+    ranks = plan.dp * plan.cp
+    if not cluster.spans_link(ranks, plan.tp):
+        return 0.0
+    return math.ceil(reduced_bytes / DDP_BUCKET_BYTES) * 2 * (ranks - 1)
+
+
+def _fsdp2_crossings(plan: Plan, cluster: Cluster, micro_batches: int, reduced_bytes: float, units: int) -> float:
+    """Per unit: gathers and reduce-scatters where the shards reach over the link, HSDP's all-reduce where the
+    replicas do."""
+    steps = 0.0
+    shards = state_shards(plan)
+    if cluster.spans_link(shards, plan.tp):
+        gathers = 2 if plan.zero_stage == 3 else 1
+        reduces = micro_batches if plan.grad_reduce == "every_micro_step" else 1
+        steps += units * (gathers * micro_batches + reduces) * (shards - 1)
+    if cluster.spans_link(plan.dp_replicate, replica_stride(plan)):
+        steps += units * 2 * (plan.dp_replicate - 1)
+    return steps
+
+
+def _zero_crossings(plan: Plan, cluster: Cluster, micro_batches: int, reduced_bytes: float, units: int) -> float:
+    """DeepSpeed ZeRO over every data-parallel rank: about three ring passes per unit and step."""
+    return units * 3 * (plan.dp - 1) if cluster.spans_link(plan.dp, plan.tp) else 0.0
 
 
 def pipeline_hop_seconds(plan: Plan, cluster: Cluster, micro_batches: int, activation_bytes: float) -> float | None:

@@ -3,6 +3,7 @@ offload of parameters and optimizer states, how gradients are reduced during acc
 
 from __future__ import annotations
 
+from bigtrain.config.capabilities.replica_sync import settings_of
 from bigtrain.config.capabilities.table import Capability, Plan, SearchSpace, row
 from bigtrain.config.plan import CHOOSES_GRAD_REDUCE, DEFAULT_GRAD_REDUCE, ZERO_STAGES, multiples_hint
 from bigtrain.config.schema import GRAD_REDUCE
@@ -31,7 +32,8 @@ def _ddp_does_not_shard(s: Setup) -> str | None:
 
 
 def _hybrid_sharding_is_fsdp2(s: Setup) -> str | None:
-    if s.plan.backend == "deepspeed" and s.plan.dp_replicate > 1:
+    # replica groups that synchronise every H steps are another matter: replica_sync's rows say what runs
+    if s.plan.backend == "deepspeed" and s.plan.dp_replicate > 1 and not settings_of(s.plan).semi_synchronous:
         return (
             f"parallel.dp_replicate={s.plan.dp_replicate} (hybrid sharding) is an fsdp2 layout; deepspeed shards over "
             "the whole data-parallel world: unset it"

@@ -32,8 +32,7 @@ SYNC = Option(
     "How the dp_replicate groups synchronise: every_step (gradients all-reduced each step), local_sgd (weights "
     "averaged every sync_every steps) or diloco (an outer Nesterov step on the averaged pseudo-gradient every "
     "sync_every steps; streaming with fragments > 1). docs/slow-links.md says when each pays.",
-    example="diloco",
-)
+)  # no example: the capability matrix's row sets it with the replica groups it needs (docs/generate.py)
 SYNC_EVERY = Option("sync_every", 100, "Inner steps between two synchronisations of the same weights (H).")
 OUTER_LR = Option("outer_lr", 0.7, "DiLoCo's outer learning rate (the paper's 0.7); local_sgd uses 1.")
 OUTER_MOMENTUM = Option("outer_momentum", 0.9, "DiLoCo's outer Nesterov momentum (the paper's 0.9); local_sgd uses 0.")
@@ -258,6 +257,16 @@ def _outer_state_bytes(stats: Any, plan: Plan, workload: Any) -> int:
     return int((8 * local if sync.outer_state == "device" else 0) + in_flight)
 
 
+def _export_note(target: str, plan: Plan) -> str | None:
+    sync = settings_of(plan)
+    if not sync.semi_synchronous:
+        return None
+    return (
+        f"parallel.sync={sync.mode} (every {sync.every} steps across the {plan.dp_replicate} replica groups) has no "
+        f"{target} setting: the exported config synchronises every step; run the plan with bigtrain train"
+    )
+
+
 CAPABILITY = Capability(
     name="replica_sync",
     summary="replica groups synchronised every step, or every H steps by local SGD or (streaming) DiLoCo for slow "
@@ -273,4 +282,5 @@ CAPABILITY = Capability(
     options=OPTIONS,
     variants=_sync_variants,
     memory=_outer_state_bytes,
+    export_note=_export_note,
 )
