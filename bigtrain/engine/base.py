@@ -75,6 +75,11 @@ class Engine(ABC):
     def data_parallel_sum(self, value: int) -> int:
         """Sum of an integer over the data-parallel ranks (e.g. their predicted-token counts), on every rank."""
 
+    def held_out_sum(self, value: int) -> int:
+        """Sum of an integer over every rank that evaluates a share of the held-out rows (``eval_sums``'s ranks):
+        the data-parallel ranks, and every replica group where they train apart."""
+        return self.data_parallel_sum(value)
+
     @abstractmethod
     def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         """Accumulate the gradient of ``loss_factor`` x the summed token loss over this rank's micro-batches; return

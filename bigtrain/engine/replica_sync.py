@@ -104,7 +104,16 @@ class ReplicaSyncEngine(Engine):
         return self.inner.forward_backward(micro_batches, loss_factor)
 
     def eval_sums(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
-        return self.inner.eval_sums(micro_batches)
+        """Each group evaluates its copy on its share of the held-out rows; the sums are the groups' together (after
+        a synchronisation, every group's copy is the synchronised model)."""
+        sums = self.inner.eval_sums(micro_batches)
+        dist.all_reduce(sums, group=self.group)
+        return sums
+
+    def held_out_sum(self, value: int) -> int:
+        total = torch.tensor([self.inner.data_parallel_sum(value)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(total, group=self.group)
+        return int(total.item())
 
     def zero_grad(self) -> None:
         self.inner.zero_grad()

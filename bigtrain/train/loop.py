@@ -131,7 +131,7 @@ class TrainLoop:
         sums: torch.Tensor | None = None
         count = 0
         for batch in self.eval_loader:
-            count += self.engine.data_parallel_sum(batch.tokens)
+            count += self.engine.held_out_sum(batch.tokens)
             part = self.engine.eval_sums(batch.micro_batches).cpu()
             sums = part if sums is None else sums + part
         assert sums is not None, "the held-out data gives at least one batch"

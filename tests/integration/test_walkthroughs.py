@@ -15,6 +15,7 @@ from helpers import REPO, docs_commands
 
 pytestmark = pytest.mark.full  # the full tier (python -m pytest -m full; docs/testing.md)
 
+
 def run_as_written(commands: list[str], folder: Path) -> list[subprocess.CompletedProcess]:
     (folder / "recipes").symlink_to(REPO / "recipes")
     # `python` and `bigtrain` are this interpreter's (the installed console script lives next to it)
@@ -111,3 +112,21 @@ def test_vision_walkthrough_runs_as_written(tmp_path):
     labels = ast.literal_eval(outputs[2].stdout.strip().splitlines()[-1])
     assert len(labels) == 4 and set(labels) <= set(CLASSES)
     assert (tmp_path / "vision_demo" / "report" / "accuracy.png").is_file()
+
+
+def test_slow_links_walkthrough_runs_as_written(tmp_path):
+    """docs/slow-links.md: the planner picks DiLoCo over two sites at 10 Gb/s and keeps synchronous training at 400
+    Gb/s; the DiLoCo quickstart trains 2 CPU replica groups and logs the synchronised model's held-out loss."""
+    commands = docs_commands("slow-links")
+    assert len(commands) == 3
+    outputs = run_as_written(commands, tmp_path)
+    two_sites, one_site = outputs[0].stdout, outputs[1].stdout
+    chosen = next(line for line in two_sites.splitlines() if line.startswith("* "))
+    assert "diloco H=" in chosen and "every-step training waits" in two_sites
+    assert "diloco" not in next(line for line in one_site.splitlines() if line.startswith("* "))
+    records = [
+        json.loads(line) for line in (tmp_path / "outputs" / "diloco_demo" / "metrics.jsonl").read_text().splitlines()
+    ]
+    held_out = [r["eval_loss"] for r in records if "eval_loss" in r]
+    assert len(held_out) == 3 and held_out[-1] < held_out[0] < 3.5  # measured: 2.43, 1.81, 1.49
+    assert (tmp_path / "outputs" / "diloco_demo" / "model" / "model.safetensors").is_file()
