@@ -20,7 +20,7 @@ import torch.distributed as dist
 from bigtrain.checkpoint.layout import Manifest, check_files
 from bigtrain.checkpoint.reader import MODEL_PREFIX, load_into, read_metadata
 from bigtrain.checkpoint.state import TRAINER, rng_key, rng_state, set_rng_state
-from bigtrain.engine.base import Engine
+from bigtrain.engine.base import REPLICA_STATE, Engine
 from bigtrain.errors import ConfigError
 
 
@@ -49,7 +49,15 @@ def load_checkpoint(
     same_world = manifest.world_size == dist.get_world_size()
     restore_rng = same_world and f"{TRAINER}.{key}.cpu" in metadata.state_dict_metadata
     state[TRAINER] = {"step": -1, "tokens": -1, **({key: rng_state(device)} if restore_rng else {})}
+    # every-step training resuming replica groups' checkpoint: its optimizer state is group 0's
+    saved = metadata.state_dict_metadata
+    from_groups = "optimizer" in state and not any(k.startswith("optimizer.") for k in saved)
+    from_groups = from_groups and any(k.startswith(f"{REPLICA_STATE}.r0.optimizer.") for k in saved)
+    if from_groups:
+        state[REPLICA_STATE] = {"r0": {"optimizer": state.pop("optimizer")}}
     load_into(state, folder)
+    if from_groups:
+        state["optimizer"] = state.pop(REPLICA_STATE)["r0"]["optimizer"]
     if state[TRAINER]["step"] != manifest.step:
         held = state[TRAINER]["step"]
         raise ConfigError(f"checkpoint {folder} is damaged: it holds step {held}, its manifest says {manifest.step}")

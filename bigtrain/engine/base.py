@@ -26,6 +26,10 @@ from bigtrain.objectives import CausalLM, Classification, Objective
 from bigtrain.objectives.causal_lm import router_loss_coef
 from bigtrain.parallel.transforms.base import BuiltModel
 
+# where a checkpoint of replica groups that train apart keeps each group's own model and optimizer state
+# (``replica_sync.py``): ``replicas.r<i>.model`` / ``.optimizer``; its ``model`` is the synchronised weights
+REPLICA_STATE = "replicas"
+
 
 @dataclass(frozen=True)
 class StepResult:

@@ -30,10 +30,10 @@ from torch.distributed.tensor import DTensor
 
 from bigtrain.config.capabilities.replica_sync import SyncSettings
 from bigtrain.data.batch import MicroBatch
-from bigtrain.engine.base import Engine, StepResult
+from bigtrain.engine.base import REPLICA_STATE, Engine, StepResult
 from bigtrain.engine.torch_native import TorchNativeEngine
 
-REPLICAS = "replicas"
+REPLICAS = REPLICA_STATE
 OUTER = "outer"
 
 
@@ -201,7 +201,9 @@ class ReplicaSyncEngine(Engine):
         """What to read of a checkpoint holding ``saved`` keys: this group's copy is group i mod the saved count's,
         and the averages of the fragments that were in flight when it was saved."""
         counts = {key.split(".")[1] for key in saved if key.startswith(f"{REPLICAS}.")}
-        source = f"r{self.replica % max(1, len(counts))}"
+        if not counts:  # written by every-step training: its model and optimizer are every group's start
+            return self.inner.state_dict()
+        source = f"r{self.replica % len(counts)}"
         state = self.state_dict()
         state[REPLICAS] = {source: state[REPLICAS].pop(f"r{self.replica}")}
         pending = {
@@ -215,11 +217,18 @@ class ReplicaSyncEngine(Engine):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.in_flight.clear()
+        self.pending.clear()
+        if REPLICAS not in state:  # an every-step checkpoint: the synchronised weights are its model
+            self.inner.load_state_dict(state)
+            self.steps = int(self.inner.schedulers[0].last_epoch)
+            for t in self.trained:
+                t.weights.copy_(t.local)
+                t.momentum.zero_()
+            return
         (own,) = state[REPLICAS].values()
         self.inner.load_state_dict({**state, **own})
         self.steps = int(state[OUTER]["steps"])
-        self.in_flight.clear()
-        self.pending.clear()
         # the outer tensors were read in place; a fragment in flight when it was saved resumes with its average
         pending = state[OUTER].get("pending", {})
         for fragment, members in enumerate(self.fragments):

@@ -235,6 +235,7 @@ def straight(inputs, tmp_path_factory):
     return train(inputs, tmp_path_factory.mktemp("straight"), 2, STREAMING, {"every": 5, "keep": 3})
 
 
+@pytest.mark.full
 def test_resume_in_the_middle_of_an_outer_period_is_exact(straight, tmp_path):
     recipe, out = straight
     checkpoint = out / "checkpoints" / "step_5"
@@ -293,3 +294,28 @@ def test_with_h1_local_sgd_and_diloco_with_outer_lr_1_momentum_0_are_the_same_ru
     gap = max(float((averaged[n] - synchronous[n]).abs().max()) for n in averaged)
     print(f"{layout}: H=1 averaging vs every-step training, largest weight difference after {STEPS} steps: {gap:.2e}")
     assert gap > 100 * WEIGHT_ATOL, gap  # averaging AdamW steps is another algorithm than AdamW on the average
+
+
+@pytest.mark.full
+def test_checkpoints_move_between_every_step_and_semi_synchronous_training(straight, inputs, tmp_path):
+    """A DiLoCo checkpoint resumes under every-step training (its model: the synchronised weights; its optimizer
+    state: group 0's), and an every-step checkpoint under DiLoCo (every group starts from its model and optimizer
+    state, the outer momentum from zero): both run to the end."""
+    recipe, out = straight
+    to_every_step = run_torchrun(
+        ["train", str(recipe), "--set", f"checkpoint.resume={out / 'checkpoints' / 'step_5'}",
+         "--set", f"output_dir={tmp_path / 'every'}", "--set", "parallel.sync=every_step"],
+        nproc=2,
+    )  # fmt: skip
+    assert to_every_step.returncode == 0, to_every_step.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(tmp_path / "every")] == list(range(6, STEPS + 1))
+    every_step = tmp_path / "every" / "checkpoints" / f"step_{STEPS}"
+    back = run_torchrun(
+        ["train", str(recipe), "--set", f"checkpoint.resume={every_step}", "--set", f"output_dir={tmp_path / 'back'}",
+         "--set", f"train.steps={STEPS + 4}"],
+        nproc=2,
+    )  # fmt: skip
+    assert back.returncode == 0, back.stderr[-3000:]
+    records = read_metrics(tmp_path / "back")
+    assert [r["step"] for r in records] == list(range(STEPS + 1, STEPS + 5))
+    assert all(math.isfinite(r["loss"]) for r in records)
