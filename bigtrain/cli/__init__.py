@@ -92,6 +92,14 @@ def _parser() -> argparse.ArgumentParser:
     # set by --nproc for its workers: the launcher prints their one-line errors, once (cli/failures.py)
     train.add_argument("--quiet-failures", action="store_true", help=argparse.SUPPRESS)
     train.add_argument(
+        "--replica-group",
+        type=int,
+        default=None,
+        metavar="I",
+        help="with parallel.replica_failures=continue: this job is replica group I of the run (--nproc sets it; "
+        "under torchrun, start one job per group; docs/slow-links.md)",
+    )
+    train.add_argument(
         "--dry-run",
         action="store_true",
         help="check recipe, data, model and plan (for --nproc N ranks, else 1), print the resolved recipe and the "
@@ -240,6 +248,10 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+# how often a replica group's workers are started again after one of them died (replica_failures: continue)
+GROUP_RESTARTS = 3
+
+
 def _check_nproc(args: argparse.Namespace) -> None:
     if args.nproc is not None and args.nproc < 1:
         raise ConfigError(f"--nproc={args.nproc} must be at least 1")
@@ -278,7 +290,11 @@ def _recipe(args: argparse.Namespace) -> RecipeConfig:
 
 
 def _train(args: argparse.Namespace, cfg: RecipeConfig, env: LaunchEnv) -> int:
+    from bigtrain.train.replica_groups import ReplicaGroup, check_group_jobs, job_world, survives_failures
+
     _check_nproc(args)
+    group = None if args.replica_group is None else ReplicaGroup.of(args.replica_group, cfg)
+    cfg = group.recipe(cfg) if group is not None else cfg
     if args.dry_run:
         from dataclasses import replace
 
@@ -298,13 +314,22 @@ def _train(args: argparse.Namespace, cfg: RecipeConfig, env: LaunchEnv) -> int:
         from bigtrain.cli.launch import launch_local
         from bigtrain.config.resolve import resolve_plan
 
+        plan = None
         if cfg.parallel.plan != "auto":  # fail here, before starting workers
-            resolve_plan(cfg.parallel, args.nproc, cfg.train)
+            plan = resolve_plan(cfg.parallel, job_world(args.nproc, group), cfg.train)
         plan_start(cfg)  # a finished run (RunFinished) starts no workers
         sets = [a for o in args.overrides for a in ("--set", o)]
+        if group is None and plan is not None and survives_failures(plan):  # a job per replica group
+            from bigtrain.cli.launch import launch_replica_groups
+
+            own = ["-v"] * args.verbose + ["train", args.recipe, *sets]
+            return launch_replica_groups(args.nproc, plan.dp_replicate, own, cfg.output_dir)
         worker_args = ["-v"] * args.verbose + ["train", args.recipe, *sets, "--quiet-failures"]
-        return launch_local(args.nproc, worker_args, output_dir=cfg.output_dir, verbose=args.verbose)
+        worker_args += ["--replica-group", str(group.index)] if group is not None else []
+        restarts = GROUP_RESTARTS if group is not None else 0
+        return launch_local(args.nproc, worker_args, cfg.output_dir, args.verbose, max_restarts=restarts)
     from bigtrain.train.run import run_training
 
-    result = run_training(cfg)
+    check_group_jobs(cfg, env.world_size, group)
+    result = run_training(cfg, group)
     return EXIT_AFTER[result.stopped] if result.stopped else 0

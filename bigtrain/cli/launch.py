@@ -13,8 +13,11 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import uuid
+from pathlib import Path
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
@@ -22,13 +25,21 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from bigtrain.cli.failures import EXIT_AFTER, last_good_checkpoint
 
+# torchft's Lighthouse: how long a synchronisation waits for a live group that has not asked yet (a slow group is
+# waited for, as synchronous training would; a group that synchronised alone would go on from other weights), and
+# after how long a silent group counts as dead (then the others synchronise without it)
+LIGHTHOUSE_JOIN_MS = 300_000
+HEARTBEAT_TIMEOUT_MS = 5000
 # how long the workers get to finish their step and write a checkpoint after SIGTERM or Ctrl-C before the agent
 # kills them (torch's default is 30 s, shorter than a large model's checkpoint)
 SHUTDOWN_S = 300
 
 
-def launch_local(nproc: int, worker_args: list[str], output_dir: str | None = None, verbose: bool = False) -> int:
-    """Run ``python -m bigtrain <worker_args>`` on ``nproc`` local ranks; return a process exit code."""
+def launch_local(
+    nproc: int, worker_args: list[str], output_dir: str | None = None, verbose: bool = False, max_restarts: int = 0
+) -> int:
+    """Run ``python -m bigtrain <worker_args>`` on ``nproc`` local ranks; return a process exit code.
+    ``max_restarts``: how often the agent starts the workers again after one died (a replica group's job)."""
     if "OMP_NUM_THREADS" not in os.environ:
         # Same default as torchrun: N workers sharing the host's cores, one intra-op thread pool each.
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
@@ -43,7 +54,7 @@ def launch_local(nproc: int, worker_args: list[str], output_dir: str | None = No
         run_id=f"bigtrain-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
         rdzv_endpoint="127.0.0.1:0",
-        max_restarts=0,
+        max_restarts=max_restarts,
         monitor_interval=0.5,
         shutdown_timeout=SHUTDOWN_S,
     )
@@ -53,6 +64,51 @@ def launch_local(nproc: int, worker_args: list[str], output_dir: str | None = No
         return EXIT_AFTER.get(e.sigval, 128 + int(e.sigval))
     except ChildFailedError as e:
         return _say_root_cause(e.failures, output_dir)
+    return 0
+
+
+def launch_replica_groups(nproc: int, groups: int, own_args: list[str], output_dir: str) -> int:
+    """``parallel.replica_failures: continue``: torchft's Lighthouse in this process, and one ``--nproc`` launcher per
+    replica group (``nproc / groups`` ranks each, its workers started again when one dies), which find the
+    Lighthouse where torchft looks (TORCHFT_LIGHTHOUSE). Group 0 prints to this terminal; group i > 0 to
+    ``output_dir/replica_groups/group<i>.log``. Returns the first failing group's exit code, else 0."""
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft logs its quorum and commit lines at every synchronisation
+    if "OMP_NUM_THREADS" not in os.environ:  # as launch_local does, for every rank of every group
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    from torchft._torchft import LighthouseServer
+
+    from bigtrain.train.replica_groups import GROUPS_FOLDER
+
+    lighthouse = LighthouseServer(
+        bind="[::]:0", min_replicas=1, join_timeout_ms=LIGHTHOUSE_JOIN_MS, heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS
+    )
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": lighthouse.address()}
+    logs = Path(output_dir) / GROUPS_FOLDER
+    logs.mkdir(parents=True, exist_ok=True)
+    jobs: list[tuple[subprocess.Popen, Any]] = []
+    # SIGTERM to this launcher: each group's launcher passes it to its workers, which checkpoint and stop
+    signal.signal(signal.SIGTERM, lambda signum, frame: [job.send_signal(signum) for job, _ in jobs])
+    try:
+        for index in range(groups):
+            command = [sys.executable, "-m", "bigtrain", *own_args, "--nproc", str(nproc // groups)]
+            command += ["--replica-group", str(index)]
+            out = None if index == 0 else open(logs / f"group{index}.log", "w")  # noqa: SIM115 (closed below)
+            jobs.append((subprocess.Popen(command, env=env, stdout=out, stderr=out), out))
+        codes = [job.wait() for job, _ in jobs]
+    finally:
+        for job, out in jobs:
+            if job.poll() is None:
+                job.terminate()
+                job.wait()
+            if out is not None:
+                out.close()
+        lighthouse.shutdown()
+    failed = [(i, code) for i, code in enumerate(codes) if code]
+    if failed:
+        index, code = failed[0]
+        where = "above" if index == 0 else f"in {logs / f'group{index}.log'}"
+        _write(f"replica group {index} exited with code {code} (its output is {where})")
+        return code
     return 0
 
 

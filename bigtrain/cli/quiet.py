@@ -24,7 +24,10 @@ class _DropMessages(logging.Filter):
         self.prefixes = prefixes
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.prefixes)
+        message = record.getMessage()
+        # torchft's Manager puts its replica and step in brackets before each message
+        message = message.split("] ", 1)[1] if message.startswith("[") and "] " in message else message
+        return not message.startswith(self.prefixes)
 
 
 def quiet_libraries() -> None:
@@ -46,5 +49,11 @@ def quiet_libraries() -> None:
     logging.getLogger("DeepSpeed").addFilter(_DropMessages("Setting accelerator to CPU"))
     # MLflow logs each step of creating a new store's tables (train.log_to=mlflow); bigtrain says where the run is
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)  # mlflow sets its root logger at import
+    # a replica group that heals reads the state torchft sent it from a read-only buffer (torch warns; it copies)
+    warnings.filterwarnings(
+        "ignore", message=r"The given buffer is not writable", category=UserWarning, module=r"torch\.distributed"
+    )
+    # torchft's Manager warns at every new quorum that it cannot reset NCCL's flight recorder (none on CPUs)
+    logging.getLogger("torchft.manager").addFilter(_DropMessages("Unable to reset NCCL flight recorder"))
     # matplotlib (bigtrain report) announces that it built its font cache on first use
     logging.getLogger("matplotlib.font_manager").setLevel(logging.WARNING)

@@ -83,5 +83,5 @@ def build_engine(
     sync = settings_of(options.plan)
     if sync.semi_synchronous and options.values != "empty":  # the simulator measures one group's step
         assert isinstance(engine, TorchNativeEngine), "the table runs semi-synchronous plans on this engine only"
-        engine = ReplicaSyncEngine(engine, sync, train.steps)
+        engine = ReplicaSyncEngine(engine, sync, train.steps, options.replicas)
     return engine

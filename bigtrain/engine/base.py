@@ -107,6 +107,19 @@ class Engine(ABC):
     def state_dict(self) -> dict[str, Any]:
         """Model, optimizer (keyed by parameter name), schedule and loss-scaler state, sharded as trained."""
 
+    def join(self, step: int) -> int:
+        """Before the first step (``step``: where the run starts): the step to start from. Replica groups that are
+        jobs of their own may take a healthy group's state and step here (``replica_sync.py``)."""
+        return step
+
+    def position(self, step: int) -> int:
+        """The step reached once ``step`` steps are done (a replica group that healed jumps to its peers')."""
+        return step
+
+    def close(self) -> None:
+        """Let go of what outlives the process group (torchft's Manager); nothing for most engines."""
+        return None
+
     def state_to_load(self, saved: Collection[str]) -> dict[str, Any]:
         """The state to read a checkpoint holding the keys ``saved`` into (DCP fills its tensors in place):
         ``state_dict``'s, unless the engine reads other keys than it writes (replica groups, ``replica_sync.py``)."""

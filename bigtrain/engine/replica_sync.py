@@ -19,21 +19,26 @@ every group's work up to its last send. Each group's own copy and AdamW state ar
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from bigtrain.config.capabilities.replica_sync import SyncSettings
 from bigtrain.data.batch import MicroBatch
 from bigtrain.engine.base import REPLICA_STATE, Engine, StepResult
+from bigtrain.engine.replica_links import MeshLink, TorchftLink
 from bigtrain.engine.torch_native import TorchNativeEngine
 
+ReplicaLink = MeshLink | TorchftLink
 REPLICAS = REPLICA_STATE
+log = logging.getLogger("bigtrain")
+START_WAIT_S = 120  # how long the groups of a fresh run wait for each other before the first step
 OUTER = "outer"
 
 
@@ -61,37 +66,102 @@ class _Trained:
 class ReplicaSyncEngine(Engine):
     """The loop's engine for a semi-synchronous plan; everything but the outer synchronisation is ``inner``'s."""
 
-    def __init__(self, inner: TorchNativeEngine, settings: SyncSettings, total_steps: int) -> None:
+    def __init__(
+        self, inner: TorchNativeEngine, settings: SyncSettings, total_steps: int, link: ReplicaLink | None = None
+    ) -> None:
         self.inner = inner
         self.objective = inner.objective
         self.settings = settings
         self.total_steps = total_steps
-        self.group = inner.mesh.replica_group
-        self.replicas = dist.get_world_size(self.group)
-        self.replica = inner.mesh.coordinate("dp_replicate")
+        self.link: ReplicaLink = link or MeshLink(inner.mesh)
+        self.replicas, self.replica = self.link.replicas, self.link.index
         self.device = inner.device
         state_device = self.device if settings.outer_state == "device" else torch.device("cpu")
         self.trained = _trained_parameters(inner, state_device)
         self.fragments = _split(self.trained, settings.fragments)
         self.steps = 0  # inner steps taken
-        self.in_flight: dict[int, tuple[dist.Work | None, torch.Tensor]] = {}  # fragment -> its all-reduce
+        self.commits = 0  # synchronisations (and the groups' first quorum) committed: what torchft compares
+        self.in_flight: dict[int, tuple[Any, torch.Tensor]] = {}  # fragment -> its all-reduce
         self.pending: dict[int, torch.Tensor] = {}  # fragment -> its averaged pseudo-gradient, awaiting its step
-        self._start_together()
-
-    def _start_together(self) -> None:
-        """Every group starts from replica group 0's weights (built alike, they are; a broadcast makes it so)."""
+        self._synchronising = self._peer_synchronising = False  # around a quorum (``_healthy_state``, ``_heal``)
+        self.link.start_together([t.local for t in self.trained])
         for t in self.trained:
-            dist.broadcast(t.local, group=self.group, group_src=0)
             t.weights.copy_(t.local)
+        self.link.attach(self._healthy_state, self._heal)
+
+    def join(self, step: int) -> int:
+        """Before the first step: a group that is behind the others (restarted after a failure) takes a healthy
+        group's state, and if that group is synchronising, synchronises with it; the step to go on from."""
+        assert step == self.steps, (step, self.steps)
+        healed = self._quorum(synchronising=False)
+        deadline = time.monotonic() + START_WAIT_S
+        while self.commits == 0 and not healed and self.link.participants() < self.replicas:
+            if time.monotonic() > deadline:  # a group that never came: the others start, it joins when it comes
+                break
+            time.sleep(0.2)  # a fresh run: the groups start together, each on its share of the first steps
+            healed = self._quorum(synchronising=False)
+        if healed and self._peer_synchronising:
+            self._catch_up()
+            return self.steps
+        self.link.barrier()  # a group that heals has its state before the others commit (torchft stops serving it)
+        if self.link.commit():  # a quorum of groups that start: nothing to synchronise
+            self.commits += 1
+        return self.steps
+
+    def _quorum(self, synchronising: bool) -> bool:
+        """The groups of this synchronisation (torchft: a quorum; a group that is behind heals in it)."""
+        self._synchronising = synchronising
+        try:
+            return self.link.quorum(self.commits)
+        finally:
+            self._synchronising = False
+
+    def _healthy_state(self) -> dict[str, Any]:
+        """What a group that is behind receives from this rank (its peer at the same place of the group): the
+        synchronised weights and outer momentum of its shard, the step and schedule, and whether this group is in a
+        synchronisation (which the other then joins)."""
+        return {
+            "weights": [t.weights for t in self.trained],
+            "momentum": [t.momentum for t in self.trained],
+            "steps": self.steps,
+            "commits": self.commits,
+            "scheduler": self.inner.schedulers[0].state_dict(),
+            "synchronising": self._synchronising,
+        }
+
+    @torch.no_grad()
+    def _heal(self, state: dict[str, Any]) -> None:
+        """Take a healthy group's state: its synchronised weights become this group's copy (``_catch_up``), its step
+        and schedule this group's; AdamW's moments start over (they are not sent)."""
+        for t, weights, momentum in zip(self.trained, state["weights"], state["momentum"], strict=True):
+            t.weights.copy_(weights)
+            t.momentum.copy_(momentum)
+            t.local.copy_(t.weights)
+        self.steps, self.commits = int(state["steps"]), int(state["commits"])
+        log.info("replica group %d took a healthy group's state: step %d", self.replica, self.steps)
+        self._peer_synchronising = bool(state["synchronising"])
+        for optimizer, scheduler in zip(self.inner.optimizers, self.inner.schedulers, strict=True):
+            scheduler.load_state_dict(state["scheduler"])
+            optimizer.state.clear()
+            for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+                group["lr"] = lr
+        self.in_flight.clear()
+        self.pending.clear()
+
+    def position(self, step: int) -> int:
+        return self.steps
+
+    def close(self) -> None:
+        self.link.close()
 
     # the engine protocol: the replica group's own step
     @property
     def dp_rank(self) -> int:
-        return self.inner.dp_rank
+        return self.link.data_slice(self.inner.dp_rank, self.inner.dp_size)[0]
 
     @property
     def dp_size(self) -> int:
-        return self.inner.dp_size
+        return self.link.data_slice(self.inner.dp_rank, self.inner.dp_size)[1]
 
     @property
     def sequence_slice(self) -> tuple[int, int]:
@@ -107,12 +177,12 @@ class ReplicaSyncEngine(Engine):
         """Each group evaluates its copy on its share of the held-out rows; the sums are the groups' together (after
         a synchronisation, every group's copy is the synchronised model)."""
         sums = self.inner.eval_sums(micro_batches)
-        dist.all_reduce(sums, group=self.group)
+        self.link.sum_over_groups(sums)
         return sums
 
     def held_out_sum(self, value: int) -> int:
         total = torch.tensor([self.inner.data_parallel_sum(value)], dtype=torch.int64, device=self.device)
-        dist.all_reduce(total, group=self.group)
+        self.link.sum_over_groups(total)
         return int(total.item())
 
     def zero_grad(self) -> None:
@@ -127,7 +197,20 @@ class ReplicaSyncEngine(Engine):
     # the outer synchronisation
     def _synchronise(self, step: int) -> None:
         for fragment in self.settings.sends(step):
+            if self._quorum(synchronising=True):  # this group was behind: it holds a healthy group's state now
+                self._catch_up()
+                return
             self._send(fragment)
+        self._apply_due(step)
+
+    def _catch_up(self) -> None:
+        """After healing (its copy is the synchronised weights): the synchronisation the healthy groups are doing at
+        their step, with a zero pseudo-gradient."""
+        for fragment in self.settings.sends(self.steps):
+            self._send(fragment)
+        self._apply_due(self.steps)
+
+    def _apply_due(self, step: int) -> None:
         waiting = set(self.in_flight) | set(self.pending)
         due = waiting if step == self.total_steps else waiting & set(self.settings.applies(step))
         for fragment in sorted(due):
@@ -139,21 +222,24 @@ class ReplicaSyncEngine(Engine):
         dtype = torch.bfloat16 if self.settings.dtype == "bf16" else torch.float32
         parts = [(t.weights.to(self.device) - t.local.float()).reshape(-1) for t in self.fragments[fragment]]
         flat = torch.cat(parts).to(dtype) if parts else torch.zeros(0, dtype=dtype, device=self.device)
-        self.in_flight[fragment] = (dist.all_reduce(flat, group=self.group, async_op=True), flat)
+        self.in_flight[fragment] = (self.link.all_reduce(flat), flat)
 
     def _wait(self, fragment: int) -> torch.Tensor:
         """The fragment's averaged pseudo-gradient in fp32 (flat), once its all-reduce is done."""
         if fragment in self.pending:
             return self.pending.pop(fragment)
         work, flat = self.in_flight.pop(fragment)
-        if work is not None:
-            work.wait()
-        return flat.float() / self.replicas
+        return self.link.average(work, flat)
 
     @torch.no_grad()
     def _apply(self, fragment: int) -> None:
         """The outer step on the fragment's synchronised weights, which then replace the group's copy."""
         average = self._wait(fragment)
+        if not self.link.commit():  # a group failed during it: the fragment goes back to the synchronised weights
+            for t in self.fragments[fragment]:
+                t.local.copy_(t.weights)
+            return
+        self.commits += 1
         lr, mu = self.settings.outer_lr, self.settings.outer_momentum
         offset = 0
         for t in self.fragments[fragment]:
@@ -168,7 +254,8 @@ class ReplicaSyncEngine(Engine):
     def state_dict(self) -> dict[str, Any]:
         inner = self.inner.state_dict()
         own = {"model": inner.pop("model"), "optimizer": inner.pop("optimizer")}
-        outer: dict[str, Any] = {"steps": self.steps, "momentum": self._named(lambda t: t.momentum)}
+        outer: dict[str, Any] = {"steps": self.steps, "commits": self.commits}
+        outer["momentum"] = self._named(lambda t: t.momentum)
         pending = self._pending_now()
         if pending:
             outer["pending"] = pending
@@ -221,14 +308,14 @@ class ReplicaSyncEngine(Engine):
         self.pending.clear()
         if REPLICAS not in state:  # an every-step checkpoint: the synchronised weights are its model
             self.inner.load_state_dict(state)
-            self.steps = int(self.inner.schedulers[0].last_epoch)
+            self.steps = self.commits = int(self.inner.schedulers[0].last_epoch)
             for t in self.trained:
                 t.weights.copy_(t.local)
                 t.momentum.zero_()
             return
         (own,) = state[REPLICAS].values()
         self.inner.load_state_dict({**state, **own})
-        self.steps = int(state[OUTER]["steps"])
+        self.steps, self.commits = int(state[OUTER]["steps"]), int(state[OUTER]["commits"])
         # the outer tensors were read in place; a fragment in flight when it was saved resumes with its average
         pending = state[OUTER].get("pending", {})
         for fragment, members in enumerate(self.fragments):

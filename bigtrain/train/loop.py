@@ -144,6 +144,10 @@ class TrainLoop:
     def run(self) -> TrainResult:
         cfg, checkpointer = self.cfg, self.checkpointer
         total = cfg.train.steps
+        tokens_per_step = cfg.train.global_batch_size * self.seq_len
+        joined = self.engine.join(self.start.step)  # a replica group behind the others takes their state and step
+        if joined != self.start.step:
+            self.start = StartPoint(joined, joined * tokens_per_step)
         writer = MetricsWriter(
             cfg.output_dir,
             enabled=self.is_main,
@@ -154,7 +158,6 @@ class TrainLoop:
         )
         writer.write_plan(self.plan)
         progress = Progress(total, self.start.step, enabled=self.is_main, unit=self.unit)
-        tokens_per_step = cfg.train.global_batch_size * self.seq_len
         step, tokens = self.start.step, self.start.tokens
         stopped: signal.Signals | None = None
         data_seconds = 0.0
@@ -165,8 +168,9 @@ class TrainLoop:
                     t0 = time.perf_counter()
                     record = self.run_step(step)
                     dt = time.perf_counter() - t0
-                    step += 1
-                    tokens += tokens_per_step
+                    step = self.engine.position(step + 1)  # a replica group that healed: its peers' step
+                    tokens = tokens + tokens_per_step if step == record["step"] else step * tokens_per_step
+                    record["step"] = step
                     peak, measures = peak_memory_bytes(self.device)
                     record.update(
                         {f"{self.unit}_per_s": tokens_per_step / dt},

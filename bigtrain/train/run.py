@@ -70,6 +70,7 @@ from bigtrain.train.checks import (
 from bigtrain.train.loop import StartPoint, TrainLoop, TrainResult
 from bigtrain.train.metrics import format_bytes
 from bigtrain.train.optim import build_optimizer, build_scheduler
+from bigtrain.train.replica_groups import ReplicaGroup, job_world
 from bigtrain.train.task_setup import prepare_task
 from bigtrain.train.trackers import check_tracker
 
@@ -77,8 +78,8 @@ log = logging.getLogger("bigtrain")
 DATA_BOUND_SHARE = 0.25  # of the run's time spent waiting for data, above which the summary says so
 
 
-def run_training(cfg: RecipeConfig) -> TrainResult:
-    job = TrainingJob(cfg)
+def run_training(cfg: RecipeConfig, replica_group: ReplicaGroup | None = None) -> TrainResult:
+    job = TrainingJob(cfg, replica_group=replica_group)
     ended = False
     try:
         with job:
@@ -125,9 +126,12 @@ class TrainingJob:
     """Validates on construction; ``with`` starts the process group, plans and builds the engine; ``fit`` trains;
     leaving the block tears the group down (after every rank has finished, when nothing failed)."""
 
-    def __init__(self, cfg: RecipeConfig, env: LaunchEnv | None = None) -> None:
+    def __init__(
+        self, cfg: RecipeConfig, env: LaunchEnv | None = None, replica_group: ReplicaGroup | None = None
+    ) -> None:
         self.cfg = cfg
         self.env = env or read_launch_env()
+        self.replica_group = replica_group  # this job is one replica group of the run (train/replica_groups.py)
         warn_if_accelerate_started_one_process(self.env)
         self.hf_config = load_hf_config(cfg.model)
         # attn_implementation auto: the family's own default (the recipe keeps "auto", as written: it is what a
@@ -135,7 +139,8 @@ class TrainingJob:
         self.attention = resolve_attention(self.hf_config, cfg.model.attn_implementation)
         auto = cfg.parallel.plan == "auto"
         self.device = pick_device(self.env)
-        self.plan: Plan | None = None if auto else resolve_plan(cfg.parallel, self.env.world_size, cfg.train)
+        world = job_world(self.env.world_size, replica_group)
+        self.plan: Plan | None = None if auto else resolve_plan(cfg.parallel, world, cfg.train)
         self.task = task_of(self.hf_config)
         self._packed = False  # packed documents (token rows only)
         self.data, self.eval_data = load_training_data(cfg, self.hf_config, self.task)
@@ -277,6 +282,8 @@ class TrainingJob:
             )
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self.engine is not None:
+            self.engine.close()
         self.engine = self.checkpointer = None
         try:
             if exc_type is None:
@@ -445,7 +452,9 @@ class TrainingJob:
         check_offload_host_memory(
             plan, self.hf_config, self.data.seq_len, dtype_bytes, self.env.local_world_size, free_host
         )
-        return build_options(self.cfg, self.hf_config, plan, self.device)
+        options = build_options(self.cfg, self.hf_config, plan, self.device)
+        group = self.replica_group
+        return options if group is None else group.options(options, self.cfg.train.collective_timeout_s)
 
     def _log_plan(self) -> None:
         if self.env.rank == 0:

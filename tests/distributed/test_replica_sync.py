@@ -319,3 +319,22 @@ def test_checkpoints_move_between_every_step_and_semi_synchronous_training(strai
     records = read_metrics(tmp_path / "back")
     assert [r["step"] for r in records] == list(range(STEPS + 1, STEPS + 5))
     assert all(math.isfinite(r["loss"]) for r in records)
+
+
+@pytest.mark.full
+def test_replica_groups_joined_by_torchft_train_the_same_model(inputs, tmp_path):
+    """parallel.replica_failures=continue: each group its own job, joined by torchft's Manager (bigtrain train
+    --nproc 2 starts the Lighthouse and a launcher per group); without a failure, the reference's run."""
+    import subprocess
+    import sys
+
+    _, rows, model = inputs
+    plan = CASES["ddp2-streaming-F2-tau1"][1]
+    recipe, _ = train(inputs, tmp_path / "recipe", 2, plan)  # writes the recipe (and a run over one process group)
+    out = tmp_path / "torchft"
+    command = [sys.executable, "-m", "bigtrain", "train", str(recipe), "--nproc", "2", "--set", f"output_dir={out}",
+               "--set", "parallel.replica_failures=continue"]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses, weights = reference(model, rows, 2, 4, 0.7, 0.9, 2, 1)
+    assert_same_run(out, losses, weights)

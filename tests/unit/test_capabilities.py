@@ -149,7 +149,7 @@ EXAMPLES: dict[str, Example] = {
     "period_and_fragments": Example(2, dict(dp_replicate=2, sync="diloco", sync_every=5, fragments=2)),
     "outer_step": Example(2, dict(dp_replicate=2, sync="diloco", outer_lr=0.0)),
     "semi_synchronous_engines": Example(4, dict(**PP2, dp_replicate=2, sync="local_sgd"), UNTIED_4),
-    "replica_failures": Example(2, dict(dp_replicate=2, sync="diloco", replica_failures="continue")),
+    "replica_failures": Example(2, dict(dp_replicate=2, replica_failures="continue")),
 }
 ROWS = {rule.name: rule for rule in RULES}
 

@@ -58,7 +58,8 @@ REPLICA_FAILURES = Option(
     "replica_failures",
     "stop",
     "What a dead replica group does to the others: stop (the job stops; start again to resume from the last "
-    "checkpoint) or continue (the others train on and it rejoins; not built).",
+    "checkpoint) or continue (each group a job of its own, joined by torchft: the others train on, and the dead "
+    "group, started again, takes a healthy group's state and rejoins).",
 )
 OPTIONS = (
     SYNC,
@@ -198,13 +199,12 @@ def _semi_synchronous_engines(s: Setup) -> str | None:
 
 
 def _replica_failures(s: Setup) -> str | None:
-    if REPLICA_FAILURES.of(s.plan) != "continue":
+    if REPLICA_FAILURES.of(s.plan) != "continue" or _semi_synchronous(s):
         return None
     return (
-        "parallel.replica_failures=continue is not built yet: torchft's Manager and Lighthouse (torchft 0.2.0 runs "
-        "on this torch) would keep the other groups training and let a restarted one rejoin, but each replica group "
-        "must then be its own torchrun world, which bigtrain does not launch yet; use parallel.replica_failures=stop "
-        "(a dead group stops the job; start again to resume from the last checkpoint)"
+        "parallel.replica_failures=continue lets the other replica groups train on between synchronisations, and "
+        f"parallel.sync={SYNC.of(s.plan)} synchronises every step: set parallel.sync to local_sgd or diloco, or "
+        "replica_failures=stop"
     )
 
 
@@ -277,7 +277,7 @@ CAPABILITY = Capability(
         row(_period_and_fragments, "invalid"),
         row(_outer_step, "invalid"),
         row(_semi_synchronous_engines, "not_built"),
-        row(_replica_failures, "not_built"),
+        row(_replica_failures, "invalid"),
     ),
     options=OPTIONS,
     variants=_sync_variants,

@@ -47,6 +47,9 @@ class BuildOptions:
     values: Literal["load", "empty"] = "load"
     fake_mode: Any = None  # with values "empty": a FakeTensorMode to allocate under (shapes only, no memory)
     deepspeed_config: dict[str, Any] | None = None  # backend deepspeed: its complete JSON (zero.Init reads it)
+    # semi-synchronous replica groups that are jobs of their own: how they reach each other (engine/replica_links);
+    # None: over the mesh's dp_replicate dimension
+    replicas: Any = None
 
     @property
     def partitioned_construction(self) -> bool:
