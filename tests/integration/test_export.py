@@ -33,6 +33,8 @@ def recipe_args(name: str, tmp_path: Path) -> tuple[list[str], int]:
         return [], 8  # its degrees state the world
     if name == "auto_quickstart":
         return ["--gpus", "2", "--gpu-memory", "80GB"], 2
+    if name == "diloco_quickstart":  # its 2 replica groups of 1 rank state the world
+        return ["--gpus", "2"], 2
     if name == "vit_finetune":  # its model is a folder this machine does not have: a config-only ViT in its place
         from transformers import ViTConfig
 

@@ -79,6 +79,15 @@ def test_json_contract(plan_cli):
         "ep",
         "sync_batchnorm",  # capability records' parallel keys (classification's), carried by every plan
         "channels_last",
+        "sync",  # replica_sync's
+        "sync_every",
+        "outer_lr",
+        "outer_momentum",
+        "fragments",
+        "fragment_delay",
+        "sync_dtype",
+        "outer_state",
+        "replica_failures",
     }
     assert out["plan"]["backend"] == "fsdp2"
     assert set(out["memory"]) == {
