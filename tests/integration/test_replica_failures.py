@@ -14,7 +14,7 @@ import time
 
 import psutil
 import pytest
-from helpers import REPO
+from helpers import REPO, torchrun_command
 
 pytestmark = pytest.mark.full
 
@@ -73,4 +73,47 @@ def test_a_killed_replica_group_leaves_the_other_training_and_rejoins_with_its_s
         load_file(str(tmp_path / "group1" / "model.safetensors")),
     )
     assert set(mine) == set(theirs)
+    assert all((mine[k] == theirs[k]).all() for k in mine)
+
+
+def test_replica_groups_started_by_torchrun_as_the_docs_say(tmp_path):
+    """docs/slow-links.md's way on several machines: torchft's Lighthouse, and one torchrun per group with
+    --replica-group I (here both on this machine); both groups end with the same weights."""
+    from safetensors.torch import load_file
+    from torchft._torchft import LighthouseServer
+
+    from bigtrain.checkpoint.export import export_model
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=60_000)
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": lighthouse.address(), "RUST_LOG": "warn", "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "out"
+    sets = ["--set", f"output_dir={out}", "--set", "train.steps=40", "--set", "parallel.replica_failures=continue"]
+    jobs = [
+        subprocess.Popen(
+            torchrun_command(
+                ["train", str(REPO / "recipes" / "diloco_quickstart.yaml"), *sets, "--replica-group", str(index)],
+                nproc=1,
+            ),  # fmt: skip
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        for index in range(2)
+    ]
+    try:
+        results = [job.communicate(timeout=240) for job in jobs]
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+        lighthouse.shutdown()
+    for job, (_, err) in zip(jobs, results, strict=True):
+        assert job.returncode == 0, err[-3000:]
+    assert steps_of(out / "metrics.jsonl") == list(range(1, 41))
+    export_model(out / "replica_groups" / "group1" / "checkpoints" / "step_40", tmp_path / "group1")
+    mine = load_file(str(out / "model" / "model.safetensors"))
+    theirs = load_file(str(tmp_path / "group1" / "model.safetensors"))
     assert all((mine[k] == theirs[k]).all() for k in mine)
