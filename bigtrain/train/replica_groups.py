@@ -39,6 +39,9 @@ class ReplicaGroup:
     index: int
     count: int
 
+    def __str__(self) -> str:
+        return f"replica group {self.index} of {self.count}"
+
     @classmethod
     def of(cls, index: int, cfg: RecipeConfig) -> ReplicaGroup:
         count = cfg.parallel.dp_replicate
@@ -65,7 +68,6 @@ class ReplicaGroup:
 def job_world(group_world: int, group: ReplicaGroup | None) -> int:
     """The ranks of the whole run: this job's, times the groups when each group is a job."""
     return group_world * (group.count if group is not None else 1)
-
 
 
 def check_group_jobs(cfg: RecipeConfig, group_world: int, group: ReplicaGroup | None) -> None:

@@ -465,7 +465,8 @@ class TrainingJob:
         assert plan is not None
         env = self.env
         nodes = max(1, env.world_size // max(1, env.local_world_size))
-        where = f"{env.world_size} rank(s) on {self.device.type}" + (
+        group = f" ({self.replica_group})" if self.replica_group else ""
+        where = f"{env.world_size} rank(s){group} on {self.device.type}" + (
             f", {nodes} nodes x {env.local_world_size}" if nodes > 1 else ""
         )
         return (

@@ -105,10 +105,15 @@ def test_a_pipeline_across_sites_sends_every_micro_batch_over_the_link():
 def test_the_outer_state_on_the_device_adds_8_bytes_per_trained_parameter_of_the_shard(llama8b):
     host, device = diloco(), diloco(outer_state="device")
     shard = llama8b.params / 8
-    added = estimate_memory(llama8b, device, WORKLOAD).other_bytes - estimate_memory(llama8b, host, WORKLOAD).other_bytes
+    added = (
+        estimate_memory(llama8b, device, WORKLOAD).other_bytes - estimate_memory(llama8b, host, WORKLOAD).other_bytes
+    )
     assert added == pytest.approx(8 * shard, rel=1e-6)
     synchronous = make_plan(backend="fsdp2", zero_stage=2, dp_replicate=2, dp_shard=8, micro_batch_size=2)
-    in_flight = estimate_memory(llama8b, host, WORKLOAD).other_bytes - estimate_memory(llama8b, synchronous, WORKLOAD).other_bytes
+    in_flight = (
+        estimate_memory(llama8b, host, WORKLOAD).other_bytes
+        - estimate_memory(llama8b, synchronous, WORKLOAD).other_bytes
+    )
     assert in_flight == pytest.approx(8 * shard, rel=1e-6)  # one fragment (the whole model) in fp32, twice
 
 
@@ -159,5 +164,7 @@ def test_deepspeed_with_diloco_is_refused_by_the_sync_row_not_the_hybrid_one():
 
     p = make_plan(backend="deepspeed", zero_stage=2, dp_replicate=2, dp_shard=1, grad_reduce="every_micro_step")
     problem = first_problem(Setup(p.with_option("sync", "diloco")))
-    assert problem is not None and "parallel.sync=diloco with parallel.backend=deepspeed is not built" in problem.message
+    assert (
+        problem is not None and "parallel.sync=diloco with parallel.backend=deepspeed is not built" in problem.message
+    )
     assert "sync" in OPTIONS
