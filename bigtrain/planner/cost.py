@@ -51,16 +51,11 @@ from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
 from bigtrain.planner import tp_time
 from bigtrain.planner.adapter_memory import adapter_flops_per_token, base_bytes, dequant_bytes, trained_params
-from bigtrain.planner.hardware import Cluster, ring_share
+from bigtrain.planner.hardware import Cluster, link_bandwidth, ring_share
 from bigtrain.planner.memory_terms import offloaded_block_bytes, rank_seq_len, stage_layers, stage_params, state_shards
 from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.profile import measured_rate, measured_row
-from bigtrain.planner.replica_sync_time import (
-    link_latency_seconds,
-    link_rate,
-    outer_wait_per_step,
-    pipeline_hop_seconds,
-)
+from bigtrain.planner.replica_sync_time import link_latency_seconds, outer_wait_per_step, pipeline_hop_seconds
 
 ACHIEVABLE = 0.45
 FP32_SLOWDOWN = 8.0
@@ -199,12 +194,6 @@ def memory_bound_bytes(
     updated = blocks + root if trained is None else trained
     optimizer = 0.0 if offloaded else 28.0 * updated / state_shards(plan)
     return elementwise + loss + optimizer
-
-
-def link_bandwidth(cluster: Cluster, group: int, stride: int) -> float:
-    """Bytes per second each way for a group of ``group`` ranks spaced ``stride`` apart in rank order (the slow link
-    between replica groups where they reach over it)."""
-    return link_rate(cluster, group, stride)
 
 
 def _offload_seconds(

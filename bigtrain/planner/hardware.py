@@ -188,6 +188,24 @@ class Cluster:
         return link is not None and group > 1 and group * stride > self.num_gpus // link.groups
 
 
+def link_bandwidth(cluster: Cluster, group: int, stride: int) -> float:
+    """Bytes per second each way for ``group`` ranks ``stride`` apart in rank order: the slow link's share per GPU
+    where they reach over it, else NVLink/PCIe within a node and the NIC between nodes."""
+    if cluster.spans_link(group, stride):
+        assert cluster.replica_link is not None
+        return cluster.replica_link.per_gpu(cluster.num_gpus)
+    spans_nodes = group * stride > cluster.gpus_per_node or stride >= cluster.gpus_per_node
+    return (cluster.gpu.inter_node_gbps if spans_nodes and group > 1 else cluster.gpu.intra_node_gbps) * 1e9
+
+
+def link_delay(cluster: Cluster, group: int, stride: int) -> float:
+    """One message's delay among ``group`` ranks ``stride`` apart: the slow link's where they reach over it."""
+    if cluster.spans_link(group, stride):
+        assert cluster.replica_link is not None
+        return cluster.replica_link.latency_s
+    return cluster.gpu.link_latency_s
+
+
 def ring_share(n: int) -> float:
     """The share of a collective's data each of ``n`` ranks sends over its link in a ring ((n - 1) / n; none alone)."""
     return (n - 1) / n if n > 1 else 0.0

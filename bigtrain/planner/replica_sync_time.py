@@ -28,7 +28,7 @@ from bigtrain.config.capabilities.replica_sync import settings_of
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
 from bigtrain.planner.adapter_memory import trained_params
-from bigtrain.planner.hardware import Cluster, ring_share
+from bigtrain.planner.hardware import Cluster, link_bandwidth, link_delay, ring_share
 from bigtrain.planner.memory_terms import stage_params, state_shards
 from bigtrain.planner.model_stats import ModelStats
 
@@ -57,7 +57,7 @@ def outer_sync_seconds(stats: ModelStats, plan: Plan, cluster: Cluster, workload
     groups, stride = plan.dp_replicate, replica_stride(plan)
     local = rank_trained_params(stats, plan, workload)
     dtype_bytes = 2 if sync.dtype == "bf16" else 4
-    bandwidth = link_rate(cluster, groups, stride)
+    bandwidth = link_bandwidth(cluster, groups, stride)
     seconds = 2 * ring_share(groups) * local * dtype_bytes / bandwidth
     seconds += sync.fragments * 2 * (groups - 1) * link_delay(cluster, groups, stride)
     if sync.outer_state == "host":  # the synchronised weights in, the new ones out, fp32
@@ -75,24 +75,6 @@ def outer_wait_per_step(
     per_fragment = outer_sync_seconds(stats, plan, cluster, workload) / sync.fragments
     hidden = sync.delay * inner_step_s
     return sync.fragments * max(0.0, per_fragment - hidden) / sync.every
-
-
-def link_rate(cluster: Cluster, group: int, stride: int) -> float:
-    """Bytes per second each way for ``group`` ranks ``stride`` apart: the slow link's share per GPU where they
-    reach over it, else NVLink/PCIe within a node and the NIC between nodes."""
-    if cluster.spans_link(group, stride):
-        assert cluster.replica_link is not None
-        return cluster.replica_link.per_gpu(cluster.num_gpus)
-    spans_nodes = group * stride > cluster.gpus_per_node or stride >= cluster.gpus_per_node
-    return (cluster.gpu.inter_node_gbps if spans_nodes and group > 1 else cluster.gpu.intra_node_gbps) * 1e9
-
-
-def link_delay(cluster: Cluster, group: int, stride: int) -> float:
-    """One message's delay among ``group`` ranks ``stride`` apart: the slow link's where they reach over it."""
-    if cluster.spans_link(group, stride):
-        assert cluster.replica_link is not None
-        return cluster.replica_link.latency_s
-    return cluster.gpu.link_latency_s
 
 
 def link_latency_seconds(
