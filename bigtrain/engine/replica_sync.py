@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,6 @@ from bigtrain.engine.replica_links import MeshLink, TorchftLink
 from bigtrain.engine.torch_native import TorchNativeEngine
 
 ReplicaLink = MeshLink | TorchftLink
-REPLICAS = REPLICA_STATE
 log = logging.getLogger("bigtrain")
 START_WAIT_S = 120  # how long the groups of a fresh run wait for each other before the first step
 OUTER = "outer"
@@ -53,7 +52,7 @@ class _Trained:
 
     @property
     def local(self) -> torch.Tensor:
-        return self.param.to_local() if isinstance(self.param, DTensor) else self.param.data
+        return _shard(self.param)
 
     def as_saved(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` (shaped like this rank's shard) as the checkpoint sees the parameter: a DTensor laid out like it."""
@@ -241,11 +240,8 @@ class ReplicaSyncEngine(Engine):
             return
         self.commits += 1
         lr, mu = self.settings.outer_lr, self.settings.outer_momentum
-        offset = 0
-        for t in self.fragments[fragment]:
-            n = t.weights.numel()
-            delta = average[offset : offset + n].view_as(t.weights).to(t.weights.device)
-            offset += n
+        for t, delta in self._pieces(fragment, average):
+            delta = delta.to(t.weights.device)
             t.momentum.mul_(mu).add_(delta)
             t.weights.sub_(delta.add(t.momentum, alpha=mu), alpha=lr)
             t.local.copy_(t.weights)
@@ -262,13 +258,12 @@ class ReplicaSyncEngine(Engine):
         return {
             "model": self._named(lambda t: t.weights),
             OUTER: outer,
-            REPLICAS: {f"r{self.replica}": own},
+            REPLICA_STATE: {f"r{self.replica}": own},
             **inner,  # the schedule and the loss scaler: the same in every group
         }
 
-    def _named(self, tensor_of: Any, fragment: int | None = None) -> dict[str, torch.Tensor]:
-        chosen = self.trained if fragment is None else self.fragments[fragment]
-        return {name: t.as_saved(tensor_of(t)) for t in chosen for name in t.names}
+    def _named(self, tensor_of: Any) -> dict[str, torch.Tensor]:
+        return {name: t.as_saved(tensor_of(t)) for t in self.trained for name in t.names}
 
     def _pending_now(self) -> dict[str, torch.Tensor]:
         """The averaged pseudo-gradients of the fragments in flight (sent, not yet applied), waited for and kept."""
@@ -276,23 +271,27 @@ class ReplicaSyncEngine(Engine):
         for fragment in sorted(set(self.in_flight) | set(self.pending)):
             average = self._wait(fragment)
             self.pending[fragment] = average
-            offset = 0
-            for t in self.fragments[fragment]:
-                n = t.weights.numel()
-                view = average[offset : offset + n].view_as(t.weights)
-                offset += n
+            for t, view in self._pieces(fragment, average):
                 out.update({name: t.as_saved(view) for name in t.names})
         return out
+
+    def _pieces(self, fragment: int, flat: torch.Tensor) -> Iterator[tuple[_Trained, torch.Tensor]]:
+        """Each parameter of the fragment with its part of ``flat`` (the fragment's shards end to end, as sent)."""
+        offset = 0
+        for t in self.fragments[fragment]:
+            n = t.weights.numel()
+            yield t, flat[offset : offset + n].view_as(t.weights)
+            offset += n
 
     def state_to_load(self, saved: Collection[str]) -> dict[str, Any]:
         """What to read of a checkpoint holding ``saved`` keys: this group's copy is group i mod the saved count's,
         and the averages of the fragments that were in flight when it was saved."""
-        counts = {key.split(".")[1] for key in saved if key.startswith(f"{REPLICAS}.")}
+        counts = {key.split(".")[1] for key in saved if key.startswith(f"{REPLICA_STATE}.")}
         if not counts:  # written by every-step training: its model and optimizer are every group's start
             return self.inner.state_dict()
         source = f"r{self.replica % len(counts)}"
         state = self.state_dict()
-        state[REPLICAS] = {source: state[REPLICAS].pop(f"r{self.replica}")}
+        state[REPLICA_STATE] = {source: state[REPLICA_STATE].pop(f"r{self.replica}")}
         pending = {
             name: t.as_saved(torch.zeros_like(t.weights))
             for t in self.trained
@@ -306,14 +305,14 @@ class ReplicaSyncEngine(Engine):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.in_flight.clear()
         self.pending.clear()
-        if REPLICAS not in state:  # an every-step checkpoint: the synchronised weights are its model
+        if REPLICA_STATE not in state:  # an every-step checkpoint: the synchronised weights are its model
             self.inner.load_state_dict(state)
             self.steps = self.commits = int(self.inner.schedulers[0].last_epoch)
             for t in self.trained:
                 t.weights.copy_(t.local)
                 t.momentum.zero_()
             return
-        (own,) = state[REPLICAS].values()
+        (own,) = state[REPLICA_STATE].values()
         self.inner.load_state_dict({**state, **own})
         self.steps, self.commits = int(state[OUTER]["steps"]), int(state[OUTER]["commits"])
         # the outer tensors were read in place; a fragment in flight when it was saved resumes with its average
@@ -321,12 +320,13 @@ class ReplicaSyncEngine(Engine):
         for fragment, members in enumerate(self.fragments):
             if members and members[0].names[0] in pending:
                 self.pending[fragment] = torch.cat(
-                    [_local(pending[t.names[0]]).reshape(-1).float().to(self.device) for t in members]
+                    [_shard(pending[t.names[0]]).reshape(-1).float().to(self.device) for t in members]
                 )
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+def _shard(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a parameter or saved tensor (a DTensor's local tensor), without autograd."""
+    return t.to_local() if isinstance(t, DTensor) else t.data
 
 
 def _trained_parameters(engine: TorchNativeEngine, state_device: torch.device) -> list[_Trained]:
@@ -337,7 +337,7 @@ def _trained_parameters(engine: TorchNativeEngine, state_device: torch.device) -
             if not p.requires_grad:
                 continue
             if id(p) not in by_id:
-                local = p.to_local() if isinstance(p, DTensor) else p.data
+                local = _shard(p)
                 pin = state_device.type == "cpu" and local.device.type == "cuda"
                 weights = torch.empty(local.shape, dtype=torch.float32, device=state_device, pin_memory=pin)
                 by_id[id(p)] = _Trained([], p, weights, torch.zeros_like(weights))
