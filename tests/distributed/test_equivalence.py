@@ -40,11 +40,11 @@ RTOL = 1e-5  # loss and grad norm of each step
 PARAM_ATOL = 2e-5  # every parameter after the last step: float noise measured <= 4.3e-6, a wrong beta2 moves 5.8e-3
 
 
-def lr_lambda(step: int) -> float:
-    """Linear warmup to LR over WARMUP steps, then a half cosine down to MIN_LR_RATIO x LR at the last step."""
+def lr_lambda(step: int, steps: int = STEPS) -> float:
+    """Linear warmup to LR over WARMUP steps, then a half cosine down to MIN_LR_RATIO x LR at the last of ``steps``."""
     if step < WARMUP:
         return (step + 1) / WARMUP
-    progress = (step - WARMUP) / (STEPS - WARMUP - 1)
+    progress = (step - WARMUP) / (steps - WARMUP - 1)
     return MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
@@ -307,27 +307,32 @@ CASES = [("llama-tied", plan) for plan in PLANS if plan not in {**TP_PLANS, **PP
 ]
 
 
+def train_section(steps: int = STEPS) -> dict:
+    """The recipe's train section the reference loop writes out (AdamW, clip, warmup + cosine, the data's seed)."""
+    return {
+        "steps": steps,
+        "global_batch_size": GLOBAL_BATCH,
+        "lr": LR,
+        "lr_schedule": "cosine",
+        "warmup_steps": WARMUP,
+        "min_lr_ratio": MIN_LR_RATIO,
+        "weight_decay": WD,
+        "adam_beta1": BETAS[0],
+        "adam_beta2": BETAS[1],
+        "adam_eps": EPS,
+        "grad_clip": CLIP,
+        "mixed_precision": "fp32",
+        "seed": SEED,
+    }
+
+
 def recipe_for(model_dir, rows_path, parallel, output_dir) -> dict:
     return recipe_dict(
         output_dir,
         rows_path,
         model_dir,
         data={"shuffle": True},
-        train={
-            "steps": STEPS,
-            "global_batch_size": GLOBAL_BATCH,
-            "lr": LR,
-            "lr_schedule": "cosine",
-            "warmup_steps": WARMUP,
-            "min_lr_ratio": MIN_LR_RATIO,
-            "weight_decay": WD,
-            "adam_beta1": BETAS[0],
-            "adam_beta2": BETAS[1],
-            "adam_eps": EPS,
-            "grad_clip": CLIP,
-            "mixed_precision": "fp32",
-            "seed": SEED,
-        },
+        train=train_section(),
         parallel=parallel,
         checkpoint={"save_final_model": False},  # the export is tested on its own; here only training counts
     )

@@ -16,34 +16,35 @@ same reference without the outer momentum lands far outside the tolerance.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 import pytest
 import torch
 from cases import TINY_LLAMA
 from helpers import learnable_rows, read_metrics, recipe_dict, run_torchrun, save_rows, save_tiny_model, write_recipe
+from test_equivalence import (  # the plain loop's data order, schedule and AdamW, as every equivalence test has them
+    BETAS,
+    CLIP,
+    EPS,
+    GLOBAL_BATCH,
+    LR,
+    NUM_ROWS,
+    SEQ_LEN,
+    WD,
+    global_batch_rows,
+    lr_lambda,
+    train_section,
+)
 
-NUM_ROWS, SEQ_LEN, BATCH, SEED = 40, 33, 8, 5
-STEPS, WARMUP, LR, WD, CLIP, MIN_LR_RATIO = 12, 3, 1e-2, 0.1, 0.5, 0.1
-BETAS, EPS = (0.9, 0.95), 1e-6  # eps as test_equivalence.py says why
+STEPS = 12  # 3 outer periods of H = 4
 LOSS_RTOL, WEIGHT_ATOL = 1e-5, 1e-5
-
-
-def lr_lambda(step: int) -> float:
-    if step < WARMUP:
-        return (step + 1) / WARMUP
-    progress = (step - WARMUP) / (STEPS - WARMUP - 1)
-    return MIN_LR_RATIO + (1 - MIN_LR_RATIO) * 0.5 * (1 + math.cos(math.pi * progress))
+BATCH = GLOBAL_BATCH
+schedule_of_run = functools.partial(lr_lambda, steps=STEPS)
 
 
 def global_batch(rows, step: int) -> torch.Tensor:
-    import numpy as np
-
-    picked = []
-    for position in range(step * BATCH, (step + 1) * BATCH):
-        epoch, within = divmod(position, NUM_ROWS)
-        picked.append(np.random.default_rng(SEED + epoch).permutation(NUM_ROWS)[within])
-    return torch.from_numpy(rows[np.array(picked)])
+    return torch.from_numpy(rows[global_batch_rows(step)])
 
 
 def reference(
@@ -57,7 +58,7 @@ def reference(
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     copies = [copy.deepcopy(base).train() for _ in range(replicas)]
     inner = [torch.optim.AdamW(m.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD) for m in copies]
-    schedules = [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda) for o in inner]
+    schedules = [torch.optim.lr_scheduler.LambdaLR(o, schedule_of_run) for o in inner]
     names = [n for n, _ in base.named_parameters()]
     synced = {n: p.detach().clone().float() for n, p in base.named_parameters()}
     outer = torch.optim.SGD(list(synced.values()), lr=outer_lr, momentum=momentum, nesterov=momentum > 0)
@@ -87,7 +88,9 @@ def reference(
             states = [inner[i % len(inner)].state_dict() for i in range(replicas)]
             inner = [torch.optim.AdamW(m.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD) for m in copies]
             old = schedules[0].state_dict()
-            schedules = [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda) for o in inner]  # sets lr: before the load
+            schedules = [
+                torch.optim.lr_scheduler.LambdaLR(o, schedule_of_run) for o in inner
+            ]  # sets lr: before the load
             for opt, schedule, state in zip(inner, schedules, states, strict=True):
                 opt.load_state_dict(copy.deepcopy(state))
                 schedule.load_state_dict(old)
@@ -134,21 +137,7 @@ def train(inputs, folder, nproc: int, parallel: dict, checkpoint: dict | None = 
         root / "rows.npy",
         model,
         data={"shuffle": True},
-        train={
-            "steps": STEPS,
-            "global_batch_size": BATCH,
-            "lr": LR,
-            "lr_schedule": "cosine",
-            "warmup_steps": WARMUP,
-            "min_lr_ratio": MIN_LR_RATIO,
-            "weight_decay": WD,
-            "adam_beta1": BETAS[0],
-            "adam_beta2": BETAS[1],
-            "adam_eps": EPS,
-            "grad_clip": CLIP,
-            "mixed_precision": "fp32",
-            "seed": SEED,
-        },
+        train=train_section(STEPS),
         parallel={"micro_batch_size": 2, **parallel},
         checkpoint=checkpoint or {"every": 0},
     )
