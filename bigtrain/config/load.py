@@ -79,6 +79,9 @@ MINIMUMS: dict[str, float] = {
     "train.collective_timeout_s": 1,
     "train.fp16_initial_scale": 1.0,
     "train.min_lr_ratio": 0.0,
+    "train.beta": 0.0,
+    "train.simpo_gamma": 0.0,
+    "data.max_prompt_length": 1,
     "lora.r": 1,
     "lora.dropout": 0.0,
     "parallel.micro_batch_size": 1,
@@ -119,6 +122,7 @@ def check_ranges(cfg: RecipeConfig) -> None:
         raise ConfigError("set data.eval_path or data.eval_fraction, not both")
     if cfg.train.label_smoothing > 1:
         raise ConfigError(f"train.label_smoothing={cfg.train.label_smoothing} must be between 0 and 1 (e.g. 0.1)")
+    check_preference_ranges(cfg.train)
     if cfg.lora.dropout >= 1:
         raise ConfigError(f"lora.dropout={cfg.lora.dropout} must be below 1 (e.g. 0.05)")
     if cfg.lora.target_modules == []:
@@ -131,6 +135,23 @@ def check_ranges(cfg: RecipeConfig) -> None:
         cfg.checkpoint.resume = "auto"
     if cfg.checkpoint.resume == "":
         raise ConfigError("checkpoint.resume is empty; use auto, false, or the path of a checkpoint folder")
+
+
+def check_preference_ranges(train: Any) -> None:
+    """The preference objectives' numbers (``objectives/preference.py``)."""
+    if train.objective == "sft":
+        return
+    if train.beta == 0:
+        raise ConfigError(f"train.beta=0 with train.objective={train.objective} trains nothing; use e.g. 0.1")
+    if train.label_smoothing and (train.objective != "dpo" or train.loss_type != "sigmoid"):
+        raise ConfigError(
+            f"train.label_smoothing={train.label_smoothing} applies to dpo with loss_type sigmoid (conservative DPO); "
+            f"train.objective={train.objective} has none: set train.label_smoothing=0"
+        )
+    if train.label_smoothing >= 0.5:
+        raise ConfigError(
+            f"train.label_smoothing={train.label_smoothing} would flip most preferences; use [0, 0.5), e.g. 0.1"
+        )
 
 
 def recipe_warnings(cfg: RecipeConfig) -> list[str]:
@@ -148,7 +169,7 @@ def check_minimum(key: str, value: Any, shown: str | None = None) -> None:
     """Raise if the dotted recipe ``key`` has a known minimum and ``value`` is below it; ``shown`` names the key
     as the user wrote it (e.g. ``--fix tp``)."""
     minimum = MINIMUMS.get(key)
-    if minimum is not None and value < minimum:
+    if minimum is not None and value is not None and value < minimum:
         raise ConfigError(f"{shown or key}={value} must be at least {minimum}")
 
 

@@ -20,6 +20,8 @@ Packing = Literal["stream", "documents", "pad"]
 LogTo = Literal["jsonl", "tensorboard", "wandb", "mlflow", "trackio"]
 Method = Literal["full", "lora", "qlora", "auto"]
 Fp8 = Literal["none", "tensorwise", "rowwise", "auto"]
+Objective = Literal["sft", "dpo", "ipo", "orpo", "simpo"]
+DpoLoss = Literal["sigmoid", "hinge"]
 PipelineSchedule = Literal[
     "1f1b", "gpipe", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble", "dual_pipe_v"
 ]
@@ -32,6 +34,9 @@ GRAD_REDUCE: tuple[str, ...] = get_args(GradReduce)
 PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 METHODS: tuple[str, ...] = get_args(Method)
 FP8_CHOICES: tuple[str, ...] = get_args(Fp8)
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+PREFERENCE_OBJECTIVES: tuple[str, ...] = ("dpo", "ipo", "orpo", "simpo")  # trained on pairs (data/preference.py)
+REFERENCE_OBJECTIVES: tuple[str, ...] = ("dpo", "ipo")  # measured against a reference model (parallel.reference)
 ADAPTER_METHODS: tuple[str, ...] = ("lora", "qlora")
 
 
@@ -106,7 +111,14 @@ class DataConfig:
         default=0.0,
     )
     seq_len: int | None = doc(
-        "Tokens per training sequence; for .npy it defaults to (and must equal) its width.", default=None
+        "Tokens per training sequence; for .npy it defaults to (and must equal) its width. Preference pairs: the "
+        "longest prompt + answer (TRL's max_length); a longer answer is cut at its end.",
+        default=None,
+    )
+    max_prompt_length: int | None = doc(
+        "Preference pairs: keep at most this many tokens of each prompt, its end (TRL's former max_prompt_length); "
+        "unset: whole prompts (a prompt that leaves no room for an answer in data.seq_len is refused).",
+        default=None,
     )
     shuffle: bool = doc("Shuffle the global order each epoch with a permutation seeded by train.seed.", default=True)
     tokenizer: str | None = doc(
@@ -165,8 +177,27 @@ class TrainConfig:
         "Initial loss scale under fp16; halved on every overflow, doubled after 2000 clean steps.", default=65536.0
     )
     label_smoothing: float = doc(
-        "Classification: cross-entropy label smoothing (torch's label_smoothing), 0 to 1.", default=0.0
+        "Classification: cross-entropy label smoothing (torch's label_smoothing), 0 to 1. dpo (loss_type sigmoid): "
+        "the probability that a pair's preference is flipped (conservative DPO, TRL's label_smoothing), 0 to 0.5.",
+        default=0.0,
     )
+    objective: Objective = doc(
+        "What is minimised: sft (next-token cross-entropy, or a classifier's), or a preference objective on "
+        "prompt/chosen/rejected pairs (docs/preference.md): dpo, ipo (both measured against a reference model, "
+        "parallel.reference), orpo or simpo (reference-free). train.global_batch_size then counts pairs, and the "
+        "loss is the mean over the global batch's pairs.",
+        default="sft",
+    )
+    beta: float = doc(
+        "Preference objectives, TRL's beta: dpo's and simpo's inverse temperature, ipo's regularisation (tau in its "
+        "paper), orpo's weight of the odds-ratio term (lambda in its paper).",
+        default=0.1,
+    )
+    loss_type: DpoLoss = doc(
+        "dpo: sigmoid (the paper's -log sigmoid(beta * margin)) or hinge (SLiC's max(0, 1 - beta * margin)).",
+        default="sigmoid",
+    )
+    simpo_gamma: float = doc("simpo: the target reward margin gamma (TRL's simpo_gamma).", default=0.5)
     seed: int = doc("Seed of the data order and of from-scratch initialisation.", default=0)
     compile: bool | Literal["auto"] = doc(
         "torch.compile each decoder block (after tp and activation checkpointing, before FSDP2, as torchtitan does) "

@@ -28,6 +28,8 @@ class Workload:
     packed: bool = False  # data.packing: documents (what context parallelism cannot keep apart yet)
     attention: str = "sdpa"  # model.attn_implementation (what context parallelism can wrap)
     image_size: int = 0  # pixels per side of an image classifier's inputs (0: the model reads token rows)
+    # train.objective: sft, or a preference objective, whose global batch counts pairs of two rows each
+    objective: str = "sft"
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in PRECISIONS:
@@ -77,6 +79,7 @@ class Workload:
             modules_to_save=tuple(lora.modules_to_save or ()),
             packed=packed,
             attention=attention,
+            objective=train.objective,
         )
 
     def train_config(self, **fields: Any) -> TrainConfig:
@@ -87,5 +90,6 @@ class Workload:
             compile=self.compile,
             fp8=self.fp8,
             method=self.method,
+            objective=self.objective,
             **fields,
         )

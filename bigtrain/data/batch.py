@@ -104,3 +104,39 @@ class ExampleBatch:
     def without_labels(self, rows: torch.Tensor) -> ExampleBatch:
         """The examples where ``rows`` ([micro_batch_size] bool) is set predict nothing (evaluation fillers)."""
         return ExampleBatch(self.inputs, self.labels.masked_fill(rows, IGNORE_INDEX))
+
+
+@dataclass(frozen=True)
+class PairBatch:
+    """A micro-batch of preference pairs (``objectives/preference.py``): m pairs as 2m rows, the m prompt+chosen rows
+    then the m prompt+rejected rows (a pair is never split across micro-batches or ranks), right-padded, labelled on
+    the answer only (already shifted; padding and prompt IGNORE_INDEX). ``ref_logps``: the reference model's
+    log-probability of each row's answer ([2m], fp32), precomputed with the data or filled by the engine's reference
+    before the policy's forward; None until then."""
+
+    input_ids: torch.Tensor  # [2m, seq_len]
+    labels: torch.Tensor  # [2m, seq_len]
+    ref_logps: torch.Tensor | None = None
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        # right padding under a causal mask: no real token attends to a pad, so no attention mask is needed
+        return {"input_ids": self.input_ids}
+
+    def with_reference(self, ref_logps: torch.Tensor) -> PairBatch:
+        return replace(self, ref_logps=ref_logps)
+
+    def to(self, device: torch.device) -> PairBatch:
+        ref = None if self.ref_logps is None else self.ref_logps.to(device, non_blocking=True)
+        return PairBatch(self.input_ids.to(device, non_blocking=True), self.labels.to(device, non_blocking=True), ref)
+
+    def pin_memory(self) -> PairBatch:
+        ref = None if self.ref_logps is None else self.ref_logps.pin_memory()
+        return PairBatch(self.input_ids.pin_memory(), self.labels.pin_memory(), ref)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.input_ids, self.labels, self.ref_logps) if t is not None]
+
+    def without_labels(self, rows: torch.Tensor) -> PairBatch:
+        """The pairs where ``rows`` ([m] bool) is set predict nothing (evaluation fillers): both of their rows."""
+        both = torch.cat([rows, rows])
+        return replace(self, labels=self.labels.masked_fill(both[:, None], IGNORE_INDEX))

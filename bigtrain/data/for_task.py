@@ -7,20 +7,24 @@ from typing import Any
 
 import numpy as np
 
-from bigtrain.config.schema import RecipeConfig
+from bigtrain.config.capabilities.preference import without_log_probabilities
+from bigtrain.config.schema import PREFERENCE_OBJECTIVES, RecipeConfig
 from bigtrain.config.tasks import IMAGE_CLASSIFICATION, Task
 from bigtrain.data.images import ImageExamples, Preprocessing, load_image_examples
+from bigtrain.data.preference import PreferencePairs, load_preference_pairs
 from bigtrain.data.sources import TokenRows, check_vocabulary, held_out_rows, hold_out, load_token_rows
 from bigtrain.data.text_classes import TextExamples, load_text_examples, tokenizer_folder
 from bigtrain.errors import ConfigError
 
 Examples = ImageExamples | TextExamples
-Data = TokenRows | Examples
+Data = TokenRows | Examples | PreferencePairs
 
 
 def load_training_data(cfg: RecipeConfig, hf_config: Any, task: Task) -> tuple[Data, Data | None]:
     """The training rows or examples and the held-out ones (data.eval_path, or data.eval_fraction of data.path)."""
     data_cfg = cfg.data
+    if cfg.train.objective in PREFERENCE_OBJECTIVES:
+        return _pairs(cfg, hf_config, task)
     if task.examples:
         return _examples(cfg, hf_config, task)
     vocab = hf_config.vocab_size
@@ -37,6 +41,24 @@ def load_training_data(cfg: RecipeConfig, hf_config: Any, task: Task) -> tuple[D
             )
     elif data_cfg.eval_fraction > 0:
         data, held = hold_out(data, data_cfg.eval_fraction, cfg.train.seed)
+    _require_held_out(cfg, held)
+    return data, held
+
+
+def _pairs(cfg: RecipeConfig, hf_config: Any, task: Task) -> tuple[PreferencePairs, PreferencePairs | None]:
+    if task.examples:
+        raise ConfigError(without_log_probabilities(cfg.train.objective, task.name))
+    data_cfg = cfg.data
+    data = load_preference_pairs(data_cfg)
+    check_vocabulary(data, hf_config.vocab_size, data_cfg.path)
+    held: PreferencePairs | None = None
+    if data_cfg.eval_path is not None:
+        held = load_preference_pairs(data_cfg, "data.eval_path", data_cfg.eval_path)
+        check_vocabulary(held, hf_config.vocab_size, data_cfg.eval_path, key="data.eval_path")
+    elif data_cfg.eval_fraction > 0:
+        kept, chosen = held_out_rows(data.num_rows, data_cfg.eval_fraction, cfg.train.seed, "pairs")
+        held = data.subset(chosen, f"{len(chosen)} held-out pairs")
+        data = data.subset(kept, f"{data.description}, {len(kept)} for training")
     _require_held_out(cfg, held)
     return data, held
 

@@ -19,6 +19,14 @@ class Tokenizer(Protocol):
 
     def render_chat(self, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]: ...
 
+    def chat_ids(self, messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]: ...
+
+
+NO_TEMPLATE = (
+    "chat data is rendered with the tokenizer's chat template, and the built-in byte tokenizer has none; set "
+    "data.tokenizer to a local HF tokenizer folder with a chat template (e.g. an instruct model's folder)"
+)
+
 
 class ByteTokenizer:
     """UTF-8 bytes as ids 0..255 plus an end-of-document id 256: no vocabulary file, works on any text."""
@@ -33,10 +41,10 @@ class ByteTokenizer:
         return self.encode(text)
 
     def render_chat(self, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
-        raise ConfigError(
-            "chat data is rendered with the tokenizer's chat template, and the built-in byte tokenizer has none; set "
-            "data.tokenizer to a local HF tokenizer folder with a chat template (e.g. an instruct model's folder)"
-        )
+        raise ConfigError(NO_TEMPLATE)
+
+    def chat_ids(self, messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
+        raise ConfigError(NO_TEMPLATE)
 
 
 class HFTokenizer:
@@ -97,6 +105,16 @@ class HFTokenizer:
             return self._render_chat(tok, messages)
         except jinja2.TemplateError as e:
             raise ConfigError(f"the chat template refuses this conversation ({e})") from e
+
+    def chat_ids(self, messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
+        """A conversation's ids through the chat template (``generation_prompt``: followed by the assistant's
+        opening, as a prompt is before its answer)."""
+        if self._tok.chat_template is None:
+            raise ConfigError(f"data.tokenizer={self.path!r} has no chat template to render chat pairs; use text pairs")
+        out = self._tok.apply_chat_template(
+            messages, tokenize=True, return_dict=True, add_generation_prompt=generation_prompt
+        )
+        return list(out["input_ids"])
 
     @staticmethod
     def _render_chat(tok: Any, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:

@@ -20,6 +20,7 @@ from bigtrain.config.schema import RecipeConfig, TrainConfig
 from bigtrain.engine.base import Engine, StepResult, objective_of, train_step
 from bigtrain.engine.deepspeed_engine import DeepSpeedZeroEngine
 from bigtrain.engine.pipelined import PipelinedEngine
+from bigtrain.engine.reference import attach_objective
 from bigtrain.engine.replica_sync import ReplicaSyncEngine
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory, TorchNativeEngine
 from bigtrain.errors import ConfigError
@@ -78,8 +79,9 @@ def build_engine(
         engine = PipelinedEngine.create_pipelined(built, train, make_optimizer, make_scheduler, options.device)
     else:
         engine = TorchNativeEngine.create(built, train, make_optimizer, make_scheduler, options.device)
-    if train.label_smoothing:  # the recipe's part of the objective (a classifier's)
+    if train.label_smoothing and train.objective == "sft":  # the recipe's part of the objective (a classifier's)
         engine.objective = objective_of(built, train.label_smoothing)
+    attach_objective(engine, options, train, getattr(engine, "_model_output", None))  # dpo, ipo, orpo, simpo
     sync = settings_of(options.plan)
     if sync.semi_synchronous and options.values != "empty":  # the simulator measures one group's step
         assert isinstance(engine, TorchNativeEngine), "the table runs semi-synchronous plans on this engine only"

@@ -22,7 +22,7 @@ import torch
 
 from bigtrain.config.tasks import task_of
 from bigtrain.data.batch import MicroBatch
-from bigtrain.objectives import CausalLM, Classification, Objective
+from bigtrain.objectives import CausalLM, Classification, Objective, Terms
 from bigtrain.objectives.causal_lm import router_loss_coef
 from bigtrain.parallel.transforms.base import BuiltModel
 
@@ -54,11 +54,36 @@ def objective_of(built: BuiltModel, label_smoothing: float = 0.0) -> Objective:
     )
 
 
+def step_sums(loss: torch.Tensor, terms: Terms) -> torch.Tensor:
+    """One micro-batch's [loss sum, then the objective's metric sums] (fp32), what ``forward_backward`` adds up."""
+    parts = [loss.float().reshape(1)]
+    if terms.metrics is not None:
+        parts.append(terms.metrics.float())
+    return torch.cat(parts)
+
+
+class Reference(ABC):
+    """Where a preference objective's reference log-probabilities come from (``engine/reference.py``)."""
+
+    @abstractmethod
+    def attach(self, batch: Any) -> Any:
+        """``batch`` with its reference log-probabilities."""
+
+
 class Engine(ABC):
     """A model, its optimizer and schedule, and the parallel machinery that trains them. ``objective``: what it
-    minimises (set by each engine from its built model); the engine drives it without knowing which it is."""
+    minimises (set by each engine from its built model); the engine drives it without knowing which it is.
+    ``reference``: a preference objective's reference model, asked before the policy's forward (None: none)."""
 
     objective: Objective
+    reference: Reference | None = None
+
+    def with_reference(self, micro_batches: list[Any]) -> list[Any]:
+        """The micro-batches with what the reference gives them (all of a step's first: its forwards need no graph,
+        and the policy's forwards then run back to back with their backwards)."""
+        if self.reference is None:
+            return micro_batches
+        return [self.reference.attach(batch) for batch in micro_batches]
 
     @property
     @abstractmethod
@@ -87,7 +112,8 @@ class Engine(ABC):
     @abstractmethod
     def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         """Accumulate the gradient of ``loss_factor`` x the summed token loss over this rank's micro-batches; return
-        the summed token loss of the whole global batch (all data-parallel ranks), the same on every rank."""
+        the summed token loss of the whole global batch (all data-parallel ranks), the same on every rank, then
+        the objective's metric sums over it (``Terms.metrics``; 1-D, or a 0-dim loss where there are none)."""
 
     @abstractmethod
     def eval_sums(self, micro_batches: list[MicroBatch]) -> torch.Tensor:

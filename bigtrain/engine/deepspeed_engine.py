@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bigtrain.data.batch import MicroBatch
-from bigtrain.engine.base import Engine, StepResult, objective_of
+from bigtrain.engine.base import Engine, StepResult, objective_of, step_sums
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory
 from bigtrain.models.build import init_deepspeed_comm
 from bigtrain.parallel.transforms.base import BuiltModel
@@ -88,36 +88,41 @@ class DeepSpeedZeroEngine(Engine):
             return inputs
         return {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
 
+    def _model_output(self, batch: MicroBatch) -> Any:
+        return self.ds(**self._inputs(batch))
+
     def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         factor = loss_factor * self.dp_size  # DeepSpeed averages over the ranks: back to the sum (module docstring)
         # the router loss: its mean over every forward of the global batch (objectives/causal_lm.router_loss;
         # DeepSpeed's average over the ranks is the rest of that mean)
         router_factor = self.objective.per_forward_weight / len(micro_batches)
-        loss_sum = torch.zeros((), device=self.device)
+        micro_batches = self.with_reference(micro_batches)
+        sums = torch.zeros(1 + len(self.objective.metric_names), device=self.device)
         for i, batch in enumerate(micro_batches):
             output = self.ds(**self._inputs(batch))
-            terms = self.objective(output, batch.labels)
+            terms = self.objective(output, batch)
             loss, router = terms.loss_sum, terms.per_forward
             del output
             objective = loss * factor
             if router is not None and router_factor:
                 objective = objective + router * router_factor
             self.ds.backward(objective, scale_wrt_gas=False)
-            loss_sum += loss.detach().float()
+            sums += step_sums(loss.detach(), terms)
             if i < len(micro_batches) - 1:
                 self.ds.step()  # not a boundary: DeepSpeed only counts the micro-step
-        dist.all_reduce(loss_sum)
-        return loss_sum
+        dist.all_reduce(sums)
+        return sums
 
     def eval_sums(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
         parts = []
+        micro_batches = self.with_reference(micro_batches)
         self.ds.eval()
         try:
             with torch.no_grad():
                 for batch in micro_batches:
                     output = self.ds(**self._inputs(batch))
-                    loss = self.objective.loss_sum(output.logits, batch.labels).float().reshape(1)
-                    parts.append(torch.cat([loss, self.objective.eval_sums(output, batch.labels)]))
+                    loss = self.objective(output, batch).loss_sum.float().reshape(1)
+                    parts.append(torch.cat([loss, self.objective.eval_sums(output, batch)]))
         finally:
             self.ds.train()
         total = torch.stack(parts).sum(0)

@@ -21,9 +21,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bigtrain.config.schema import TrainConfig
 from bigtrain.data.batch import MicroBatch
-from bigtrain.engine.base import Engine, StepResult, objective_of
+from bigtrain.engine.base import Engine, StepResult, objective_of, step_sums
 from bigtrain.engine.grad_norm import clip_global_grad_norm
 from bigtrain.engine.loss_scale import DynamicLossScaler
+from bigtrain.objectives import Terms
 from bigtrain.parallel.transforms.base import BuiltModel
 
 # Optimizer state keyed by parameter name (not by position), so it follows the parameters to another plan. Frozen
@@ -97,30 +98,34 @@ class TorchNativeEngine(Engine):
         dtype = self.built.autocast_dtype
         return contextlib.nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
 
-    def _forward_loss(self, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Summed token loss of one micro-batch (a DTensor under loss_parallel), and the router's load-balancing
-        loss where the model computes one. The compute-dtype logits are not kept: the loss holds what backward
-        needs."""
+    def _model_output(self, batch: MicroBatch) -> Any:
+        """The model's forward over one micro-batch, under autocast where the backend keeps fp32 weights."""
+        with self._autocast():
+            return self.built.forward_module(**batch.model_inputs())
+
+    def _forward_loss(self, batch: MicroBatch) -> Terms:
+        """The objective's terms of one micro-batch: its summed loss (a DTensor under loss_parallel), the router's
+        load-balancing loss where the model computes one, the step metrics' sums. The compute-dtype logits are not
+        kept: the loss holds what backward needs."""
         # Vocabulary-sharded logits (parallel.loss_parallel): torch's loss_parallel computes the cross-entropy on the
         # shards, in forward and in backward.
-        with self._autocast():
-            output = self.built.forward_module(**batch.model_inputs())
+        output = self._model_output(batch)
         with self._loss_context():
-            terms = self.objective(output, batch.labels)
-            return terms.loss_sum, terms.per_forward
+            return self.objective(output, batch)
 
     def _loss_context(self) -> contextlib.AbstractContextManager:
         return loss_parallel() if self.built.plan.loss_parallel else contextlib.nullcontext()
 
     def _micro_step(self, batch: MicroBatch, last: bool, factor: float, router_factor: float) -> torch.Tensor:
         with self.built.grad_sync(last):
-            loss, router = self._forward_loss(batch)
+            terms = self._forward_loss(batch)
+            loss, router = terms.loss_sum, terms.per_forward
             with self._loss_context():
                 objective = loss * factor
                 if router is not None and router_factor:
                     objective = objective + router * router_factor
                 objective.backward()
-        return _local(loss.detach())
+        return step_sums(_local(loss.detach()), terms)
 
     def _gradient_factor(self, loss_factor: float) -> float:
         # DDP and FSDP2 average gradients over the ranks that see different tokens (dp x cp); multiplying by their
@@ -134,11 +139,12 @@ class TorchNativeEngine(Engine):
         # the ranks' gradient average already divides by the data-parallel ranks
         scale = self.loss_scaler.scale if self.loss_scaler else 1.0
         router_factor = self.objective.per_forward_weight / len(micro_batches) * scale
-        loss_sum = torch.zeros((), device=self.device)
+        micro_batches = self.with_reference(micro_batches)
+        sums = torch.zeros(1 + len(self.objective.metric_names), device=self.device)
         for i, batch in enumerate(micro_batches):
-            loss_sum += self._micro_step(batch, i == len(micro_batches) - 1, factor, router_factor)
-        dist.all_reduce(loss_sum, group=self.mesh.batch_group)
-        return loss_sum
+            sums += self._micro_step(batch, i == len(micro_batches) - 1, factor, router_factor)
+        dist.all_reduce(sums, group=self.mesh.batch_group)
+        return sums
 
     @contextlib.contextmanager
     def _evaluating(self) -> Iterator[None]:
@@ -154,13 +160,13 @@ class TorchNativeEngine(Engine):
 
     def eval_sums(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
         parts = []
+        micro_batches = self.with_reference(micro_batches)
         with self._evaluating():
             for batch in micro_batches:
-                with self._autocast():
-                    output = self.built.forward_module(**batch.model_inputs())
+                output = self._model_output(batch)
                 with self._loss_context():
-                    loss = _local(self.objective(output, batch.labels).loss_sum)
-                parts.append(torch.cat([loss.float().reshape(1), self.objective.eval_sums(output, batch.labels)]))
+                    loss = _local(self.objective(output, batch).loss_sum)
+                parts.append(torch.cat([loss.float().reshape(1), self.objective.eval_sums(output, batch)]))
         total = torch.stack(parts).sum(0)
         dist.all_reduce(total, group=self.mesh.batch_group)
         return total

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bigtrain.data.labels import IGNORE_INDEX, labelled_positions
-from bigtrain.objectives.base import Terms
+from bigtrain.objectives.base import NoStepMetrics, Terms
 
 
 def labeled_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -87,7 +87,7 @@ def router_loss(output: Any) -> torch.Tensor | None:
     return aux if isinstance(aux, torch.Tensor) else None
 
 
-class CausalLM:
+class CausalLM(NoStepMetrics):
     """Next-token cross-entropy summed over the labelled positions, and the router's load-balancing loss.
 
     ``head``: under a chunked loss, the LM head the loss applies ``chunk_tokens`` at a time (the model's forward
@@ -113,11 +113,12 @@ class CausalLM:
             return (compiled_labeled_loss_sum if self.compiled else labeled_loss_sum)(logits, labels)
         return chunked_loss_sum(logits, labels, self.head, self.chunk_tokens, self.autocast)
 
-    def __call__(self, output: Any, labels: torch.Tensor) -> Terms:
-        return Terms(self.loss_sum(output.logits, labels), router_loss(output) if self.per_forward_weight else None)
+    def __call__(self, output: Any, batch: Any) -> Terms:
+        loss = self.loss_sum(output.logits, batch.labels)
+        return Terms(loss, router_loss(output) if self.per_forward_weight else None)
 
-    def eval_sums(self, output: Any, labels: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(0, device=labels.device)  # the loss is the whole evaluation
+    def eval_sums(self, output: Any, batch: Any) -> torch.Tensor:
+        return torch.zeros(0, device=batch.labels.device)  # the loss is the whole evaluation
 
     def eval_metrics(self, loss: float, sums: torch.Tensor, count: int) -> dict[str, float]:
         return {"eval_perplexity": math.exp(min(loss, 700.0)), "eval_tokens": count}

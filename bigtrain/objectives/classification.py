@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from bigtrain.data.labels import IGNORE_INDEX
-from bigtrain.objectives.base import Terms
+from bigtrain.objectives.base import NoStepMetrics, Terms
 
 
-class Classification:
+class Classification(NoStepMetrics):
     """One label per example; ``label_smoothing`` as torch's cross-entropy takes it."""
 
     per_forward_weight = 0.0
@@ -30,12 +30,13 @@ class Classification:
             logits.float(), labels, reduction="sum", ignore_index=IGNORE_INDEX, label_smoothing=self.label_smoothing
         )
 
-    def __call__(self, output: Any, labels: torch.Tensor) -> Terms:
-        return Terms(self.loss_sum(output.logits, labels))
+    def __call__(self, output: Any, batch: Any) -> Terms:
+        return Terms(self.loss_sum(output.logits, batch.labels))
 
-    def eval_sums(self, output: Any, labels: torch.Tensor) -> torch.Tensor:
+    def eval_sums(self, output: Any, batch: Any) -> torch.Tensor:
         """[top-1 correct, top-5 correct, then per class: true positives, predicted, actual] of the labelled
         examples: accuracy, top-5 accuracy and macro-F1 over the whole held-out set come from their sums."""
+        labels = batch.labels
         logits = output.logits.float()
         classes = logits.shape[-1]
         kept = labels != IGNORE_INDEX

@@ -103,13 +103,15 @@ class TrainLoop:
         batch = self.loader(step)
         waited = time.perf_counter() - t0
         global_tokens = self.engine.data_parallel_sum(batch.tokens)
-        loss_sum, result = train_step(self.engine, batch.micro_batches, global_tokens, self.cfg.train.grad_clip)
+        sums, result = train_step(self.engine, batch.micro_batches, global_tokens, self.cfg.train.grad_clip)
+        sums = sums.reshape(-1).cpu()  # the loss sum, then the objective's metric sums (preference rewards)
         record = {
             "step": step + 1,
-            "loss": float(loss_sum) / max(global_tokens, 1),  # a batch without labels: 0, as train_step computes
+            "loss": float(sums[0]) / max(global_tokens, 1),  # a batch without labels: 0, as train_step computes
             "grad_norm": float(result.grad_norm),
             "lr": result.lr,
             "data_s": waited,
+            **self.engine.objective.step_metrics(sums[1:], global_tokens),
         }
         if result.loss_scale is not None:
             record.update(loss_scale=result.loss_scale, skipped=result.skipped)

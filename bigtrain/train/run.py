@@ -70,6 +70,7 @@ from bigtrain.train.checks import (
 from bigtrain.train.loop import StartPoint, TrainLoop, TrainResult
 from bigtrain.train.metrics import format_bytes
 from bigtrain.train.optim import build_optimizer, build_scheduler
+from bigtrain.train.reference_pass import attach_precomputed
 from bigtrain.train.replica_groups import ReplicaGroup, job_world
 from bigtrain.train.task_setup import prepare_task
 from bigtrain.train.trackers import check_tracker
@@ -246,13 +247,10 @@ class TrainingJob:
                 make_optimizer=lambda params: build_optimizer(params, train),
                 make_scheduler=lambda optimizer: build_scheduler(optimizer, train),
             )
-            data_info = {
-                "path": self.cfg.data.path,
-                "rows": self.data.num_rows,
-                "seq_len": self.data.seq_len,
-                "shuffle": self.cfg.data.shuffle,
-                "seed": train.seed,
-            }
+            data_info = {"path": self.cfg.data.path, "rows": self.data.num_rows, "seq_len": self.data.seq_len}
+            data_info.update(shuffle=self.cfg.data.shuffle, seed=train.seed)
+            resuming = self.start.resume_from is not None  # dpo/ipo's precomputed reference: before any resume
+            attach_precomputed(self.cfg, self.plan, self.engine, [self.data, self.eval_data], resuming, self.device)
             self.checkpointer = Checkpointer(
                 self.cfg, self.plan, self.hf_config, self.engine, data_info, self.device, self._image_processor()
             )

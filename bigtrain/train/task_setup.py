@@ -15,7 +15,8 @@ from bigtrain.errors import ConfigError
 def prepare_task(cfg: RecipeConfig, hf_config: Any, task: Task, data: Any) -> tuple[RecipeConfig, str | None]:
     """The recipe as the run records it and a note to print (a pretrained head replaced), or a ConfigError."""
     if not task.examples:
-        if cfg.train.label_smoothing:
+        check_preference(cfg)
+        if cfg.train.label_smoothing and cfg.train.objective == "sft":
             raise ConfigError(
                 f"train.label_smoothing={cfg.train.label_smoothing} applies to classifiers; a causal LM's loss has "
                 "none: set train.label_smoothing=0"
@@ -37,3 +38,15 @@ def classifier_head(hf_config: Any) -> list[str]:
     from bigtrain.models.build import build_meta_model
 
     return classifier_heads(build_meta_model(hf_config, "auto"), hf_config.num_labels)
+
+
+def check_preference(cfg: RecipeConfig) -> None:
+    """What the capability table cannot see of a preference recipe: the lora section."""
+    from bigtrain.config.capabilities.preference import REFERENCE
+
+    if cfg.parallel.options.get(REFERENCE.name) == "adapter_disabled" and cfg.lora.modules_to_save:
+        raise ConfigError(
+            f"parallel.reference=adapter_disabled with lora.modules_to_save={cfg.lora.modules_to_save}: those "
+            "modules train fully, so the adapters switched off are no longer the starting model; use "
+            "parallel.reference=precomputed, or unset lora.modules_to_save"
+        )

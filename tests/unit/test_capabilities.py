@@ -45,6 +45,7 @@ class Example:
     rows_len: int = 17  # tokens per row of the data
     packed: bool = False  # chat-free text records packed into rows (data.packing: documents), else a .npy of rows
     attention: str = "auto"  # model.attn_implementation
+    objective: str = "sft"  # train.objective
     images: bool = False  # an image classifier's example: the built-in shapes as data (recipe plans, plan exports
     # and the LM planner's statistics refuse the model before any row, which the test checks instead)
 
@@ -150,6 +151,14 @@ EXAMPLES: dict[str, Example] = {
     "outer_step": Example(2, dict(dp_replicate=2, sync="diloco", outer_lr=0.0)),
     "semi_synchronous_engines": Example(4, dict(**PP2, dp_replicate=2, sync="local_sgd"), UNTIED_4),
     "replica_failures": Example(2, dict(dp_replicate=2, replica_failures="continue")),
+    "reference_value": Example(2, dict(dp_shard=2, reference="nearby"), objective="dpo"),
+    "reference_without_its_objective": Example(2, dict(dp_shard=2, reference="sharded"), objective="orpo"),
+    "reference_against_the_method": Example(2, dict(dp_shard=2, reference="adapter_disabled"), objective="dpo"),
+    "objective_needs_log_probabilities": Example(2, dict(dp_shard=2), RESNET, images=True, objective="dpo"),
+    "preference_with_model_parallelism": Example(2, dict(tp=2), objective="dpo"),
+    "offloaded_reference_engines": Example(
+        2, dict(backend="ddp", zero_stage=0, dp_replicate=2, grad_reduce=ONCE, reference="offloaded"), objective="ipo"
+    ),
 }
 ROWS = {rule.name: rule for rule in RULES}
 
@@ -182,7 +191,12 @@ def data_of(ex: Example, hf_config: Any) -> DataFacts:
 
 def train_of(ex: Example) -> TrainConfig:
     return TrainConfig(
-        global_batch_size=ex.batch, compile=ex.compile, method=ex.method, mixed_precision=ex.precision, fp8=ex.fp8
+        global_batch_size=ex.batch,
+        compile=ex.compile,
+        method=ex.method,
+        mixed_precision=ex.precision,
+        fp8=ex.fp8,
+        objective=ex.objective,
     )
 
 
@@ -207,6 +221,7 @@ def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
             "method": ex.method,
             "fp8": ex.fp8,
             "mixed_precision": ex.precision,
+            "objective": ex.objective,
         },
         parallel=make_plan(**ex.plan).to_dict(),
     )
@@ -245,7 +260,8 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
         # the simulator runs a classifier's step, and asks the capability table first as the trainer does
         with pytest.raises(ConfigError) as e:
             classifier = {**ex.model, "architectures": ["ResNetForImageClassification"]}
-            simulate(classifier, plan, Workload(seq_len=1, global_batch_size=ex.batch, image_size=16))
+            workload = Workload(seq_len=1, global_batch_size=ex.batch, image_size=16, objective=ex.objective)
+            simulate(classifier, plan, workload)
         assert str(e.value) == message
         return
     with pytest.raises(ConfigError) as e:
@@ -261,6 +277,7 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
         compile=ex.compile,
         method=ex.method,
         fp8=ex.fp8,
+        objective=ex.objective,
     )
     with pytest.raises(ConfigError) as e:
         simulate(ex.model, plan, workload)

@@ -38,6 +38,7 @@ RECORDS = (
     "activation_offload",
     "classification",
     "replica_sync",
+    "preference",
 )
 CAPABILITIES: tuple[Capability, ...] = tuple(import_module(f"{__name__}.{name}").CAPABILITY for name in RECORDS)
 

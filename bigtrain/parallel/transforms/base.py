@@ -50,6 +50,8 @@ class BuildOptions:
     # semi-synchronous replica groups that are jobs of their own: how they reach each other (engine/replica_links);
     # None: over the mesh's dp_replicate dimension
     replicas: Any = None
+    # a frozen model (a preference objective's reference copy, engine/reference.py): no parameter trains
+    frozen: bool = False
 
     @property
     def partitioned_construction(self) -> bool:

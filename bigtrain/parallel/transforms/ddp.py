@@ -91,7 +91,8 @@ def _wrap(built: BuiltModel, ctx: BuildContext) -> None:
 
 TRANSFORM = Transform(
     name="ddp",
-    wanted=lambda options: options.plan.backend == "ddp",
+    # a frozen copy has no gradient to reduce (DDP refuses it): each rank holds it whole
+    wanted=lambda options: options.plan.backend == "ddp" and not options.frozen,
     apply=_wrap,
     planner_terms=("data_parallel_memory.estimate_data_parallel_memory", "cost.estimate_time"),
 )

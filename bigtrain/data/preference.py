@@ -1,0 +1,183 @@
+"""Preference pairs (``train.objective`` dpo, ipo, orpo, simpo): records of a prompt, a chosen and a rejected answer.
+
+Formats, as TRL's preference datasets: plain text (``{"prompt": str, "chosen": str, "rejected": str}``), or
+conversational (``prompt`` a list of chat messages, ``chosen``/``rejected`` the assistant's message(s)); without a
+``prompt`` field, the messages ``chosen`` and ``rejected`` share from their start are the prompt. Tokenised as TRL
+does: conversational records through the tokenizer's chat template (the prompt with the generation prompt), plain
+text with the tokenizer's own special tokens and an end-of-sequence token closing each answer; the answer starts where
+the tokenised prompt and the tokenised prompt + answer part. Each side becomes one row of ``data.seq_len`` (TRL's
+max_length): the prompt's end kept within ``data.max_prompt_length``, the answer cut at its end, right-padded,
+labelled on the answer alone. Packing is not built: one pair is two rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from bigtrain.config.schema import DataConfig
+from bigtrain.data.batch import PairBatch
+from bigtrain.data.labels import masked_next_token_labels
+from bigtrain.data.records import check_records_path, describe_sources, read_records
+from bigtrain.data.tokenizer import load_tokenizer
+from bigtrain.errors import ConfigError
+
+SIDES = ("chosen", "rejected")
+
+
+@dataclass
+class PreferencePairs:
+    """Pairs as two token arrays of one row each, what each row trains on, and the reference's log-probabilities."""
+
+    ids: np.ndarray  # [pairs, 2, seq_len]: chosen, rejected
+    targets: np.ndarray  # [pairs, 2, seq_len] bool: the answer's tokens
+    vocab_size: int
+    description: str
+    index: np.ndarray | None = None  # the pairs of ``ids`` these are (a split of them), in order; None: all
+    ref_logps: np.ndarray | None = None  # [pairs, 2] fp32, parallel.reference=precomputed (engine/reference.py)
+    truncated: int = 0  # pairs with an answer or a prompt cut
+    examples: int = 0
+    positions: None = None  # never packed
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.ids.shape[2])
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.ids) if self.index is None else len(self.index)
+
+    def fingerprint(self) -> str:
+        """What the reference's log-probabilities are computed on (the tokens and labels of every pair, in order)."""
+        at = np.arange(len(self.ids)) if self.index is None else self.index
+        digest = hashlib.sha256(np.ascontiguousarray(self.ids[at]).tobytes())
+        digest.update(np.ascontiguousarray(self.targets[at]).tobytes())
+        return digest.hexdigest()[:16]
+
+    def subset(self, index: np.ndarray, description: str) -> PreferencePairs:
+        return replace(self, index=index if self.index is None else self.index[index], description=description)
+
+    def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> PairBatch:
+        """Pairs ``rows`` as one micro-batch: their chosen rows, then their rejected rows."""
+        at = rows if self.index is None else self.index[rows]
+        ids = torch.from_numpy(np.concatenate([self.ids[at, 0], self.ids[at, 1]]).astype(np.int64))
+        targets = np.concatenate([self.targets[at, 0], self.targets[at, 1]])
+        labels = masked_next_token_labels(ids, targets)
+        ref = None
+        if self.ref_logps is not None:
+            ref = torch.from_numpy(np.concatenate([self.ref_logps[at, 0], self.ref_logps[at, 1]]).astype(np.float32))
+        return PairBatch(ids, labels, ref)
+
+
+def _is_chat(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value)
+
+
+def _split_prompt(where: str, record: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(prompt, chosen, rejected) of a record, the prompt taken from the shared start of a conversation without one;
+    a missing or empty side is an error naming the record."""
+    for side in SIDES:
+        if side not in record:
+            raise ConfigError(
+                f"{where}: no {side!r} field; a preference record has prompt, chosen and rejected (text, or chat "
+                f"messages), found {sorted(record)}"
+            )
+        if not record[side]:
+            raise ConfigError(f"{where}: {side!r} is empty; every pair needs a chosen and a rejected answer")
+    chosen, rejected = record["chosen"], record["rejected"]
+    if "prompt" in record:
+        return record["prompt"], chosen, rejected
+    if not (_is_chat(chosen) and _is_chat(rejected)):
+        raise ConfigError(f"{where}: no 'prompt' field; text pairs need one (chat pairs may share their start)")
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+        shared += 1
+    if shared == 0:
+        raise ConfigError(f"{where}: chosen and rejected share no first message to be the prompt; add a 'prompt'")
+    return chosen[:shared], chosen[shared:], rejected[shared:]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _tokenise(tokenizer: Any, where: str, prompt: Any, answers: tuple[Any, Any]) -> tuple[list[int], list[list[int]]]:
+    """The prompt's ids and each answer's ids (TRL's rule: the answer starts where the ids part)."""
+    chat = _is_chat(prompt)
+    if chat != all(_is_chat(a) for a in answers):
+        raise ConfigError(f"{where}: mix of chat messages and plain text; use one form for prompt, chosen and rejected")
+    if chat:
+        prompt_ids = tokenizer.chat_ids(prompt, generation_prompt=True)
+        whole = [tokenizer.chat_ids(prompt + answer, generation_prompt=False) for answer in answers]
+    else:
+        prompt_ids = tokenizer.encode_prompt(prompt)
+        whole = []
+        for answer in answers:
+            ids = tokenizer.encode_prompt(prompt + answer)
+            whole.append(ids if ids[-1] == tokenizer.eos_id else [*ids, tokenizer.eos_id])
+    cut = min(_common_prefix(prompt_ids, ids) for ids in whole)
+    return prompt_ids[:cut], [ids[cut:] for ids in whole]
+
+
+def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | None = None) -> PreferencePairs:
+    """``data.path`` (or ``data.eval_path``) as preference pairs of rows of ``data.seq_len``."""
+    path = cfg.path if path is None else path
+    if path.startswith("builtin:"):
+        raise ConfigError(f"{key}={path!r}: preference objectives train on pairs; give {describe_sources()} of them")
+    check_records_path(key, path)
+    if cfg.seq_len is None:
+        raise ConfigError(f"{key}: set data.seq_len, the longest prompt + answer of a row (TRL's max_length)")
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    seq_len, keep_prompt = cfg.seq_len, cfg.max_prompt_length
+    ids, targets, truncated, differ = [], [], 0, 0
+    for where, record in read_records(key, path, "prompt", cfg.split):
+        prompt, chosen, rejected = _split_prompt(where, record)
+        prompt_ids, answers = _tokenise(tokenizer, where, prompt, (chosen, rejected))
+        cut = False
+        if keep_prompt is not None and len(prompt_ids) > keep_prompt:
+            prompt_ids, cut = prompt_ids[-keep_prompt:], True
+        if len(prompt_ids) >= seq_len:
+            raise ConfigError(
+                f"{key} {where}: the prompt is {len(prompt_ids)} tokens, which leaves no room for an answer in "
+                f"data.seq_len={seq_len}; raise data.seq_len, set data.max_prompt_length (e.g. {seq_len // 2}), or "
+                "drop the record"
+            )
+        pair_ids, pair_targets = [], []
+        for answer in answers:
+            row = (prompt_ids + answer)[:seq_len]
+            cut = cut or len(prompt_ids) + len(answer) > seq_len
+            padded = np.full(seq_len, tokenizer.eos_id, dtype=np.int64)
+            padded[: len(row)] = row
+            target = np.zeros(seq_len, dtype=bool)
+            target[len(prompt_ids) : len(row)] = True
+            pair_ids.append(padded)
+            pair_targets.append(target)
+        differ += not np.array_equal(pair_ids[0], pair_ids[1])
+        truncated += cut
+        ids.append(pair_ids)
+        targets.append(pair_targets)
+    if not ids:
+        raise ConfigError(f"{key}={path!r} holds no records; give {describe_sources()} of preference pairs")
+    if differ == 0:
+        raise ConfigError(
+            f"{key}={path!r}: in every pair the chosen and the rejected answer are the same tokens (within "
+            f"data.seq_len={seq_len}); nothing to prefer: check the data's chosen and rejected fields"
+        )
+    which = f"tokenizer {cfg.tokenizer}" if cfg.tokenizer else "the built-in byte tokenizer (257 ids)"
+    note = f", {truncated} truncated" if truncated else ""
+    description = f"{path} (preference: {len(ids)} pairs, rows of {seq_len}{note}, {which})"
+    return PreferencePairs(
+        np.asarray(ids, dtype=np.int64),
+        np.asarray(targets, dtype=bool),
+        tokenizer.vocab_size,
+        description,
+        truncated=truncated,
+        examples=len(ids),
+    )

@@ -1,0 +1,152 @@
+"""The reference model of dpo and ipo (``parallel.reference``), and the preference objective given to an engine.
+
+The reference is the policy as training starts (the SFT model): its log-probability of each answer, taken before the
+policy's forward of each micro-batch and never differentiated. Where it comes from is a plan choice
+(``config/capabilities/preference.py``):
+- ``adapter_disabled``: LoRA/QLoRA's own frozen base, the adapters switched off for one forward: no memory, one
+  more forward per micro-batch;
+- ``sharded``: a frozen copy built by the one build path, laid out as the policy's parameters (sharded by FSDP2 or
+  ZeRO-3, whole on every rank under DDP and ZeRO-1/2), in the compute dtype;
+- ``offloaded``: the same copy with its shards in host memory (FSDP2's CPU offload), copied in for its forward;
+- ``precomputed``: one pass over the data before the first step (``train/reference_pass.py``), the log-probabilities
+  stored beside the data: no model and no forward during training.
+Each live reference runs its forward in eval mode (no dropout, as TRL's default ``disable_dropout``) under no_grad.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from bigtrain.config.capabilities.preference import reference_of
+from bigtrain.config.schema import PREFERENCE_OBJECTIVES, TrainConfig
+from bigtrain.engine.base import Engine, Reference
+from bigtrain.objectives.preference import Preference, PreferenceSettings, sequence_logps
+from bigtrain.parallel.build import build_model
+from bigtrain.parallel.precision import COMPUTE_DTYPES
+from bigtrain.parallel.transforms.base import BuildOptions, BuiltModel
+
+
+@contextlib.contextmanager
+def evaluating(modules: list[nn.Module]) -> Iterator[None]:
+    """Eval mode and no graph for one forward, then each module back to the mode it was in."""
+    modes = [m.training for m in modules]
+    for m in modules:
+        m.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for m, mode in zip(modules, modes, strict=True):
+            m.train(mode)
+
+
+@contextlib.contextmanager
+def adapters_off(modules: list[nn.Module]) -> Iterator[None]:
+    """peft's adapters bypassed in every adapted layer of ``modules`` (the frozen base alone computes), then back.
+    peft's own ``enable_adapters(False)`` also flips the adapters' requires_grad, which FSDP2 and DeepSpeed have
+    already taken into account; its layers read the same flag this sets."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for module in modules for m in module.modules() if isinstance(m, BaseTunerLayer)]
+    before = [layer._disable_adapters for layer in layers]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer, was in zip(layers, before, strict=True):
+            layer._disable_adapters = was
+
+
+class LiveReference(Reference):
+    """A forward that gives each row's answer log-probability: ``forward(batch)`` runs the model, ``switch`` makes it
+    the reference (adapters off; nothing for a frozen copy), ``modules`` are put in eval mode around it."""
+
+    def __init__(
+        self,
+        forward: Callable[[Any], Any],
+        modules: list[nn.Module],
+        switch: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+        keep: Any = None,
+    ) -> None:
+        self.forward, self.modules, self.switch = forward, modules, switch
+        self.keep = keep  # what must live as long as the reference (its built model, its DeepSpeed engine)
+
+    def attach(self, batch: Any) -> Any:
+        if batch.ref_logps is not None:  # precomputed with the data
+            return batch
+        with evaluating(self.modules), self.switch():
+            logits = self.forward(batch).logits
+        return batch.with_reference(sequence_logps(logits, batch.labels)[0].detach())
+
+
+def frozen_copy(options: BuildOptions, offloaded: bool) -> BuiltModel:
+    """The reference as a frozen model of its own: the policy's build (same values: the same pretrained folder, or
+    the same seeded initialisation) with every parameter frozen, parameters resharded after forward (it has no
+    backward), not compiled; ``offloaded``: its shards in host memory."""
+    plan = options.plan
+    if plan.backend == "fsdp2":
+        plan = plan.but(zero_stage=3, offload_params=offloaded)
+    ref = dataclasses.replace(options, plan=plan, method="full", compile=False, frozen=True)
+    return build_model(ref)
+
+
+def _frozen_forward(built: BuiltModel, options: BuildOptions) -> tuple[Callable[[Any], Any], Any]:
+    """How the frozen copy runs one micro-batch, and what keeps it alive: ZeRO-3's partitioned copy through an
+    inference-only DeepSpeed engine (its hooks gather each module's parameters), ZeRO-1/2's whole copy cast to the
+    compute dtype (as DeepSpeed casts the policy), the others under the autocast of their build."""
+    module = built.forward_module
+    dtype = COMPUTE_DTYPES[options.mixed_precision]
+    if options.plan.backend == "deepspeed":
+        if options.partitioned_construction:
+            import deepspeed
+
+            assert options.deepspeed_config is not None
+            config = {k: v for k, v in options.deepspeed_config.items() if k not in ("optimizer", "scheduler")}
+            module, *_ = deepspeed.initialize(model=module, config=config, dist_init_required=False)
+        elif dtype is not None:
+            module.to(dtype)
+
+        def ds_forward(batch: Any) -> Any:
+            return module(**batch.model_inputs())
+
+        return ds_forward, module
+    autocast = built.autocast_dtype
+    device = options.device
+
+    def forward(batch: Any) -> Any:
+        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+            return module(**batch.model_inputs())
+
+    return forward, built
+
+
+def attach_objective(engine: Engine, options: BuildOptions, train: TrainConfig, policy_forward: Callable) -> None:
+    """A preference objective (``train.objective``) and its reference (``parallel.reference``) on ``engine``;
+    ``policy_forward(batch)``: the engine's own forward of the policy (adapters switched off around it for
+    adapter_disabled). Nothing for sft."""
+    if train.objective not in PREFERENCE_OBJECTIVES:
+        return
+    settings = PreferenceSettings.of(train)
+    engine.objective = Preference(settings)
+    mode = reference_of(options.plan, train)
+    if mode in ("none", "precomputed"):  # precomputed: the data carries it (train/reference_pass.py)
+        return
+    parts = engine_parts(engine)
+    if mode == "adapter_disabled":
+        engine.reference = LiveReference(policy_forward, parts, lambda: adapters_off(parts))
+        return
+    assert mode in ("sharded", "offloaded"), mode
+    built = frozen_copy(options, offloaded=mode == "offloaded")
+    forward, keep = _frozen_forward(built, options)
+    engine.reference = LiveReference(forward, built.parts, keep=keep)
+
+
+def engine_parts(engine: Engine) -> list[nn.Module]:
+    return list(engine.built.parts)  # type: ignore[attr-defined]

@@ -1,0 +1,149 @@
+"""The preference objectives: DPO (sigmoid or hinge), IPO, ORPO and SimPO on prompt/chosen/rejected pairs.
+
+A micro-batch holds m pairs as 2m rows, the m chosen answers then their m rejected answers (``data/batch.PairBatch``),
+each labelled on its answer only. A sequence's log-probability is the sum of its answer tokens' log-probabilities
+(DPO, IPO) or their mean (ORPO, SimPO, which compare lengths fairly without a reference). Each objective's loss is a
+*sum over the micro-batch's pairs*; the engine scales it by 1 / (pairs of the whole global batch), so accumulation and
+data parallelism train what one loop over the global batch with the mean loss per pair trains.
+
+The formulas, per pair, with c/r the chosen/rejected log-probabilities of the policy and c0/r0 of the reference
+(log-probabilities precomputed or from the reference model, ``engine/reference.py``), n the answer lengths:
+- dpo, sigmoid (Rafailov et al. 2023; ``label_smoothing`` e: conservative DPO): -(1-e) log s(b d) - e log s(-b d),
+  d = (c - c0) - (r - r0); hinge (SLiC): max(0, 1 - b d);
+- ipo (Azar et al. 2023, length-normalised as TRL's, confirmed with its authors): ((c-c0)/n_c - (r-r0)/n_r - 1/(2b))^2;
+- simpo (Meng et al. 2024): -log s(b (c/n_c - r/n_r) - gamma);
+- orpo (Hong et al. 2024): -c/n_c - b log s(log odds(c/n_c) - log odds(r/n_r)), odds(p) = e^p / (1 - e^p).
+Metrics (TRL's names): rewards/chosen and rewards/rejected (b (c - c0) for dpo/ipo, b c/n_c for orpo/simpo),
+rewards/margins, rewards/accuracies (chosen reward above rejected), logps/chosen and logps/rejected (sums for
+dpo/ipo, means for orpo/simpo, as TRL's trainers for each log them), means over the global batch's pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bigtrain.data.batch import PairBatch
+from bigtrain.data.labels import IGNORE_INDEX
+from bigtrain.objectives.base import Terms
+
+# what a step's metric sums are, in order (each a sum over pairs; divided by the global batch's pairs)
+SUMMED = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "logps/chosen", "logps/rejected")
+
+
+@dataclass(frozen=True)
+class PreferenceSettings:
+    """The recipe's train section as the objective reads it."""
+
+    objective: str  # dpo, ipo, orpo, simpo
+    beta: float = 0.1
+    loss_type: str = "sigmoid"
+    label_smoothing: float = 0.0
+    simpo_gamma: float = 0.5
+
+    @classmethod
+    def of(cls, train: Any) -> PreferenceSettings:
+        return cls(train.objective, train.beta, train.loss_type, train.label_smoothing, train.simpo_gamma)
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.objective in ("dpo", "ipo")
+
+    @property
+    def averaged(self) -> bool:
+        """A sequence's log-probability is its mean per answer token (orpo, simpo), not its sum."""
+        return self.objective in ("orpo", "simpo")
+
+
+def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the sum of its labelled tokens' log-probabilities (fp32) and how many there are."""
+    rows, length = labels.shape
+    token = -F.cross_entropy(
+        logits.flatten(0, 1).float(), labels.flatten(), reduction="none", ignore_index=IGNORE_INDEX
+    ).view(rows, length)
+    return token.sum(1), (labels != IGNORE_INDEX).sum(1)
+
+
+class Preference:
+    """One of the preference objectives (``PreferenceSettings.objective``) over a ``PairBatch``."""
+
+    per_forward_weight = 0.0
+    metric_names = SUMMED
+
+    def __init__(self, settings: PreferenceSettings) -> None:
+        self.settings = settings
+
+    def count(self, labels: torch.Tensor) -> int:
+        """The pairs of a micro-batch (an evaluation filler pair has no label and counts nothing)."""
+        chosen = labels[: labels.shape[0] // 2]
+        return int((chosen != IGNORE_INDEX).any(1).sum())
+
+    def pair_terms(self, logits: torch.Tensor, batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(per-pair losses, the metric sums of ``SUMMED``) of one micro-batch; a filler pair adds nothing."""
+        s = self.settings
+        logps, lengths = sequence_logps(logits, batch.labels)
+        pairs = logps.shape[0] // 2
+        real = lengths[:pairs] > 0
+        lengths = lengths.clamp(min=1).float()
+        if s.averaged:
+            logps = logps / lengths
+        c, r = logps[:pairs], logps[pairs:]
+        if s.needs_reference:
+            assert batch.ref_logps is not None, "dpo/ipo need the reference's log-probabilities (engine/reference.py)"
+            ref = batch.ref_logps.to(logps.dtype)
+            chosen_ratio, rejected_ratio = c - ref[:pairs], r - ref[pairs:]
+            rewards = s.beta * chosen_ratio.detach(), s.beta * rejected_ratio.detach()
+            if s.objective == "ipo":
+                gap = chosen_ratio / lengths[:pairs] - rejected_ratio / lengths[pairs:]
+                loss = (gap - 1 / (2 * s.beta)) ** 2
+            elif s.loss_type == "hinge":
+                loss = torch.relu(1 - s.beta * (chosen_ratio - rejected_ratio))
+            else:
+                margin = s.beta * (chosen_ratio - rejected_ratio)
+                ls = s.label_smoothing
+                loss = -(1 - ls) * F.logsigmoid(margin) - ls * F.logsigmoid(-margin)
+        else:
+            rewards = s.beta * c.detach(), s.beta * r.detach()
+            if s.objective == "simpo":
+                loss = -F.logsigmoid(s.beta * (c - r) - s.simpo_gamma)
+            else:  # orpo: the chosen answer's mean NLL plus the weighted odds-ratio term
+                log_odds = (c - r) - (torch.log1p(-torch.exp(c)) - torch.log1p(-torch.exp(r)))
+                loss = -c - s.beta * F.logsigmoid(log_odds)
+        keep = real.to(loss.dtype)
+        chosen_reward, rejected_reward = rewards
+        sums = torch.stack(
+            [
+                (chosen_reward * keep).sum(),
+                (rejected_reward * keep).sum(),
+                ((chosen_reward > rejected_reward).to(keep.dtype) * keep).sum(),
+                (c.detach() * keep).sum(),
+                (r.detach() * keep).sum(),
+            ]
+        )
+        return loss * keep, sums
+
+    def __call__(self, output: Any, batch: PairBatch) -> Terms:
+        losses, sums = self.pair_terms(output.logits, batch)
+        return Terms(losses.sum(), metrics=sums)
+
+    def loss_sum(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("a pipeline schedule hands the loss only logits: preference objectives need pp=1")
+
+    def eval_sums(self, output: Any, batch: PairBatch) -> torch.Tensor:
+        return self.pair_terms(output.logits, batch)[1]
+
+    def eval_metrics(self, loss: float, sums: torch.Tensor, count: int) -> dict[str, float]:
+        return {f"eval_{k}": v for k, v in step_metrics(sums, count).items()} | {"eval_pairs": count}
+
+    def step_metrics(self, sums: torch.Tensor, count: int) -> dict[str, float]:
+        return step_metrics(sums, count)
+
+
+def step_metrics(sums: torch.Tensor, count: int) -> dict[str, float]:
+    """TRL's metric names from the summed ``SUMMED`` over ``count`` pairs (margins: chosen minus rejected)."""
+    means = {name: float(v) / max(count, 1) for name, v in zip(SUMMED, sums.tolist(), strict=True)}
+    means["rewards/margins"] = means["rewards/chosen"] - means["rewards/rejected"]
+    return means

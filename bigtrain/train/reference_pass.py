@@ -1,0 +1,96 @@
+"""``parallel.reference: precomputed``: the reference's log-probabilities of every pair, computed once before the first
+step by the policy as it starts (the reference model by definition), and stored beside the run.
+
+Stored in ``output_dir/reference_logps/<fingerprint>.npy`` ([pairs, 2] fp32, chosen and rejected), the fingerprint
+being that of the pairs' tokens and labels: a resumed run reads them back and computes nothing (its policy has
+trained since, so it could not); a run on other data computes its own. Each data-parallel rank computes the pairs an
+evaluation would give it (every rank the same number of forwards, as FSDP2's gathers need), the shares are summed
+over the ranks, and rank 0 publishes the file atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from bigtrain.config.capabilities.preference import reference_of
+from bigtrain.config.plan import Plan
+from bigtrain.config.schema import RecipeConfig
+from bigtrain.data.loader import EvalLoader
+from bigtrain.data.preference import PreferencePairs
+from bigtrain.engine import Engine
+from bigtrain.engine.reference import LiveReference, engine_parts
+from bigtrain.errors import ConfigError
+
+log = logging.getLogger("bigtrain")
+FOLDER = "reference_logps"
+
+
+def stored_at(output_dir: str, data: PreferencePairs) -> Path:
+    return Path(output_dir) / FOLDER / f"{data.fingerprint()}.npy"
+
+
+def attach_precomputed(
+    cfg: RecipeConfig, plan: Plan, engine: Engine, datasets: list[Any], resuming: bool, device: torch.device
+) -> None:
+    """Give every preference data set its reference log-probabilities when the plan precomputes them: read back, or
+    computed now by the untrained policy (not on a resume: the file must be there)."""
+    if reference_of(plan, cfg.train) != "precomputed":
+        return
+    for data in datasets:
+        if data is None:
+            continue
+        path = stored_at(cfg.output_dir, data)
+        if path.is_file():
+            data.ref_logps = _read(path, data)
+            continue
+        if resuming:
+            raise ConfigError(
+                f"parallel.reference=precomputed: {path} is missing, and the policy has trained since the reference "
+                "was computed; restore the file, or start the run afresh (checkpoint.resume=false)"
+            )
+        data.ref_logps = _compute(engine, data, plan.micro_batch_size, cfg.train.global_batch_size, device)
+        if dist.get_rank() == 0:
+            _publish(path, data.ref_logps)
+            log.info("reference log-probabilities of %d pairs computed and stored in %s", data.num_rows, path)
+        dist.barrier()
+
+
+def _read(path: Path, data: PreferencePairs) -> np.ndarray:
+    values = np.load(path)
+    if values.shape != (data.num_rows, 2):
+        raise ConfigError(f"{path} holds {values.shape} values, not ({data.num_rows}, 2); delete it to recompute")
+    return values
+
+
+def _compute(engine: Engine, data: PreferencePairs, micro: int, batch: int, device: torch.device) -> np.ndarray:
+    forward = getattr(engine, "_model_output")  # noqa: B009 - the engines that run preference objectives have it
+    reference = LiveReference(forward, engine_parts(engine))
+    loader = EvalLoader(data, engine.dp_rank, engine.dp_size, micro, device, global_batch_size=batch)
+    values = torch.zeros(data.num_rows, 2, dtype=torch.float64)
+    per_rank = batch // engine.dp_size
+    for chunk, step in enumerate(loader):
+        first = chunk * batch + engine.dp_rank * per_rank
+        for i, micro_batch in enumerate(step.micro_batches):
+            logps = reference.attach(micro_batch).ref_logps.double().cpu()
+            pairs = logps.shape[0] // 2
+            at = torch.arange(first + i * micro, first + i * micro + pairs)
+            real = at < data.num_rows  # the last chunk's fillers add nothing
+            values[at[real], 0] = logps[:pairs][real]
+            values[at[real], 1] = logps[pairs:][real]
+    summed = values.to(device)
+    dist.all_reduce(summed)  # preference plans are data-parallel only: every rank is a data-parallel rank
+    return summed.cpu().numpy().astype(np.float32)
+
+
+def _publish(path: Path, values: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial.npy")
+    np.save(partial, values)
+    os.replace(partial, path)  # a crash leaves no half-written file under the name a resume reads
