@@ -59,6 +59,8 @@ def plan(
     sites: int | None = None,
     site_bandwidth: str | None = None,
     site_latency: str | None = None,
+    objective: str | None = None,
+    epochs: float | None = None,
     _spell: Spelling = PYTHON,
 ) -> PlanResult | ClassifierPlanResult:
     """Choose how to train ``model`` on ``gpus`` GPUs, and explain it.
@@ -90,6 +92,9 @@ def plan(
         image_size: pixels per side of an image classifier's inputs (default: the recipe's, the model's, or 224).
         inter_node_bandwidth, inter_node_latency, sites, site_bandwidth, site_latency: a slow link between nodes
             (``"100Gb/s"``, ``"25us"``) or ``sites`` equal sites (``2, "10Gb/s", "30ms"``): DiLoCo is weighed then
+        objective: ``"sft"`` (default), or a preference objective (``"dpo"``, ``"ipo"``, ``"orpo"``, ``"simpo"``):
+            ``global_batch_size`` then counts pairs, and dpo/ipo's reference model is weighed (``parallel.reference``).
+        epochs: passes the run makes over its data (default 1): what a precomputed reference's one pass is shared by.
 
     Returns:
         A :class:`PlanResult` (``result.plan``, ``result.explain()``, ``result.to_training_arguments()``, ...); for
@@ -107,8 +112,10 @@ def plan(
                  lora_r=lora_r, compile=compile, fp8=fp8, fix=fix)  # fmt: skip
     classifier = _classifier(model, recipe, hw, _spell, image_size=image_size, **asked)
     if classifier is not None:
+        if objective not in (None, "sft"):
+            raise ConfigError(f"{_spell.value('objective', objective)} needs a causal LM; this model is a classifier")
         return classifier
-    request = build_request(model, recipe, hw, spell=_spell, **asked)
+    request = build_request(model, recipe, hw, spell=_spell, objective=objective, epochs=epochs, **asked)
     return searched(request, allow_unrunnable, _spell)
 
 

@@ -21,7 +21,15 @@ from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.load import check_minimum, coerce, load_recipe, record_option_value
 from bigtrain.config.plan import ZERO_STAGES
 from bigtrain.config.resolve import recipe_data_facts, recipe_seq_len
-from bigtrain.config.schema import FP8_CHOICES, METHODS, PRECISIONS, ParallelConfig, RecipeConfig
+from bigtrain.config.schema import (
+    FP8_CHOICES,
+    METHODS,
+    OBJECTIVES,
+    PRECISIONS,
+    PREFERENCE_OBJECTIVES,
+    ParallelConfig,
+    RecipeConfig,
+)
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.hardware import GPU, Cluster, detect_local, lookup_gpu, parse_memory, replica_link_of
@@ -277,6 +285,8 @@ def build_request(
     fix: dict[str, Any] | list[str] | None = None,
     spell: Spelling = CLI,
     cluster: Cluster | None = None,
+    objective: str | None = None,
+    epochs: float | None = None,
 ) -> PlanRequest:
     """The search's inputs: arguments first, then the recipe's values, then defaults (a ~1M-token global batch, the
     model's positions up to 2048, bf16, full fine-tuning). ``cluster``: one already made from ``hw``."""
@@ -295,6 +305,10 @@ def build_request(
     _check_choice(spell, "mixed_precision", mixed_precision, PRECISIONS)
     _check_choice(spell, "method", method, METHODS)
     _check_choice(spell, "fp8", fp8, FP8_CHOICES)
+    _check_choice(spell, "objective", objective, OBJECTIVES)
+    objective = objective or (cfg.train.objective if cfg else "sft")
+    if epochs is not None and not epochs > 0:
+        raise ConfigError(f"{spell.value('epochs', epochs)} must be above 0: the passes the run makes over its data")
     if compile not in (None, True, False, "auto"):
         raise ConfigError(f"{spell.value('compile', compile)} is not one of true, false, auto")
     cluster = cluster or cluster_of(hw, no_gpu_message(spell), spell)
@@ -308,8 +322,9 @@ def build_request(
         batch = global_batch_size
     elif cfg is not None:
         batch = cfg.train.global_batch_size
-    else:
-        batch = max(1, DEFAULT_TOKENS_PER_STEP // seq_len // gpus) * gpus
+    else:  # ~1M tokens; a preference pair is two rows
+        rows_per_pair = 2 if objective in PREFERENCE_OBJECTIVES else 1
+        batch = max(1, DEFAULT_TOKENS_PER_STEP // seq_len // rows_per_pair // gpus) * gpus
     lora_rank = lora_r if lora_r is not None else (cfg.lora.r if cfg else 16)
     if lora_rank < 1:
         raise ConfigError(f"{spell.value('lora_r', lora_rank)} must be at least 1")
@@ -322,6 +337,8 @@ def build_request(
         method=method or (cfg.train.method if cfg else "full"),
         lora_rank=lora_rank,
         modules_to_save=tuple(cfg.lora.modules_to_save or ()) if cfg else (),
+        objective=objective,
+        epochs=epochs or 1.0,
         **_data_of(cfg, model_config),
     )
     fixed = parse_fix(fix or [], spell)

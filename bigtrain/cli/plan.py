@@ -15,7 +15,7 @@ from bigtrain.api.classifier_planning import ClassifierPlanResult
 from bigtrain.api.planning import plan
 from bigtrain.api.request import CLI
 from bigtrain.api.result import PlanResult
-from bigtrain.config.schema import FP8_CHOICES, METHODS, PRECISIONS
+from bigtrain.config.schema import FP8_CHOICES, METHODS, OBJECTIVES, PRECISIONS
 
 EXIT_NO_FIT = 3
 
@@ -41,6 +41,15 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         choices=METHODS,
         help="what is trained: full, lora, qlora, or auto (the planner picks; default: the recipe's, else full); "
         "classifiers: full or lora",
+    )
+    parser.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        help="sft (default: the recipe's), or a preference objective: dpo, ipo, orpo, simpo (--global-batch-size "
+        "then counts pairs; dpo/ipo weigh where their reference model's log-probabilities come from)",
+    )
+    parser.add_argument(
+        "--epochs", type=float, help="passes the run makes over its data (default 1): a precomputed reference's share"
     )
     parser.add_argument("--lora-r", type=int, help="adapter rank under lora/qlora (default: the recipe's, else 16)")
     parser.add_argument(
@@ -115,6 +124,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
         sites=args.sites,
         site_bandwidth=args.site_bandwidth,
         site_latency=args.site_latency,
+        objective=args.objective,
+        epochs=args.epochs,
         _spell=CLI,
     )
     if isinstance(result, ClassifierPlanResult):

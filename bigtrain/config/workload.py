@@ -30,6 +30,8 @@ class Workload:
     image_size: int = 0  # pixels per side of an image classifier's inputs (0: the model reads token rows)
     # train.objective: sft, or a preference objective, whose global batch counts pairs of two rows each
     objective: str = "sft"
+    # passes the run makes over its data: a precomputed reference's one pass, per step (planner/preference.py)
+    epochs: float = 1.0
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in PRECISIONS:
@@ -64,6 +66,7 @@ class Workload:
         lora: AdapterConfig | None = None,
         packed: bool = False,
         attention: str = "sdpa",
+        epochs: float = 1.0,
     ) -> Workload:
         """A recipe's workload: its ``train`` section, the sequence length its data has, its ``lora`` section, and
         how its data is read (packed documents, the attention implementation)."""
@@ -80,6 +83,7 @@ class Workload:
             packed=packed,
             attention=attention,
             objective=train.objective,
+            epochs=epochs,
         )
 
     def train_config(self, **fields: Any) -> TrainConfig:

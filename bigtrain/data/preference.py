@@ -137,7 +137,8 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
     tokenizer = load_tokenizer(cfg.tokenizer)
     seq_len, keep_prompt = cfg.seq_len, cfg.max_prompt_length
     ids, targets, truncated, differ = [], [], 0, 0
-    for where, record in read_records(key, path, "prompt", cfg.split):
+    for line, record in read_records(key, path, "prompt", cfg.split):
+        where = f"{key}={path!r} {line}"
         prompt, chosen, rejected = _split_prompt(where, record)
         prompt_ids, answers = _tokenise(tokenizer, where, prompt, (chosen, rejected))
         cut = False
@@ -145,7 +146,7 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
             prompt_ids, cut = prompt_ids[-keep_prompt:], True
         if len(prompt_ids) >= seq_len:
             raise ConfigError(
-                f"{key} {where}: the prompt is {len(prompt_ids)} tokens, which leaves no room for an answer in "
+                f"{where}: the prompt is {len(prompt_ids)} tokens, which leaves no room for an answer in "
                 f"data.seq_len={seq_len}; raise data.seq_len, set data.max_prompt_length (e.g. {seq_len // 2}), or "
                 "drop the record"
             )

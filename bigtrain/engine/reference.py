@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from bigtrain.config.capabilities.preference import reference_of
 from bigtrain.config.schema import PREFERENCE_OBJECTIVES, TrainConfig
@@ -94,7 +95,11 @@ def frozen_copy(options: BuildOptions, offloaded: bool) -> BuiltModel:
     if plan.backend == "fsdp2":
         plan = plan.but(zero_stage=3, offload_params=offloaded)
     ref = dataclasses.replace(options, plan=plan, method="full", compile=False, frozen=True)
-    return build_model(ref)
+    built = build_model(ref)
+    for part in built.parts:
+        if isinstance(part, FSDPModule):  # the root unit too (the policy keeps its root gathered for backward)
+            part.set_reshard_after_forward(True)
+    return built
 
 
 def _frozen_forward(built: BuiltModel, options: BuildOptions) -> tuple[Callable[[Any], Any], Any]:

@@ -48,14 +48,17 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.tensor import DTensor
 
 from bigtrain.config.capabilities import ModelFacts, Setup, check
+from bigtrain.config.capabilities.preference import reference_of
 from bigtrain.config.hf import model_config_object, resolve_attention
 from bigtrain.config.plan import Plan
-from bigtrain.config.schema import AdapterConfig, TrainConfig
+from bigtrain.config.schema import PREFERENCE_OBJECTIVES, AdapterConfig, TrainConfig
 from bigtrain.config.tasks import task_of
 from bigtrain.config.workload import Workload
-from bigtrain.data.batch import ExampleBatch, MicroBatch
+from bigtrain.data.batch import ExampleBatch, MicroBatch, PairBatch
+from bigtrain.data.labels import IGNORE_INDEX, next_token_labels
 from bigtrain.engine import build_engine
 from bigtrain.engine.base import train_step
 from bigtrain.engine.pipelined import PipelinedEngine
@@ -133,7 +136,9 @@ def _simulate_rank(
     # fp16 stores and computes what bf16 does; its loss-scale skip decision would need real gradient values
     precision = "bf16" if workload.mixed_precision == "fp16" else workload.mixed_precision
     device = torch.device("cpu")
-    train = TrainConfig(global_batch_size=workload.global_batch_size, mixed_precision=precision)
+    train = TrainConfig(
+        global_batch_size=workload.global_batch_size, mixed_precision=precision, objective=workload.objective
+    )
     fake_mode = None if real_tensors else FakeTensorMode()
     options = BuildOptions(
         hf_config=hf_config,
@@ -165,7 +170,10 @@ def _simulate_rank(
         # what the gradients kept between micro-steps add
         micro_steps = accum if pipelined else min(accum, 2)
         with fake_mode or contextlib.nullcontext(), _unpacked_batches(), _static_pipeline_metadata():
-            if task_of(hf_config).examples:  # a classifier: examples with one label each, normalised by their count
+            if workload.objective in PREFERENCE_OBJECTIVES:  # pairs of rows, normalised by the pairs
+                batches = [_pairs(hf_config, plan, workload, device) for _ in range(micro_steps)]
+                global_count = float(workload.global_batch_size)
+            elif task_of(hf_config).examples:  # a classifier: examples with one label each, normalised by their count
                 batches: list[Any] = [_examples(hf_config, plan, workload, device) for _ in range(micro_steps)]
                 global_count = float(workload.global_batch_size)
             else:
@@ -177,7 +185,7 @@ def _simulate_rank(
                 cp_rank, cp_size = engine.sequence_slice  # rank 0's slice of each row under context parallelism
                 batches = [batch.sequence_slice(cp_rank, cp_size) for batch in batches] if cp_size > 1 else batches
                 global_count = float(workload.global_batch_size * (workload.seq_len - 1))
-            inputs = [t for batch in batches for t in batch.tensors()]
+            inputs = [t for batch in batches for t in batch.tensors()] + _reference_tensors(engine, plan, workload)
             train_step(engine, batches, global_count, train.grad_clip)  # warm-up, untracked (see the docstring)
             tracker = _tracker(engine, inputs)
             calls.tracker = tracker
@@ -187,6 +195,28 @@ def _simulate_rank(
             return {str(getattr(k, "value", k)): int(v) for k, v in snapshot.items()}
     finally:
         dist.destroy_process_group()
+
+
+def _pairs(hf_config: Any, plan: Plan, workload: Workload, device: torch.device) -> PairBatch:
+    """A preference micro-batch as the data path makes it: 2m rows (chosen, then rejected) of the workload's length,
+    the first half of each row its prompt; the reference's log-probabilities with it where they are precomputed."""
+    rows, length = 2 * plan.micro_batch_size, workload.seq_len
+    ids = torch.randint(0, hf_config.vocab_size, (rows, length), device=device)
+    labels = next_token_labels(ids)
+    labels[:, : length // 2] = IGNORE_INDEX
+    precomputed = reference_of(plan, workload.train_config()) == "precomputed"
+    return PairBatch(ids, labels, torch.zeros(rows, device=device) if precomputed else None)
+
+
+def _reference_tensors(engine: TorchNativeEngine, plan: Plan, workload: Workload) -> list[torch.Tensor]:
+    """The frozen reference copy's parameters on this device (``parallel.reference: sharded``): made before the
+    step, so the tracker is handed them as it is the inputs. An offloaded copy's live in host memory (on this CPU
+    the offload policy has nothing to move: they are left out, as a GPU's memory would not hold them)."""
+    built = getattr(engine.reference, "keep", None)
+    if built is None or reference_of(plan, workload.train_config()) != "sharded":
+        return []
+    local = [p.to_local() if isinstance(p, DTensor) else p for part in built.parts for p in part.parameters()]
+    return [t.detach() for t in local]
 
 
 def _examples(hf_config: Any, plan: Plan, workload: Workload, device: torch.device) -> ExampleBatch:

@@ -27,9 +27,11 @@ def build_model(options: BuildOptions, transforms: Sequence[Transform] = ORDER) 
         model = build_partitioned_model(options.hf_config, options.attn_implementation, options.deepspeed_config)
     else:
         model = build_meta_model(options.hf_config, options.attn_implementation)
-    if options.frozen:
-        model.requires_grad_(False)
     compute_dtype = COMPUTE_DTYPES[options.mixed_precision]
+    if options.frozen:  # never updated: no fp32 master copy, its parameters in the compute dtype (buffers as they are)
+        model.requires_grad_(False)
+        for param in model.parameters():
+            param.data = param.data.to(compute_dtype or param.dtype)
     # a plain model keeps fp32 weights and computes under autocast, unless a transform casts parameters itself
     built = BuiltModel(
         parts=[model],

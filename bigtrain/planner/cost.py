@@ -54,6 +54,7 @@ from bigtrain.planner.adapter_memory import adapter_flops_per_token, base_bytes,
 from bigtrain.planner.hardware import Cluster, link_bandwidth, ring_share
 from bigtrain.planner.memory_terms import offloaded_block_bytes, rank_seq_len, stage_layers, stage_params, state_shards
 from bigtrain.planner.model_stats import ModelStats
+from bigtrain.planner.preference import as_rows, reference_seconds
 from bigtrain.planner.profile import measured_rate, measured_row
 from bigtrain.planner.replica_sync_time import link_latency_seconds, outer_wait_per_step, pipeline_hop_seconds
 
@@ -338,7 +339,17 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     """The predicted step time of ``plan`` on ``cluster`` for ``workload`` (module docstring); with a slow link
     between replica groups, what a semi-synchronous plan waits for its synchronisations (``replica_sync_time``) and
     what the link costs the step (``link_wait_s``: the step less the same plan's on the GPU table's links)."""
-    estimate = _step_time(stats, plan, cluster, workload)
+    estimate = _step_time(stats, *as_rows(plan, workload), cluster)  # a preference pair: two rows
+    reference = reference_seconds(stats, plan, workload, estimate.compute_s, cluster.gpu.pcie_gbps)
+    if reference:  # dpo/ipo's reference forward (or its precomputed pass's share)
+        step = estimate.step_s + reference
+        estimate = replace(
+            estimate,
+            step_s=step,
+            tokens_per_s_per_device=estimate.tokens_per_s_per_device * estimate.step_s / step,
+            mfu=estimate.mfu * estimate.step_s / step,
+            compute_s=estimate.compute_s + reference,
+        )
     wait = outer_wait_per_step(stats, plan, cluster, workload, estimate.step_s)
     if wait:
         step = estimate.step_s + wait
@@ -355,7 +366,7 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     return replace(estimate, link_wait_s=max(0.0, estimate.step_s - fast.step_s))
 
 
-def _step_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Workload) -> TimeEstimate:
+def _step_time(stats: ModelStats, plan: Plan, workload: Workload, cluster: Cluster) -> TimeEstimate:
     """One step's compute and the communication it does not hide."""
     seq_len, mixed_precision, a = workload.seq_len, workload.mixed_precision, workload.dtype_bytes
     world = plan.world_size

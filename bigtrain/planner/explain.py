@@ -15,6 +15,7 @@ from bigtrain.planner.adapter_memory import adapter_params, trained_params
 from bigtrain.planner.hardware import Cluster, GiB, count, size
 from bigtrain.planner.memory import host_bytes
 from bigtrain.planner.model_stats import ModelStats
+from bigtrain.planner.preference import batch_words, reference_note
 from bigtrain.planner.replica_sync_time import WAIT_SHARE
 from bigtrain.planner.search import COMPETITIVE, NEAR_TIE, Candidate
 
@@ -107,6 +108,7 @@ LEGEND: tuple[tuple[str, str, str], ...] = (
     ("rs=step", r"\brs=step", "fsdp2 reduces gradients once per optimizer step (kept whole in between)"),
     ("chunk=N", r"\bchunk=\d", "LM head and loss computed over chunks of N tokens"),
     ("offload=...", r"\boffload=", "parameters, optimizer states or activations (act) kept in host memory"),
+    ("reference=...", r"\breference=", "dpo/ipo: where the reference model's log-probabilities come from"),
     ("diloco H=N", r"\b(diloco|local_sgd) H=", "the dp_replicate groups train apart and synchronise every N steps "
      "(DiLoCo's outer Nesterov step, or local SGD's average)"),
     ("F=N/tau=T", r"\bF=\d+/tau=", "streaming: N fragments synchronised at staggered steps, each transfer "
@@ -197,7 +199,7 @@ def render_table(
         f"model {stats.model_type}: {count(stats.params)} params{_experts(stats)}, {stats.layers} layers, "
         f"hidden {stats.hidden}, "
         f"vocab {stats.vocab} | {cluster.num_gpus} x {cluster.gpu.name} ({size(cluster.gpu.memory_bytes)} each, "
-        f"{cluster.gpus_per_node} per node) | global batch {workload.global_batch_size} x seq {workload.seq_len}"
+        f"{cluster.gpus_per_node} per node) | global batch {batch_words(workload)} x seq {workload.seq_len}"
         + (f" | train.compile {workload.compile}".replace(" True", "") if workload.compile else "")
         + (f" | train.fp8 {workload.fp8}" if workload.fp8 != "none" else "")
         + (f" | method {workload.method}" if workload.method != "full" else ""),
@@ -216,6 +218,7 @@ def render_table(
         lines += [note] if note else []
         lines += [adapter_note(fitting[0], candidates, stats, workload)] if fitting[0].method != "full" else []
         lines += sync_note(fitting[0], runnable, cluster)
+        lines += reference_note(fitting[0], runnable, workload)
     if rejected:
         lines += ["", "best rejected:"]
         lines += [f"  {candidate_name(c):{width}s} {c.rejected_because}" for c in rejected]

@@ -19,12 +19,13 @@ from bigtrain.planner.deepspeed_memory import estimate_deepspeed_memory
 from bigtrain.planner.memory_terms import MemoryEstimate, host_offload_bytes, offloaded_block_bytes, rank_seq_len
 from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.pipeline_memory import estimate_pipeline_memory
+from bigtrain.planner.preference import as_rows, reference_host_bytes
 
 
 def estimate_memory(stats: ModelStats, plan: Plan, workload: Workload) -> MemoryEstimate:
     """The predicted peak of ``plan`` for ``workload`` and its parts at the moment it happens (with what the
     capability records' own terms add, ``Capability.memory``, in ``other``)."""
-    estimate = _estimate(stats, plan, workload)
+    estimate = _estimate(stats, *as_rows(plan, workload))  # a preference pair: two rows
     added = sum(term(stats, plan, workload) for term in RECORD_TERMS)
     return replace(estimate, other_bytes=estimate.other_bytes + added) if added else estimate
 
@@ -46,5 +47,7 @@ def host_bytes(stats: ModelStats, plan: Plan, workload: Workload) -> int:
     """Host memory per GPU that a plan's offloads keep: parameters and optimizer states (adapter plans: the base
     shard and the adapters' states), and the saved activations of one micro-batch (``offload_activations``)."""
     states = adapter_host_bytes(stats, plan, workload) if workload.adapters else host_offload_bytes(stats, plan)
+    states += reference_host_bytes(stats, plan, workload)
+    plan, workload = as_rows(plan, workload)
     seq_len = rank_seq_len(plan, workload.seq_len)
     return states + offloaded_block_bytes(stats, plan, seq_len, workload.dtype_bytes, stats.layers)

@@ -38,6 +38,7 @@ from bigtrain.config.capabilities import (
     option_defaults,
     problems,
 )
+from bigtrain.config.capabilities.preference import REFERENCE
 from bigtrain.config.capabilities.replica_sync import settings_of
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan
 from bigtrain.config.resolve import parallel_of, resolve_plan
@@ -140,6 +141,8 @@ def complexity(plan: Plan) -> int:
     # semi-synchronous training: two parts (the outer step, and a final model no every-step run gives); streaming
     # adds none that a user tunes (a near tie goes to the shortest period instead, ``_rank``)
     score += 2 * settings_of(plan).semi_synchronous
+    # a precomputed reference: a pass before the first step and a file beside the run; an offloaded one: PCIe copies
+    score += {"precomputed": 1, "offloaded": 3}.get(REFERENCE.of(plan), 0)
     return score + 3 * (plan.offload_params or plan.offload_optimizer) + 2 * plan.offload_activations
 
 
@@ -375,6 +378,8 @@ class _Judge:
             self.contradicts,
             self.frame_problem,
             link_groups=self.cluster.replica_link.groups if self.cluster.replica_link else 0,
+            objective=self.workload.objective,
+            method=self.workload.method,
         )
 
     def predict_time(self, plan: Plan) -> TimeEstimate:

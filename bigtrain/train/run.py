@@ -436,7 +436,8 @@ class TrainingJob:
     def _workload(self) -> Workload:
         """What one step processes, as the planner and the capability table's data rows read it."""
         cfg = self.cfg
-        workload = Workload.of_train(cfg.train, self.data.seq_len, cfg.lora, self._packed, self.attention)
+        epochs = cfg.train.steps * self._batch / max(self.data.num_rows, 1)  # a precomputed reference's share
+        workload = Workload.of_train(cfg.train, self.data.seq_len, cfg.lora, self._packed, self.attention, epochs)
         images = getattr(self.data, "preprocessing", None)  # an image classifier's: the side it is trained at
         return dataclasses.replace(workload, image_size=images.size) if images is not None else workload
 

@@ -9,10 +9,13 @@ activation checkpointing, adapters): everything that splits a sequence, the voca
 
 from __future__ import annotations
 
-from bigtrain.config.capabilities.table import Capability, Option, row
+from typing import Any
+
+from bigtrain.config.capabilities.table import Capability, Option, SearchSpace, row
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import ADAPTER_METHODS, PREFERENCE_OBJECTIVES, REFERENCE_OBJECTIVES, TrainConfig
 from bigtrain.config.setup import Setup
+from bigtrain.config.workload import Workload
 
 REFERENCES = ("auto", "adapter_disabled", "sharded", "offloaded", "precomputed")
 REFERENCE = Option(
@@ -34,6 +37,29 @@ def reference_of(plan: Plan, train: TrainConfig) -> str:
     if mode != "auto":
         return mode
     return "adapter_disabled" if train.method in ADAPTER_METHODS else "sharded"
+
+
+def reference_mode(plan: Plan, workload: Workload) -> str:
+    """``reference_of`` for the planner's workload."""
+    return reference_of(plan, workload.train_config())
+
+
+def shards_of(plan: Plan) -> int:
+    """Over how many ranks the frozen copy's parameters are split: the policy's own sharding."""
+    if plan.backend == "fsdp2":
+        return plan.dp_shard * plan.cp
+    if plan.backend == "deepspeed" and plan.zero_stage == 3:
+        return plan.dp
+    return 1
+
+
+def reference_bytes(stats: Any, plan: Plan, workload: Workload) -> int:
+    """The memory term: the frozen copy's parameters in the compute dtype on one device (``sharded``), resident for
+    the run; no other reference keeps anything at the peak (their forward runs before the policy's, keeping
+    nothing for backward: ``planner/preference.py``)."""
+    if reference_mode(plan, workload) != "sharded":
+        return 0
+    return stats.params * workload.dtype_bytes // shards_of(plan)
 
 
 def _preference(s: Setup) -> bool:
@@ -119,6 +145,19 @@ def _objective_needs_log_probabilities(s: Setup) -> str | None:
     return without_log_probabilities(s.train.objective, s.model.task)
 
 
+def _reference_variants(plans: list[Plan], space: SearchSpace) -> list[Plan]:
+    """dpo/ipo: each plan with every reference it may use (the adapter-disabled base or the precomputed pass with
+    adapters; the sharded copy, the offloaded one under FSDP2, or the precomputed pass without); a pinned one is set.
+    The rows refuse the rest; the ranking weighs memory against the forward each live reference adds per step."""
+    if space.pinned(REFERENCE.name):
+        return [plan.with_option(REFERENCE.name, space.fixed[REFERENCE.name]) for plan in plans]
+    if space.objective not in REFERENCE_OBJECTIVES:
+        return plans
+    adapters = space.method in ADAPTER_METHODS
+    modes = ("adapter_disabled", "precomputed") if adapters else ("sharded", "offloaded", "precomputed")
+    return [plan.with_option(REFERENCE.name, mode) for plan in plans for mode in modes]
+
+
 CAPABILITY = Capability(
     name="preference",
     summary="preference objectives (train.objective dpo, ipo, orpo, simpo) with the reference model as a plan choice",
@@ -132,4 +171,6 @@ CAPABILITY = Capability(
         row(_offloaded_reference_engines, "not_built"),
     ),
     options=(REFERENCE,),
+    variants=_reference_variants,
+    memory=reference_bytes,
 )

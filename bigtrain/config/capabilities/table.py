@@ -77,6 +77,8 @@ class SearchSpace:
     )
     # groups of GPUs joined by a slow link the user described (sites, or nodes on Ethernet); 0: none described
     link_groups: int = 0
+    objective: str = "sft"  # train.objective (a preference objective's reference is searched)
+    method: str = "full"  # train.method, concrete (the search runs once per method under auto)
     _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False, compare=False)
 
     def pinned(self, key: str) -> bool:

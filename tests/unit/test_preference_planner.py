@@ -1,0 +1,87 @@
+"""The planner with a preference objective: a pair is two rows, the reference is a plan dimension it weighs (memory
+against the forward each live reference adds), and the table says what it chose and what each other would cost."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from helpers import make_plan
+
+import bigtrain
+from bigtrain.config.capabilities.preference import REFERENCE
+from bigtrain.config.workload import Workload
+from bigtrain.planner.cost import estimate_time
+from bigtrain.planner.hardware import make_cluster
+from bigtrain.planner.memory import estimate_memory
+from bigtrain.planner.model_stats import ModelStats, load_model_config
+
+STATS = ModelStats.from_config(load_model_config("llama-3-8b"))
+CLUSTER = make_cluster(8, None, "H100", "80GB")
+
+
+def _dpo(reference: str, **plan) -> tuple:
+    p = make_plan(**{"dp_shard": 8, "micro_batch_size": 1, **plan}).with_option(REFERENCE.name, reference)
+    return p, Workload(seq_len=2048, global_batch_size=64, objective="dpo")
+
+
+def test_a_pair_is_two_rows_and_the_sharded_copy_adds_its_shard():
+    plan, dpo = _dpo("precomputed")
+    sft = dataclasses.replace(dpo, objective="sft", global_batch_size=128)
+    assert (
+        estimate_memory(STATS, plan, dpo).total_bytes
+        == estimate_memory(STATS, plan.but(micro_batch_size=2), sft).total_bytes
+    )
+    sharded = estimate_memory(STATS, plan.with_option(REFERENCE.name, "sharded"), dpo).total_bytes
+    assert sharded - estimate_memory(STATS, plan, dpo).total_bytes == STATS.params * 2 // 8
+
+
+def test_a_live_reference_adds_a_forward_and_precomputed_shares_it_over_the_epochs():
+    plan, dpo = _dpo("sharded")
+    sft = dataclasses.replace(dpo, objective="sft", global_batch_size=128)
+    rows = estimate_time(STATS, plan.but(micro_batch_size=2), CLUSTER, sft)
+    live = estimate_time(STATS, plan, CLUSTER, dpo)
+    assert live.step_s == pytest.approx(rows.step_s + rows.compute_s / 3)
+    once = estimate_time(STATS, plan.with_option(REFERENCE.name, "precomputed"), CLUSTER, dpo)
+    thrice = estimate_time(STATS, plan.with_option(REFERENCE.name, "precomputed"), CLUSTER,
+                           dataclasses.replace(dpo, epochs=3))  # fmt: skip
+    assert once.step_s == pytest.approx(live.step_s)
+    assert thrice.step_s == pytest.approx(rows.step_s + rows.compute_s / 9)
+    offloaded = estimate_time(STATS, plan.with_option(REFERENCE.name, "offloaded"), CLUSTER, dpo)
+    assert offloaded.step_s > live.step_s  # its shard crosses PCIe before each micro-batch's forward
+
+
+def test_dpo_on_8_h100_chooses_a_reference_and_says_why():
+    result = bigtrain.plan("llama-3-8b", gpus=8, gpu="H100", objective="dpo")
+    assert result.fits
+    chosen = REFERENCE.of(result.plan)
+    assert chosen in ("sharded", "offloaded", "precomputed")
+    text = result.explain()
+    assert "global batch 256 pairs (512 rows)" in text
+    assert f"reference model: {chosen}:" in text and "  with " in text
+
+
+def test_dpo_on_one_4090_with_method_auto_fits_with_the_adapter_disabled_base_or_precomputed():
+    result = bigtrain.plan("llama-3-8b", gpus=1, gpu="RTX4090", objective="dpo", method="auto")
+    assert result.fits and result.method in ("lora", "qlora")
+    assert REFERENCE.of(result.plan) == "adapter_disabled"  # one pass over the data: precomputed saves nothing
+    several = bigtrain.plan("llama-3-8b", gpus=1, gpu="RTX4090", objective="dpo", method="auto", epochs=3)
+    assert REFERENCE.of(several.plan) == "precomputed"
+    assert "with adapter_disabled: " in several.explain()
+
+
+def test_reference_free_objectives_weigh_no_reference():
+    result = bigtrain.plan("llama-3-8b", gpus=8, gpu="H100", objective="simpo")
+    assert REFERENCE.of(result.plan) == "auto" and "reference model" not in result.explain()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(objective="kto"), "objective='kto' is not one of sft, dpo, ipo, orpo, simpo"),
+        (dict(objective="dpo", epochs=0), "epochs=0 must be above 0"),
+    ],
+)
+def test_bad_planner_input(kwargs, message):
+    with pytest.raises(bigtrain.ConfigError, match=message):
+        bigtrain.plan("llama-3-8b", gpus=8, gpu="H100", **kwargs)
