@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from bigtrain.api.request import planning
 from bigtrain.config.capabilities import CAPABILITIES, ModelFacts, Setup, check
+from bigtrain.config.capabilities.preference import reference_of
 from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.config.plan import Plan
 from bigtrain.config.resolve import recipe_data_facts
@@ -120,6 +121,44 @@ def to_sft_config(cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any], o
     overrides = {"max_length": cfg.data.seq_len, **overrides}
     with _built_where_it_trains(plan, cfg):
         return SFTConfig(**trainer_keywords(cfg, plan, model_config, overrides))
+
+
+def to_dpo_config(cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any], overrides: dict[str, Any]) -> Any:
+    """TRL's ``DPOConfig`` for a dpo/ipo recipe and plan: the Trainer's keywords, ``beta``, ``loss_type``,
+    ``max_length`` (data.seq_len) and the reference as TRL holds it: ``precompute_ref_log_probs`` for precomputed;
+    otherwise TRL's own (the adapter-disabled base with a peft model, else a copy it prepares with the policy's FSDP
+    or DeepSpeed plugin: sharded)."""
+    train = cfg.train
+    if train.objective not in ("dpo", "ipo"):
+        raise ConfigError(
+            f"to_dpo_config is for train.objective dpo or ipo (TRL's DPOTrainer), not {train.objective}; orpo and "
+            "simpo are TRL's ORPOTrainer and CPOTrainer (trl.experimental)"
+        )
+    if train.label_smoothing:
+        raise ConfigError(
+            f"train.label_smoothing={train.label_smoothing}: TRL's sigmoid loss has no label smoothing (its robust "
+            "loss is another formula); set train.label_smoothing=0 for DPOConfig"
+        )
+    reference = reference_of(plan, train)
+    if reference == "offloaded":
+        raise ConfigError(
+            "parallel.reference=offloaded has no DPOConfig setting (TRL prepares its reference copy like the policy); "
+            "use parallel.reference sharded or precomputed"
+        )
+    try:
+        from trl import DPOConfig
+    except ImportError as e:
+        raise ConfigError("to_dpo_config needs TRL: pip install 'bigtrain[trl]'") from e
+    loss = "ipo" if train.objective == "ipo" else train.loss_type
+    overrides = {
+        "max_length": cfg.data.seq_len,
+        "beta": train.beta,
+        "loss_type": [loss],
+        "precompute_ref_log_probs": reference == "precomputed",
+        **overrides,
+    }
+    with _built_where_it_trains(plan, cfg):
+        return DPOConfig(**trainer_keywords(cfg, plan, model_config, overrides))
 
 
 @contextlib.contextmanager

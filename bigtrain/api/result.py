@@ -197,6 +197,7 @@ class PlanResult:
             method=self.method,
             compile=self.compile,
             fp8=self.fp8,
+            objective=self.workload.objective,
         )
         raw["parallel"] = {"plan": "manual", **self.plan.to_dict()}
         return raw
@@ -238,6 +239,14 @@ class PlanResult:
         from bigtrain.api.convert import to_sft_config
 
         return to_sft_config(*self._conversion_inputs(), overrides)
+
+    def to_dpo_config(self, **overrides: Any) -> Any:
+        """TRL's ``DPOConfig`` (a TrainingArguments) for a dpo/ipo plan (``objective="dpo"``): the plan, ``beta``,
+        ``loss_type``, ``max_length`` and the reference (``precompute_ref_log_probs`` when the plan precomputes it);
+        needs ``pip install 'bigtrain[trl]'``."""
+        from bigtrain.api.convert import to_dpo_config
+
+        return to_dpo_config(*self._conversion_inputs(), overrides)
 
     def to_accelerate(self) -> dict[str, Any]:
         """The keyword arguments of ``accelerate.Accelerator`` for the plan: ``mixed_precision``,

@@ -1,6 +1,8 @@
 """``bigtrain report OUTPUT_DIR``: a run's ``metrics.jsonl`` drawn as PNG plots, one per quantity, against the step.
 
 - loss.png: training loss per step and, where the run evaluated, the held-out loss;
+- rewards.png, reward_accuracy.png: a preference run's rewards of the chosen and rejected answers, their margin, and
+  the share of pairs ranked right;
 - lr.png: the learning rate the schedule applied;
 - tokens_per_s.png (images_per_s.png, examples_per_s.png for a classifier): throughput of each step (the whole job's);
 - accuracy.png (a classifier): held-out top-1 and top-5 accuracy and macro-F1 at each evaluation;
@@ -21,7 +23,7 @@ from bigtrain.errors import ConfigError
 # file name -> (title, y label, [(metrics key, legend label)], scale applied to the values); the plots of OPTIONAL are
 # drawn only for runs that log their keys (a causal LM's tokens/s, a classifier's images/s and accuracy)
 PLOTS: dict[str, tuple[str, str, list[tuple[str, str]], float]] = {
-    "loss.png": ("Loss", "cross-entropy (per token, or per example)", [("loss", "train"), ("eval_loss", "eval")], 1.0),
+    "loss.png": ("Loss", "the objective (per token, example or pair)", [("loss", "train"), ("eval_loss", "eval")], 1.0),
     "lr.png": ("Learning rate", "lr", [("lr", "lr")], 1.0),
     "tokens_per_s.png": ("Throughput", "tokens / s", [("tokens_per_s", "tokens/s")], 1.0),
     "images_per_s.png": ("Throughput", "images / s", [("images_per_s", "images/s")], 1.0),
@@ -32,10 +34,30 @@ PLOTS: dict[str, tuple[str, str, list[tuple[str, str]], float]] = {
         [("eval_accuracy", "top-1"), ("eval_top5_accuracy", "top-5"), ("eval_macro_f1", "macro-F1")],
         1.0,
     ),
+    # preference objectives (TRL's metric names): the implicit rewards of the chosen and rejected answers
+    "rewards.png": (
+        "Rewards",
+        "reward (beta x log-ratio)",
+        [("rewards/chosen", "chosen"), ("rewards/rejected", "rejected"), ("rewards/margins", "margin")],
+        1.0,
+    ),
+    "reward_accuracy.png": (
+        "Reward accuracy",
+        "fraction of pairs ranked right",
+        [("rewards/accuracies", "train"), ("eval_rewards/accuracies", "eval")],
+        1.0,
+    ),
     # titled by what was measured (records' peak_mem_measures): tensor memory on a GPU, the process's RSS on a CPU
     "memory.png": ("Peak memory (rank 0)", "GiB", [("peak_mem_bytes", "peak")], 1 / 2**30),
 }
-OPTIONAL = ("tokens_per_s.png", "images_per_s.png", "examples_per_s.png", "accuracy.png")
+OPTIONAL = (
+    "tokens_per_s.png",
+    "images_per_s.png",
+    "examples_per_s.png",
+    "accuracy.png",
+    "rewards.png",
+    "reward_accuracy.png",
+)
 
 
 def read_run_metrics(output_dir: str | Path) -> list[dict[str, Any]]:

@@ -85,17 +85,51 @@ def _conversation(rng: random.Random) -> list[dict[str, str]]:
     return messages
 
 
-BUILTIN = ("stories", "chat")
+def _preference(rng: random.Random) -> dict[str, list[dict[str, str]]]:
+    """A story and one question about it (the prompt), the story's answer (chosen) and a worse one (rejected): half
+    the time a wrong answer of the same kind (a model must read the story back to prefer the right one), else an
+    unhelpful reply (what a small model learns to avoid within a few steps)."""
+    sentences, f = _story_parts(rng)
+    pools = {"friend": [n for n, _ in NAMES if n != f["name"]], "place": PLACES, "animal": ANIMALS, "feeling": FEELINGS}
+    key, question, answer = rng.choice(
+        [
+            ("friend", f"Who went to {f['place']} with {f['name']}?", "{} did."),
+            ("place", f"Where did {f['name']} go?", f"{f['name']} went to {{}}."),
+            ("animal", f"What kind of animal is {f['name']}?", f"{f['name']} is a {{}}."),
+            ("feeling", f"How did {f['name']} feel?", f"{f['name']} felt {{}}."),
+        ]
+    )
+    if rng.random() < 0.5:
+        rejected = answer.format(rng.choice([v for v in pools[key] if v != f[key]]))
+    else:
+        rejected = rng.choice(UNHELPFUL)
+    return {
+        "prompt": [{"role": "user", "content": " ".join(sentences) + " " + question}],
+        "chosen": [{"role": "assistant", "content": answer.format(f[key])}],
+        "rejected": [{"role": "assistant", "content": rejected}],
+    }
+
+
+UNHELPFUL = ["I do not know.", "Why do you ask?", "That is not a good question.", "Read the story yourself."]
+
+
+BUILTIN = ("stories", "chat", "preferences")
 
 
 def builtin_records(name: str, num_records: int = 20000, seed: int = 1234) -> list[dict]:
-    """The records of built-in corpus ``name``, deterministic for a given seed: 'stories' (text) or 'chat' (a story
-    and questions about it, as ``messages``)."""
+    """The records of built-in corpus ``name``, deterministic for a given seed: 'stories' (text), 'chat' (a story
+    and questions about it, as ``messages``) or 'preferences' (a story and a question, its right and a wrong answer:
+    chat preference pairs)."""
     if name not in BUILTIN:
         from bigtrain.errors import ConfigError
 
-        raise ConfigError(f"data.path=builtin:{name} is not a built-in corpus; use builtin:stories or builtin:chat")
+        raise ConfigError(
+            f"data.path=builtin:{name} is not a built-in corpus; use builtin:stories, builtin:chat or "
+            "builtin:preferences"
+        )
     rng = random.Random(seed)
+    if name == "preferences":
+        return [_preference(rng) for _ in range(num_records)]
     if name == "chat":
         return [{"messages": _conversation(rng)} for _ in range(num_records)]
     return [{"text": _story(rng)} for _ in range(num_records)]

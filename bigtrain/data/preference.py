@@ -13,6 +13,7 @@ labelled on the answer alone. Packing is not built: one pair is two rows.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -21,12 +22,14 @@ import torch
 
 from bigtrain.config.schema import DataConfig
 from bigtrain.data.batch import PairBatch
+from bigtrain.data.builtin import builtin_records
 from bigtrain.data.labels import masked_next_token_labels
-from bigtrain.data.records import check_records_path, describe_sources, read_records
+from bigtrain.data.records import Record, check_records_path, describe_sources, read_records
 from bigtrain.data.tokenizer import load_tokenizer
 from bigtrain.errors import ConfigError
 
 SIDES = ("chosen", "rejected")
+BUILTIN_PREFIX = "builtin:"
 
 
 @dataclass
@@ -129,15 +132,23 @@ def _tokenise(tokenizer: Any, where: str, prompt: Any, answers: tuple[Any, Any])
 def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | None = None) -> PreferencePairs:
     """``data.path`` (or ``data.eval_path``) as preference pairs of rows of ``data.seq_len``."""
     path = cfg.path if path is None else path
-    if path.startswith("builtin:"):
-        raise ConfigError(f"{key}={path!r}: preference objectives train on pairs; give {describe_sources()} of them")
-    check_records_path(key, path)
+    if path.startswith(BUILTIN_PREFIX):
+        name = path.removeprefix(BUILTIN_PREFIX)
+        if name != "preferences":
+            raise ConfigError(
+                f"{key}={path!r}: preference objectives train on pairs; use builtin:preferences, or give "
+                f"{describe_sources()} of prompt/chosen/rejected records"
+            )
+        records: Iterable[Record] = ((f"record {i}", r) for i, r in enumerate(builtin_records(name, 2000)))
+    else:
+        check_records_path(key, path)
+        records = read_records(key, path, "prompt", cfg.split)
     if cfg.seq_len is None:
         raise ConfigError(f"{key}: set data.seq_len, the longest prompt + answer of a row (TRL's max_length)")
     tokenizer = load_tokenizer(cfg.tokenizer)
     seq_len, keep_prompt = cfg.seq_len, cfg.max_prompt_length
     ids, targets, truncated, differ = [], [], 0, 0
-    for line, record in read_records(key, path, "prompt", cfg.split):
+    for line, record in records:
         where = f"{key}={path!r} {line}"
         prompt, chosen, rejected = _split_prompt(where, record)
         prompt_ids, answers = _tokenise(tokenizer, where, prompt, (chosen, rejected))

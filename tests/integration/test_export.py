@@ -50,7 +50,7 @@ def recipe_args(name: str, tmp_path: Path) -> tuple[list[str], int]:
         return ["--set", f"model.name_or_path={save_tiny_model(tmp_path / name)}"], 2
     if name == "long_context_8b_128k":  # an 8B folder this machine does not have; dp_shard 4 x cp 2
         return ["--set", f"model.name_or_path={save_tiny_model(tmp_path / name)}"], 8
-    if name in ("finetune_local", "chat_finetune", "lora_chat"):  # their models are the walk-throughs' folders
+    if name in ("finetune_local", "chat_finetune", "lora_chat", "dpo_full", "dpo_lora"):  # the walk-throughs' folders
         args += ["--set", f"model.name_or_path={save_tiny_model(tmp_path / name)}"]
     return args, 4
 

@@ -98,3 +98,25 @@ def test_dpo_steps_equal_trl_s(inputs):
     for step, (mine, trl) in enumerate(zip(ours, theirs, strict=True), 1):
         for key in ("loss", *LOGGED):
             assert mine[key] == pytest.approx(trl[key], rel=1e-5, abs=1e-6), f"step {step} {key}"
+
+
+@pytest.mark.full
+def test_the_trl_dpo_route_runs_the_plan(inputs):
+    """recipes/trl_dpo_train.py: bigtrain.plan's DPOConfig handed to TRL's DPOTrainer, LoRA with TRL's reference the
+    adapter-disabled base (bigtrain's adapter_disabled), on 2 CPU processes."""
+    from helpers import REPO, run_torchrun
+
+    root, model_dir = inputs
+    recipe = recipe_dict(
+        root / "route_out",
+        "builtin:preferences",
+        model_dir,
+        data={"seq_len": 512},
+        train={"steps": 3, "global_batch_size": 4, "objective": "dpo", "method": "lora", "lr": 1e-2},
+        parallel={"backend": "ddp", "micro_batch_size": 2},
+    )
+    path = write_recipe(root / "route.yaml", recipe)
+    proc = run_torchrun([str(REPO / "recipes" / "trl_dpo_train.py"), str(path)], module=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "trl dpo: 3 steps, loss 0.6931" in proc.stdout
+    assert "reference=adapter_disabled" in proc.stdout

@@ -1,4 +1,4 @@
-"""The walk-throughs of docs/fine-tuning.md ("fine-tune a local HF model and get it back", "fine-tune a chat model,
+"""The walk-throughs of docs/fine-tuning.md, docs/preference.md ("fine-tune a local HF model and get it back", "fine-tune a chat model,
 evaluate it and plot the run"), read from the doc and run as written (in a scratch folder holding a link to
 ``recipes/``), each command of which must succeed; then their results are checked."""
 
@@ -130,3 +130,20 @@ def test_slow_links_walkthrough_runs_as_written(tmp_path):
     held_out = [r["eval_loss"] for r in records if "eval_loss" in r]
     assert len(held_out) == 3 and held_out[-1] < held_out[0] < 3.5  # measured: 2.43, 1.81, 1.49
     assert (tmp_path / "outputs" / "diloco_demo" / "model" / "model.safetensors").is_file()
+
+
+def test_preference_walkthrough_runs_as_written(tmp_path):
+    """docs/preference.md: SFT on the chat demo, DPO from its model on the built-in pairs, the rewards plotted."""
+    commands = docs_commands("preference-walkthrough")
+    assert len(commands) == 4
+    outputs = run_as_written(commands, tmp_path)
+    run = tmp_path / "chat_demo" / "dpo"
+    assert "reference=sharded" in outputs[2].stderr and "preference: 2000 pairs" in outputs[2].stderr
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 30 and records[0]["loss"] == pytest.approx(0.6931, abs=1e-3)  # the policy is its reference
+    evaluated = [r for r in records if "eval_rewards/accuracies" in r]
+    assert [r["step"] for r in evaluated] == [10, 20, 30]
+    assert evaluated[-1]["eval_rewards/accuracies"] >= 0.6 and evaluated[-1]["eval_rewards/margins"] > 0.5
+    plots = outputs[3].stdout.split()
+    assert "chat_demo/dpo/report/rewards.png" in plots and "chat_demo/dpo/report/reward_accuracy.png" in plots
+    assert (run / "model" / "model.safetensors").is_file()

@@ -85,3 +85,18 @@ def test_reference_free_objectives_weigh_no_reference():
 def test_bad_planner_input(kwargs, message):
     with pytest.raises(bigtrain.ConfigError, match=message):
         bigtrain.plan("llama-3-8b", gpus=8, gpu="H100", **kwargs)
+
+
+def test_the_docs_plan_commands_give_fitting_plans_with_a_reference(cli_in_process):
+    """docs/preference.md's two bigtrain plan commands, as written."""
+    from helpers import docs_commands
+
+    first, second = docs_commands("preference-plan")
+    eight = cli_in_process(first.split()[1:])
+    assert eight.returncode == 0, eight.stderr
+    assert "* fsdp2 zero2 dp=8 tp=1 pp=1 ac=none mb=1 rs=micro reference=sharded" in eight.stdout
+    assert "reference model: sharded: a frozen copy" in eight.stdout and "  with precomputed: " in eight.stdout
+    one = cli_in_process(second.split()[1:])
+    assert one.returncode == 0, one.stderr
+    assert "* qlora ddp dp=1" in one.stdout and "reference=adapter_disabled" in one.stdout
+    assert "reference model: adapter_disabled: the adapters switched off" in one.stdout
