@@ -57,7 +57,10 @@ def main() -> None:
 
         lora = cfg.lora
         peft_config = LoraConfig(
-            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules or "all-linear"
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=lora.target_modules or "all-linear",
         )
     check = bigtrain.MemoryCheckCallback(result, after_steps=min(2, cfg.train.steps))
     trainer = DPOTrainer(
