@@ -92,9 +92,8 @@ def plan(
         image_size: pixels per side of an image classifier's inputs (default: the recipe's, the model's, or 224).
         inter_node_bandwidth, inter_node_latency, sites, site_bandwidth, site_latency: a slow link between nodes
             (``"100Gb/s"``, ``"25us"``) or ``sites`` equal sites (``2, "10Gb/s", "30ms"``): DiLoCo is weighed then
-        objective: ``"sft"`` (default), or a preference objective (``"dpo"``, ``"ipo"``, ``"orpo"``, ``"simpo"``):
-            ``global_batch_size`` then counts pairs, and dpo/ipo's reference model is weighed (``parallel.reference``).
-        epochs: passes the run makes over its data (default 1): what a precomputed reference's one pass is shared by.
+        objective, epochs: ``"sft"`` (default) or a preference objective (``"dpo"``, ``"ipo"``, ``"orpo"``,
+            ``"simpo"``: batches count pairs, dpo/ipo weigh their reference), and the passes over the data (default 1).
 
     Returns:
         A :class:`PlanResult` (``result.plan``, ``result.explain()``, ``result.to_training_arguments()``, ...); for
@@ -110,20 +109,20 @@ def plan(
     hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, host_memory, profile, network)
     asked = dict(seq_len=seq_len, global_batch_size=global_batch_size, mixed_precision=mixed_precision, method=method,
                  lora_r=lora_r, compile=compile, fp8=fp8, fix=fix)  # fmt: skip
-    classifier = _classifier(model, recipe, hw, _spell, image_size=image_size, **asked)
+    classifier = _classifier(model, recipe, hw, _spell, objective, image_size=image_size, **asked)
     if classifier is not None:
-        if objective not in (None, "sft"):
-            raise ConfigError(f"{_spell.value('objective', objective)} needs a causal LM; this model is a classifier")
         return classifier
     request = build_request(model, recipe, hw, spell=_spell, objective=objective, epochs=epochs, **asked)
     return searched(request, allow_unrunnable, _spell)
 
 
 def _classifier(
-    model: ModelSpec | None, recipe: Any, hw: Hardware, spell: Spelling, **asked: Any
+    model: ModelSpec | None, recipe: Any, hw: Hardware, spell: Spelling, objective: str | None, **asked: Any
 ) -> ClassifierPlanResult | None:
     """The classifier planner's answer when the model is an image or sequence classifier, else None."""
     found = classifier_model(model, recipe, spell)
+    if found is not None and objective not in (None, "sft"):
+        raise ConfigError(f"{spell.value('objective', objective)} needs a causal LM; this model is a classifier")
     if found is None:
         if asked["image_size"] is not None:
             raise ConfigError(f"{spell('image_size')} is for image classifiers; this model is a causal LM")

@@ -4,8 +4,8 @@ step by the policy as it starts (the reference model by definition), and stored 
 Stored in ``output_dir/reference_logps/<fingerprint>.npy`` ([pairs, 2] fp32, chosen and rejected), the fingerprint
 being that of the pairs' tokens and labels: a resumed run reads them back and computes nothing (its policy has
 trained since, so it could not); a run on other data computes its own. Each data-parallel rank computes the pairs an
-evaluation would give it (every rank the same number of forwards, as FSDP2's gathers need), the shares are summed
-over the ranks, and rank 0 publishes the file atomically.
+evaluation would give it (every rank the same number of forwards: sharded parameters are gathered by all), the shares
+are summed over the ranks, and rank 0 publishes the file atomically.
 """
 
 from __future__ import annotations

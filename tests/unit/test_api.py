@@ -24,6 +24,7 @@ RECIPES = sorted(p.name for p in (REPO / "recipes").glob("*.yaml"))
 RECIPE_FOLDERS = {
     "demo/base": None,
     "chat_demo/base": None,
+    "chat_demo/run/model": None,  # the chat walk-through's SFT model, which the dpo recipes start from
     "models/Meta-Llama-3-8B": "llama-3-8b",
     "models/Meta-Llama-3-70B": "llama-3-70b",
     "models/vit-base-patch16-224": "vit-base",
