@@ -145,6 +145,11 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
         records = read_records(key, path, "prompt", cfg.split)
     if cfg.seq_len is None:
         raise ConfigError(f"{key}: set data.seq_len, the longest prompt + answer of a row (TRL's max_length)")
+    if cfg.packing is not None:
+        raise ConfigError(
+            f"data.packing={cfg.packing}: preference pairs are not packed (each side is one padded row, both in one "
+            "micro-batch); unset data.packing"
+        )
     tokenizer = load_tokenizer(cfg.tokenizer)
     seq_len, keep_prompt = cfg.seq_len, cfg.max_prompt_length
     ids, targets, truncated, differ = [], [], 0, 0

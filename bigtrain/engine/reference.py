@@ -27,6 +27,7 @@ from torch.distributed.fsdp import FSDPModule
 from bigtrain.config.capabilities.preference import reference_of
 from bigtrain.config.schema import PREFERENCE_OBJECTIVES, TrainConfig
 from bigtrain.engine.base import Engine, Reference
+from bigtrain.objectives.causal_lm import router_loss_coef
 from bigtrain.objectives.preference import Preference, PreferenceSettings, sequence_logps
 from bigtrain.parallel.build import build_model
 from bigtrain.parallel.precision import COMPUTE_DTYPES
@@ -139,7 +140,7 @@ def attach_objective(engine: Engine, options: BuildOptions, train: TrainConfig, 
     if train.objective not in PREFERENCE_OBJECTIVES:
         return
     settings = PreferenceSettings.of(train)
-    engine.objective = Preference(settings)
+    engine.objective = Preference(settings, router_loss_coef(engine_parts(engine)[0].config))
     mode = reference_of(options.plan, train)
     if mode in ("none", "precomputed"):  # precomputed: the data carries it (train/reference_pass.py)
         return

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from bigtrain.data.batch import PairBatch
 from bigtrain.data.labels import IGNORE_INDEX
 from bigtrain.objectives.base import Terms
+from bigtrain.objectives.causal_lm import router_loss
 
 # what a step's metric sums are, in order (each a sum over pairs; divided by the global batch's pairs)
 SUMMED = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "logps/chosen", "logps/rejected")
@@ -68,13 +69,14 @@ def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
 
 
 class Preference:
-    """One of the preference objectives (``PreferenceSettings.objective``) over a ``PairBatch``."""
+    """One of the preference objectives (``PreferenceSettings.objective``) over a ``PairBatch``; a mixture's router
+    loss joins it as it joins the causal-LM loss (``router_weight``: the config's coefficient, 0: none)."""
 
-    per_forward_weight = 0.0
     metric_names = SUMMED
 
-    def __init__(self, settings: PreferenceSettings) -> None:
+    def __init__(self, settings: PreferenceSettings, router_weight: float = 0.0) -> None:
         self.settings = settings
+        self.per_forward_weight = router_weight
 
     def count(self, labels: torch.Tensor) -> int:
         """The pairs of a micro-batch (an evaluation filler pair has no label and counts nothing)."""
@@ -127,7 +129,7 @@ class Preference:
 
     def __call__(self, output: Any, batch: PairBatch) -> Terms:
         losses, sums = self.pair_terms(output.logits, batch)
-        return Terms(losses.sum(), metrics=sums)
+        return Terms(losses.sum(), router_loss(output) if self.per_forward_weight else None, sums)
 
     def loss_sum(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError("a pipeline schedule hands the loss only logits: preference objectives need pp=1")

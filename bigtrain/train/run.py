@@ -41,6 +41,7 @@ from bigtrain.config.workload import Workload
 from bigtrain.data.for_task import load_training_data
 from bigtrain.data.loader import EvalLoader, StepLoader
 from bigtrain.data.order import GlobalOrder
+from bigtrain.data.preference import PreferencePairs
 from bigtrain.engine import Engine, build_engine, build_options
 from bigtrain.errors import CheckpointNotWritten, ConfigError
 from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes
@@ -469,8 +470,9 @@ class TrainingJob:
             f", {nodes} nodes x {env.local_world_size}" if nodes > 1 else ""
         )
         return (
-            f"plan {describe(plan)} ({self._prediction(plan)}) | {where} | global batch "
-            f"{self._batch} = micro {plan.micro_batch_size} x dp {plan.dp} x accum {plan.grad_accum_steps(self._batch)}"
+            f"plan {describe(plan)} ({self._prediction(plan)}) | {where} | global batch {self._batch}"
+            + (" pairs" if isinstance(self.data, PreferencePairs) else "")
+            + f" = micro {plan.micro_batch_size} x dp {plan.dp} x accum {plan.grad_accum_steps(self._batch)}"
             f" | {self.data.description}"
             + (f" | eval: {self.eval_data.description}" if self.eval_data is not None else "")
             + (f" | {self._method_words()}" if self.cfg.train.method != "full" else "")

@@ -9,10 +9,10 @@ Compared each step: the loss, the gradient norm and every reported metric (rewar
 rewards/margins, rewards/accuracies, logps/chosen, logps/rejected); then every trained parameter.
 
 Cases: dpo with LoRA on FSDP2 x 2 (the reference is the adapter-disabled base), full dpo on FSDP2 x 2 with its
-reference sharded, offloaded and precomputed, on ZeRO-3 x 2 (sharded) and on DDP x 2 (precomputed), orpo and simpo on
-FSDP2 x 2, ipo on DDP x 2; each with accumulation (micro-batches of 2 pairs, 4 pairs per rank). The teeth: a reference
-that drifts with the policy, or pairs whose rejected answer comes from another pair (a pair split across
-micro-batches), move the loop's numbers far beyond the tolerance.
+reference sharded, offloaded and precomputed, on ZeRO-3 x 2 (sharded), ZeRO-2 x 2 (a whole copy on each rank) and on
+DDP x 2 (precomputed), orpo and simpo on FSDP2 x 2, ipo on DDP x 2; each with accumulation (micro-batches of 2 pairs,
+4 pairs per rank). The teeth: a reference that drifts with the policy, or pairs whose rejected answer comes from
+another pair (a pair split across micro-batches), move the loop's numbers far beyond the tolerance.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ METRICS = (
 FSDP = dict(backend="fsdp2", micro_batch_size=2)
 DDP = dict(backend="ddp", micro_batch_size=2)
 ZERO3 = dict(backend="deepspeed", zero_stage=3, micro_batch_size=2)
+ZERO2 = dict(backend="deepspeed", zero_stage=2, micro_batch_size=2)
 
 # name -> (objective, method, parallel, reference the loop uses: "copy" or "adapters" or None)
 CASES = {
@@ -60,12 +61,14 @@ CASES = {
     "dpo-full-fsdp2-offloaded": ("dpo", "full", {**FSDP, "reference": "offloaded"}),
     "dpo-full-fsdp2-precomputed": ("dpo", "full", {**FSDP, "reference": "precomputed"}),
     "dpo-full-zero3-sharded": ("dpo", "full", {**ZERO3, "reference": "sharded"}),
+    "dpo-full-zero2-sharded": ("dpo", "full", {**ZERO2, "reference": "sharded"}),  # a whole copy on each rank
     "dpo-full-ddp-precomputed": ("dpo", "full", {**DDP, "reference": "precomputed"}),
     "orpo-fsdp2": ("orpo", "full", FSDP),
     "simpo-fsdp2": ("simpo", "full", FSDP),
     "ipo-ddp": ("ipo", "full", {**DDP, "reference": "sharded"}),
 }
-FULL_ONLY = {"dpo-full-fsdp2-offloaded", "ipo-ddp", "dpo-full-zero3-sharded"}
+FULL_ONLY = {"dpo-full-fsdp2-offloaded", "ipo-ddp", "dpo-full-zero3-sharded", "dpo-full-zero2-sharded"}
+THREE_REFERENCES = ("dpo-full-fsdp2-sharded", "dpo-full-fsdp2-offloaded", "dpo-full-fsdp2-precomputed")
 
 
 def pairs() -> list[dict[str, str]]:
@@ -264,6 +267,14 @@ def test_preference_plan_matches_the_plain_loop(name, launches, loops):
     assert set(params) == set(reference_params)
     for key, ref in reference_params.items():
         torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")
+
+
+@pytest.mark.full  # with the offloaded case's launch
+def test_the_three_references_of_one_run_agree(launches):
+    """The sharded copy, the offloaded copy and the precomputed pass give one run the same numbers, each step."""
+    runs = [read_metrics(launches(name).output_dir) for name in THREE_REFERENCES]
+    for other in runs[1:]:
+        assert_matches(other, runs[0])
 
 
 def test_the_loop_is_not_vacuous(loops):

@@ -88,6 +88,7 @@ def test_json_contract(plan_cli):
         "sync_dtype",
         "outer_state",
         "replica_failures",
+        "reference",  # preference's
     }
     assert out["plan"]["backend"] == "fsdp2"
     assert set(out["memory"]) == {

@@ -31,17 +31,21 @@ REFERENCE = Option(
 
 def reference_of(plan: Plan, train: TrainConfig) -> str:
     """The reference a plan uses for ``train.objective``: none for objectives without one, auto resolved."""
-    if train.objective not in REFERENCE_OBJECTIVES:
+    return resolved_reference(plan, train.objective, train.method)
+
+
+def resolved_reference(plan: Plan, objective: str, method: str) -> str:
+    if objective not in REFERENCE_OBJECTIVES:
         return "none"
     mode = REFERENCE.of(plan)
     if mode != "auto":
         return mode
-    return "adapter_disabled" if train.method in ADAPTER_METHODS else "sharded"
+    return "adapter_disabled" if method in ADAPTER_METHODS else "sharded"
 
 
 def reference_mode(plan: Plan, workload: Workload) -> str:
-    """``reference_of`` for the planner's workload."""
-    return reference_of(plan, workload.train_config())
+    """``reference_of`` for the planner's workload (asked for every candidate: no recipe section is made)."""
+    return resolved_reference(plan, workload.objective, workload.method)
 
 
 def shards_of(plan: Plan) -> int:
@@ -67,6 +71,8 @@ def _preference(s: Setup) -> bool:
 
 
 def _reference_value(s: Setup) -> str | None:
+    if s.train.objective not in REFERENCE_OBJECTIVES:  # any value is refused by the next row then
+        return None
     mode = REFERENCE.of(s.plan)
     if mode in REFERENCES:
         return None
@@ -84,6 +90,8 @@ def _reference_without_its_objective(s: Setup) -> str | None:
 
 
 def _reference_against_the_method(s: Setup) -> str | None:
+    if s.train.objective not in REFERENCE_OBJECTIVES:
+        return None
     mode, method = REFERENCE.of(s.plan), s.train.method
     if mode == "adapter_disabled" and method not in (*ADAPTER_METHODS, "auto"):
         return (
@@ -102,7 +110,7 @@ def _preference_with_model_parallelism(s: Setup) -> str | None:
     if not _preference(s):
         return None
     p = s.plan
-    sync = dict(p.options).get("sync", "every_step")
+    sync = next((value for name, value in p.options if name == "sync"), "every_step")
     for key, value, default in (
         ("tp", p.tp, 1),
         ("pp", p.pp, 1),
@@ -122,7 +130,9 @@ def _preference_with_model_parallelism(s: Setup) -> str | None:
 
 
 def _offloaded_reference_engines(s: Setup) -> str | None:
-    if REFERENCE.of(s.plan) != "offloaded" or s.plan.backend == "fsdp2":
+    if s.train.objective not in REFERENCE_OBJECTIVES or s.plan.backend == "fsdp2":
+        return None
+    if REFERENCE.of(s.plan) != "offloaded":
         return None
     return (
         f"parallel.reference=offloaded with backend {s.plan.backend} is not built yet (FSDP2's CPU offload holds it); "

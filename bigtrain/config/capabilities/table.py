@@ -120,7 +120,10 @@ class Option:
 
     def of(self, plan: Plan) -> Any:
         """Its value in ``plan`` (resolution and the search set every option; a plan made otherwise has the default)."""
-        return dict(plan.options).get(self.name, self.default)
+        for name, value in plan.options:  # a dozen pairs: a scan beats building a dict (asked per plan and row)
+            if name == self.name:
+                return value
+        return self.default
 
 
 @dataclass(frozen=True)
