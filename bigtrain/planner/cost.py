@@ -340,30 +340,31 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     between replica groups, what a semi-synchronous plan waits for its synchronisations (``replica_sync_time``) and
     what the link costs the step (``link_wait_s``: the step less the same plan's on the GPU table's links)."""
     estimate = _step_time(stats, *as_rows(plan, workload), cluster)  # a preference pair: two rows
+    # dpo/ipo's reference forward (or its precomputed pass's share): compute the step adds
     reference = reference_seconds(stats, plan, workload, estimate.compute_s, cluster.gpu.pcie_gbps)
-    if reference:  # dpo/ipo's reference forward (or its precomputed pass's share)
-        step = estimate.step_s + reference
-        estimate = replace(
-            estimate,
-            step_s=step,
-            tokens_per_s_per_device=estimate.tokens_per_s_per_device * estimate.step_s / step,
-            mfu=estimate.mfu * estimate.step_s / step,
-            compute_s=estimate.compute_s + reference,
-        )
+    estimate = _longer(estimate, reference, compute=True)
+    # a semi-synchronous plan's wait for its synchronisations: communication it does not hide
     wait = outer_wait_per_step(stats, plan, cluster, workload, estimate.step_s)
-    if wait:
-        step = estimate.step_s + wait
-        estimate = replace(
-            estimate,
-            step_s=step,
-            tokens_per_s_per_device=estimate.tokens_per_s_per_device * estimate.step_s / step,
-            mfu=estimate.mfu * estimate.step_s / step,
-            comm_s=estimate.comm_s + wait,
-        )
+    estimate = _longer(estimate, wait, compute=False)
     if cluster.replica_link is None:
         return estimate
     fast = estimate_time(stats, plan, replace(cluster, replica_link=None), workload)
     return replace(estimate, link_wait_s=max(0.0, estimate.step_s - fast.step_s))
+
+
+def _longer(estimate: TimeEstimate, seconds: float, compute: bool) -> TimeEstimate:
+    """``estimate`` with ``seconds`` more per step, of compute or of communication (throughput and MFU scaled)."""
+    if not seconds:
+        return estimate
+    step = estimate.step_s + seconds
+    return replace(
+        estimate,
+        step_s=step,
+        tokens_per_s_per_device=estimate.tokens_per_s_per_device * estimate.step_s / step,
+        mfu=estimate.mfu * estimate.step_s / step,
+        compute_s=estimate.compute_s + seconds * compute,
+        comm_s=estimate.comm_s + seconds * (not compute),
+    )
 
 
 def _step_time(stats: ModelStats, plan: Plan, workload: Workload, cluster: Cluster) -> TimeEstimate:

@@ -11,7 +11,7 @@ linears of its blocks, its head trained fully.
 
 from __future__ import annotations
 
-from bigtrain.config.capabilities.table import Capability, Option, row
+from bigtrain.config.capabilities.table import Capability, Option, row, split_settings
 from bigtrain.config.setup import Setup
 
 CAUSAL_LM = "causal-lm"
@@ -42,15 +42,7 @@ def classifier_with_model_parallelism(s: Setup) -> str | None:
     task, p = _classifier(s), s.plan
     if task is None:
         return None
-    for key, value, default in (
-        ("tp", p.tp, 1),
-        ("pp", p.pp, 1),
-        ("cp", p.cp, 1),
-        ("ep", p.ep, 1),
-        ("loss_parallel", p.loss_parallel, False),
-        ("sequence_parallel", p.sequence_parallel, False),
-        ("loss_chunk_tokens", p.loss_chunk_tokens, 0),
-    ):
+    for key, value, default in split_settings(p):
         if value != default:
             return (
                 f"parallel.{key}={str(value).lower()} with model.task={task} is not built yet (it splits a causal "

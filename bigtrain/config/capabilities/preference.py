@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bigtrain.config.capabilities.table import Capability, Option, SearchSpace, row
+from bigtrain.config.capabilities.table import Capability, Option, SearchSpace, row, split_settings
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import ADAPTER_METHODS, PREFERENCE_OBJECTIVES, REFERENCE_OBJECTIVES, TrainConfig
 from bigtrain.config.setup import Setup
@@ -111,15 +111,7 @@ def _preference_with_model_parallelism(s: Setup) -> str | None:
         return None
     p = s.plan
     sync = next((value for name, value in p.options if name == "sync"), "every_step")
-    for key, value, default in (
-        ("tp", p.tp, 1),
-        ("pp", p.pp, 1),
-        ("cp", p.cp, 1),
-        ("ep", p.ep, 1),
-        ("loss_parallel", p.loss_parallel, False),
-        ("loss_chunk_tokens", p.loss_chunk_tokens, 0),
-        ("sync", sync, "every_step"),
-    ):
+    for key, value, default in (*split_settings(p), ("sync", sync, "every_step")):
         if value != default:
             return (
                 f"parallel.{key}={str(value).lower()} with train.objective={s.train.objective} is not built yet "

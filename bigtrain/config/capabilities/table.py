@@ -171,6 +171,20 @@ class Capability:
     export_note: Callable[[str, Plan], str | None] | None = None
 
 
+def split_settings(plan: Plan) -> tuple[tuple[str, Any, Any], ...]:
+    """(key, value, default) of what splits a decoder's blocks, heads, sequence or vocabulary, and the chunked loss:
+    what a task or objective that needs whole rows and logits on one rank refuses while unbuilt."""
+    return (
+        ("tp", plan.tp, 1),
+        ("pp", plan.pp, 1),
+        ("cp", plan.cp, 1),
+        ("ep", plan.ep, 1),
+        ("loss_parallel", plan.loss_parallel, False),
+        ("sequence_parallel", plan.sequence_parallel, False),
+        ("loss_chunk_tokens", plan.loss_chunk_tokens, 0),
+    )
+
+
 def with_pins(plans: Iterable[Plan], space: SearchSpace, *keys: str) -> list[Plan]:
     """``plans`` with the pinned values of ``keys`` set (a pin replaces the search's own choices for its key)."""
     pins = {k: space.fixed[k] for k in keys if k in space.fixed}
