@@ -245,8 +245,7 @@ class MemoryCase:
         dp += f"-chunk{self.loss_chunk}" if self.loss_chunk else ""
         dp += f"-cp{self.cp}" if self.cp > 1 else ""
         dp += f"-every{self.every}" if self.every > 1 else ""
-        dp += "-offload" if self.offload else ""
-        dp += f"-{self.objective}-{self.reference}" if self.objective != "sft" else ""
+        dp += ("-offload" if self.offload else "") + (f"-{self.objective}-{self.reference}" if self.objective != "sft" else "")
         return (
             f"{method}{self.arch}-{self.backend}{self.zero_stage}-N{dp}-{self.ac}-mb{self.micro_batch}-L{self.seq_len}-"
             f"B{self.global_batch}-{self.precision}{reduce}"
@@ -268,7 +267,7 @@ class MemoryCase:
         else:
             replicate, shard = self.replicate, self.world // (self.replicate * self.tp * self.pp * self.cp)
         reduce = DEFAULT_GRAD_REDUCE["ddp"] if self.backend == "ddp" else self.grad_reduce
-        plan = Plan(
+        return Plan(
             backend=self.backend,
             zero_stage=self.zero_stage,
             grad_reduce="once_per_step" if self.pp > 1 else reduce,  # what torch's schedules do (config.plan)
@@ -288,8 +287,8 @@ class MemoryCase:
             cp=self.cp,
             checkpoint_every=self.every,
             offload_activations=self.offload,
+            options=(("reference", self.reference),) if self.objective != "sft" else (),
         )
-        return plan if self.objective == "sft" else plan.with_option("reference", self.reference)
 
 
 ONCE = "once_per_step"
@@ -424,23 +423,6 @@ def arch_config(arch: str) -> dict[str, Any]:
 
 L1B, L3B, L8B, L8B4, Q7B, M7B, M7B4, L70B, G9B, O7B, MIX, Q30B = REAL_WIDTH_ARCHS
 EMBED_AND_HEAD = ("embed_tokens", "lm_head")
-# dpo and orpo at Llama-3-8B's width (2 blocks) on 8 GPUs under FSDP2: each reference, with LoRA and in full
-PREFERENCE_MEMORY_CASES = [
-    MemoryCase("llama-3-8b/2L", "fsdp2", 3, 8, "full", 1, 1024, 16, "bf16", objective="dpo", reference="sharded"),
-    MemoryCase("llama-3-8b/2L", "fsdp2", 3, 8, "full", 1, 1024, 16, "bf16", objective="dpo", reference="offloaded"),
-    MemoryCase("llama-3-8b/2L", "fsdp2", 3, 8, "full", 1, 1024, 16, "bf16", objective="dpo", reference="precomputed"),
-    MemoryCase("llama-3-8b/2L", "fsdp2", 2, 8, "none", 1, 512, 16, "bf16", objective="dpo", reference="sharded"),
-    MemoryCase(
-        "llama-3-8b/2L", "fsdp2", 3, 8, "full", 1, 1024, 16, "bf16", method="lora", objective="dpo",
-        reference="adapter_disabled",
-    ),
-    MemoryCase(
-        "llama-3-8b/2L", "fsdp2", 3, 8, "full", 2, 1024, 32, "bf16", method="lora", objective="dpo",
-        reference="precomputed",
-    ),
-    MemoryCase("llama-3-8b/2L", "fsdp2", 3, 8, "full", 1, 1024, 16, "bf16", objective="orpo"),
-]  # fmt: skip
-
 REAL_WIDTH_CASES = [
     MemoryCase(L8B, "fsdp2", 3, 8, "none", 1, 2048, 8, "bf16"),
     MemoryCase(L8B, "fsdp2", 3, 16, "full", 2, 2048, 32, "bf16"),  # the held-out configuration

@@ -139,6 +139,11 @@ def to_dpo_config(cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any], o
             f"train.label_smoothing={train.label_smoothing}: TRL's sigmoid loss has no label smoothing (its robust "
             "loss is another formula); set train.label_smoothing=0 for DPOConfig"
         )
+    if cfg.data.max_prompt_length is not None:
+        raise ConfigError(
+            f"data.max_prompt_length={cfg.data.max_prompt_length}: TRL 1.16's DPOConfig cuts no prompt (only "
+            "max_length, keeping the start); unset it so both routes train on the same rows"
+        )
     reference = reference_of(plan, train)
     if reference == "offloaded":
         raise ConfigError(

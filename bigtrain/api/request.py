@@ -26,9 +26,9 @@ from bigtrain.config.schema import (
     METHODS,
     OBJECTIVES,
     PRECISIONS,
-    PREFERENCE_OBJECTIVES,
     ParallelConfig,
     RecipeConfig,
+    rows_per_example,
 )
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
@@ -323,8 +323,7 @@ def build_request(
     elif cfg is not None:
         batch = cfg.train.global_batch_size
     else:  # ~1M tokens; a preference pair is two rows
-        rows_per_pair = 2 if objective in PREFERENCE_OBJECTIVES else 1
-        batch = max(1, DEFAULT_TOKENS_PER_STEP // seq_len // rows_per_pair // gpus) * gpus
+        batch = max(1, DEFAULT_TOKENS_PER_STEP // seq_len // rows_per_example(objective) // gpus) * gpus
     lora_rank = lora_r if lora_r is not None else (cfg.lora.r if cfg else 16)
     if lora_rank < 1:
         raise ConfigError(f"{spell.value('lora_r', lora_rank)} must be at least 1")

@@ -37,6 +37,12 @@ FP8_CHOICES: tuple[str, ...] = get_args(Fp8)
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
 PREFERENCE_OBJECTIVES: tuple[str, ...] = ("dpo", "ipo", "orpo", "simpo")  # trained on pairs (data/preference.py)
 REFERENCE_OBJECTIVES: tuple[str, ...] = ("dpo", "ipo")  # measured against a reference model (parallel.reference)
+
+
+def rows_per_example(objective: str) -> int:
+    """Rows of a micro-batch per example the global batch counts: a preference pair is its chosen and its rejected
+    answer, each a row of its own (``data/batch.PairBatch``)."""
+    return 2 if objective in PREFERENCE_OBJECTIVES else 1
 ADAPTER_METHODS: tuple[str, ...] = ("lora", "qlora")
 
 
@@ -178,7 +184,8 @@ class TrainConfig:
     )
     label_smoothing: float = doc(
         "Classification: cross-entropy label smoothing (torch's label_smoothing), 0 to 1. dpo (loss_type sigmoid): "
-        "the probability that a pair's preference is flipped (conservative DPO, TRL's label_smoothing), 0 to 0.5.",
+        "the probability that a pair's preference is flipped (conservative DPO; TRL 1.16's sigmoid has none), 0 to "
+        "0.5.",
         default=0.0,
     )
     objective: Objective = doc(

@@ -36,12 +36,13 @@ BUILTIN_PREFIX = "builtin:"
 class PreferencePairs:
     """Pairs as two token arrays of one row each, what each row trains on, and the reference's log-probabilities."""
 
-    ids: np.ndarray  # [pairs, 2, seq_len]: chosen, rejected
+    ids: np.ndarray  # [pairs, 2, seq_len] int32: chosen, rejected
     targets: np.ndarray  # [pairs, 2, seq_len] bool: the answer's tokens
     vocab_size: int
     description: str
     index: np.ndarray | None = None  # the pairs of ``ids`` these are (a split of them), in order; None: all
-    ref_logps: np.ndarray | None = None  # [pairs, 2] fp32, parallel.reference=precomputed (engine/reference.py)
+    # [num_rows, 2] fp32 in these pairs' order, parallel.reference=precomputed (train/reference_pass.py)
+    ref_logps: np.ndarray | None = None
     truncated: int = 0  # pairs with an answer or a prompt cut
     examples: int = 0
     positions: None = None  # never packed
@@ -71,8 +72,8 @@ class PreferencePairs:
         targets = np.concatenate([self.targets[at, 0], self.targets[at, 1]])
         labels = masked_next_token_labels(ids, targets)
         ref = None
-        if self.ref_logps is not None:
-            ref = torch.from_numpy(np.concatenate([self.ref_logps[at, 0], self.ref_logps[at, 1]]).astype(np.float32))
+        if self.ref_logps is not None:  # computed for these pairs, in their order (not the whole file's)
+            ref = torch.from_numpy(np.concatenate([self.ref_logps[rows, 0], self.ref_logps[rows, 1]]))
         return PairBatch(ids, labels, ref)
 
 
@@ -96,15 +97,14 @@ def _split_prompt(where: str, record: dict[str, Any]) -> tuple[Any, Any, Any]:
         return record["prompt"], chosen, rejected
     if not (_is_chat(chosen) and _is_chat(rejected)):
         raise ConfigError(f"{where}: no 'prompt' field; text pairs need one (chat pairs may share their start)")
-    shared = 0
-    while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
-        shared += 1
+    shared = _common_prefix(chosen, rejected)
     if shared == 0:
         raise ConfigError(f"{where}: chosen and rejected share no first message to be the prompt; add a 'prompt'")
     return chosen[:shared], chosen[shared:], rejected[shared:]
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def _common_prefix(a: list[Any], b: list[Any]) -> int:
+    """How many leading items (token ids, chat messages) ``a`` and ``b`` share."""
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
@@ -157,6 +157,8 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
         where = f"{key}={path!r} {line}"
         prompt, chosen, rejected = _split_prompt(where, record)
         prompt_ids, answers = _tokenise(tokenizer, where, prompt, (chosen, rejected))
+        if not prompt_ids:  # the answer's first token is predicted from the prompt's last: there must be one
+            raise ConfigError(f"{where}: the prompt is empty; every pair needs a prompt its answers follow")
         cut = False
         if keep_prompt is not None and len(prompt_ids) > keep_prompt:
             prompt_ids, cut = prompt_ids[-keep_prompt:], True
@@ -170,7 +172,7 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
         for answer in answers:
             row = (prompt_ids + answer)[:seq_len]
             cut = cut or len(prompt_ids) + len(answer) > seq_len
-            padded = np.full(seq_len, tokenizer.eos_id, dtype=np.int64)
+            padded = np.full(seq_len, tokenizer.eos_id, dtype=np.int32)
             padded[: len(row)] = row
             target = np.zeros(seq_len, dtype=bool)
             target[len(prompt_ids) : len(row)] = True
@@ -191,7 +193,7 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
     note = f", {truncated} truncated" if truncated else ""
     description = f"{path} (preference: {len(ids)} pairs, rows of {seq_len}{note}, {which})"
     return PreferencePairs(
-        np.asarray(ids, dtype=np.int64),
+        np.asarray(ids, dtype=np.int32),
         np.asarray(targets, dtype=bool),
         tokenizer.vocab_size,
         description,

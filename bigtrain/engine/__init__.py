@@ -81,7 +81,7 @@ def build_engine(
         engine = TorchNativeEngine.create(built, train, make_optimizer, make_scheduler, options.device)
     if train.label_smoothing and train.objective == "sft":  # the recipe's part of the objective (a classifier's)
         engine.objective = objective_of(built, train.label_smoothing)
-    attach_objective(engine, options, train, getattr(engine, "_model_output", None))  # dpo, ipo, orpo, simpo
+    attach_objective(engine, options, train)  # dpo, ipo, orpo, simpo
     sync = settings_of(options.plan)
     if sync.semi_synchronous and options.values != "empty":  # the simulator measures one group's step
         assert isinstance(engine, TorchNativeEngine), "the table runs semi-synchronous plans on this engine only"

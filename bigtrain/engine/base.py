@@ -13,8 +13,9 @@ runs this same step on fake tensors, which have no values to read.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,20 @@ def objective_of(built: BuiltModel, label_smoothing: float = 0.0) -> Objective:
     )
 
 
+@contextlib.contextmanager
+def evaluating(modules: list[torch.nn.Module]) -> Iterator[None]:
+    """Eval mode (no dropout) and no autograd graph, then each module back to the mode it was in."""
+    modes = [m.training for m in modules]
+    for m in modules:
+        m.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for m, mode in zip(modules, modes, strict=True):
+            m.train(mode)
+
+
 def step_sums(loss: torch.Tensor, terms: Terms) -> torch.Tensor:
     """One micro-batch's [loss sum, then the objective's metric sums] (fp32), what ``forward_backward`` adds up."""
     parts = [loss.float().reshape(1)]
@@ -77,6 +92,12 @@ class Engine(ABC):
 
     objective: Objective
     reference: Reference | None = None
+
+    def model_output(self, batch: Any) -> Any:
+        """The model's forward over one micro-batch as a training step runs it (precision included): what a
+        preference objective's reference and its precomputed pass call. Engines that hand whole micro-batch loops
+        to a schedule (pipelines) have none."""
+        raise NotImplementedError(f"{type(self).__name__} runs no single forward outside its schedule")
 
     def with_reference(self, micro_batches: list[Any]) -> list[Any]:
         """The micro-batches with what the reference gives them (all of a step's first: its forwards need no graph,

@@ -88,7 +88,7 @@ class DeepSpeedZeroEngine(Engine):
             return inputs
         return {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
 
-    def _model_output(self, batch: MicroBatch) -> Any:
+    def model_output(self, batch: MicroBatch) -> Any:
         return self.ds(**self._inputs(batch))
 
     def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:

@@ -26,26 +26,12 @@ from torch.distributed.fsdp import FSDPModule
 
 from bigtrain.config.capabilities.preference import reference_of
 from bigtrain.config.schema import PREFERENCE_OBJECTIVES, TrainConfig
-from bigtrain.engine.base import Engine, Reference
+from bigtrain.engine.base import Engine, Reference, evaluating
 from bigtrain.objectives.causal_lm import router_loss_coef
 from bigtrain.objectives.preference import Preference, PreferenceSettings, sequence_logps
 from bigtrain.parallel.build import build_model
 from bigtrain.parallel.precision import COMPUTE_DTYPES
 from bigtrain.parallel.transforms.base import BuildOptions, BuiltModel
-
-
-@contextlib.contextmanager
-def evaluating(modules: list[nn.Module]) -> Iterator[None]:
-    """Eval mode and no graph for one forward, then each module back to the mode it was in."""
-    modes = [m.training for m in modules]
-    for m in modules:
-        m.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        for m, mode in zip(modules, modes, strict=True):
-            m.train(mode)
 
 
 @contextlib.contextmanager
@@ -88,15 +74,15 @@ class LiveReference(Reference):
         return batch.with_reference(sequence_logps(logits, batch.labels)[0].detach())
 
 
-def frozen_copy(options: BuildOptions, offloaded: bool) -> BuiltModel:
+def frozen_copy(options: BuildOptions, offloaded: bool, mesh: Any) -> BuiltModel:
     """The reference as a frozen model of its own: the policy's build (same values: the same pretrained folder, or
-    the same seeded initialisation) with every parameter frozen, parameters resharded after forward (it has no
-    backward), not compiled; ``offloaded``: its shards in host memory."""
+    the same seeded initialisation) on the policy's mesh, with every parameter frozen, parameters resharded after
+    forward (it has no backward), not compiled; ``offloaded``: its shards in host memory."""
     plan = options.plan
     if plan.backend == "fsdp2":
         plan = plan.but(zero_stage=3, offload_params=offloaded)
     ref = dataclasses.replace(options, plan=plan, method="full", compile=False, frozen=True)
-    built = build_model(ref)
+    built = build_model(ref, mesh=mesh)
     for part in built.parts:
         if isinstance(part, FSDPModule):  # the root unit too (the policy keeps its root gathered for backward)
             part.set_reshard_after_forward(True)
@@ -133,10 +119,10 @@ def _frozen_forward(built: BuiltModel, options: BuildOptions) -> tuple[Callable[
     return forward, built
 
 
-def attach_objective(engine: Engine, options: BuildOptions, train: TrainConfig, policy_forward: Callable) -> None:
-    """A preference objective (``train.objective``) and its reference (``parallel.reference``) on ``engine``;
-    ``policy_forward(batch)``: the engine's own forward of the policy (adapters switched off around it for
-    adapter_disabled). Nothing for sft."""
+def attach_objective(engine: Engine, options: BuildOptions, train: TrainConfig) -> None:
+    """A preference objective (``train.objective``) and its reference (``parallel.reference``) on ``engine``: for
+    adapter_disabled the engine's own forward of the policy with the adapters switched off around it. Nothing for
+    sft."""
     if train.objective not in PREFERENCE_OBJECTIVES:
         return
     settings = PreferenceSettings.of(train)
@@ -146,13 +132,14 @@ def attach_objective(engine: Engine, options: BuildOptions, train: TrainConfig, 
         return
     parts = engine_parts(engine)
     if mode == "adapter_disabled":
-        engine.reference = LiveReference(policy_forward, parts, lambda: adapters_off(parts))
+        engine.reference = LiveReference(engine.model_output, parts, lambda: adapters_off(parts))
         return
     assert mode in ("sharded", "offloaded"), mode
-    built = frozen_copy(options, offloaded=mode == "offloaded")
+    built = frozen_copy(options, offloaded=mode == "offloaded", mesh=engine.built.mesh)  # type: ignore[attr-defined]
     forward, keep = _frozen_forward(built, options)
     engine.reference = LiveReference(forward, built.parts, keep=keep)
 
 
 def engine_parts(engine: Engine) -> list[nn.Module]:
+    """The HF models an engine trains (the engines that run preference objectives all keep their built model)."""
     return list(engine.built.parts)  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ global fp16 overflow), schedule.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bigtrain.config.schema import TrainConfig
 from bigtrain.data.batch import MicroBatch
-from bigtrain.engine.base import Engine, StepResult, objective_of, step_sums
+from bigtrain.engine.base import Engine, StepResult, evaluating, objective_of, step_sums
 from bigtrain.engine.grad_norm import clip_global_grad_norm
 from bigtrain.engine.loss_scale import DynamicLossScaler
 from bigtrain.objectives import Terms
@@ -98,7 +98,7 @@ class TorchNativeEngine(Engine):
         dtype = self.built.autocast_dtype
         return contextlib.nullcontext() if dtype is None else torch.autocast(self.device.type, dtype=dtype)
 
-    def _model_output(self, batch: MicroBatch) -> Any:
+    def model_output(self, batch: MicroBatch) -> Any:
         """The model's forward over one micro-batch, under autocast where the backend keeps fp32 weights."""
         with self._autocast():
             return self.built.forward_module(**batch.model_inputs())
@@ -109,7 +109,7 @@ class TorchNativeEngine(Engine):
         kept: the loss holds what backward needs."""
         # Vocabulary-sharded logits (parallel.loss_parallel): torch's loss_parallel computes the cross-entropy on the
         # shards, in forward and in backward.
-        output = self._model_output(batch)
+        output = self.model_output(batch)
         with self._loss_context():
             return self.objective(output, batch)
 
@@ -146,24 +146,16 @@ class TorchNativeEngine(Engine):
         dist.all_reduce(sums, group=self.mesh.batch_group)
         return sums
 
-    @contextlib.contextmanager
-    def _evaluating(self) -> Iterator[None]:
+    def _evaluating(self) -> contextlib.AbstractContextManager:
         """Eval mode (no dropout) and no autograd graph, then back to training."""
-        for part in self.parts:
-            part.eval()
-        try:
-            with torch.no_grad():
-                yield
-        finally:
-            for part in self.parts:
-                part.train()
+        return evaluating(self.parts)
 
     def eval_sums(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
         parts = []
         micro_batches = self.with_reference(micro_batches)
         with self._evaluating():
             for batch in micro_batches:
-                output = self._model_output(batch)
+                output = self.model_output(batch)
                 with self._loss_context():
                     loss = _local(self.objective(output, batch).loss_sum)
                 parts.append(torch.cat([loss.float().reshape(1), self.objective.eval_sums(output, batch)]))

@@ -12,7 +12,8 @@ The formulas, per pair, with c/r the chosen/rejected log-probabilities of the po
   d = (c - c0) - (r - r0); hinge (SLiC): max(0, 1 - b d);
 - ipo (Azar et al. 2023, length-normalised as TRL's, confirmed with its authors): ((c-c0)/n_c - (r-r0)/n_r - 1/(2b))^2;
 - simpo (Meng et al. 2024): -log s(b (c/n_c - r/n_r) - gamma);
-- orpo (Hong et al. 2024): -c/n_c - b log s(log odds(c/n_c) - log odds(r/n_r)), odds(p) = e^p / (1 - e^p).
+- orpo (Hong et al. 2024): -c/n_c - b log s(log odds(c/n_c) - log odds(r/n_r)), odds(p) = e^p / (1 - e^p) (p kept
+  at most 1e-6 below 0, where 1 - e^p would vanish);
 Metrics (TRL's names): rewards/chosen and rewards/rejected (b (c - c0) for dpo/ipo, b c/n_c for orpo/simpo),
 rewards/margins, rewards/accuracies (chosen reward above rejected), logps/chosen and logps/rejected (sums for
 dpo/ipo, means for orpo/simpo, as TRL's trainers for each log them), means over the global batch's pairs.
@@ -57,6 +58,17 @@ class PreferenceSettings:
     def averaged(self) -> bool:
         """A sequence's log-probability is its mean per answer token (orpo, simpo), not its sum."""
         return self.objective in ("orpo", "simpo")
+
+
+# log(1 - e^p) is -inf at p = 0 (an answer the model is certain of: in fp32, any |p| below ~6e-8): the odds are taken
+# at most this close to certainty, which leaves every answer's odds ratio finite and its gradient defined
+CERTAIN = -1e-6
+
+
+def log_odds(mean_logp: torch.Tensor) -> torch.Tensor:
+    """log(p / (1 - p)) of a mean log-probability, stable near both ends (expm1 near certainty)."""
+    x = mean_logp.clamp(max=CERTAIN)
+    return x - torch.where(x > -0.693, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
 
 
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,8 +124,7 @@ class Preference:
             if s.objective == "simpo":
                 loss = -F.logsigmoid(s.beta * (c - r) - s.simpo_gamma)
             else:  # orpo: the chosen answer's mean NLL plus the weighted odds-ratio term
-                log_odds = (c - r) - (torch.log1p(-torch.exp(c)) - torch.log1p(-torch.exp(r)))
-                loss = -c - s.beta * F.logsigmoid(log_odds)
+                loss = -c - s.beta * F.logsigmoid(log_odds(c) - log_odds(r))
         keep = real.to(loss.dtype)
         chosen_reward, rejected_reward = rewards
         sums = torch.stack(

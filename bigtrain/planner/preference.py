@@ -19,9 +19,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bigtrain.config.capabilities.preference import reference_mode, shards_of
+from bigtrain.config.capabilities.preference import copy_bytes, reference_mode
 from bigtrain.config.plan import Plan
-from bigtrain.config.schema import PREFERENCE_OBJECTIVES
+from bigtrain.config.schema import PREFERENCE_OBJECTIVES, rows_per_example
 from bigtrain.config.workload import Workload
 
 FORWARD_SHARE = 1.0 / 3.0  # of a step's matmuls: forward 2N, backward 4N FLOPs per token
@@ -30,17 +30,16 @@ LIVE = ("adapter_disabled", "sharded", "offloaded")
 
 def as_rows(plan: Plan, workload: Workload) -> tuple[Plan, Workload]:
     """The causal-LM plan and workload a preference plan computes as (a pair: two rows); others unchanged."""
-    if workload.objective not in PREFERENCE_OBJECTIVES:
+    per = rows_per_example(workload.objective)
+    if per == 1:
         return plan, workload
-    rows = dataclasses.replace(workload, global_batch_size=2 * workload.global_batch_size, objective="sft")
-    return plan.but(micro_batch_size=2 * plan.micro_batch_size), rows
+    rows = dataclasses.replace(workload, global_batch_size=per * workload.global_batch_size, objective="sft")
+    return plan.but(micro_batch_size=per * plan.micro_batch_size), rows
 
 
 def reference_host_bytes(stats: Any, plan: Plan, workload: Workload) -> int:
     """The offloaded copy's share of host memory per GPU."""
-    if reference_mode(plan, workload) != "offloaded":
-        return 0
-    return stats.params * workload.dtype_bytes // shards_of(plan)
+    return copy_bytes(stats, plan, workload) if reference_mode(plan, workload) == "offloaded" else 0
 
 
 def reference_seconds(stats: Any, plan: Plan, workload: Workload, compute_s: float, pcie_gbps: float) -> float:
@@ -96,4 +95,5 @@ def batch_words(workload: Workload) -> str:
     """The global batch as the table's header says it: pairs (of two rows) for a preference objective."""
     if workload.objective not in PREFERENCE_OBJECTIVES:
         return str(workload.global_batch_size)
-    return f"{workload.global_batch_size} pairs ({2 * workload.global_batch_size} rows)"
+    rows = rows_per_example(workload.objective) * workload.global_batch_size
+    return f"{workload.global_batch_size} pairs ({rows} rows)"

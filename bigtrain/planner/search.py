@@ -380,6 +380,7 @@ class _Judge:
             link_groups=self.cluster.replica_link.groups if self.cluster.replica_link else 0,
             objective=self.workload.objective,
             method=self.workload.method,
+            modules_to_save=bool(self.workload.modules_to_save),
         )
 
     def predict_time(self, plan: Plan) -> TimeEstimate:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from bigtrain.checkpoint.saver import Checkpointer
 from bigtrain.config.load import recipe_to_dict
 from bigtrain.config.plan import Plan
-from bigtrain.config.schema import PREFERENCE_OBJECTIVES, RecipeConfig
+from bigtrain.config.schema import RecipeConfig, rows_per_example
 from bigtrain.data.loader import EvalLoader, StepLoader
 from bigtrain.engine.base import Engine, train_step
 from bigtrain.errors import TrainingDiverged
@@ -146,8 +146,7 @@ class TrainLoop:
     def run(self) -> TrainResult:
         cfg, checkpointer = self.cfg, self.checkpointer
         total = cfg.train.steps
-        rows = 2 if cfg.train.objective in PREFERENCE_OBJECTIVES else 1  # a preference pair: two rows
-        tokens_per_step = cfg.train.global_batch_size * rows * self.seq_len
+        tokens_per_step = cfg.train.global_batch_size * rows_per_example(cfg.train.objective) * self.seq_len
         joined = self.engine.join(self.start.step)  # a replica group behind the others takes their state and step
         if joined != self.start.step:
             self.start = StartPoint(joined, joined * tokens_per_step)

@@ -3,9 +3,9 @@ step by the policy as it starts (the reference model by definition), and stored 
 
 Stored in ``output_dir/reference_logps/<fingerprint>.npy`` ([pairs, 2] fp32, chosen and rejected), the fingerprint
 being that of the pairs' tokens and labels: a resumed run reads them back and computes nothing (its policy has
-trained since, so it could not); a run on other data computes its own. Each data-parallel rank computes the pairs an
-evaluation would give it (every rank the same number of forwards: sharded parameters are gathered by all), the shares
-are summed over the ranks, and rank 0 publishes the file atomically.
+trained since, so it could not); a fresh start computes its own, whatever an earlier run left there. Each
+data-parallel rank computes the pairs an evaluation would give it (every rank the same number of forwards: sharded
+parameters are gathered by all), the shares are summed over the ranks, and rank 0 publishes the file atomically.
 """
 
 from __future__ import annotations
@@ -39,39 +39,44 @@ def stored_at(output_dir: str, data: PreferencePairs) -> Path:
 def attach_precomputed(
     cfg: RecipeConfig, plan: Plan, engine: Engine, datasets: list[Any], resuming: bool, device: torch.device
 ) -> None:
-    """Give every preference data set its reference log-probabilities when the plan precomputes them: read back, or
-    computed now by the untrained policy (not on a resume: the file must be there)."""
+    """Give every preference data set its reference log-probabilities when the plan precomputes them: computed now by
+    the untrained policy on a fresh start (a file left by an earlier run in output_dir, perhaps of another model, is
+    replaced), read back on a resume (the file must be there). Rank 0 reads and decides; every rank gets its values."""
     if reference_of(plan, cfg.train) != "precomputed":
         return
     for data in datasets:
         if data is None:
             continue
         path = stored_at(cfg.output_dir, data)
-        if path.is_file():
-            data.ref_logps = _read(path, data)
+        if not resuming:
+            data.ref_logps = _compute(engine, data, plan.micro_batch_size, cfg.train.global_batch_size, device)
+            if dist.get_rank() == 0:
+                _publish(path, data.ref_logps)
+                log.info("reference log-probabilities of %d pairs computed and stored in %s", data.num_rows, path)
+            dist.barrier()
             continue
-        if resuming:
-            raise ConfigError(
-                f"parallel.reference=precomputed: {path} is missing, and the policy has trained since the reference "
-                "was computed; restore the file, or start the run afresh (checkpoint.resume=false)"
-            )
-        data.ref_logps = _compute(engine, data, plan.micro_batch_size, cfg.train.global_batch_size, device)
-        if dist.get_rank() == 0:
-            _publish(path, data.ref_logps)
-            log.info("reference log-probabilities of %d pairs computed and stored in %s", data.num_rows, path)
-        dist.barrier()
+        found = [_read(path, data) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(found, src=0)  # every rank hears the same answer (no shared filesystem needed)
+        if isinstance(found[0], str):
+            raise ConfigError(found[0])
+        data.ref_logps = found[0]
 
 
-def _read(path: Path, data: PreferencePairs) -> np.ndarray:
+def _read(path: Path, data: PreferencePairs) -> np.ndarray | str:
+    """The stored values, or why they cannot be used."""
+    if not path.is_file():
+        return (
+            f"parallel.reference=precomputed: {path} is missing, and the policy has trained since the reference was "
+            "computed; restore the file, or start the run afresh (checkpoint.resume=false)"
+        )
     values = np.load(path)
     if values.shape != (data.num_rows, 2):
-        raise ConfigError(f"{path} holds {values.shape} values, not ({data.num_rows}, 2); delete it to recompute")
+        return f"{path} holds {values.shape} values, not ({data.num_rows}, 2); start the run afresh to recompute it"
     return values
 
 
 def _compute(engine: Engine, data: PreferencePairs, micro: int, batch: int, device: torch.device) -> np.ndarray:
-    forward = getattr(engine, "_model_output")  # noqa: B009 - the engines that run preference objectives have it
-    reference = LiveReference(forward, engine_parts(engine))
+    reference = LiveReference(engine.model_output, engine_parts(engine))
     loader = EvalLoader(data, engine.dp_rank, engine.dp_size, micro, device, global_batch_size=batch)
     values = torch.zeros(data.num_rows, 2, dtype=torch.float64)
     per_rank = batch // engine.dp_size

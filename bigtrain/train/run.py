@@ -114,14 +114,10 @@ def write_final_model(cfg: RecipeConfig, result: TrainResult) -> None:
     log.info("final %s (step %d) written to %s", "adapter" if adapters else "model", result.last_step, out)
 
 
-def _with_method(cfg: RecipeConfig, method: str) -> RecipeConfig:
-    """``cfg`` with ``train.method`` resolved (what checkpoints and the saved recipe record)."""
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, method=method))
-
-
-def _with_speed(cfg: RecipeConfig, compile_blocks: bool | str, fp8: str) -> RecipeConfig:
-    """``cfg`` with ``train.compile`` and ``train.fp8`` resolved (what checkpoints and the saved recipe record)."""
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile=compile_blocks, fp8=fp8))
+def _with_train(cfg: RecipeConfig, **chosen: Any) -> RecipeConfig:
+    """``cfg`` with train options resolved (``method``, ``compile``, ``fp8``: what checkpoints and the saved recipe
+    record)."""
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **chosen))
 
 
 class TrainingJob:
@@ -160,10 +156,10 @@ class TrainingJob:
         if self.start.resume_from is not None:
             resume_from = self.start.resume_from
             if cfg.train.method == "auto":  # a resumed run keeps the method its checkpoint was trained with
-                self.cfg = cfg = _with_method(cfg, load_recipe(resume_from / RECIPE).train.method)
+                self.cfg = cfg = _with_train(cfg, method=load_recipe(resume_from / RECIPE).train.method)
             if "auto" in (cfg.train.compile, cfg.train.fp8):  # and the compile and FP8 choices
                 saved = load_recipe(resume_from / RECIPE).train
-                self.cfg = cfg = _with_speed(cfg, saved.compile, saved.fp8)
+                self.cfg = cfg = _with_train(cfg, compile=saved.compile, fp8=saved.fp8)
             # an adapter checkpoint names its base: still the same files?
             check_base(cfg.model.name_or_path, Manifest.read(resume_from).base, f"resuming from {resume_from}")
         # plan: auto and method: auto are chosen at start-up, together, for the memory the job really has
@@ -423,9 +419,9 @@ class TrainingJob:
         if self.env.rank == 0:
             log.info("auto chose %s:\n%s", chose, choice.table)
         if cfg.train.method == "auto":
-            self.cfg = _with_method(cfg, choice.method)
+            self.cfg = _with_train(cfg, method=choice.method)
         if "auto" in (cfg.train.compile, cfg.train.fp8):
-            self.cfg = _with_speed(self.cfg, choice.compile, choice.fp8)
+            self.cfg = _with_train(self.cfg, compile=choice.compile, fp8=choice.fp8)
         # validated as if the user had written it, with the records' options the recipe writes (sync_batchnorm)
         chosen = {**choice.plan.to_dict(), **cfg.parallel.options}
         return resolve_plan(parallel_of(chosen), self.env.world_size, self.cfg.train)

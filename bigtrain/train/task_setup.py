@@ -41,12 +41,20 @@ def classifier_head(hf_config: Any) -> list[str]:
 
 
 def check_preference(cfg: RecipeConfig) -> None:
-    """What the capability table cannot see of a preference recipe: the lora section."""
+    """What the capability table cannot see of a preference recipe: the lora section. Modules trained fully beside
+    the adapters (lora.modules_to_save) are updated in place, so switching the adapters off no longer gives the
+    starting model: the adapter-disabled reference (asked, or auto's choice for a written plan) is refused;
+    ``plan: auto`` does not weigh it (``capabilities/preference.py``)."""
     from bigtrain.config.capabilities.preference import REFERENCE
+    from bigtrain.config.schema import ADAPTER_METHODS, REFERENCE_OBJECTIVES
 
-    if cfg.parallel.options.get(REFERENCE.name) == "adapter_disabled" and cfg.lora.modules_to_save:
+    if cfg.train.objective not in REFERENCE_OBJECTIVES or not cfg.lora.modules_to_save:
+        return
+    asked = cfg.parallel.options.get(REFERENCE.name, REFERENCE.default)
+    adapters = cfg.train.method in ADAPTER_METHODS
+    if asked == "adapter_disabled" or (asked == "auto" and adapters and cfg.parallel.plan != "auto"):
         raise ConfigError(
-            f"parallel.reference=adapter_disabled with lora.modules_to_save={cfg.lora.modules_to_save}: those "
-            "modules train fully, so the adapters switched off are no longer the starting model; use "
-            "parallel.reference=precomputed, or unset lora.modules_to_save"
+            f"parallel.reference={asked} with lora.modules_to_save={cfg.lora.modules_to_save}: those modules train "
+            "fully, so the adapters switched off are no longer the starting model; set parallel.reference="
+            "precomputed, or unset lora.modules_to_save"
         )

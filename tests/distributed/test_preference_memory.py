@@ -9,13 +9,30 @@ import dataclasses
 import sys
 
 import pytest
-from cases import PREFERENCE_MEMORY_CASES, arch_config
+from cases import MemoryCase, arch_config
 from helpers import REPO
 
 from bigtrain.planner.model_stats import ModelStats
 
 sys.path.insert(0, str(REPO / "bench"))
 from memory_matrix import run_case  # noqa: E402
+
+# dpo and orpo at Llama-3-8B's width (2 blocks) on 8 GPUs under FSDP2: each reference, with LoRA and in full
+PREFERENCE_MEMORY_CASES = [
+    MemoryCase("llama-3-8b/2L", "fsdp2", 3, 8, "full", 1, 1024, 16, "bf16", objective="dpo", reference="sharded"),
+    MemoryCase("llama-3-8b/2L", "fsdp2", 3, 8, "full", 1, 1024, 16, "bf16", objective="dpo", reference="offloaded"),
+    MemoryCase("llama-3-8b/2L", "fsdp2", 3, 8, "full", 1, 1024, 16, "bf16", objective="dpo", reference="precomputed"),
+    MemoryCase("llama-3-8b/2L", "fsdp2", 2, 8, "none", 1, 512, 16, "bf16", objective="dpo", reference="sharded"),
+    MemoryCase(
+        "llama-3-8b/2L", "fsdp2", 3, 8, "full", 1, 1024, 16, "bf16", method="lora", objective="dpo",
+        reference="adapter_disabled",
+    ),
+    MemoryCase(
+        "llama-3-8b/2L", "fsdp2", 3, 8, "full", 2, 1024, 32, "bf16", method="lora", objective="dpo",
+        reference="precomputed",
+    ),
+    MemoryCase("llama-3-8b/2L", "fsdp2", 3, 8, "full", 1, 1024, 16, "bf16", objective="orpo"),
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

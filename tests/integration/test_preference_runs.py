@@ -66,6 +66,7 @@ def _refused(tmp_path, recipe: dict) -> str:
 
 
 BAD_PAIRS = {
+    "an empty prompt": ({"prompt": "", "chosen": "b", "rejected": "c"}, "line 3: the prompt is empty"),
     "an empty side": ({"prompt": "a", "chosen": "", "rejected": "b"}, "line 3: 'chosen' is empty"),
     "a missing side": ({"prompt": "a", "chosen": "b"}, "line 3: no 'rejected' field"),
     "a prompt longer than max_length": (
@@ -144,6 +145,23 @@ def test_a_resumed_run_equals_the_run_that_never_stopped(reference, tmp_path, mo
         for key in ("loss", "grad_norm", "rewards/margins", "logps/chosen"):
             assert mine[key] == pytest.approx(theirs[key], rel=1e-6, abs=1e-7), (mine["step"], key)
     assert whole[-1]["rewards/margins"] > whole[0]["rewards/margins"]  # the run learns to prefer
+
+
+def test_precomputed_equals_the_sharded_copy_with_held_out_pairs(tmp_path, model_dir):
+    """The precomputed pass covers the training pairs and the held-out ones, each looked up by its own position in its
+    split (a split's pairs are not the file's first ones): every step and evaluation as the live copy gives them."""
+    data = _write(tmp_path / "pairs.jsonl", PAIRS)
+    runs = {}
+    for reference in ("sharded", "precomputed"):
+        recipe = _recipe(tmp_path / reference, model_dir, data, reference=reference)
+        recipe["data"]["eval_fraction"] = 0.25
+        recipe["train"].update(steps=4, eval_every=2)
+        runs[reference] = _run(recipe, tmp_path / f"{reference}.yaml")
+    assert [r["step"] for r in runs["precomputed"] if "eval_loss" in r] == [2, 4]
+    for mine, theirs in zip(runs["precomputed"], runs["sharded"], strict=True):
+        for key in ("loss", "grad_norm", "rewards/margins", "eval_loss", "eval_rewards/margins"):
+            if key in theirs:
+                assert mine[key] == pytest.approx(theirs[key], rel=1e-6, abs=1e-7), (mine["step"], key)
 
 
 def test_a_resume_without_its_precomputed_log_probabilities_is_refused(tmp_path, model_dir):

@@ -57,13 +57,18 @@ def shards_of(plan: Plan) -> int:
     return 1
 
 
+def copy_bytes(stats: Any, plan: Plan, workload: Workload) -> int:
+    """The frozen copy's parameters on one device, sharded as the policy's: in the compute dtype, but fp32 under DDP
+    (whose policy computes from fp32 weights under autocast, ``parallel/build.py``)."""
+    value = 4 if plan.backend == "ddp" else workload.dtype_bytes
+    return stats.params * value // shards_of(plan)
+
+
 def reference_bytes(stats: Any, plan: Plan, workload: Workload) -> int:
-    """The memory term: the frozen copy's parameters in the compute dtype on one device (``sharded``), resident for
-    the run; no other reference keeps anything at the peak (their forward runs before the policy's, keeping
-    nothing for backward: ``planner/preference.py``)."""
-    if reference_mode(plan, workload) != "sharded":
-        return 0
-    return stats.params * workload.dtype_bytes // shards_of(plan)
+    """The memory term: the frozen copy (``sharded``), resident for the run; no other reference keeps anything on the
+    device at the peak (their forward runs before the policy's, keeping nothing for backward:
+    ``planner/preference.py``)."""
+    return copy_bytes(stats, plan, workload) if reference_mode(plan, workload) == "sharded" else 0
 
 
 def _preference(s: Setup) -> bool:
@@ -148,8 +153,9 @@ def _objective_needs_log_probabilities(s: Setup) -> str | None:
 
 
 def _reference_variants(plans: list[Plan], space: SearchSpace) -> list[Plan]:
-    """dpo/ipo: each plan with every reference it may use (the adapter-disabled base or the precomputed pass with
-    adapters; the sharded copy, the offloaded one under FSDP2, or the precomputed pass without); a pinned one is set.
+    """dpo/ipo: each plan with every reference it may use (the adapter-disabled base, unless lora.modules_to_save
+    trains modules fully, or the precomputed pass with adapters; the sharded copy, the offloaded one, or the
+    precomputed pass without); a pinned one is set.
     The rows refuse the rest; the ranking weighs memory against the forward each live reference adds per step."""
     if space.pinned(REFERENCE.name):
         return [plan.with_option(REFERENCE.name, space.fixed[REFERENCE.name]) for plan in plans]
@@ -157,6 +163,8 @@ def _reference_variants(plans: list[Plan], space: SearchSpace) -> list[Plan]:
         return plans
     adapters = space.method in ADAPTER_METHODS
     modes = ("adapter_disabled", "precomputed") if adapters else ("sharded", "offloaded", "precomputed")
+    if adapters and space.modules_to_save:  # modules trained fully: the adapters switched off are not the start
+        modes = ("precomputed",)
     return [plan.with_option(REFERENCE.name, mode) for plan in plans for mode in modes]
 
 

@@ -79,6 +79,7 @@ class SearchSpace:
     link_groups: int = 0
     objective: str = "sft"  # train.objective (a preference objective's reference is searched)
     method: str = "full"  # train.method, concrete (the search runs once per method under auto)
+    modules_to_save: bool = False  # lora.modules_to_save names modules trained fully beside the adapters
     _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False, compare=False)
 
     def pinned(self, key: str) -> bool:
