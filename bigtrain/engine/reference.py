@@ -125,19 +125,20 @@ def attach_objective(engine: Engine, options: BuildOptions, train: TrainConfig) 
     sft."""
     if train.objective not in PREFERENCE_OBJECTIVES:
         return
-    settings = PreferenceSettings.of(train)
-    engine.objective = Preference(settings, router_loss_coef(engine_parts(engine)[0].config))
+    policy: BuiltModel = engine.built  # type: ignore[attr-defined]  # every engine that runs them keeps it
+    router = router_loss_coef(policy.parts[0].config)
+    engine.objective = Preference(PreferenceSettings.of(train), router, policy.compile_loss)
     mode = reference_of(options.plan, train)
     if mode in ("none", "precomputed"):  # precomputed: the data carries it (train/reference_pass.py)
         return
-    parts = engine_parts(engine)
+    parts = list(policy.parts)
     if mode == "adapter_disabled":
         engine.reference = LiveReference(engine.model_output, parts, lambda: adapters_off(parts))
         return
     assert mode in ("sharded", "offloaded"), mode
-    built = frozen_copy(options, offloaded=mode == "offloaded", mesh=engine.built.mesh)  # type: ignore[attr-defined]
-    forward, keep = _frozen_forward(built, options)
-    engine.reference = LiveReference(forward, built.parts, keep=keep)
+    copy = frozen_copy(options, offloaded=mode == "offloaded", mesh=policy.mesh)
+    forward, keep = _frozen_forward(copy, options)
+    engine.reference = LiveReference(forward, copy.parts, keep=keep)
 
 
 def engine_parts(engine: Engine) -> list[nn.Module]:

@@ -21,6 +21,7 @@ dpo/ipo, means for orpo/simpo, as TRL's trainers for each log them), means over 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,22 +74,39 @@ def log_odds(mean_logp: torch.Tensor) -> torch.Tensor:
 
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the sum of its labelled tokens' log-probabilities (fp32) and how many there are."""
+    return _token_logps(logits, labels).sum(1), (labels != IGNORE_INDEX).sum(1)
+
+
+# train.compile: the token log-probabilities through inductor, as the causal-LM loss (objectives/causal_lm.py), so a
+# compiled run keeps the compute-dtype logits and one log-sum-exp per row for backward, not fp32 copies of them
+def compiled_sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _compiled_token_logps()(logits, labels).sum(1), (labels != IGNORE_INDEX).sum(1)
+
+
+@functools.cache
+def _compiled_token_logps() -> Any:
+    return torch.compile(_token_logps)
+
+
+def _token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """[rows, length] log-probability of each labelled token (0 where nothing is labelled), in fp32."""
     rows, length = labels.shape
-    token = -F.cross_entropy(
+    return -F.cross_entropy(
         logits.flatten(0, 1).float(), labels.flatten(), reduction="none", ignore_index=IGNORE_INDEX
     ).view(rows, length)
-    return token.sum(1), (labels != IGNORE_INDEX).sum(1)
 
 
 class Preference:
     """One of the preference objectives (``PreferenceSettings.objective``) over a ``PairBatch``; a mixture's router
-    loss joins it as it joins the causal-LM loss (``router_weight``: the config's coefficient, 0: none)."""
+    loss joins it as it joins the causal-LM loss (``router_weight``: the config's coefficient, 0: none);
+    ``compiled``: the token log-probabilities through inductor (train.compile)."""
 
     metric_names = SUMMED
 
-    def __init__(self, settings: PreferenceSettings, router_weight: float = 0.0) -> None:
+    def __init__(self, settings: PreferenceSettings, router_weight: float = 0.0, compiled: bool = False) -> None:
         self.settings = settings
         self.per_forward_weight = router_weight
+        self.logps = compiled_sequence_logps if compiled else sequence_logps
 
     def count(self, labels: torch.Tensor) -> int:
         """The pairs of a micro-batch (an evaluation filler pair has no label and counts nothing)."""
@@ -98,7 +116,7 @@ class Preference:
     def pair_terms(self, logits: torch.Tensor, batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(per-pair losses, the metric sums of ``SUMMED``) of one micro-batch; a filler pair adds nothing."""
         s = self.settings
-        logps, lengths = sequence_logps(logits, batch.labels)
+        logps, lengths = self.logps(logits, batch.labels)
         pairs = logps.shape[0] // 2
         real = lengths[:pairs] > 0
         lengths = lengths.clamp(min=1).float()
