@@ -48,10 +48,11 @@ def matrix() -> dict[str, tuple[int, int]]:
     return Lazy()
 
 
-# the default tier: the sharded copy, the precomputed pass, the adapter-disabled base; the full tier every case
-DEFAULT = ("sharded-full", "precomputed-full", "adapter_disabled-full")
+# the default tier: the sharded copy and the adapter-disabled base (and the copy's cost against the precomputed pass);
+# the full tier every case
+DEFAULT = ("-dpo-sharded-full-mb1", "-dpo-adapter_disabled-full-mb1")
 TIERED = [
-    pytest.param(c, marks=() if any(f"-{d}-" in c.name for d in DEFAULT) and "fsdp23" in c.name else pytest.mark.full)
+    pytest.param(c, marks=() if any(d in c.name for d in DEFAULT) and "fsdp23" in c.name else pytest.mark.full)
     for c in PREFERENCE_MEMORY_CASES
 ]
 

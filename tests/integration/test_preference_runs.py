@@ -125,7 +125,11 @@ def _run(recipe: dict, path) -> list[dict]:
     return read_metrics(recipe["output_dir"])
 
 
-@pytest.mark.parametrize("reference", list(REFERENCES))
+# the default tier: the file read back and the adapters switched off; the full tier the frozen copies too
+TIERED = [r if r in ("precomputed", "adapter_disabled") else pytest.param(r, marks=pytest.mark.full) for r in REFERENCES]
+
+
+@pytest.mark.parametrize("reference", TIERED)
 def test_a_resumed_run_equals_the_run_that_never_stopped(reference, tmp_path, model_dir):
     method, parallel = REFERENCES[reference]
     data = _write(tmp_path / "pairs.jsonl", PAIRS)
