@@ -236,6 +236,11 @@ def launches(inputs, tmp_path_factory, request):
     root, model_dir, _ = inputs
     shared = SharedLaunches(tmp_path_factory, "preference")
     chosen = selected(request.session, "test_preference_plan_matches_the_plain_loop", "name")
+    if any(
+        getattr(item, "originalname", "") == "test_the_three_references_of_one_run_agree"
+        for item in request.session.items
+    ):
+        chosen += [name for name in THREE_REFERENCES if name not in chosen]  # its runs, whichever tier selected
     cases = {n: (launch_key(2, CASES[n][2]), recipe(root, model_dir, n)) for n in chosen}
     return lambda name: shared.get(name, cases)
 
