@@ -1,7 +1,7 @@
 """dpo and orpo plans at Llama-3-8B's width (2 blocks, FSDP2 on 8 GPUs): the planner's peak within 10% of bigtrain's
 own preference step simulated on fake tensors, for each reference (the sharded copy, offloaded, precomputed, the
 adapter-disabled base with LoRA) and a reference-free objective; the sharded copy adds what the planner says it does.
-``bench/memory_matrix.py`` prints these rows with the others."""
+``python bench/preference_memory.py`` prints the table (bench/results/preference_memory.md)."""
 
 from __future__ import annotations
 
@@ -9,30 +9,14 @@ import dataclasses
 import sys
 
 import pytest
-from cases import MemoryCase, arch_config
+from cases import arch_config
 from helpers import REPO
 
 from bigtrain.planner.model_stats import ModelStats
 
 sys.path.insert(0, str(REPO / "bench"))
 from memory_matrix import run_case  # noqa: E402
-
-# dpo and orpo at Llama-3-8B's width (2 blocks) on 8 GPUs under FSDP2: each reference, with LoRA and in full
-PREFERENCE_MEMORY_CASES = [
-    MemoryCase("llama-3-8b/2L", "fsdp2", 3, 8, "full", 1, 1024, 16, "bf16", objective="dpo", reference="sharded"),
-    MemoryCase("llama-3-8b/2L", "fsdp2", 3, 8, "full", 1, 1024, 16, "bf16", objective="dpo", reference="offloaded"),
-    MemoryCase("llama-3-8b/2L", "fsdp2", 3, 8, "full", 1, 1024, 16, "bf16", objective="dpo", reference="precomputed"),
-    MemoryCase("llama-3-8b/2L", "fsdp2", 2, 8, "none", 1, 512, 16, "bf16", objective="dpo", reference="sharded"),
-    MemoryCase(
-        "llama-3-8b/2L", "fsdp2", 3, 8, "full", 1, 1024, 16, "bf16", method="lora", objective="dpo",
-        reference="adapter_disabled",
-    ),
-    MemoryCase(
-        "llama-3-8b/2L", "fsdp2", 3, 8, "full", 2, 1024, 32, "bf16", method="lora", objective="dpo",
-        reference="precomputed",
-    ),
-    MemoryCase("llama-3-8b/2L", "fsdp2", 3, 8, "full", 1, 1024, 16, "bf16", objective="orpo"),
-]  # fmt: skip
+from preference_memory import PREFERENCE_MEMORY_CASES  # noqa: E402
 
 
 @pytest.fixture(scope="module")
