@@ -6,7 +6,7 @@ policy's forward of each micro-batch and never differentiated. Where it comes fr
 - ``adapter_disabled``: LoRA/QLoRA's own frozen base, the adapters switched off for one forward: no memory, one
   more forward per micro-batch;
 - ``sharded``: a frozen copy built by the one build path, laid out as the policy's parameters (sharded by FSDP2 or
-  ZeRO-3, whole on every rank under DDP and ZeRO-1/2), in the compute dtype;
+  ZeRO-3, whole on every rank under DDP and ZeRO-1/2), in the compute dtype (fp32 under DDP, as its policy computes);
 - ``offloaded``: the same copy with its shards in host memory (FSDP2's CPU offload), copied in for its forward;
 - ``precomputed``: one pass over the data before the first step (``train/reference_pass.py``), the log-probabilities
   stored beside the data: no model and no forward during training.

@@ -5,8 +5,9 @@ micro-batches of m pairs computes as a causal-LM plan of 2P rows in micro-batche
 memory and time term already models. On top of that, dpo and ipo need the reference's log-probabilities
 (``parallel.reference``, ``config/capabilities/preference.py``):
 - adapter_disabled: no memory; one more forward of every row per step, the adapters switched off;
-- sharded: the frozen copy's parameters in the compute dtype, sharded as the policy's (FSDP2 over dp_shard, ZeRO-3
-  over every rank, whole under DDP and ZeRO-1/2), resident for the run (the record's memory term); the same forward;
+- sharded: the frozen copy's parameters (in the compute dtype; fp32 under DDP), sharded as the policy's (FSDP2 over
+  dp_shard, ZeRO-3 over every rank, whole under DDP and ZeRO-1/2), resident for the run (the record's memory term);
+  the same forward;
 - offloaded: that copy in host memory, each micro-batch's forward first copying its shard in over PCIe;
 - precomputed: no memory and no forward during training; one forward of every pair before the first step, whose
   cost per step is that forward's divided by the passes the run makes over its data (``Workload.epochs``).
@@ -59,7 +60,7 @@ def reference_seconds(stats: Any, plan: Plan, workload: Workload, compute_s: flo
 # what each reference costs, in the words of the plan table's note
 COSTS = {
     "adapter_disabled": "the adapters switched off for one more forward per micro-batch; no memory",
-    "sharded": "a frozen copy in the compute dtype, sharded as the policy, and one more forward per micro-batch",
+    "sharded": "a frozen copy laid out as the policy's parameters, and one more forward per micro-batch",
     "offloaded": "that copy in host memory, copied in over PCIe for its forward each micro-batch",
     "precomputed": "one forward over every pair before step 1 (shared by the run's epochs); no memory, no forward "
     "during training",

@@ -22,8 +22,8 @@ REFERENCE = Option(
     "reference",
     "auto",
     "dpo/ipo: where the reference model's log-probabilities come from: adapter_disabled (LoRA/QLoRA's base with the "
-    "adapters off: no memory, one more forward per micro-batch), sharded (a frozen copy in the compute dtype laid "
-    "out as the policy: sharded under FSDP2/ZeRO-3, whole under DDP/ZeRO-1/2), offloaded (that copy in host memory, "
+    "adapters off: no memory, one more forward per micro-batch), sharded (a frozen copy laid out as the policy: "
+    "sharded under FSDP2/ZeRO-3, whole under DDP/ZeRO-1/2), offloaded (that copy in host memory, "
     "FSDP2), precomputed (one forward pass over the data before training, stored in output_dir and reused on "
     "resume); auto: adapter_disabled with adapters, else sharded (plan: auto weighs them all).",
 )
