@@ -15,7 +15,7 @@ from bigtrain.planner.adapter_memory import adapter_params, trained_params
 from bigtrain.planner.hardware import Cluster, GiB, count, size
 from bigtrain.planner.memory import host_bytes
 from bigtrain.planner.model_stats import ModelStats
-from bigtrain.planner.preference import batch_words, reference_note
+from bigtrain.planner.preference import batch_words, one_reference_each, reference_note
 from bigtrain.planner.replica_sync_time import WAIT_SHARE
 from bigtrain.planner.search import COMPETITIVE, NEAR_TIE, Candidate
 
@@ -188,7 +188,7 @@ def render_table(
     """The best runnable plans ("*" marks the choice), the best rejected ones with why, and with
     ``show_unrunnable`` the plans the trainer cannot run yet with the reason."""
     runnable = [c for c in candidates if c.runnable]
-    fitting = [c for c in runnable if c.fits][:SHOWN_FITTING]
+    fitting = one_reference_each([c for c in runnable if c.fits])[:SHOWN_FITTING]
     rejected = _rejected_shown([c for c in runnable if not c.fits])
     unrunnable = [c for c in candidates if not c.runnable] if show_unrunnable else []
     unrunnable = _best_per_reason(unrunnable, SHOWN_UNRUNNABLE)

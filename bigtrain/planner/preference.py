@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from bigtrain.config.capabilities.preference import copy_bytes, reference_mode
+from bigtrain.config.capabilities.preference import REFERENCE, copy_bytes, reference_mode
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import PREFERENCE_OBJECTIVES, rows_per_example
 from bigtrain.config.workload import Workload
@@ -98,3 +98,15 @@ def batch_words(workload: Workload) -> str:
         return str(workload.global_batch_size)
     rows = rows_per_example(workload.objective) * workload.global_batch_size
     return f"{workload.global_batch_size} pairs ({rows} rows)"
+
+
+def one_reference_each(ranked: list[Any]) -> list[Any]:
+    """The plan table's rows: each plan once, with its best reference (the note below the table gives the others);
+    plans without a reference are all kept."""
+    seen, out = set(), []
+    for c in ranked:
+        key = (c.plan.with_option(REFERENCE.name, REFERENCE.default), c.method, c.compile, c.fp8)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
