@@ -8,9 +8,9 @@ loss over the batch's pairs, AdamW, ``clip_grad_norm_``, the schedule and data o
 Compared each step: the loss, the gradient norm and every reported metric (rewards/chosen, rewards/rejected,
 rewards/margins, rewards/accuracies, logps/chosen, logps/rejected); then every trained parameter.
 
-Cases: dpo with LoRA on FSDP2 x 2 (the reference is the adapter-disabled base), full dpo on FSDP2 x 2 with its
-reference sharded, offloaded and precomputed, on ZeRO-3 x 2 (sharded), ZeRO-2 x 2 (a whole copy on each rank) and on
-DDP x 2 (precomputed), orpo and simpo on FSDP2 x 2, ipo on DDP x 2; each with accumulation (micro-batches of 2 pairs,
+Cases: dpo with LoRA on FSDP2 x 2 and ZeRO-3 x 2 (the reference is the adapter-disabled base), full dpo on FSDP2 x 2
+with its reference sharded, offloaded and precomputed, on HSDP 2x1, ZeRO-3 x 2 and ZeRO-2 x 2 (a whole copy on each
+rank) with it sharded and on DDP x 2 with it precomputed, orpo and simpo on FSDP2 x 2, ipo on DDP x 2; each with accumulation (micro-batches of 2 pairs,
 4 pairs per rank). The teeth: a reference that drifts with the policy, or pairs whose rejected answer comes from
 another pair (a pair split across micro-batches), move the loop's numbers far beyond the tolerance.
 """
@@ -56,12 +56,21 @@ CASES = {
     "dpo-full-fsdp2-precomputed": ("dpo", "full", {**FSDP, "reference": "precomputed"}),
     "dpo-full-zero3-sharded": ("dpo", "full", {**ZERO3, "reference": "sharded"}),
     "dpo-full-zero2-sharded": ("dpo", "full", {**ZERO2, "reference": "sharded"}),  # a whole copy on each rank
+    "dpo-lora-zero3-adapter_disabled": ("dpo", "lora", {**ZERO3, "reference": "adapter_disabled"}),
+    "dpo-full-hsdp-sharded": ("dpo", "full", {**FSDP, "dp_replicate": 2, "dp_shard": 1, "reference": "sharded"}),
     "dpo-full-ddp-precomputed": ("dpo", "full", {**DDP, "reference": "precomputed"}),
     "orpo-fsdp2": ("orpo", "full", FSDP),
     "simpo-fsdp2": ("simpo", "full", FSDP),
     "ipo-ddp": ("ipo", "full", {**DDP, "reference": "sharded"}),
 }
-FULL_ONLY = {"dpo-full-fsdp2-offloaded", "ipo-ddp", "dpo-full-zero3-sharded", "dpo-full-zero2-sharded"}
+FULL_ONLY = {
+    "dpo-full-fsdp2-offloaded",
+    "ipo-ddp",
+    "dpo-full-zero3-sharded",
+    "dpo-full-zero2-sharded",
+    "dpo-lora-zero3-adapter_disabled",
+    "dpo-full-hsdp-sharded",
+}
 THREE_REFERENCES = ("dpo-full-fsdp2-sharded", "dpo-full-fsdp2-offloaded", "dpo-full-fsdp2-precomputed")
 
 
