@@ -121,8 +121,9 @@ class DeepSpeedZeroEngine(Engine):
             with torch.no_grad():
                 for batch in micro_batches:
                     output = self.ds(**self._inputs(batch))
-                    loss = self.objective(output, batch).loss_sum.float().reshape(1)
-                    parts.append(torch.cat([loss, self.objective.eval_sums(output, batch)]))
+                    terms = self.objective(output, batch)
+                    loss = terms.loss_sum.float().reshape(1)
+                    parts.append(torch.cat([loss, self.objective.eval_sums(output, batch, terms)]))
         finally:
             self.ds.train()
         total = torch.stack(parts).sum(0)

@@ -157,8 +157,9 @@ class TorchNativeEngine(Engine):
             for batch in micro_batches:
                 output = self.model_output(batch)
                 with self._loss_context():
-                    loss = _local(self.objective(output, batch).loss_sum)
-                parts.append(torch.cat([loss.float().reshape(1), self.objective.eval_sums(output, batch)]))
+                    terms = self.objective(output, batch)
+                loss = _local(terms.loss_sum).float().reshape(1)
+                parts.append(torch.cat([loss, self.objective.eval_sums(output, batch, terms)]))
         total = torch.stack(parts).sum(0)
         dist.all_reduce(total, group=self.mesh.batch_group)
         return total

@@ -51,10 +51,10 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
 
 from bigtrain.config.capabilities import ModelFacts, Setup, check
-from bigtrain.config.capabilities.preference import reference_of
+from bigtrain.config.capabilities.preference import reference_mode
 from bigtrain.config.hf import model_config_object, resolve_attention
 from bigtrain.config.plan import Plan
-from bigtrain.config.schema import PREFERENCE_OBJECTIVES, AdapterConfig, TrainConfig
+from bigtrain.config.schema import PREFERENCE_OBJECTIVES, AdapterConfig, TrainConfig, rows_per_example
 from bigtrain.config.tasks import task_of
 from bigtrain.config.workload import Workload
 from bigtrain.data.batch import ExampleBatch, MicroBatch, PairBatch
@@ -200,11 +200,11 @@ def _simulate_rank(
 def _pairs(hf_config: Any, plan: Plan, workload: Workload, device: torch.device) -> PairBatch:
     """A preference micro-batch as the data path makes it: 2m rows (chosen, then rejected) of the workload's length,
     the first half of each row its prompt; the reference's log-probabilities with it where they are precomputed."""
-    rows, length = 2 * plan.micro_batch_size, workload.seq_len
+    rows, length = rows_per_example(workload.objective) * plan.micro_batch_size, workload.seq_len
     ids = torch.randint(0, hf_config.vocab_size, (rows, length), device=device)
     labels = next_token_labels(ids)
     labels[:, : length // 2] = IGNORE_INDEX
-    precomputed = reference_of(plan, workload.train_config()) == "precomputed"
+    precomputed = reference_mode(plan, workload) == "precomputed"
     return PairBatch(ids, labels, torch.zeros(rows, device=device) if precomputed else None)
 
 
@@ -213,7 +213,7 @@ def _reference_tensors(engine: TorchNativeEngine, plan: Plan, workload: Workload
     step, so the tracker is handed them as it is the inputs. An offloaded copy's live in host memory (on this CPU
     the offload policy has nothing to move: they are left out, as a GPU's memory would not hold them)."""
     built = getattr(engine.reference, "keep", None)
-    if built is None or reference_of(plan, workload.train_config()) != "sharded":
+    if built is None or reference_mode(plan, workload) != "sharded":
         return []
     local = [p.to_local() if isinstance(p, DTensor) else p for part in built.parts for p in part.parameters()]
     return [t.detach() for t in local]

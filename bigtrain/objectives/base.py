@@ -37,9 +37,11 @@ class Objective(Protocol):
         """The loss sum from the model's output tensor alone (a pipeline's last stage hands only that over)."""
         ...
 
-    def eval_sums(self, output: Any, batch: Any) -> torch.Tensor:
+    def eval_sums(self, output: Any, batch: Any, terms: Terms) -> torch.Tensor:
         """Evaluation: the sums over this micro-batch that the objective's metrics are made of (1-D fp32, of a length
-        fixed by the model; empty when it reports none beyond the loss), added up over the held-out data and ranks."""
+        fixed by the model; empty when it reports none beyond the loss), added up over the held-out data and ranks.
+        ``terms``: what ``__call__`` gave for the same output (an objective whose step metrics are its evaluation's
+        reads them there instead of computing them again)."""
         ...
 
     def eval_metrics(self, loss: float, sums: torch.Tensor, count: int) -> dict[str, float]:

@@ -117,7 +117,7 @@ class CausalLM(NoStepMetrics):
         loss = self.loss_sum(output.logits, batch.labels)
         return Terms(loss, router_loss(output) if self.per_forward_weight else None)
 
-    def eval_sums(self, output: Any, batch: Any) -> torch.Tensor:
+    def eval_sums(self, output: Any, batch: Any, terms: Terms) -> torch.Tensor:
         return torch.zeros(0, device=batch.labels.device)  # the loss is the whole evaluation
 
     def eval_metrics(self, loss: float, sums: torch.Tensor, count: int) -> dict[str, float]:

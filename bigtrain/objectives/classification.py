@@ -33,7 +33,7 @@ class Classification(NoStepMetrics):
     def __call__(self, output: Any, batch: Any) -> Terms:
         return Terms(self.loss_sum(output.logits, batch.labels))
 
-    def eval_sums(self, output: Any, batch: Any) -> torch.Tensor:
+    def eval_sums(self, output: Any, batch: Any, terms: Terms) -> torch.Tensor:
         """[top-1 correct, top-5 correct, then per class: true positives, predicted, actual] of the labelled
         examples: accuracy, top-5 accuracy and macro-F1 over the whole held-out set come from their sums."""
         labels = batch.labels

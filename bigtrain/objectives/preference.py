@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from bigtrain.config.schema import REFERENCE_OBJECTIVES
 from bigtrain.data.batch import PairBatch
 from bigtrain.data.labels import IGNORE_INDEX
 from bigtrain.objectives.base import Terms
@@ -53,7 +54,7 @@ class PreferenceSettings:
 
     @property
     def needs_reference(self) -> bool:
-        return self.objective in ("dpo", "ipo")
+        return self.objective in REFERENCE_OBJECTIVES
 
     @property
     def averaged(self) -> bool:
@@ -163,8 +164,9 @@ class Preference:
     def loss_sum(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError("a pipeline schedule hands the loss only logits: preference objectives need pp=1")
 
-    def eval_sums(self, output: Any, batch: PairBatch) -> torch.Tensor:
-        return self.pair_terms(output.logits, batch)[1]
+    def eval_sums(self, output: Any, batch: PairBatch, terms: Terms) -> torch.Tensor:
+        assert terms.metrics is not None, "terms from this objective's __call__"
+        return terms.metrics  # the step metrics' sums are the evaluation's
 
     def eval_metrics(self, loss: float, sums: torch.Tensor, count: int) -> dict[str, float]:
         return {f"eval_{k}": v for k, v in step_metrics(sums, count).items()} | {"eval_pairs": count}
