@@ -233,7 +233,7 @@ def predict(case: Rank0Case, plan: dict[str, Any], profile: str | None = None) -
     from bigtrain.planner.model_stats import ModelStats
 
     stats = ModelStats.from_config(MODELS[case.model])
-    p = Plan(**plan)
+    p = Plan.from_dict(plan)
     memory = estimate_memory(stats, p, case.workload())
     cluster = make_cluster(case.world, None, "H200")
     if profile:  # the time model with this machine's measured rates (bigtrain probe) instead of the datasheet's

@@ -9,6 +9,7 @@ the workers and waits up to ``SHUTDOWN_S`` for them to checkpoint and stop (``tr
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -56,7 +57,7 @@ def launch_local(
         rdzv_endpoint="127.0.0.1:0",
         max_restarts=max_restarts,
         monitor_interval=0.5,
-        shutdown_timeout=SHUTDOWN_S,
+        **_shutdown_timeout(),
     )
     try:
         elastic_launch(config, sys.executable)("-u", "-m", "bigtrain", *worker_args)
@@ -65,6 +66,14 @@ def launch_local(
     except ChildFailedError as e:
         return _say_root_cause(e.failures, output_dir)
     return 0
+
+
+def _shutdown_timeout() -> dict[str, int]:
+    """``shutdown_timeout=SHUTDOWN_S`` where this torch's LaunchConfig has the field (2.13 has it, 2.11 has not: seen
+    on an H100 image, where every ``--nproc`` launch failed on the keyword). Without it the agent waits torch's own
+    30 s for the workers' checkpoint after a signal."""
+    names = {f.name for f in dataclasses.fields(LaunchConfig)}
+    return {"shutdown_timeout": SHUTDOWN_S} if "shutdown_timeout" in names else {}
 
 
 def launch_replica_groups(nproc: int, groups: int, own_args: list[str], output_dir: str) -> int:

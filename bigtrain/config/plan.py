@@ -81,6 +81,13 @@ class Plan:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "options"}
         return {**fields, **dict(self.options)}
 
+    @staticmethod
+    def from_dict(values: dict[str, Any]) -> Plan:
+        """The inverse of ``to_dict``: a plan.json's keys, the records' options among them, back into a Plan."""
+        own = {k: v for k, v in values.items() if k in PLAN_FIELD_NAMES and k != "options"}
+        options = tuple(sorted((k, v) for k, v in values.items() if k not in PLAN_FIELD_NAMES))
+        return Plan(**own, options=options)
+
 
 PLAN_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(Plan))
 

@@ -64,6 +64,14 @@ def test_plan_round_trips_into_a_recipe_section():
     assert resolve_plan(parallel_of(plan.to_dict()), 2, TrainConfig(global_batch_size=2)) == plan
 
 
+def test_a_plan_json_reads_back_into_the_same_plan_with_its_record_options():
+    # plan.json writes the records' options flat among the plan's keys (to_dict); bench/rank0_on_device.py read them
+    # back with Plan(**keys) and failed on the first record option (seen on an H100: channels_last)
+    plan = resolve_plan(ParallelConfig(zero_stage=2), 2, TrainConfig(global_batch_size=2))
+    assert dict(plan.options)  # the records' options are there to lose
+    assert Plan.from_dict(plan.to_dict()) == plan
+
+
 @pytest.mark.parametrize(
     "cfg, world, batch, expected",
     [
