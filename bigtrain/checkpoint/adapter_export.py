@@ -27,6 +27,7 @@ from bigtrain.checkpoint.layout import HF_FILES, RECIPE, Manifest, check_files, 
 from bigtrain.checkpoint.reader import MODEL_PREFIX, load_into, read_metadata
 from bigtrain.config.load import load_recipe
 from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
+from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
 from bigtrain.errors import ConfigError
 
 log = logging.getLogger("bigtrain")
@@ -68,10 +69,20 @@ def read_adapters(folder: Path, cfg: RecipeConfig) -> dict[str, torch.Tensor]:
     return {name.removeprefix(MODEL_PREFIX): value for name, value in state.items()}
 
 
-def _targets(cfg: RecipeConfig, adapters: dict[str, torch.Tensor]) -> list[str]:
-    """What peft injects on load: the recipe's targets, or the adapted modules' last names."""
+def _targets(cfg: RecipeConfig, adapters: dict[str, torch.Tensor], folder: Path) -> list[str] | str:
+    """What peft injects on load: the recipe's targets, or what training adapted by default (the adapted modules'
+    last names; a vision-language model's language model alone, whose linear names its vision tower shares)."""
     if cfg.lora.target_modules is not None:
         return list(cfg.lora.target_modules)
+    if _peft_task(folder) == "CAUSAL_LM":
+        from transformers import AutoConfig
+
+        from bigtrain.models.build import build_meta_model
+        from bigtrain.parallel.transforms.adapters import target_modules
+
+        hf_config = AutoConfig.from_pretrained(folder / HF_FILES)
+        if task_of(hf_config) is IMAGE_TEXT_TO_TEXT:
+            return target_modules(build_meta_model(hf_config, "eager"), cfg.lora)
     return sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in adapters if ".lora_" in name})
 
 
@@ -108,7 +119,7 @@ def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
         # trained value under each of the tensor's names (as its own save writes it)
         aliases = _aliases(folder) if cfg.lora.modules_to_save else {}
         tied = {alias: value.clone() for name, value in adapters.items() for alias in aliases.get(name, [])}
-        config = peft_config(cfg.lora, _targets(cfg, adapters), tied=bool(tied), task_type=_peft_task(folder))
+        config = peft_config(cfg.lora, _targets(cfg, adapters, folder), tied=bool(tied), task_type=_peft_task(folder))
         # the base by the absolute path the run recorded: AutoPeftModelForCausalLM.from_pretrained(this folder)
         # then finds it from any directory, never asking the hub for a relative name
         recorded = (manifest.base or {}).get("path")

@@ -34,11 +34,13 @@ def write_hf_files(
     tokenizer_folder: str | None,
     byte_tokenizer: bool = False,
     image_processor: dict[str, Any] | None = None,
+    processor: tuple[str, int | None, int | None] | None = None,
 ) -> None:
     """Everything of an HF model folder except the weights: config (fp32, KV cache on again), the source model's
     generation config when it had one, and the recipe's tokenizer when it has one (``byte_tokenizer``: the built-in
     one the run read its text with, as an HF tokenizer folder); an image classifier's image processor (the model
-    folder's own, else one that resizes to the trained size and normalises as trained)."""
+    folder's own, else one that resizes to the trained size and normalises as trained); a vision-language model's
+    processor (``processor``: its folder and the pixel budget trained with, data.min_pixels/max_pixels)."""
     folder.mkdir(parents=True, exist_ok=True)
     config = copy.deepcopy(hf_config)
     config.use_cache = True  # the trainer turned the KV cache off; generation wants it
@@ -56,6 +58,23 @@ def write_hf_files(
         save_byte_tokenizer(folder)
     if image_processor is not None:
         _write_image_processor(folder, model_folder, image_processor)
+    if processor is not None:
+        _write_processor(folder, *processor)
+
+
+def _write_processor(folder: Path, source: str, min_pixels: int | None, max_pixels: int | None) -> None:
+    """The processor as ``processor.save_pretrained`` writes it: its tokenizer, then its own files (the processor's
+    chat template replaces a tokenizer's), the image processor rewritten where the run changed its pixel budget."""
+    from transformers import AutoTokenizer
+
+    from bigtrain.data.processor import PROCESSOR_FILES, load_processor
+
+    AutoTokenizer.from_pretrained(source, local_files_only=True).save_pretrained(folder)
+    for name in (*PROCESSOR_FILES, "video_preprocessor_config.json"):
+        if (Path(source) / name).is_file():
+            shutil.copy2(Path(source) / name, folder / name)
+    if min_pixels is not None or max_pixels is not None:
+        load_processor(source, "the processor", min_pixels, max_pixels).image_processor.save_pretrained(folder)
 
 
 def _write_image_processor(folder: Path, model_folder: str | None, settings: dict[str, Any]) -> None:

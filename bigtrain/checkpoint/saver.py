@@ -56,6 +56,17 @@ def uses_byte_tokenizer(cfg: RecipeConfig) -> bool:
     return cfg.data.tokenizer is None and not str(cfg.data.path).endswith(".npy")
 
 
+def processor_of(cfg: RecipeConfig, hf_config: Any) -> tuple[str, int | None, int | None] | None:
+    """A vision-language model's processor folder and the pixel budget the run set, which its checkpoints and model
+    folder carry (``write_hf_files``); None for other tasks."""
+    from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
+
+    folder = cfg.data.processor or cfg.model.name_or_path
+    if task_of(hf_config) is not IMAGE_TEXT_TO_TEXT or folder is None:
+        return None
+    return folder, cfg.data.min_pixels, cfg.data.max_pixels
+
+
 @dataclass(frozen=True)
 class _Pending:
     future: Future
@@ -163,13 +174,15 @@ class Checkpointer:
         partial, final = partial_dir(self.root, step), step_dir(self.root, step)
         shard_sums = gather_checksums(partial, dist.get_world_size())
         (partial / RECIPE).write_text(dump_recipe(self.cfg))
+        processor = processor_of(self.cfg, self.hf_config)
         write_hf_files(
             partial / HF_FILES,
             self.hf_config,
             self.cfg.model.name_or_path,
             self.cfg.data.tokenizer,
-            byte_tokenizer=self.image_processor is None and uses_byte_tokenizer(self.cfg),
+            byte_tokenizer=self.image_processor is None and processor is None and uses_byte_tokenizer(self.cfg),
             image_processor=self.image_processor,
+            processor=processor,
         )
         files = list_files(partial)
         Manifest(

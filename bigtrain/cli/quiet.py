@@ -55,5 +55,13 @@ def quiet_libraries() -> None:
     )
     # torchft's Manager warns at every new quorum that it cannot reset NCCL's flight recorder (none on CPUs)
     logging.getLogger("torchft.manager").addFilter(_DropMessages("Unable to reset NCCL flight recorder"))
+    # FSDP2 warns when the root module's output holds a view (a vision-language model's rope_deltas): bigtrain's
+    # objectives read the outputs out of place, never writing into them
+    warnings.filterwarnings(
+        "ignore",
+        message=r"FSDP2-wrapped module \(FSDP\w+ForConditionalGeneration\) returned a view tensor",
+        category=UserWarning,
+        module=r"torch\.distributed\.fsdp",
+    )
     # matplotlib (bigtrain report) announces that it built its font cache on first use
     logging.getLogger("matplotlib.font_manager").setLevel(logging.WARNING)

@@ -75,8 +75,15 @@ class ModelConfig:
     task: str = doc(
         "What the model is trained to do: auto (from the config's architectures, else causal-lm for a decoder "
         "family and the one task transformers serves otherwise: image-classification for ResNet/ViT/ConvNeXt, "
-        "sequence-classification for BERT-like encoders), causal-lm, image-classification, sequence-classification.",
+        "sequence-classification for BERT-like encoders, image-text-to-text for a config with a vision tower), "
+        "causal-lm, image-classification, sequence-classification, image-text-to-text (vision-language chat models).",
         default="auto",
+    )
+    freeze: list[str] = doc(
+        "Parts that do not train (image-text-to-text): vision_tower, projector, language_model, resolved to the "
+        "family's own modules (Qwen2.5-VL's visual, Idefics3's connector, ...), or the model's own module names. "
+        "Their weights stay bit-identical.",
+        default_factory=list,
     )
     trust_remote_code: bool = doc(
         "Allow a model folder whose config names its own Python code (auto_map) to run that code when its config "
@@ -143,7 +150,26 @@ class DataConfig:
         "Classification: the field (or HF dataset column) holding each example's label, a class name or an index.",
         default="label",
     )
-    image_field: str = doc("Image classification: the HF dataset column holding the image.", default="image")
+    image_field: str = doc(
+        "Image classification: the HF dataset column holding the image; image-text-to-text: the column holding each "
+        "conversation's images, in the order of its image placeholders (when its messages do not name them).",
+        default="image",
+    )
+    processor: str | None = doc(
+        "Image-text-to-text: the local folder of the model's processor (image processor, tokenizer, chat template); "
+        "unset: the model folder.",
+        default=None,
+    )
+    min_pixels: int | None = doc(
+        "Image-text-to-text, families with dynamic resolution (Qwen-VL): the fewest pixels an image is resized to; "
+        "unset: the processor's own.",
+        default=None,
+    )
+    max_pixels: int | None = doc(
+        "Image-text-to-text, families with dynamic resolution (Qwen-VL): the most pixels an image is resized to "
+        "(its image tokens grow with them); unset: the processor's own.",
+        default=None,
+    )
     image_size: int | None = doc(
         "Image classification: the side of the square the model sees, in pixels; unset: the model folder's image "
         "processor's (preprocessor_config.json), else the model config's image_size (ViT's); else it is needed.",

@@ -21,7 +21,7 @@ class Task:
     name: str  # model.task
     auto_class: str  # the transformers Auto class the model is built with
     mapping: str  # the transformers mapping of model_type -> class name for that Auto class
-    suffix: str  # how that class's name ends (e.g. ForImageClassification)
+    suffix: str | None  # how that class's name ends (e.g. ForImageClassification); None: its mapping alone says
     examples: bool  # a batch holds examples with one label each (not token rows)
     unit: str  # what throughput counts: tokens, images or examples
     counts: str  # what the loss is normalised by over the global batch, in words
@@ -54,7 +54,22 @@ SEQUENCE_CLASSIFICATION = Task(
     unit="examples",
     counts="examples",
 )
-TASKS: dict[str, Task] = {t.name: t for t in (CAUSAL_LM, IMAGE_CLASSIFICATION, SEQUENCE_CLASSIFICATION)}
+# Chat rows whose user turns hold images: token rows as for a causal LM (the loss on the assistant's tokens), the
+# processor's image tensors beside them. Its classes end in ForConditionalGeneration, as seq2seq models' do, so only
+# transformers' image-text-to-text mapping names them.
+IMAGE_TEXT_TO_TEXT = Task(
+    name="image-text-to-text",
+    auto_class="AutoModelForImageTextToText",
+    mapping="MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+    suffix=None,
+    examples=False,
+    unit="tokens",
+    counts="labelled tokens",
+)
+# image-text-to-text first: Gemma 3's multimodal class is also transformers' causal LM class of model_type gemma3
+TASKS: dict[str, Task] = {
+    t.name: t for t in (IMAGE_TEXT_TO_TEXT, CAUSAL_LM, IMAGE_CLASSIFICATION, SEQUENCE_CLASSIFICATION)
+}
 AUTO = "auto"
 
 
@@ -79,12 +94,14 @@ def serving(model_type: str) -> list[Task]:
 
 def detect_task(hf_config: Any) -> Task:
     """``model.task: auto``: the task of the class the config names (``architectures``, as a saved model folder has
-    it); else, for a config without one (``model.config``), causal-lm for a decoder family, otherwise the one task
-    transformers serves it with (an encoder such as BERT, which transformers also lists as a causal LM: its
-    sequence classifier)."""
+    it); else, for a config without one (``model.config``), image-text-to-text for a config with a vision tower,
+    causal-lm for a decoder family, otherwise the one task transformers serves it with (an encoder such as BERT,
+    which transformers also lists as a causal LM: its sequence classifier)."""
     named = named_task(hf_config)
     if named is not None:
         return named
+    if getattr(hf_config, "vision_config", None) is not None and IMAGE_TEXT_TO_TEXT in serving(hf_config.model_type):
+        return IMAGE_TEXT_TO_TEXT  # a vision tower beside a language model (Gemma 3 is also listed as a causal LM)
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
     tasks = serving(hf_config.model_type)
@@ -138,7 +155,8 @@ def named_task(hf_config: Any) -> Task | None:
     builds for the family's task (BERT's causal LM is ``BertLMHeadModel``)."""
     for arch in getattr(hf_config, "architectures", None) or []:
         for task in TASKS.values():
-            if arch.endswith(task.suffix) or arch == _class_name(task, hf_config.model_type):
+            by_suffix = task.suffix is not None and arch.endswith(task.suffix)
+            if by_suffix or arch == _class_name(task, hf_config.model_type):
                 return task
     return None
 

@@ -140,3 +140,35 @@ class PairBatch:
         """The pairs where ``rows`` ([m] bool) is set predict nothing (evaluation fillers): both of their rows."""
         both = torch.cat([rows, rows])
         return replace(self, labels=self.labels.masked_fill(both[:, None], IGNORE_INDEX))
+
+
+@dataclass(frozen=True)
+class ImageChatBatch:
+    """A micro-batch of conversations with images (``model.task: image-text-to-text``): the token rows with the
+    image tokens the processor expanded, their labels (already shifted, on the assistant's tokens only; image
+    tokens, prompts and padding IGNORE_INDEX), and the processor's other tensors (``attention_mask``, the images'
+    ``pixel_values`` and the family's own: Qwen-VL's ``image_grid_thw``, Idefics3's ``pixel_attention_mask``, ...)."""
+
+    input_ids: torch.Tensor  # [micro_batch_size, seq_len]
+    labels: torch.Tensor  # [micro_batch_size, seq_len]
+    inputs: dict[str, torch.Tensor]
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids, **self.inputs}
+
+    def to(self, device: torch.device) -> ImageChatBatch:
+        inputs = {k: v.to(device, non_blocking=True) for k, v in self.inputs.items()}
+        return ImageChatBatch(
+            self.input_ids.to(device, non_blocking=True), self.labels.to(device, non_blocking=True), inputs
+        )
+
+    def pin_memory(self) -> ImageChatBatch:
+        inputs = {k: v.pin_memory() for k, v in self.inputs.items()}
+        return ImageChatBatch(self.input_ids.pin_memory(), self.labels.pin_memory(), inputs)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.input_ids, self.labels, *self.inputs.values()]
+
+    def without_labels(self, rows: torch.Tensor) -> ImageChatBatch:
+        """The rows where ``rows`` ([micro_batch_size] bool) is set predict nothing (evaluation fillers)."""
+        return replace(self, labels=self.labels.masked_fill(rows[:, None], IGNORE_INDEX))

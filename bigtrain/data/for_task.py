@@ -9,7 +9,8 @@ import numpy as np
 
 from bigtrain.config.capabilities.preference import without_log_probabilities
 from bigtrain.config.schema import PREFERENCE_OBJECTIVES, RecipeConfig
-from bigtrain.config.tasks import IMAGE_CLASSIFICATION, Task
+from bigtrain.config.tasks import IMAGE_CLASSIFICATION, IMAGE_TEXT_TO_TEXT, Task
+from bigtrain.data.image_chat import ImageChats, load_image_chats
 from bigtrain.data.images import ImageExamples, Preprocessing, load_image_examples
 from bigtrain.data.preference import PreferencePairs, load_preference_pairs
 from bigtrain.data.sources import TokenRows, check_vocabulary, held_out_rows, hold_out, load_token_rows
@@ -17,7 +18,7 @@ from bigtrain.data.text_classes import TextExamples, load_text_examples, tokeniz
 from bigtrain.errors import ConfigError
 
 Examples = ImageExamples | TextExamples
-Data = TokenRows | Examples | PreferencePairs
+Data = TokenRows | Examples | PreferencePairs | ImageChats
 
 
 def load_training_data(cfg: RecipeConfig, hf_config: Any, task: Task) -> tuple[Data, Data | None]:
@@ -27,6 +28,8 @@ def load_training_data(cfg: RecipeConfig, hf_config: Any, task: Task) -> tuple[D
         return _pairs(cfg, hf_config, task)
     if task.examples:
         return _examples(cfg, hf_config, task)
+    if task is IMAGE_TEXT_TO_TEXT:
+        return _image_chats(cfg, hf_config)
     vocab = hf_config.vocab_size
     data = load_token_rows(data_cfg)
     check_vocabulary(data, vocab, data_cfg.path)
@@ -58,6 +61,36 @@ def _pairs(cfg: RecipeConfig, hf_config: Any, task: Task) -> tuple[PreferencePai
     elif data_cfg.eval_fraction > 0:
         kept, chosen = held_out_rows(data.num_rows, data_cfg.eval_fraction, cfg.train.seed, "pairs")
         held = data.subset(chosen, f"{len(chosen)} held-out pairs")
+        data = data.subset(kept, f"{data.description}, {len(kept)} for training")
+    _require_held_out(cfg, held)
+    return data, held
+
+
+def _image_chats(cfg: RecipeConfig, hf_config: Any) -> tuple[ImageChats, ImageChats | None]:
+    from bigtrain.data.processor import load_processor
+
+    data_cfg = cfg.data
+    folder = data_cfg.processor or cfg.model.name_or_path
+    if folder is None:
+        raise ConfigError(
+            "model.task=image-text-to-text reads its data through the model's processor: set data.processor to its "
+            "folder (model.config builds no processor)"
+        )
+    key = "data.processor" if data_cfg.processor else "model.name_or_path"
+    processor = load_processor(folder, key, data_cfg.min_pixels, data_cfg.max_pixels)
+    vocab = hf_config.get_text_config().vocab_size
+    if len(processor.tokenizer) > vocab:
+        raise ConfigError(
+            f"{key}={folder!r}: the processor's tokenizer has {len(processor.tokenizer)} ids but the language "
+            f"model's vocab_size is {vocab}; use the model's own processor"
+        )
+    data = load_image_chats(data_cfg, "data.path", data_cfg.path, processor, cfg.train.seed)
+    held: ImageChats | None = None
+    if data_cfg.eval_path is not None:
+        held = load_image_chats(data_cfg, "data.eval_path", data_cfg.eval_path, processor, cfg.train.seed + 1)
+    elif data_cfg.eval_fraction > 0:
+        kept, chosen = held_out_rows(data.num_rows, data_cfg.eval_fraction, cfg.train.seed, "conversations")
+        held = data.subset(chosen, f"{len(chosen)} held-out conversations")
         data = data.subset(kept, f"{data.description}, {len(kept)} for training")
     _require_held_out(cfg, held)
     return data, held

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -118,29 +119,46 @@ class HFTokenizer:
 
     @staticmethod
     def _render_chat(tok: Any, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:
-        text = tok.apply_chat_template(messages, tokenize=False)
-        spans = []
-        for i, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            if i:
-                before = tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
-            else:  # a conversation that opens with the assistant: the template's preamble is not its text
-                try:
-                    before = tok.apply_chat_template([], tokenize=False, add_generation_prompt=True)
-                except Exception:  # noqa: BLE001 - a template that needs a message: no preamble to skip
-                    before = ""
-            through = tok.apply_chat_template(messages[: i + 1], tokenize=False)
-            if not (text.startswith(through) and through.startswith(before)):
-                raise ConfigError(
-                    "the chat template renders an earlier assistant turn differently inside a longer conversation "
-                    "(e.g. it drops reasoning from past turns), so the assistant tokens cannot be located; use "
-                    "prompt/completion records, one per assistant turn"
-                )
-            spans.append((len(before), len(through)))
+        def render(part: list[dict[str, Any]], generation_prompt: bool) -> str:
+            return tok.apply_chat_template(part, tokenize=False, add_generation_prompt=generation_prompt)
+
+        text, spans = assistant_spans(render, messages)
         encoded = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        targets = [any(lo <= start < hi for lo, hi in spans) for start, _ in encoded["offset_mapping"]]
-        return list(encoded["input_ids"]), targets
+        return list(encoded["input_ids"]), targets_in(spans, encoded["offset_mapping"])
+
+
+def assistant_spans(
+    render: Callable[[list[dict[str, Any]], bool], str], messages: list[dict[str, Any]]
+) -> tuple[str, list[tuple[int, int]]]:
+    """A conversation's text through a chat template (``render(messages, generation_prompt)``) and the character
+    spans of its assistant turns: each found by rendering the conversation up to it (with the generation prompt) and
+    through it; the characters in between are what the model says, end-of-turn marker included."""
+    text = render(messages, False)
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        if i:
+            before = render(messages[:i], True)
+        else:  # a conversation that opens with the assistant: the template's preamble is not its text
+            try:
+                before = render([], True)
+            except Exception:  # noqa: BLE001 - a template that needs a message: no preamble to skip
+                before = ""
+        through = render(messages[: i + 1], False)
+        if not (text.startswith(through) and through.startswith(before)):
+            raise ConfigError(
+                "the chat template renders an earlier assistant turn differently inside a longer conversation "
+                "(e.g. it drops reasoning from past turns), so the assistant tokens cannot be located; use "
+                "prompt/completion records, one per assistant turn"
+            )
+        spans.append((len(before), len(through)))
+    return text, spans
+
+
+def targets_in(spans: list[tuple[int, int]], offsets: list[tuple[int, int]]) -> list[bool]:
+    """Which tokens (by their character ``offsets``) start inside one of ``spans``: the assistant's tokens."""
+    return [any(lo <= start < hi for lo, hi in spans) for start, _ in offsets]
 
 
 def load_tokenizer(path: str | None) -> Tokenizer:

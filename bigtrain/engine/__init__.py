@@ -52,6 +52,7 @@ def build_options(cfg: RecipeConfig, hf_config: Any, plan: Plan, device: torch.d
         lora=cfg.lora,
         pretrained=cfg.model.name_or_path,
         seed=cfg.train.seed,
+        freeze=tuple(cfg.model.freeze),
         deepspeed_config=deepspeed_config(cfg, plan, _width(hf_config)) if plan.backend == "deepspeed" else None,
     )
 

@@ -156,6 +156,21 @@ class DeepSpeedZeroEngine(Engine):
         named = self.ds.module.named_parameters(remove_duplicate=False)
         return [(self.built.hf_name(n), p) for n, p in named if p.requires_grad]
 
+    def _frozen_params(self) -> list[tuple[str, nn.Parameter]]:
+        """The parameters ``model.freeze`` keeps fixed, by HF name (an adapter run's frozen base is not state)."""
+        if any(t.name == "adapters" for t in self.built.applied):
+            return []
+        named = self.ds.module.named_parameters(remove_duplicate=False)
+        return [(self.built.hf_name(n), p) for n, p in named if not p.requires_grad]
+
+    @staticmethod
+    def _full_value(param: nn.Parameter) -> torch.Tensor:
+        """A parameter's whole value on the host (gathered from its ZeRO-3 partitions: collective, every rank)."""
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([param], enabled=hasattr(param, "ds_id")):
+            return param.detach().float().cpu().clone()
+
     def _persistent_buffers(self) -> list[tuple[str, torch.Tensor]]:
         """The buffers a state dict holds (not the non-persistent ones, such as rotary frequencies), by HF name:
         what torch's state dict of the torch-native engines holds besides the parameters."""
@@ -200,6 +215,8 @@ class DeepSpeedZeroEngine(Engine):
                     optim[f"param_groups.{name}.{key}"] = value
         for name, buffer in self._persistent_buffers():  # BatchNorm's running statistics (the same on every rank)
             model[name] = buffer.detach().cpu().clone()
+        for name, param in self._frozen_params():  # model.freeze's parts: model state, never updated
+            model[name] = self._full_value(param)
         scale = self._loss_scale()
         scaler = {} if scale is None else {"scale": scale, "clean_steps": 0}
         return {"model": model, "optimizer": optim, "scheduler": self.scheduler.state_dict(), "loss_scaler": scaler}
@@ -230,6 +247,11 @@ class DeepSpeedZeroEngine(Engine):
         with torch.no_grad():
             for name, buffer in self._persistent_buffers():
                 buffer.copy_(model[name].to(device=buffer.device, dtype=buffer.dtype))
+        for name, param in self._frozen_params():
+            value = model[name]
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=0, enabled=hasattr(param, "ds_id")):
+                with torch.no_grad():
+                    param.copy_(value.to(device=param.device, dtype=param.dtype))
         # the group's hyperparameters as saved: above all its current lr, which the schedule's own state does not
         # carry (LambdaLR writes it into the group at each step)
         first = self._named_params()[0][0]

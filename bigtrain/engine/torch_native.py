@@ -28,11 +28,14 @@ from bigtrain.objectives import Terms
 from bigtrain.parallel.transforms.base import BuiltModel
 
 # Optimizer state keyed by parameter name (not by position), so it follows the parameters to another plan. Frozen
-# parameters (the base under LoRA) are not state: they come from the base model, so a checkpoint holds the adapters.
+# parameters (the base under LoRA) are not state: they come from the base model, so a checkpoint holds the adapters;
+# the parts model.freeze names are (KEEP_FROZEN_*: state_options).
 STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True)
 # Loading: every trained entry is looked up by name below (a missing one is a KeyError); the frozen ones are absent
 # on purpose, which torch's strict load would call missing.
 LOAD_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True, strict=False)
+KEEP_FROZEN_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+KEEP_FROZEN_LOAD_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
 
 OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
@@ -197,9 +200,10 @@ class TorchNativeEngine(Engine):
     def state_dict(self) -> dict[str, Any]:
         model: dict[str, Any] = {}
         optim: dict[str, Any] = {}
+        options, _ = state_options(self.built)
         for part, optimizer in zip(self.parts, self.optimizers, strict=True):  # the parts' parameter names are disjoint
-            part_model, part_optim = get_state_dict(part, optimizer, options=STATE_DICT_OPTIONS)
-            frozen = frozen_names(part)
+            part_model, part_optim = get_state_dict(part, optimizer, options=options)
+            frozen = frozen_names(part) if options.ignore_frozen_params else set()
             model.update({self.built.hf_name(k): v for k, v in part_model.items() if k not in frozen})
             optim.update({hf_optimizer_key(k, self.built.hf_name): v for k, v in part_optim.items()})
         return {
@@ -212,15 +216,24 @@ class TorchNativeEngine(Engine):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Each part takes its own keys, found under their HF names (the transforms' renames)."""
         hf_name = self.built.hf_name
+        options, load_options = state_options(self.built)
         for part, optimizer, scheduler in zip(self.parts, self.optimizers, self.schedulers, strict=True):
-            own_model, own_optim = get_state_dict(part, optimizer, options=STATE_DICT_OPTIONS)
-            frozen = frozen_names(part)
+            own_model, own_optim = get_state_dict(part, optimizer, options=options)
+            frozen = frozen_names(part) if options.ignore_frozen_params else set()
             model = {k: state["model"][hf_name(k)] for k in own_model if k not in frozen}
             optim = {k: state["optimizer"][hf_optimizer_key(k, hf_name)] for k in own_optim}
-            set_state_dict(part, optimizer, model_state_dict=model, optim_state_dict=optim, options=LOAD_OPTIONS)
+            set_state_dict(part, optimizer, model_state_dict=model, optim_state_dict=optim, options=load_options)
             scheduler.load_state_dict(state["scheduler"])
         if self.loss_scaler:
             self.loss_scaler.load_state_dict(state["loss_scaler"])
+
+
+def state_options(built: BuiltModel) -> tuple[StateDictOptions, StateDictOptions]:
+    """How the model's state is read and written: without the frozen parameters when they are an adapter run's base
+    (it comes from the base folder again), with them otherwise (``model.freeze``'s parts are model state)."""
+    if any(t.name == "adapters" for t in built.applied):
+        return STATE_DICT_OPTIONS, LOAD_OPTIONS
+    return KEEP_FROZEN_OPTIONS, KEEP_FROZEN_LOAD_OPTIONS
 
 
 def frozen_names(part: torch.nn.Module) -> set[str]:

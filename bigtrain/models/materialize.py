@@ -112,7 +112,6 @@ def write_full(target: torch.Tensor, full: torch.Tensor, name: str, source: str,
         copy_full_into(target, full, name, source, convert)
 
 
-
 @torch.no_grad()
 def materialize(
     models: list[nn.Module],
@@ -138,6 +137,21 @@ def materialize(
             write_full(target, value, fqn, source, convert)
 
 
+def _initialisers(model: nn.Module) -> dict[str, Any]:
+    """Each module's nearest enclosing transformers model (itself included), whose ``_init_weights`` initialises it
+    as transformers does: a vision-language model's vision tower (CLIP's, SigLIP's) is a model of its own, with its
+    own rules (e.g. CLIP's position ids, which the outer model's rules leave unset)."""
+    from transformers import PreTrainedModel
+
+    owners: dict[str, Any] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, PreTrainedModel):
+            owners[name] = module
+        else:
+            owners[name] = owners[name.rsplit(".", 1)[0] if "." in name else ""]
+    return owners
+
+
 @torch.no_grad()
 def full_values(
     meta_twin: Any, wanted: Collection[str], checkpoint: str | None, seed: int, new_head: bool = False
@@ -151,6 +165,7 @@ def full_values(
     reader = ConvertedCheckpoint(checkpoint, meta_twin) if checkpoint else None
     loaded, missing, replaced = 0, [], []
     torch.manual_seed(seed)
+    owners = _initialisers(meta_twin)
     for mod_name, mod in meta_twin.named_modules():
         names = [n for n, _ in mod.named_parameters(recurse=False)] + [n for n, _ in mod.named_buffers(recurse=False)]
         fqns = {n: f"{mod_name}.{n}" if mod_name else n for n in names}
@@ -167,7 +182,7 @@ def full_values(
             # Let HF initialise this one module on the host, exactly as it would the whole model; also the modules
             # another pipeline stage holds, so that the random stream (and every value) is the same for every plan.
             mod.to_empty(device="cpu", recurse=False)
-            meta_twin._init_weights(mod)
+            owners[mod_name]._init_weights(mod)
         is_param = {n for n, _ in mod.named_parameters(recurse=False)}
         for n, fqn in wanted_here.items():
             value = from_ckpt.get(n)

@@ -31,21 +31,22 @@ from bigtrain.checkpoint.run_dir import FINAL_ADAPTER, FINAL_MODEL, plan_start, 
 from bigtrain.checkpoint.saver import Checkpointer
 from bigtrain.checkpoint.storage import is_disk_full, storage_problem
 from bigtrain.config.capabilities import ModelFacts, Setup, check
-from bigtrain.config.hf import one_block, resolve_attention
+from bigtrain.config.hf import resolve_attention
 from bigtrain.config.load import dump_recipe, load_recipe, recipe_warnings
 from bigtrain.config.plan import Plan
 from bigtrain.config.resolve import parallel_of, resolve_plan
 from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
-from bigtrain.config.tasks import task_of
+from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
 from bigtrain.config.workload import Workload
 from bigtrain.data.for_task import load_training_data
 from bigtrain.data.loader import EvalLoader, StepLoader
 from bigtrain.data.order import GlobalOrder
 from bigtrain.data.preference import PreferencePairs
+from bigtrain.data.processor import pixel_budget
 from bigtrain.engine import Engine, build_engine, build_options
 from bigtrain.errors import CheckpointNotWritten, ConfigError
-from bigtrain.models.build import build_meta_model, load_hf_config, model_shapes
-from bigtrain.parallel.transforms.adapters import modules_trained_fully, target_modules, trained_shapes
+from bigtrain.models.build import load_hf_config, model_shapes
+from bigtrain.parallel.transforms.adapters import trained_shapes
 from bigtrain.parallel.transforms.base import BuildOptions
 from bigtrain.planner.auto import choose_plan, local_cluster, predict
 from bigtrain.planner.explain import describe
@@ -65,7 +66,6 @@ from bigtrain.train.checks import (
     check_enough_rows,
     check_offload_host_memory,
     check_packed_attention,
-    check_sequence_length,
     check_writable,
 )
 from bigtrain.train.loop import StartPoint, TrainLoop, TrainResult
@@ -73,7 +73,7 @@ from bigtrain.train.metrics import format_bytes
 from bigtrain.train.optim import build_optimizer, build_scheduler
 from bigtrain.train.reference_pass import attach_precomputed
 from bigtrain.train.replica_groups import ReplicaGroup, job_world
-from bigtrain.train.task_setup import prepare_task
+from bigtrain.train.task_setup import check_model_against_rows, prepare_task
 from bigtrain.train.trackers import check_tracker
 
 log = logging.getLogger("bigtrain")
@@ -184,6 +184,12 @@ class TrainingJob:
                     f"{self.cfg.data.seq_len} and were cut; what follows the cut is never trained on (raise "
                     "data.seq_len)"
                 )
+            if data is not None and getattr(data, "resized", 0):
+                low, high = pixel_budget(data.processor.image_processor) or (0, 0)
+                out.append(
+                    f"{key}: {data.resized} images are outside the pixel budget (data.min_pixels={low}, "
+                    f"data.max_pixels={high}): the processor resizes them into it"
+                )
         return out
 
     def _image_processor(self) -> dict[str, Any] | None:
@@ -196,13 +202,7 @@ class TrainingJob:
     def _check_token_rows(self) -> str | None:
         """A causal LM's checks of its model against its rows (before any process group); returns the note on
         packed documents, if any."""
-        cfg = self.cfg
-        # one block on meta: a bad attn_implementation fails here, and it shows the position embedding
-        probe = build_meta_model(one_block(self.hf_config), cfg.model.attn_implementation)
-        if cfg.train.method in ADAPTER_METHODS:
-            # lora.target_modules or modules_to_save naming nothing that works: one line, before any group
-            modules_trained_fully(probe, cfg.lora, target_modules(probe, cfg.lora))
-        check_sequence_length(self.hf_config, probe, self.data.seq_len, is_main=self.env.rank == 0)
+        check_model_against_rows(self.cfg, self.hf_config, self.data.seq_len, is_main=self.env.rank == 0)
         held_out = self.eval_data.positions if self.eval_data is not None else None
         self._packed = self.data.positions is not None or held_out is not None
         # context parallelism cannot keep packed records apart yet (_build_options)
@@ -476,6 +476,8 @@ class TrainingJob:
 
     def _prediction(self, plan: Plan) -> str:
         """What the planner predicts for this plan on these devices (the plan line's check on the run)."""
+        if self.task is IMAGE_TEXT_TO_TEXT:
+            return "no prediction: the planner does not model vision towers yet"
         device = self.device
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         free = local_free_memory(self.env, device)

@@ -58,3 +58,33 @@ def check_preference(cfg: RecipeConfig) -> None:
             "fully, so the adapters switched off are no longer the starting model; set parallel.reference="
             "precomputed, or unset lora.modules_to_save"
         )
+
+
+def check_model_against_rows(cfg: RecipeConfig, hf_config: Any, seq_len: int, is_main: bool) -> None:
+    """A token-row model's checks against its recipe and rows, before any process group: one block on meta (a bad
+    attn_implementation fails here, and it shows the position embedding), the lora section's module names and
+    model.freeze's against the model, the row length against the language model's positions."""
+    from bigtrain.config.hf import one_block
+    from bigtrain.config.schema import ADAPTER_METHODS
+    from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
+    from bigtrain.models.build import build_meta_model
+    from bigtrain.models.vision_language import frozen_parameters, part_module
+    from bigtrain.parallel.transforms.adapters import modules_trained_fully, target_modules
+    from bigtrain.train.checks import check_sequence_length
+
+    probe = build_meta_model(one_block(hf_config), cfg.model.attn_implementation)
+    if cfg.train.method in ADAPTER_METHODS:
+        # lora.target_modules or modules_to_save naming nothing that works: one line, before any group
+        modules_trained_fully(probe, cfg.lora, target_modules(probe, cfg.lora))
+    vision_language = task_of(hf_config) is IMAGE_TEXT_TO_TEXT
+    if cfg.model.freeze and not vision_language:
+        raise ConfigError(
+            f"model.freeze={cfg.model.freeze} names parts of a vision-language model (model.task: "
+            f"image-text-to-text); this model is a {task_of(hf_config).name}: leave model.freeze empty"
+        )
+    if cfg.model.freeze:
+        frozen_parameters(probe, cfg.model.freeze)  # a name the model lacks: one line listing what it has
+    text_config = hf_config.get_text_config() if vision_language else hf_config
+    # the rows are the language model's (a vision tower has positions of its own)
+    positions = part_module(probe, "language_model") if vision_language else probe
+    check_sequence_length(text_config, positions, seq_len, is_main=is_main)

@@ -39,6 +39,7 @@ RECORDS = (
     "classification",
     "replica_sync",
     "preference",
+    "vision_language",
 )
 CAPABILITIES: tuple[Capability, ...] = tuple(import_module(f"{__name__}.{name}").CAPABILITY for name in RECORDS)
 

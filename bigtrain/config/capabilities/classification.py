@@ -14,7 +14,7 @@ from __future__ import annotations
 from bigtrain.config.capabilities.table import Capability, Option, row, split_settings
 from bigtrain.config.setup import Setup
 
-CAUSAL_LM = "causal-lm"
+CLASSIFIERS = ("image-classification", "sequence-classification")
 SYNC_BATCHNORM = Option(
     "sync_batchnorm",
     False,
@@ -34,8 +34,8 @@ CHANNELS_LAST = Option(
 
 
 def _classifier(s: Setup) -> str | None:
-    """The task, when the model is a classifier (None: a causal LM, or not known yet)."""
-    return None if s.model is None or s.model.task == CAUSAL_LM else s.model.task
+    """The task, when the model is a classifier (None: another task, or not known yet)."""
+    return None if s.model is None or s.model.task not in CLASSIFIERS else s.model.task
 
 
 def classifier_with_model_parallelism(s: Setup) -> str | None:

@@ -3,6 +3,8 @@
 Why this order (torchtitan's, extended):
 - adapters first: each LoRA adapter joins the block of the linear it adapts before anything slices, wraps or shards
   that block;
+- frozen parts (``model.freeze``) next, before anything wraps or shards them: no gradient or optimizer state is made
+  for them;
 - the pipeline split first: every later step works on this rank's stages only, and each stage is a HF model of its
   own under the unsplit model's parameter names;
 - tensor parallelism slices the projections before anything wraps or shards them, so FSDP2 shards the slices
@@ -44,6 +46,7 @@ from bigtrain.parallel.transforms import (
     ddp,
     expert_parallel,
     float8,
+    freeze,
     fsdp,
     load_values,
     pipeline_split,
@@ -53,6 +56,7 @@ from bigtrain.parallel.transforms.base import Transform
 
 BUILT_IN: tuple[Transform, ...] = (
     adapters.TRANSFORM,
+    freeze.TRANSFORM,
     pipeline_split.TRANSFORM,
     tensor_parallel.TRANSFORM,
     expert_parallel.TRANSFORM,

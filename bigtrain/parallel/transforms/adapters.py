@@ -30,9 +30,11 @@ from torch.distributed.tensor import DTensor
 
 from bigtrain.config.hf import decoder_blocks, is_linear, linear_names, names_module
 from bigtrain.config.schema import ADAPTER_METHODS, AdapterConfig
+from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
 from bigtrain.errors import ConfigError
 from bigtrain.models.build import build_meta_model
 from bigtrain.models.materialize import write_full
+from bigtrain.models.vision_language import language_model_block_linears, language_model_linears
 from bigtrain.parallel.precision import COMPUTE_DTYPES
 from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transform
 
@@ -41,11 +43,14 @@ NF4_BLOCK = 64  # values per NF4 scale (torchao's default, QLoRA's paper)
 NF4_SCALER_BLOCK = 256  # scales per second-level scale
 
 
-def target_modules(model: nn.Module, lora: AdapterConfig) -> list[str]:
+def target_modules(model: nn.Module, lora: AdapterConfig) -> list[str] | str:
     """The names handed to peft: the recipe's (each must name a linear module of the model, else one line listing
-    what would), or every linear of the decoder blocks."""
+    what would), or every linear of the decoder blocks; of a vision-language model, its language model's blocks
+    (a regular expression: its vision blocks have linears of the same names)."""
     inside, outside = linear_names(model)
     if lora.target_modules is None:
+        if task_of(model.config) is IMAGE_TEXT_TO_TEXT:
+            return language_model_linears(model, language_model_block_linears(model))
         if not inside:
             raise ConfigError(
                 f"train.method=lora: {type(model).__name__} has no linear layer in its blocks (a CNN's are "
@@ -63,14 +68,21 @@ def target_modules(model: nn.Module, lora: AdapterConfig) -> list[str]:
     return list(lora.target_modules)
 
 
-def modules_trained_fully(model: nn.Module, lora: AdapterConfig, targets: list[str]) -> list[str]:
+def is_target(name: str, targets: list[str] | str) -> bool:
+    """Whether peft adapts the module ``name``: a regular expression matches it whole; a list names its ending."""
+    if isinstance(targets, str):
+        return re.fullmatch(targets, name) is not None
+    return any(names_module(t, name) for t in targets)
+
+
+def modules_trained_fully(model: nn.Module, lora: AdapterConfig, targets: list[str] | str) -> list[str]:
     """The names of the modules ``lora.modules_to_save`` selects in ``model`` (before injection), by peft's rule for
     that list (the module's name ends with the entry), so that peft selects the same ones when it loads the adapter.
     An entry naming nothing, or a module that is or holds an adapted linear, is one line saying what would work."""
     if not lora.modules_to_save:
         return []
     names = [name for name, _ in model.named_modules() if name]
-    adapted = [n for n, m in model.named_modules() if is_linear(m) and any(names_module(t, n) for t in targets)]
+    adapted = [n for n, m in model.named_modules() if is_linear(m) and is_target(n, targets)]
     chosen: list[str] = []
     for entry in lora.modules_to_save:
         hits = [n for n in names if n.endswith(entry)]
@@ -100,12 +112,17 @@ def modules_trained_fully(model: nn.Module, lora: AdapterConfig, targets: list[s
 
 # peft's task type of the saved adapter, by model.task: PeftModel.from_pretrained picks its wrapper by it (an image
 # classifier has none in peft; its plain PeftModel runs the classifier's forward)
-PEFT_TASK_TYPES = {"causal-lm": "CAUSAL_LM", "sequence-classification": "SEQ_CLS", "image-classification": None}
+PEFT_TASK_TYPES = {
+    "causal-lm": "CAUSAL_LM",
+    "image-text-to-text": "CAUSAL_LM",  # peft wraps a vision-language model as a causal LM (its generate)
+    "sequence-classification": "SEQ_CLS",
+    "image-classification": None,
+}
 
 
 def peft_config(
     lora: AdapterConfig,
-    targets: list[str],
+    targets: list[str] | str,
     tied: bool = False,
     with_modules_to_save: bool = True,
     task_type: str | None = "CAUSAL_LM",

@@ -52,6 +52,7 @@ class BuildOptions:
     replicas: Any = None
     # a frozen model (a preference objective's reference copy, engine/reference.py): no parameter trains
     frozen: bool = False
+    freeze: tuple[str, ...] = ()  # model.freeze: the parts (or modules) of a vision-language model that do not train
 
     @property
     def partitioned_construction(self) -> bool:

@@ -1,0 +1,61 @@
+"""Vision-language models (``model.task: image-text-to-text``): chat rows with images, trained on data-parallel plans
+(DDP, FSDP2, HSDP, DeepSpeed ZeRO) in full or through LoRA on the language model, with parts frozen
+(``model.freeze``, ``parallel/transforms/freeze.py``).
+
+What splits a decoder's blocks, heads, sequence or vocabulary (tp, pp, cp, ep, the chunked and vocabulary-parallel
+losses) is a row until it is built for these models: the image features are merged into the language model's input
+inside the model's own forward, which the splits do not see. QLoRA, FP8, activation offload, compile and the
+preference objectives are rows until tested on them.
+"""
+
+from __future__ import annotations
+
+from bigtrain.config.capabilities.table import Capability, row, split_settings
+from bigtrain.config.setup import Setup
+
+TASK = "image-text-to-text"
+
+
+def _vision_language(s: Setup) -> bool:
+    return s.model is not None and s.model.task == TASK
+
+
+def vision_language_with_model_parallelism(s: Setup) -> str | None:
+    if not _vision_language(s):
+        return None
+    for key, value, default in split_settings(s.plan):
+        if value != default:
+            return (
+                f"parallel.{key}={str(value).lower()} with model.task={TASK} is not built yet (the image features "
+                "join the language model inside the model's own forward); train it with data parallelism: backend "
+                f"ddp, fsdp2 or deepspeed, parallel.{key}={str(default).lower()}"
+            )
+    return None
+
+
+def vision_language_with_untested_options(s: Setup) -> str | None:
+    if not _vision_language(s):
+        return None
+    p, t = s.plan, s.train
+    for key, value, on, off in (
+        ("train.method", t.method, t.method == "qlora", "lora (or full)"),
+        ("train.fp8", t.fp8, t.fp8 not in ("none", "auto"), "none"),
+        ("train.compile", "true", t.compile is True, "false"),
+        ("parallel.offload_activations", "true", p.offload_activations, "false"),
+        ("train.objective", t.objective, t.objective != "sft", "sft"),
+    ):
+        if on:
+            return f"{key}={value} with model.task={TASK} is not built yet; set {key}={off}"
+    return None
+
+
+CAPABILITY = Capability(
+    name="vision_language",
+    summary="vision-language chat models (model.task: image-text-to-text): images through the processor, parts frozen",
+    keys=("model.freeze", "data.processor", "data.min_pixels", "data.max_pixels", "data.image_field"),
+    rules=(
+        row(vision_language_with_model_parallelism, "not_built", reads_model=True),
+        row(vision_language_with_untested_options, "not_built", reads_model=True),
+    ),
+    transforms=("freeze",),
+)

@@ -1,0 +1,252 @@
+"""Conversations whose user turns hold images (``model.task: image-text-to-text``), through the model's processor.
+
+A record is ``{"messages": [...]}`` whose contents mix ``{"type": "text", "text": ...}`` and ``{"type": "image",
+"image": PATH}`` items (a path relative to the data file), or ``{"type": "image"}`` items taking the record's
+``images`` (or ``data.image_field``) list in order, as TRL's vision datasets do; a HF dataset's image column may hold
+the images themselves. Each conversation is rendered with the processor's chat template; the processor expands each
+image placeholder into the image's tokens (as many as its resolution gives) and makes the pixel tensors. The loss is
+on the assistant's tokens only: where they are is found in the rendered text (``chat_targets``), on the tokens of
+the text before expansion, and carried over to the expanded tokens, which differ only where images were expanded.
+Image tokens are never labels.
+
+Every conversation is processed once when the data is read, so a missing image, a placeholder count that does not
+match the images, or a row longer than ``data.seq_len`` is said before training starts; its token row and labels are
+kept, its images are processed again whenever a micro-batch holds it (with ``data.workers``, ahead of the step).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bigtrain.config.schema import DataConfig
+from bigtrain.data.batch import ImageChatBatch
+from bigtrain.data.labels import masked_next_token_labels
+from bigtrain.data.processor import image_token_ids, pixel_budget, placeholder_token
+from bigtrain.data.records import check_records_path, read_records
+from bigtrain.data.tokenizer import assistant_spans, targets_in
+from bigtrain.errors import ConfigError
+
+BUILTIN_PREFIX = "builtin:"
+Image = Any  # a PIL image, or a [H, W, 3] uint8 array (the built-in set)
+
+
+@dataclass
+class ImageChats:
+    """Conversations with images, as expanded token rows, their targets, and the images to process again."""
+
+    processor: Any
+    texts: list[str]  # each conversation through the chat template (image placeholders not expanded)
+    images: list[list[Image | str]]  # each conversation's images in placeholder order (paths read when used)
+    ids: np.ndarray  # [conversations, seq_len] int32, image tokens expanded, right-padded
+    targets: np.ndarray  # [conversations, seq_len] bool: the assistant's tokens
+    vocab_size: int
+    description: str
+    index: np.ndarray | None = None  # the conversations of ``ids`` these are, in order; None: all
+    image_tokens: int = 0  # over every conversation (the planner's and the table's unit)
+    resized: int = 0  # images outside the processor's pixel budget, resized into it
+    truncated: int = 0  # never: a longer conversation is refused
+    examples: int = 0
+    positions: None = None  # never packed
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.ids.shape[1])
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.ids) if self.index is None else len(self.index)
+
+    def fingerprint(self) -> str:
+        at = np.arange(len(self.ids)) if self.index is None else self.index
+        digest = hashlib.sha256(np.ascontiguousarray(self.ids[at]).tobytes())
+        digest.update(np.ascontiguousarray(self.targets[at]).tobytes())
+        return digest.hexdigest()[:16]
+
+    def subset(self, index: np.ndarray, description: str) -> ImageChats:
+        return replace(self, index=index if self.index is None else self.index[index], description=description)
+
+    def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> ImageChatBatch:
+        """Conversations ``rows`` as one micro-batch, their images processed again (as when they were read)."""
+        at = [int(i) for i in (rows if self.index is None else self.index[rows])]
+        out = _process(self.processor, [self.texts[i] for i in at], [_opened(self.images[i]) for i in at], self.seq_len)
+        ids = out.pop("input_ids")
+        if not torch.equal(ids, torch.from_numpy(self.ids[at].astype(np.int64))):
+            raise RuntimeError("the processor expanded a conversation's images into other tokens than when it was read")
+        return ImageChatBatch(ids, masked_next_token_labels(ids, self.targets[at]), dict(out))
+
+
+def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, seed: int) -> ImageChats:
+    """The conversations at ``path`` (or the built-in set), processed and checked (see the module's docstring)."""
+    if path.startswith(BUILTIN_PREFIX):
+        from bigtrain.data.builtin_images import image_chat_records
+
+        records, root = image_chat_records(path[len(BUILTIN_PREFIX) :], seed=seed), Path.cwd()
+    else:
+        check_records_path(key, path)
+        records = read_records(key, path, data_cfg.text_field, data_cfg.split)
+        root = Path(path).parent if Path(path).is_file() else Path(path)
+    if data_cfg.seq_len is None:
+        raise ConfigError(f"{key}: image-text-to-text rows need data.seq_len (tokens per row, image tokens included)")
+    seq_len = data_cfg.seq_len
+    placeholder = placeholder_token(processor)
+    never = image_token_ids(processor)
+    texts, images, rows, targets, image_tokens, resized = [], [], [], [], 0, 0
+    too_long: list[tuple[str, int]] = []
+    for where, record in records:
+        messages, pictures = _conversation(key, path, where, record, data_cfg.image_field)
+        text, spans = assistant_spans(_renderer(processor), messages)
+        if text.count(placeholder) != len(pictures):
+            raise ConfigError(
+                f"{key}={path!r} {where}: {len(pictures)} images but {text.count(placeholder)} image placeholders "
+                f"({placeholder}) in its rendered text; each image item of the messages is one placeholder"
+            )
+        opened = _opened(pictures, root, f"{key}={path!r} {where}")
+        resized += sum(_outside_budget(processor.image_processor, image) for image in opened)
+        ids = _process(processor, [text], [opened], None)["input_ids"][0].tolist()
+        if len(ids) > seq_len:
+            too_long.append((where, len(ids)))
+            continue
+        marked = _expanded_targets(processor.tokenizer, text, spans, ids, where)
+        marked = [m and i not in never for m, i in zip(marked, ids, strict=True)]
+        image_tokens += ids.count(processor.image_token_id)
+        texts.append(text)
+        images.append(pictures)
+        rows.append(ids + [processor.tokenizer.pad_token_id] * (seq_len - len(ids)))
+        targets.append(marked + [False] * (seq_len - len(ids)))
+    if too_long:
+        where, longest = max(too_long, key=lambda t: t[1])
+        raise ConfigError(
+            f"{key}={path!r}: {len(too_long)} conversations are longer than data.seq_len={seq_len} with their image "
+            f"tokens (the longest, {where}, {longest}); raise data.seq_len to {longest} or shrink the images "
+            "(data.max_pixels where the family has a pixel budget)"
+        )
+    if not texts:
+        raise ConfigError(f"{key}={path!r} holds no conversation")
+    count = len(texts)
+    return ImageChats(
+        processor=processor,
+        texts=texts,
+        images=images,
+        ids=np.asarray(rows, dtype=np.int32),
+        targets=np.asarray(targets, dtype=bool),
+        vocab_size=len(processor.tokenizer),
+        description=f"{path} ({count} conversations, {sum(map(len, images))} images, {image_tokens} image tokens)",
+        image_tokens=image_tokens,
+        resized=resized,
+        examples=count,
+    )
+
+
+def _conversation(key: str, path: str, where: str, record: dict[str, Any], image_field: str) -> tuple[list, list]:
+    """The record's messages with each image item as a bare placeholder (what chat templates render), and its
+    images in placeholder order: an item's own ``image``/``path``, else the next of the record's image list."""
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ConfigError(
+            f"{key}={path!r} {where} has no 'messages' list; an image conversation is {{'messages': [...]}}"
+        )
+    listed = record.get("images", record.get(image_field)) or []
+    listed = list(listed) if isinstance(listed, (list, tuple)) else [listed]
+    pictures: list[Any] = []
+    taken = 0  # images taken from the list
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            out.append(message)
+            continue
+        items = []
+        for item in content or []:
+            if item.get("type") != "image":
+                items.append(item)
+                continue
+            named = item.get("image", item.get("path"))
+            if named is None:
+                if taken == len(listed):
+                    raise ConfigError(
+                        f"{key}={path!r} {where}: more image items in its messages than images in its "
+                        f"'images'/{image_field!r} list ({len(listed)})"
+                    )
+                named, taken = listed[taken], taken + 1
+            pictures.append(named)
+            items.append({"type": "image"})
+        out.append({**message, "content": items})
+    if taken != len(listed):
+        raise ConfigError(
+            f"{key}={path!r} {where}: {len(listed)} images in its 'images'/{image_field!r} list but {taken} image "
+            "items in its messages take them; give one image item per image"
+        )
+    return out, pictures
+
+
+def _opened(pictures: list[Any], root: Path | None = None, where: str = "") -> list[Any]:
+    from PIL import Image as PILImage
+
+    opened = []
+    for picture in pictures:
+        if isinstance(picture, np.ndarray):
+            opened.append(PILImage.fromarray(picture))
+        elif isinstance(picture, (str, Path)):
+            file = Path(picture) if root is None or Path(picture).is_absolute() else root / picture
+            if not file.is_file():
+                raise ConfigError(f"{where} names the image {str(picture)!r}, which does not exist ({file})")
+            try:
+                with PILImage.open(file) as image:
+                    opened.append(image.convert("RGB"))
+            except (OSError, PILImage.DecompressionBombError) as e:
+                raise ConfigError(f"{where}: the image {str(picture)!r} cannot be read ({e})") from e
+        elif isinstance(picture, dict) and "path" in picture:  # a HF Image column not decoded
+            opened += _opened([picture["path"]], root, where)
+        else:
+            opened.append(picture.convert("RGB") if hasattr(picture, "convert") else picture)
+    return opened
+
+
+def _outside_budget(image_processor: Any, image: Any) -> bool:
+    budget = pixel_budget(image_processor)
+    pixels = image.size[0] * image.size[1]
+    return budget is not None and not budget[0] <= pixels <= budget[1]
+
+
+def _process(processor: Any, texts: list[str], images: list[list[Any]], seq_len: int | None) -> dict[str, Any]:
+    padding = {"padding": "max_length", "max_length": seq_len} if seq_len else {}
+    has_images = any(images)
+    out = processor(text=texts, images=images if has_images else None, return_tensors="pt", **padding)
+    return dict(out)
+
+
+def _renderer(processor: Any) -> Any:
+    def render(messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+        return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+    return render
+
+
+def _expanded_targets(
+    tokenizer: Any, text: str, spans: list[tuple[int, int]], expanded: list[int], where: str
+) -> list[bool]:
+    """Which of the expanded ids are the assistant's: marked on the text's own tokens (``targets_in``), then
+    carried over along the runs of tokens the two sequences share (everything but the expanded images)."""
+    plain = tokenizer(text, return_offsets_mapping=True)
+    marked = targets_in(spans, plain["offset_mapping"])
+    out = [False] * len(expanded)
+    matcher = difflib.SequenceMatcher(None, plain["input_ids"], expanded, autojunk=False)
+    carried = 0
+    for block in matcher.get_matching_blocks():
+        for k in range(block.size):
+            if marked[block.a + k]:
+                out[block.b + k] = True
+                carried += 1
+    if carried != sum(marked):
+        raise ConfigError(
+            f"{where}: the processor changed the assistant's tokens when it expanded the images; bigtrain cannot "
+            "tell which tokens to train on"
+        )
+    return out
