@@ -169,13 +169,26 @@ CLASSIFIER_FEATURES: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
     ("+ `train.compile` (no BatchNorm: ViT, BERT)", {}, dict(compile=True), "no"),
 ]
 VIT = dict(model_type="vit", image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+# vision-language rows are asked of a tiny LLaVA; the planner does not model vision towers yet
+VLM = dict(
+    model_type="llava",
+    text_config=dict(model_type="llama", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, vocab_size=300),
+    vision_config=dict(model_type="clip_vision_model", hidden_size=32, num_hidden_layers=2, num_attention_heads=2),
+)
+VLM_FEATURES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("vision-language chat models (`model.task: image-text-to-text`), with accumulation", dict(micro_batch_size=1), {}),
+    ("+ LoRA on the language model (`model.freeze` for full fine-tuning)", {}, dict(method="lora")),
+    ("+ activation checkpointing (vision blocks and decoder layers)", dict(activation_checkpointing="full"), {}),
+    ("+ tensor, pipeline, context or expert parallel", dict(tp=2), {}),
+    ("+ QLoRA, FP8, compile", {}, dict(method="qlora", mixed_precision="bf16")),
+]
 
 
-def _classifier_facts(config: dict[str, Any] = CLASSIFIER) -> ModelFacts:
+def _classifier_facts(config: dict[str, Any] = CLASSIFIER, task: str = "image-classification") -> ModelFacts:
     from bigtrain.config.schema import ModelConfig
     from bigtrain.models.build import load_hf_config
 
-    return ModelFacts.of(load_hf_config(ModelConfig(config=config, task="image-classification")))
+    return ModelFacts.of(load_hf_config(ModelConfig(config=config, task=task)))
 
 
 def capability_matrix() -> str:
@@ -197,6 +210,11 @@ def capability_matrix() -> str:
         model = vit if "ViT" in name else classifier
         cells = [_cell(_plan(base, fields), train, model) for base in ENGINES.values()]
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {offered} |")
+    vlm = _classifier_facts(VLM, "image-text-to-text")
+    for name, fields, train_fields in VLM_FEATURES:
+        train = TrainConfig(global_batch_size=8, **train_fields)
+        cells = [_cell(_plan(base, fields), train, vlm) for base in ENGINES.values()]
+        rows.append(f"| {name} | " + " | ".join(cells) + " | no (not modelled yet) |")
     for c in CAPABILITIES:  # the keys records bring: asked of the LM, or of the classifier when the LM refuses them
         for o in (o for o in c.options if o.example is not None):  # settings without an example tune a row above
             fields, train = {o.name: o.example}, TrainConfig(global_batch_size=8)

@@ -1,11 +1,13 @@
 """``python recipes/make_vlm_demo.py FOLDER [FAMILY]``: a tiny vision-language model to try docs/vision-language.md
 offline in a second. With your own model, skip it and point the recipe at the model's folder.
 
-FOLDER holds a tiny, randomly initialised model of FAMILY (``qwen2_5_vl`` by default, ``idefics3`` or ``llava``:
+FOLDER holds a tiny, randomly initialised model of FAMILY (``llava`` by default, ``qwen2_5_vl`` or ``idefics3``:
 2 vision blocks and 2 decoder layers of width 32) saved with ``save_pretrained``, and its processor as
 ``processor.save_pretrained`` writes one: bigtrain's byte-level tokenizer with the family's image tokens and a ChatML
-chat template, and the family's image processor at a small resolution (32 x 32 pixel images make 4 to 16 image
-tokens). The tests build their models with ``save_tiny_vlm``.
+chat template, and the family's image processor at a small resolution (a 32 x 32 picture makes 16 image tokens; LLaVA
+crops it to 16 x 16). LLaVA's and Idefics3's processors need no torchvision (Qwen-VL's video processor does:
+``transformers.pipeline`` then needs it installed; bigtrain's training does not). The tests build their models with
+``save_tiny_vlm``.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ SPECIAL = {
 BUILDERS = {"qwen2_5_vl": _qwen2_5_vl, "idefics3": _idefics3, "llava": _llava}
 
 
-def save_tiny_vlm(folder: str | Path, family: str = "qwen2_5_vl", seed: int = 0) -> Path:
+def save_tiny_vlm(folder: str | Path, family: str = "llava", seed: int = 0) -> Path:
     """A tiny ``family`` model and its processor in ``folder`` (see the module's docstring)."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer
@@ -123,7 +125,10 @@ def save_tiny_vlm(folder: str | Path, family: str = "qwen2_5_vl", seed: int = 0)
         config["text_config"][name] = tokenizer.pad_token_id
     hf_config = AutoConfig.for_model(family, **config)
     torch.manual_seed(seed)
-    AutoModelForImageTextToText.from_config(hf_config, dtype=torch.float32).save_pretrained(root)
+    model = AutoModelForImageTextToText.from_config(hf_config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")  # an answer ends its turn
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(root)
     tokenizer.save_pretrained(root)
     images.save_pretrained(root)
     (root / "chat_template.jinja").write_text(TEMPLATE.replace("PLACEHOLDER", placeholder))
@@ -131,8 +136,23 @@ def save_tiny_vlm(folder: str | Path, family: str = "qwen2_5_vl", seed: int = 0)
     return root
 
 
+def save_pictures(folder: Path, count: int = 4, seed: int = 99) -> list[str]:
+    """``count`` pictures of the built-in shapes the training set does not hold (another seed), as PNG files; returns
+    what each shows."""
+    from PIL import Image
+
+    from bigtrain.data.synthetic_images import CLASSES, shapes
+
+    folder.mkdir(parents=True, exist_ok=True)
+    images, labels = shapes(count=count, seed=seed)
+    for i, image in enumerate(images):
+        Image.fromarray(image).save(folder / f"{i}.png")
+    return [CLASSES[label] for label in labels]
+
+
 if __name__ == "__main__":
     where = sys.argv[1] if len(sys.argv) > 1 else "vlm_demo"
-    family = sys.argv[2] if len(sys.argv) > 2 else "qwen2_5_vl"
+    family = sys.argv[2] if len(sys.argv) > 2 else "llava"
     save_tiny_vlm(where, family)
-    print(f"wrote a tiny {family} model and its processor to {where}")
+    shown = save_pictures(Path(where) / "pictures")
+    print(f"wrote a tiny {family} model and its processor to {where}, and pictures 0-3.png of: {', '.join(shown)}")

@@ -54,6 +54,7 @@ def plan(
     hardware_profile: str | Path | None = None,
     allow_unrunnable: bool = False,
     image_size: int | None = None,
+    images_per_row: float | None = None,
     inter_node_bandwidth: str | None = None,
     inter_node_latency: str | None = None,
     sites: int | None = None,
@@ -89,7 +90,8 @@ def plan(
         fix: plan fields to pin, e.g. ``{"backend": "deepspeed", "zero_stage": 3}``.
         hardware_profile: a ``bigtrain probe`` profile: measured rates and links instead of the GPU table's.
         allow_unrunnable: return the best plan even when the trainer cannot run it (``bigtrain plan --all``).
-        image_size: pixels per side of an image classifier's inputs (default: the recipe's, the model's, or 224).
+        image_size, images_per_row: pixels per side of an image classifier's inputs (default: the recipe's, the model's,
+            or 224); of a vision-language model's images (default 448), and how many a row holds (default 1).
         inter_node_bandwidth, inter_node_latency, sites, site_bandwidth, site_latency: a slow link between nodes
             (``"100Gb/s"``, ``"25us"``) or ``sites`` equal sites (``2, "10Gb/s", "30ms"``): DiLoCo is weighed then
         objective, epochs: ``"sft"`` (default) or a preference objective (``"dpo"``, ``"ipo"``, ``"orpo"``,
@@ -112,7 +114,8 @@ def plan(
     classifier = _classifier(model, recipe, hw, _spell, objective, image_size=image_size, **asked)
     if classifier is not None:
         return classifier
-    request = build_request(model, recipe, hw, spell=_spell, objective=objective, epochs=epochs, **asked)
+    images = dict(image_size=image_size, images_per_row=images_per_row)
+    request = build_request(model, recipe, hw, spell=_spell, objective=objective, epochs=epochs, **images, **asked)
     return searched(request, allow_unrunnable, _spell)
 
 
@@ -124,9 +127,7 @@ def _classifier(
     if found is not None and objective not in (None, "sft"):
         raise ConfigError(f"{spell.value('objective', objective)} needs a causal LM; this model is a classifier")
     if found is None:
-        if asked["image_size"] is not None:
-            raise ConfigError(f"{spell('image_size')} is for image classifiers; this model is a causal LM")
-        return None
+        return None  # a causal LM or a vision-language model (build_request checks image_size)
     return plan_classifier(*found, hw, spell, **asked)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from bigtrain.config.capabilities import OPTIONS
-from bigtrain.config.hf import hf_config_from_dict
+from bigtrain.config.hf import model_config_object
 from bigtrain.config.load import check_minimum, coerce, load_recipe, record_option_value
 from bigtrain.config.plan import ZERO_STAGES
 from bigtrain.config.resolve import recipe_data_facts, recipe_seq_len
@@ -287,6 +287,8 @@ def build_request(
     cluster: Cluster | None = None,
     objective: str | None = None,
     epochs: float | None = None,
+    image_size: int | None = None,
+    images_per_row: float | None = None,
 ) -> PlanRequest:
     """The search's inputs: arguments first, then the recipe's values, then defaults (a ~1M-token global batch, the
     model's positions up to 2048, bf16, full fine-tuning). ``cluster``: one already made from ``hw``."""
@@ -339,6 +341,7 @@ def build_request(
         objective=objective,
         epochs=epochs or 1.0,
         **_data_of(cfg, model_config),
+        **_images(stats, spell, image_size, images_per_row, cfg, seq_len),
     )
     fixed = parse_fix(fix or [], spell)
     return PlanRequest(stats, model_config, cluster, workload, fixed, source, cfg, model is not None, spell)
@@ -348,8 +351,37 @@ def _data_of(cfg: RecipeConfig | None, model_config: dict[str, Any]) -> dict[str
     """How a recipe's data is read (packed documents, the attention), for the table's data rows; defaults without."""
     if cfg is None:
         return {}
-    facts = recipe_data_facts(cfg, hf_config_from_dict(dict(model_config)))
+    facts = recipe_data_facts(cfg, model_config_object(dict(model_config)))
     return {} if facts is None else {"packed": facts.packed, "attention": facts.attention}
+
+
+def _images(
+    stats: ModelStats, spell: Spelling, size: int | None, per_row: float | None, cfg: RecipeConfig | None, seq_len: int
+) -> dict[str, Any]:
+    """A vision-language model's images (their size and how many a row holds) and its frozen parts (the recipe's
+    model.freeze); refused for a language model."""
+    if stats.vision is None:
+        for name, value in (("image_size", size), ("images_per_row", per_row)):
+            if value is not None:
+                raise ConfigError(
+                    f"{spell(name)} is for image classifiers and vision-language models; this model is a causal LM"
+                )
+        return {}
+    if size is not None and size < 28:
+        raise ConfigError(f"{spell.value('image_size', size)} is too small; use at least 28 pixels (448 is typical)")
+    if per_row is not None and not per_row > 0:
+        raise ConfigError(f"{spell.value('images_per_row', per_row)} must be above 0")
+    from bigtrain.planner.vision_stats import DEFAULT_IMAGE_SIZE
+
+    per_row, side = per_row or 1.0, size or DEFAULT_IMAGE_SIZE
+    tokens = stats.vision.tokens(side) * per_row
+    if tokens > seq_len:
+        raise ConfigError(
+            f"{per_row:g} image(s) of {side} px per row are {tokens:,.0f} image tokens, more than the row's {seq_len} "
+            f"tokens; raise {spell('seq_len')}, or lower {spell('image_size')} or {spell('images_per_row')}"
+        )
+    frozen = tuple(cfg.model.freeze) if cfg is not None else ()
+    return {"image_size": size or 0, "images_per_row": per_row, "frozen": frozen}
 
 
 def _check_choice(spell: Spelling, name: str, value: str | None, choices: tuple[str, ...]) -> None:
@@ -364,6 +396,7 @@ def check_plan_seq_len(model_config: dict[str, Any], seq_len: int, key: str = "-
     from bigtrain.models.build import build_meta_model
     from bigtrain.train.checks import check_sequence_length
 
+    model_config = text_config_of(model_config)
     limits = [model_config.get(k) for k in ("max_position_embeddings", "n_positions", "n_ctx")]
     if all(isinstance(n, int) for n in limits if n is not None) and seq_len <= min(
         (n for n in limits if n is not None), default=0
@@ -376,8 +409,20 @@ def check_plan_seq_len(model_config: dict[str, Any], seq_len: int, key: str = "-
 
 def default_seq_len(model_config: dict[str, Any]) -> int:
     """The sequence length to plan for when none is given: the model's maximum, at most 2048."""
+    model_config = text_config_of(model_config)
     max_len = model_config.get("max_position_embeddings") or model_config.get("n_positions") or 2048
     return min(2048, max_len)
+
+
+def text_config_of(model_config: dict[str, Any]) -> dict[str, Any]:
+    """A vision-language model's language model as a causal LM's dict (its rows are the language model's); any
+    other model's dict as it is."""
+    from bigtrain.planner.model_stats import language_model_dict
+
+    text = model_config.get("text_config")
+    if not isinstance(text, dict) or "vision_config" not in model_config:
+        return model_config
+    return language_model_dict(text)
 
 
 KEPT_GROUP_TIMEOUT_S = 1800  # a group left for the user's trainer: the HF Trainer's own default (ddp_timeout)

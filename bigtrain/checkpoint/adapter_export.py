@@ -133,9 +133,10 @@ def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
     return folder
 
 
-def _publish_merged_classifier(folder: Path, base: Path, out: Path) -> None:
-    """A classifier's base loaded by transformers (its key renaming, the head made for the data's labels), the
-    exported adapter applied and merged by peft (``merge_and_unload``), saved with the run's processor files."""
+def _publish_merged_by_transformers(folder: Path, base: Path, out: Path) -> None:
+    """The base loaded by transformers (its key renaming: a classifier or a vision-language model saved under an
+    older transformers' names; a classifier's head made for the data's labels), the exported adapter applied and
+    merged by peft (``merge_and_unload``), saved with the run's processor files."""
     import tempfile
 
     from peft import PeftModel
@@ -163,6 +164,14 @@ def _publish_merged_classifier(folder: Path, base: Path, out: Path) -> None:
         hf_logging.enable_progress_bar()
 
 
+def _causal_lm(folder: Path) -> bool:
+    from transformers import AutoConfig
+
+    from bigtrain.config.tasks import CAUSAL_LM, task_of
+
+    return task_of(AutoConfig.from_pretrained(folder / HF_FILES)) is CAUSAL_LM
+
+
 def _peft_task(folder: Path) -> str | None:
     """peft's task type for the adapter of the checkpoint's model (``PEFT_TASK_TYPES``)."""
     from transformers import AutoConfig
@@ -188,8 +197,8 @@ def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
         raise ConfigError(f"checkpoint {folder} adapted a model built from model.config: there is no base to merge")
     base = Path(cfg.model.name_or_path)
     check_base(base, manifest.base, f"bigtrain export-model {folder} --merge")
-    if _peft_task(folder) != "CAUSAL_LM":  # a classifier: its base may name weights as an older transformers did
-        _publish_merged_classifier(folder, base, Path(out))
+    if not _causal_lm(folder):  # a classifier, a vision-language model: its base may name weights as transformers did
+        _publish_merged_by_transformers(folder, base, Path(out))
         return folder
     adapters = read_adapters(folder, cfg)
     scale = cfg.lora.alpha / cfg.lora.r

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from bigtrain.checkpoint.layout import HF_FILES, Manifest, check_files, resolve_checkpoint, staged
 from bigtrain.checkpoint.reader import MODEL_PREFIX, load_into, read_metadata
 from bigtrain.errors import ConfigError
+from bigtrain.models.build import set_cache
 from bigtrain.models.checkpoint_keys import to_checkpoint_keys
 
 MAX_SHARD_BYTES = 2 * 2**30  # per safetensors file, like HF's sharded checkpoints
@@ -43,7 +44,7 @@ def write_hf_files(
     processor (``processor``: its folder and the pixel budget trained with, data.min_pixels/max_pixels)."""
     folder.mkdir(parents=True, exist_ok=True)
     config = copy.deepcopy(hf_config)
-    config.use_cache = True  # the trainer turned the KV cache off; generation wants it
+    set_cache(config, True)  # the trainer turned the KV cache off; generation wants it
     config.dtype = torch.float32
     config.save_pretrained(folder)
     if model_folder is not None and (Path(model_folder) / "generation_config.json").is_file():

@@ -1,11 +1,13 @@
-"""``bigtrain generate OUTPUT_DIR|MODEL_DIR [--prompt TEXT] [--chat]``: try a trained model without writing Python.
+"""``bigtrain generate OUTPUT_DIR|MODEL_DIR [--prompt TEXT] [--chat] [--image PATH ...]``: try a trained model without
+writing Python.
 
 The folder is a run's ``output_dir`` (its ``model/``, else its ``adapter/``), an HF model folder or a peft adapter
 folder. The model and the tokenizer are the folder's own (a run's folder carries the tokenizer it trained with: the
 recipe's, or the built-in byte tokenizer as an HF tokenizer), loaded by transformers (peft for an adapter, on the base
 its config names). ``--chat`` renders the prompt with the tokenizer's chat template as one user turn; without
 ``--prompt`` it reads prompts from stdin, one per line, until end of input, and ends each answer with a line ``---``.
-Greedy decoding unless ``--sample``.
+Greedy decoding unless ``--sample``. A vision-language model (its config's task) answers about ``--image`` files: one
+user turn of the images then the prompt, through the processor saved with the model.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", action="store_true", help="render the prompt with the tokenizer's chat template")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
     parser.add_argument("--sample", action="store_true", help="sample (temperature 1) instead of greedy decoding")
+    parser.add_argument(
+        "--image", action="append", default=[], help="an image file the prompt asks about (vision-language models)"
+    )
 
 
 def model_folder(path: str | Path) -> tuple[Path, bool]:
@@ -79,10 +84,61 @@ def generate(model: Any, tokenizer: Any, prompt: str, chat: bool, max_new_tokens
     return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
+def _vision_language(folder: Path, adapter: bool) -> bool:
+    import json
+
+    from transformers import AutoConfig
+
+    from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
+
+    if adapter:
+        folder = Path(json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"])
+    return task_of(AutoConfig.from_pretrained(folder, local_files_only=True)) is IMAGE_TEXT_TO_TEXT
+
+
+def answer_about_images(folder: Path, adapter: bool, prompt: str, images: list[str], max_new_tokens: int) -> str:
+    """A vision-language model's answer to one user turn of ``images`` and ``prompt``, greedy."""
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText
+    from transformers.utils import logging as hf_logging
+
+    from bigtrain.data.processor import load_processor
+
+    hf_logging.disable_progress_bar()
+    for image in images:
+        if not Path(image).is_file():
+            raise ConfigError(f"--image {image!r} does not exist")
+    processor = load_processor(str(folder), "the model's folder")
+    if adapter:
+        import json
+
+        from peft import PeftModel
+
+        named = json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"]
+        model = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(named), folder)
+    else:
+        model = AutoModelForImageTextToText.from_pretrained(folder, local_files_only=True)
+    content = [*({"type": "image"} for _ in images), {"type": "text", "text": prompt}]
+    text = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
+    pictures = [Image.open(image).convert("RGB") for image in images]
+    inputs = processor(text=[text], images=[pictures] if pictures else None, return_tensors="pt")
+    with torch.no_grad():
+        out = model.eval().generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
 def run_generate_command(args: argparse.Namespace) -> int:
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens={args.max_new_tokens} must be at least 1")
     folder, adapter = model_folder(args.folder)
+    if _vision_language(folder, adapter):
+        if args.prompt is None:
+            raise ConfigError("a vision-language model answers one --prompt about its --image files: give --prompt")
+        print(answer_about_images(folder, adapter, args.prompt, args.image, args.max_new_tokens), flush=True)
+        return 0
+    if args.image:
+        raise ConfigError(f"--image: {folder} is not a vision-language model (it reads text only); drop --image")
     model, tokenizer = load(folder, adapter)
     if args.prompt is not None:
         print(generate(model, tokenizer, args.prompt, args.chat, args.max_new_tokens, args.sample), flush=True)

@@ -32,8 +32,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", help="GPU type, e.g. H100, A100-40GB, L4 (default: detected, else H100)")
     parser.add_argument("--seq-len", type=int, help="sequence length (a causal LM's, or a text classifier's rows)")
     parser.add_argument(
-        "--image-size", type=int, help="pixels per side of an image classifier's inputs (default: the model's, or 224)"
+        "--image-size",
+        type=int,
+        help="pixels per side of an image classifier's inputs (default: the model's, or 224), or of a vision-language "
+        "model's images (default 448)",
     )
+    parser.add_argument("--images-per-row", type=float, help="a vision-language model's images per row (default 1)")
     parser.add_argument("--global-batch-size", type=int, help="sequences per optimizer step")
     parser.add_argument("--mixed-precision", choices=PRECISIONS, help="compute dtype")
     parser.add_argument(
@@ -119,6 +123,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         hardware_profile=args.hardware_profile,
         allow_unrunnable=args.all,
         image_size=args.image_size,
+        images_per_row=args.images_per_row,
         inter_node_bandwidth=args.inter_node_bandwidth,
         inter_node_latency=args.inter_node_latency,
         sites=args.sites,

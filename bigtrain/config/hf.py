@@ -258,13 +258,16 @@ def classifier_heads(model: Any, num_labels: int) -> list[str]:
 
 def model_config_object(model_config: dict[str, Any], key: str = "the model config") -> Any:
     """The ``PretrainedConfig`` of a planner or simulator model dict: a classifier when its ``architectures`` names
-    a classifier class (as presets, saved model folders and recipes resolved by ``bigtrain train`` do), checked as
-    ``bigtrain train`` checks it; otherwise a causal LM, with the causal-LM checks (``hf_config_from_dict``)."""
-    from bigtrain.config.tasks import named_task, resolve_task
+    a classifier class (as presets, saved model folders and recipes resolved by ``bigtrain train`` do), a
+    vision-language model when it names one or holds a vision tower, checked as ``bigtrain train`` checks it;
+    otherwise a causal LM, with the causal-LM checks (``hf_config_from_dict``)."""
+    from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, detect_task, named_task, resolve_task
 
     config = config_object(model_config, key, causal_lm=False)
     task = named_task(config)
-    if task is None or not task.examples:
+    if task is None and getattr(config, "vision_config", None) is not None:
+        task = detect_task(config)  # a vision-language config that names no class (a preset's, a recipe's)
+    if task is None or not (task.examples or task is IMAGE_TEXT_TO_TEXT):
         return hf_config_from_dict(model_config, key)
     resolve_task(config, task.name, key)
     return config

@@ -27,7 +27,9 @@ class Workload:
     modules_to_save: tuple[str, ...] = ()  # lora.modules_to_save: modules trained fully beside the adapters
     packed: bool = False  # data.packing: documents (what context parallelism cannot keep apart yet)
     attention: str = "sdpa"  # model.attn_implementation (what context parallelism can wrap)
-    image_size: int = 0  # pixels per side of an image classifier's inputs (0: the model reads token rows)
+    image_size: int = 0  # pixels per side of a classifier's or a vision-language model's images (0: none, default)
+    images_per_row: float = 1.0  # a vision-language model's images per row (a mean)
+    frozen: tuple[str, ...] = ()  # model.freeze: the parts of a vision-language model that do not train
     # train.objective: sft, or a preference objective, whose global batch counts pairs of two rows each
     objective: str = "sft"
     # passes the run makes over its data: a precomputed reference's one pass, per step (planner/preference.py)

@@ -51,6 +51,7 @@ class ImageChats:
     index: np.ndarray | None = None  # the conversations of ``ids`` these are, in order; None: all
     image_tokens: int = 0  # over every conversation (the planner's and the table's unit)
     resized: int = 0  # images outside the processor's pixel budget, resized into it
+    pixels: int = 0  # over every image, as the processor sizes it (within its budget): what the planner reads
     truncated: int = 0  # never: a longer conversation is refused
     examples: int = 0
     positions: None = None  # never packed
@@ -58,6 +59,16 @@ class ImageChats:
     @property
     def seq_len(self) -> int:
         return int(self.ids.shape[1])
+
+    @property
+    def images_per_row(self) -> float:
+        return sum(map(len, self.images)) / max(len(self.images), 1)
+
+    @property
+    def image_side(self) -> int:
+        """The side of a square image of the mean size (pixels), as the planner models images."""
+        count = sum(map(len, self.images))
+        return round((self.pixels / count) ** 0.5) if count else 0
 
     @property
     def num_rows(self) -> int:
@@ -97,7 +108,7 @@ def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, 
     seq_len = data_cfg.seq_len
     placeholder = placeholder_token(processor)
     never = image_token_ids(processor)
-    texts, images, rows, targets, image_tokens, resized = [], [], [], [], 0, 0
+    texts, images, rows, targets, image_tokens, resized, pixels = [], [], [], [], 0, 0, 0
     too_long: list[tuple[str, int]] = []
     for where, record in records:
         messages, pictures = _conversation(key, path, where, record, data_cfg.image_field)
@@ -109,6 +120,7 @@ def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, 
             )
         opened = _opened(pictures, root, f"{key}={path!r} {where}")
         resized += sum(_outside_budget(processor.image_processor, image) for image in opened)
+        pixels += sum(_budgeted_pixels(processor.image_processor, image) for image in opened)
         ids = _process(processor, [text], [opened], None)["input_ids"][0].tolist()
         if len(ids) > seq_len:
             too_long.append((where, len(ids)))
@@ -140,6 +152,7 @@ def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, 
         description=f"{path} ({count} conversations, {sum(map(len, images))} images, {image_tokens} image tokens)",
         image_tokens=image_tokens,
         resized=resized,
+        pixels=pixels,
         examples=count,
     )
 
@@ -213,6 +226,13 @@ def _outside_budget(image_processor: Any, image: Any) -> bool:
     budget = pixel_budget(image_processor)
     pixels = image.size[0] * image.size[1]
     return budget is not None and not budget[0] <= pixels <= budget[1]
+
+
+def _budgeted_pixels(image_processor: Any, image: Any) -> int:
+    """An image's pixels as a dynamic-resolution processor resizes it (into its budget); else as it is."""
+    budget = pixel_budget(image_processor)
+    pixels = image.size[0] * image.size[1]
+    return pixels if budget is None else min(max(pixels, budget[0]), budget[1])
 
 
 def _process(processor: Any, texts: list[str], images: list[list[Any]], seq_len: int | None) -> dict[str, Any]:

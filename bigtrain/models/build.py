@@ -89,10 +89,19 @@ def auto_class(hf_config: Any) -> Any:
     return getattr(transformers, task_of(hf_config).auto_class)
 
 
+def set_cache(hf_config: Any, on: bool) -> None:
+    """The KV cache on or off, in the config and in its language model's (a vision-language model's decoder reads
+    its own text config: a cache left on there makes a recomputed block attend to its first forward's keys too)."""
+    hf_config.use_cache = on
+    text = hf_config.get_text_config()
+    if text is not hf_config:
+        text.use_cache = on
+
+
 def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:
     """An fp32 model of the config's task (a causal LM, an image or a sequence classifier) whose parameters and
     buffers live on ``meta``."""
-    hf_config.use_cache = False  # training: no KV cache
+    set_cache(hf_config, False)  # training: no KV cache
     attn_implementation = resolve_attention(hf_config, attn_implementation)
     try:
         with torch.device("meta"):
@@ -136,7 +145,7 @@ def build_partitioned_model(hf_config: Any, attn_implementation: str, deepspeed_
     import deepspeed
 
     init_deepspeed_comm()  # zero.Init reads it
-    hf_config.use_cache = False
+    set_cache(hf_config, False)
     # zero.Init replaces torch's tensor constructors while it is open; torch._dynamo, if first imported inside it (a
     # model's code may import it), then fails to register its polyfills against them ("Signature mismatch")
     import torch._dynamo  # noqa: F401

@@ -33,6 +33,7 @@ from bigtrain.planner.memory_terms import (
     block_activation_bytes_per_token,
     compiled_activation_bytes,
     device_margin,
+    frozen_params,
     gathered_block_params,
     logits_bytes,
     micro_batch_activations,
@@ -55,19 +56,20 @@ def estimate_data_parallel_memory(stats: ModelStats, plan: Plan, workload: Workl
     # unsharded parameters at the loss are the root's alone, at Llama-3-8B, OLMo-2-7B and Qwen3-30B-A3B widths)
     gathered = 0
     accumulated = 0  # gradients alive at the loss
+    trained = psi - frozen_params(stats, workload) // plan.tp  # model.freeze: no gradient, no optimizer state
     if plan.backend == "fsdp2":
         shard = state_shards(plan)
-        params, grads, optim = 4 * psi // shard, 4 * psi // shard, 8 * psi // shard
+        params, grads, optim = 4 * psi // shard, 4 * trained // shard, 8 * trained // shard
         if plan.offload_params:  # CPUOffloadPolicy: sharded params, grads and the optimizer step live on the host
             params = grads = optim = 0
         gathered = a * (root + (gathered_blocks(stats, plan, blocks) if plan.zero_stage == 2 else 0))
         if accum > 1 and plan.grad_reduce == "once_per_step":
-            accumulated = 4 * psi  # unsharded fp32 gradients kept between micro-steps (sync only on the last)
+            accumulated = 4 * trained  # unsharded fp32 gradients kept between micro-steps (sync only on the last)
         elif accum > 1:
             accumulated = grads  # sharded gradients (or HSDP's partial sum) from the earlier micro-steps
-        optimizer_temp = 4 * psi // shard if not plan.offload_params else 0
+        optimizer_temp = 4 * trained // shard if not plan.offload_params else 0
     else:  # ddp
-        params, grads, optim = 4 * psi, 4 * psi, 8 * psi
+        params, grads, optim = 4 * psi, 4 * trained, 8 * trained
         accumulated = grads  # with gradient_as_bucket_view the gradients are DDP's buckets, allocated up front
         if a != 4:
             # autocast's compute-dtype weight copies outlive forward only where autograd saved them for backward:
@@ -75,7 +77,7 @@ def estimate_data_parallel_memory(stats: ModelStats, plan: Plan, workload: Workl
             kept = blocks if plan.activation_checkpointing == "none" else 0
             head = 0 if plan.loss_chunk_tokens else stats.vocab * stats.hidden // plan.tp  # chunks recompute it
             gathered = a * (kept + head)
-        optimizer_temp = 4 * psi
+        optimizer_temp = 4 * trained
     if workload.compile:
         activations = compiled_activation_bytes(stats, plan, seq_len, a)
     else:

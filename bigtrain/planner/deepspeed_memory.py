@@ -33,6 +33,7 @@ from bigtrain.planner.memory_terms import (
     MemoryEstimate,
     activation_bytes,
     device_margin,
+    frozen_params,
     logits_bytes,
 )
 from bigtrain.planner.model_stats import ModelStats
@@ -45,31 +46,32 @@ def estimate_deepspeed_memory(stats: ModelStats, plan: Plan, workload: Workload)
     """The predicted peak of the busiest rank and its parts at that moment."""
     seq_len, a = workload.seq_len, workload.dtype_bytes
     psi, dp = stats.params, plan.dp
+    trained = psi - frozen_params(stats, workload)  # model.freeze: no gradient, no optimizer state
     accum = plan.grad_accum_steps(workload.global_batch_size)
     head = stats.head_params
     logits = logits_bytes(stats, plan, seq_len, a)
     activations = activation_bytes(stats, plan, seq_len, a) + logits
     offloaded = plan.offload_optimizer
-    optim = 0 if offloaded else 12 * psi // dp
+    optim = 0 if offloaded else 12 * trained // dp
     bucket = a * stats.hidden * stats.hidden
     # each moment: (gradients, activations, other)
     if plan.zero_stage >= 3:
         params = 0 if plan.offload_params else a * psi // dp
-        partition = 0 if offloaded else a * psi // dp
+        partition = 0 if offloaded else a * trained // dp
         gathered = a * min(psi, DEEPSPEED_MAX_LIVE_PARAMETERS)
-        temps = 0 if offloaded else 3 * 4 * psi // dp
+        temps = 0 if offloaded else 3 * 4 * trained // dp
         moments = [(partition, activations, gathered), (partition, 0, temps)]
     else:
         params = a * psi
-        partition = 0 if offloaded else a * min(psi, psi // dp + head)
-        temps = 0 if offloaded else 2 * 4 * psi // dp
+        partition = 0 if offloaded else a * min(trained, trained // dp + head)
+        temps = 0 if offloaded else 2 * 4 * trained // dp
         moments = [
             (partition if accum > 1 else 0, activations, bucket),
             (partition + a * head, activations - logits, 0),
             (partition, 0, temps),
         ]
         if plan.zero_stage == 1:
-            moments.append((a * psi + partition, 0, 0))
+            moments.append((a * trained + partition, 0, 0))
     peak = max(moments, key=sum)
     margin = device_margin(stats, plan, seq_len, params + optim + sum(peak))
     return MemoryEstimate(params, peak[0], optim, peak[1], peak[2], margin)

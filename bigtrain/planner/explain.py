@@ -18,6 +18,7 @@ from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.preference import batch_words, one_reference_each, reference_note
 from bigtrain.planner.replica_sync_time import WAIT_SHARE
 from bigtrain.planner.search import COMPETITIVE, NEAR_TIE, Candidate
+from bigtrain.planner.vision_stats import image_size_of
 
 SHOWN_FITTING = 8
 SHOWN_REJECTED = 6
@@ -172,6 +173,20 @@ def _simpler(best: Candidate, c: Candidate) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+def _images(stats: ModelStats, workload: Workload) -> str:
+    """A vision-language model's images: how many a row holds, their size, the image tokens of the row, and the
+    vision side's parameters (in the model's count)."""
+    if stats.vision is None:
+        return ""
+    size = image_size_of(workload)
+    tokens = stats.vision.tokens(size) * workload.images_per_row
+    frozen = f", frozen: {', '.join(workload.frozen)}" if workload.frozen else ""
+    return (
+        f" | vision {count(stats.vision_params)} params; {workload.images_per_row:g} image(s) of {size} px per row "
+        f"= {tokens:,.0f} of its {workload.seq_len} tokens{frozen}"
+    )
+
+
 def _experts(stats: ModelStats) -> str:
     """A mixture's active share and routing assumption (MFU and compute count active parameters)."""
     if not stats.num_experts:
@@ -202,7 +217,8 @@ def render_table(
         f"{cluster.gpus_per_node} per node) | global batch {batch_words(workload)} x seq {workload.seq_len}"
         + (f" | train.compile {workload.compile}".replace(" True", "") if workload.compile else "")
         + (f" | train.fp8 {workload.fp8}" if workload.fp8 != "none" else "")
-        + (f" | method {workload.method}" if workload.method != "full" else ""),
+        + (f" | method {workload.method}" if workload.method != "full" else "")
+        + _images(stats, workload),
         "",
         head,
     ]

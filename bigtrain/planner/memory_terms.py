@@ -28,6 +28,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from bigtrain.config.plan import Plan
+from bigtrain.config.workload import Workload
 from bigtrain.planner.model_stats import ModelStats
 
 GiB = 1024**3
@@ -86,12 +87,27 @@ def stage_params(stats: ModelStats, plan: Plan) -> tuple[int, int]:
     embeddings and final norm stay whole on every tp rank, and so does the LM head unless ``loss_parallel`` splits
     it over the vocabulary.
     """
-    blocks = stage_layers(stats, plan.pp) * stats.block_params
+    # a vision-language model's tower and projector: units of their own beside the decoder's (pp is refused)
+    blocks = stage_layers(stats, plan.pp) * stats.block_params + stats.vision_params
     head = stats.head_params // plan.tp if plan.loss_parallel else stats.head_params
     root = stats.root_params - stats.head_params + head
     if plan.pp > 1:
         root = max(stats.embed_params, head + stats.norm_params)
     return blocks // plan.tp, root
+
+
+def frozen_params(stats: ModelStats, workload: Workload) -> int:
+    """The parameters ``model.freeze`` keeps fixed (a vision-language model's parts): no gradient, no optimizer
+    state. Modules named by their own names are not modelled."""
+    if not workload.frozen or stats.vision is None:
+        return 0
+    vision = stats.vision
+    sizes = {
+        "vision_tower": vision.tower_params,
+        "projector": vision.projector_params,
+        "language_model": stats.params - vision.params,
+    }
+    return sum(sizes.get(part, 0) for part in set(workload.frozen))
 
 
 def gathered_block_params(stats: ModelStats, plan: Plan) -> int:

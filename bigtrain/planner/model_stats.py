@@ -23,8 +23,11 @@ from bigtrain.config.capabilities import ModelFacts
 from bigtrain.config.hf import config_object, model_config_object, resolve_attention
 from bigtrain.errors import ConfigError
 from bigtrain.planner.block_probe import ModelProfile, profile_model
+from bigtrain.planner.vision_stats import VisionStats, vision_stats
 
 ROPE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+# vision-language models whose decoder is a causal-LM family's, under a text model type of its own
+TEXT_FAMILIES = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3"}
 FORMULA_FAMILIES = (*ROPE_FAMILIES, "gpt2")
 
 
@@ -50,6 +53,8 @@ class ModelStats:
     num_experts: int = 0  # routed experts per MoE block (0: dense)
     top_k: int = 0  # experts each token is routed to
     logit_softcap: bool = False  # the head's logits pass through cap·tanh(x/cap) (Gemma 2): tanh's output is saved
+    # a vision-language model's vision tower and projector (the fields above are its language model's)
+    vision: VisionStats | None = None
 
     # ---- parameter counts (cached: the search asks for them once per candidate, tens of thousands of times) -----
     @cached_property
@@ -134,12 +139,17 @@ class ModelStats:
 
     @cached_property
     def params(self) -> int:
-        return self.layers * self.block_params + self.root_params
+        return self.layers * self.block_params + self.root_params + self.vision_params
+
+    @cached_property
+    def vision_params(self) -> int:
+        """A vision-language model's vision tower and projector (0 for a language model)."""
+        return self.vision.params if self.vision else 0
 
     @cached_property
     def active_params(self) -> int:
         """Parameters one token goes through (= params for a dense model): what MFU counts for a mixture."""
-        return self.layers * self.active_block_params + self.root_params
+        return self.layers * self.active_block_params + self.root_params + self.vision_params
 
     # ---- compute per token ------------------------------------------------------------------------------------
     def attention_forward_flops(self, seq_len: int) -> float:
@@ -161,6 +171,8 @@ class ModelStats:
     @classmethod
     def from_config(cls, cfg: dict[str, Any]) -> ModelStats:
         model_type = cfg.get("model_type")
+        if "vision_config" in cfg and "text_config" in cfg:
+            return cls.vision_language(cfg)
         if _names_classifier(cfg):
             raise ConfigError(
                 f"{cfg.get('architectures')}: these statistics model causal LMs only; classifiers are measured by "
@@ -210,6 +222,23 @@ class ModelStats:
         )
 
     @classmethod
+    def vision_language(cls, cfg: dict[str, Any]) -> ModelStats:
+        """A vision-language model: its language model's statistics (from its text config, as a causal LM of the
+        family its decoder is), its vision side (``vision_stats.py``), and the table's facts of the whole model."""
+        from dataclasses import replace
+
+        from bigtrain.config.hf import model_config_object
+
+        hf_config = model_config_object(cfg)
+        language = cls.from_config(language_model_dict(hf_config.get_text_config().to_dict()))
+        return replace(
+            language,
+            model_type=cfg["model_type"],
+            facts=ModelFacts.of(hf_config),
+            vision=vision_stats(hf_config),
+        )
+
+    @classmethod
     def measured(cls, cfg: dict[str, Any], hf_config: Any, facts: ModelFacts) -> ModelStats:
         """A family without formulas: the shape fields the cost terms read (from the config, with the usual
         defaults), and the counts, activations and FLOPs measured on the model (``block_probe.py``)."""
@@ -245,8 +274,10 @@ class ModelStats:
 
     def summary(self) -> dict[str, Any]:
         experts = {"experts": self.num_experts, "top_k": self.top_k, "active_params": self.active_params}
+        vision = {"vision_params": self.vision_params} if self.vision else {}
         return {
             **(experts if self.num_experts else {}),
+            **vision,
             "params": self.params,
             "model_type": self.model_type,
             "layers": self.layers,
@@ -257,6 +288,17 @@ class ModelStats:
             "vocab": self.vocab,
             "tied": self.tied,
         }
+
+
+def language_model_dict(text: dict[str, Any]) -> dict[str, Any]:
+    """A vision-language model's text config as the causal LM its decoder is (Qwen2.5-VL's: Qwen2's; the
+    multimodal rotary sections dropped, which a causal LM's config does not take and the counts do not need)."""
+    out = {k: v for k, v in text.items() if k != "architectures"}
+    out["model_type"] = TEXT_FAMILIES.get(out.get("model_type", ""), out.get("model_type", ""))
+    for key in ("rope_parameters", "rope_scaling"):
+        if isinstance(out.get(key), dict) and "mrope_section" in out[key]:
+            out[key] = {k: v for k, v in out[key].items() if k != "mrope_section"}
+    return out
 
 
 def _names_classifier(cfg: dict[str, Any]) -> bool:

@@ -36,7 +36,7 @@ from bigtrain.config.load import dump_recipe, load_recipe, recipe_warnings
 from bigtrain.config.plan import Plan
 from bigtrain.config.resolve import parallel_of, resolve_plan
 from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
-from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
+from bigtrain.config.tasks import task_of
 from bigtrain.config.workload import Workload
 from bigtrain.data.for_task import load_training_data
 from bigtrain.data.loader import EvalLoader, StepLoader
@@ -73,7 +73,7 @@ from bigtrain.train.metrics import format_bytes
 from bigtrain.train.optim import build_optimizer, build_scheduler
 from bigtrain.train.reference_pass import attach_precomputed
 from bigtrain.train.replica_groups import ReplicaGroup, job_world
-from bigtrain.train.task_setup import check_model_against_rows, prepare_task
+from bigtrain.train.task_setup import check_model_against_rows, prepare_task, with_images
 from bigtrain.train.trackers import check_tracker
 
 log = logging.getLogger("bigtrain")
@@ -435,8 +435,7 @@ class TrainingJob:
         cfg = self.cfg
         epochs = cfg.train.steps * self._batch / max(self.data.num_rows, 1)  # a precomputed reference's share
         workload = Workload.of_train(cfg.train, self.data.seq_len, cfg.lora, self._packed, self.attention, epochs)
-        images = getattr(self.data, "preprocessing", None)  # an image classifier's: the side it is trained at
-        return dataclasses.replace(workload, image_size=images.size) if images is not None else workload
+        return with_images(workload, self.data, cfg)
 
     def _build_options(self, plan: Plan) -> BuildOptions:
         """The capability table's rows for this model and the engine's own inputs (its config files), checked on
@@ -476,8 +475,6 @@ class TrainingJob:
 
     def _prediction(self, plan: Plan) -> str:
         """What the planner predicts for this plan on these devices (the plan line's check on the run)."""
-        if self.task is IMAGE_TEXT_TO_TEXT:
-            return "no prediction: the planner does not model vision towers yet"
         device = self.device
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         free = local_free_memory(self.env, device)

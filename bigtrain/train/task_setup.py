@@ -65,10 +65,10 @@ def check_model_against_rows(cfg: RecipeConfig, hf_config: Any, seq_len: int, is
     attn_implementation fails here, and it shows the position embedding), the lora section's module names and
     model.freeze's against the model, the row length against the language model's positions."""
     from bigtrain.config.hf import one_block
+    from bigtrain.config.model_parts import frozen_parameters, part_module
     from bigtrain.config.schema import ADAPTER_METHODS
     from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
     from bigtrain.models.build import build_meta_model
-    from bigtrain.models.vision_language import frozen_parameters, part_module
     from bigtrain.parallel.transforms.adapters import modules_trained_fully, target_modules
     from bigtrain.train.checks import check_sequence_length
 
@@ -88,3 +88,19 @@ def check_model_against_rows(cfg: RecipeConfig, hf_config: Any, seq_len: int, is
     # the rows are the language model's (a vision tower has positions of its own)
     positions = part_module(probe, "language_model") if vision_language else probe
     check_sequence_length(text_config, positions, seq_len, is_main=is_main)
+
+
+def with_images(workload: Any, data: Any, cfg: RecipeConfig) -> Any:
+    """The workload with the images a run's data holds, as the planner models them: an image classifier's side, a
+    vision-language model's images per row and their mean size as the processor sizes them (and its frozen parts)."""
+    from bigtrain.data.image_chat import ImageChats
+
+    images = getattr(data, "preprocessing", None)  # an image classifier's: the side it is trained at
+    if images is not None:
+        return dataclasses.replace(workload, image_size=images.size)
+    if isinstance(data, ImageChats):
+        frozen = tuple(cfg.model.freeze)
+        return dataclasses.replace(
+            workload, image_size=data.image_side, images_per_row=data.images_per_row, frozen=frozen
+        )
+    return workload

@@ -43,8 +43,30 @@ CASES = {
     ),
     "qwen2_5_vl-ddp-frozen-vision": ("qwen2_5_vl", 2, dict(backend="ddp", micro_batch_size=2), {}, ["vision_tower"]),
     "llava-fsdp2-accum2-lora": ("llava", 2, dict(backend="fsdp2", micro_batch_size=1), {"method": "lora"}, []),
+    "qwen2_5_vl-fsdp2-accum2-ac": (
+        "qwen2_5_vl",
+        2,
+        dict(backend="fsdp2", micro_batch_size=1, activation_checkpointing="full"),
+        {},
+        [],
+    ),
+    "idefics3-zero2-ac-selective": (
+        "idefics3",
+        2,
+        dict(backend="deepspeed", zero_stage=2, micro_batch_size=2, activation_checkpointing="selective"),
+        {},
+        [],
+    ),
 }
-FULL_ONLY = {"qwen2_5_vl-ddp-frozen-vision", "llava-fsdp2-accum2-lora"}
+CASES["idefics3-zero2"] = ("idefics3", 2, dict(backend="deepspeed", zero_stage=2, micro_batch_size=2), {}, [])
+CASES["idefics3-zero2-full"] = ("idefics3", 2, dict(backend="deepspeed", zero_stage=2, micro_batch_size=2, activation_checkpointing="full"), {}, [])
+CASES["idefics3-fsdp2-sel"] = ("idefics3", 2, dict(backend="fsdp2", micro_batch_size=2, activation_checkpointing="selective"), {}, [])
+FULL_ONLY = {
+    "qwen2_5_vl-ddp-frozen-vision",
+    "llava-fsdp2-accum2-lora",
+    "qwen2_5_vl-fsdp2-accum2-ac",
+    "idefics3-zero2-ac-selective",
+}
 
 
 def global_batch(step: int, num_rows: int) -> np.ndarray:

@@ -10,8 +10,12 @@ preference objectives are rows until tested on them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from bigtrain.config.capabilities.table import Capability, row, split_settings
+from bigtrain.config.plan import Plan
 from bigtrain.config.setup import Setup
+from bigtrain.config.workload import Workload
 
 TASK = "image-text-to-text"
 
@@ -49,6 +53,12 @@ def vision_language_with_untested_options(s: Setup) -> str | None:
     return None
 
 
+def vision_bytes(stats: Any, plan: Plan, workload: Workload) -> int:
+    """What a vision-language model's images keep for backward on a rank (``planner/vision_stats.py``): the tower's
+    parameters, gradients and optimizer states are among the model's (``ModelStats.params``)."""
+    return stats.vision.activation_bytes(plan, workload) if getattr(stats, "vision", None) is not None else 0
+
+
 CAPABILITY = Capability(
     name="vision_language",
     summary="vision-language chat models (model.task: image-text-to-text): images through the processor, parts frozen",
@@ -58,4 +68,5 @@ CAPABILITY = Capability(
         row(vision_language_with_untested_options, "not_built", reads_model=True),
     ),
     transforms=("freeze",),
+    memory=vision_bytes,
 )

@@ -29,12 +29,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from bigtrain.config.hf import decoder_blocks, is_linear, linear_names, names_module
+from bigtrain.config.model_parts import language_model_block_linears, language_model_linears
 from bigtrain.config.schema import ADAPTER_METHODS, AdapterConfig
 from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
 from bigtrain.errors import ConfigError
 from bigtrain.models.build import build_meta_model
 from bigtrain.models.materialize import write_full
-from bigtrain.models.vision_language import language_model_block_linears, language_model_linears
 from bigtrain.parallel.precision import COMPUTE_DTYPES
 from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transform
 

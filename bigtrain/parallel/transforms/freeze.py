@@ -10,7 +10,7 @@ checkpoints keep them, so a run resumes and exports without reading its starting
 
 from __future__ import annotations
 
-from bigtrain.models.vision_language import frozen_parameters
+from bigtrain.config.model_parts import frozen_parameters
 from bigtrain.parallel.transforms.base import BuildContext, BuildOptions, BuiltModel, Transform
 
 
@@ -26,4 +26,4 @@ def apply(built: BuiltModel, ctx: BuildContext) -> None:
                 param.requires_grad_(False)
 
 
-TRANSFORM = Transform(name="freeze", wanted=wanted, apply=apply, planner_terms=())
+TRANSFORM = Transform(name="freeze", wanted=wanted, apply=apply, planner_terms=("memory_terms.frozen_params",))

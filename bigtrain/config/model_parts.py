@@ -10,7 +10,7 @@ trainable.
 
 from __future__ import annotations
 
-from torch import nn
+from typing import Any
 
 from bigtrain.errors import ConfigError
 
@@ -23,7 +23,7 @@ _NAMES = {
 }
 
 
-def part_modules(model: nn.Module) -> dict[str, str]:
+def part_modules(model: Any) -> dict[str, str]:
     """The qualified name of each part's module in ``model`` (the shallowest of the family's names)."""
     found: dict[str, str] = {}
     for name, _ in model.named_modules():
@@ -40,7 +40,7 @@ def part_modules(model: nn.Module) -> dict[str, str]:
     return found
 
 
-def part_module(model: nn.Module, part: str) -> nn.Module:
+def part_module(model: Any, part: str) -> Any:
     """The module of one part (``PARTS``) of ``model``."""
     return model.get_submodule(part_modules(model)[part])
 
@@ -53,7 +53,7 @@ def part_of(parameter: str, parts: dict[str, str]) -> str:
     return "language_model"
 
 
-def frozen_parameters(model: nn.Module, freeze: list[str]) -> list[str]:
+def frozen_parameters(model: Any, freeze: list[str]) -> list[str]:
     """The names of the parameters ``model.freeze`` names: a part (``PARTS``), or a module of the model by its own
     qualified name (e.g. ``model.visual.blocks.0``). A name that is neither is one line listing what is."""
     parts = part_modules(model)
@@ -75,7 +75,7 @@ def frozen_parameters(model: nn.Module, freeze: list[str]) -> list[str]:
     return out
 
 
-def language_model_block_linears(model: nn.Module) -> list[str]:
+def language_model_block_linears(model: Any) -> list[str]:
     """The last name part of every linear inside the language model's repeated blocks."""
     from bigtrain.config.hf import decoder_blocks, is_linear
 
@@ -88,7 +88,7 @@ def language_model_block_linears(model: nn.Module) -> list[str]:
     return sorted(names)
 
 
-def language_model_linears(model: nn.Module, names: list[str]) -> str:
+def language_model_linears(model: Any, names: list[str]) -> str:
     """peft's ``target_modules`` as a regular expression (peft matches it against each module's whole name): the
     linears called ``names`` inside the language model, not the vision tower's of the same names."""
     prefix = part_modules(model)["language_model"].replace(".", r"\.")
