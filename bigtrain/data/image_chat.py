@@ -129,7 +129,7 @@ def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, 
         marked = [m and i not in never for m, i in zip(marked, ids, strict=True)]
         image_tokens += ids.count(processor.image_token_id)
         texts.append(text)
-        images.append(pictures)
+        images.append([_resolved(p, root) for p in pictures])  # read again from any working directory
         rows.append(ids + [processor.tokenizer.pad_token_id] * (seq_len - len(ids)))
         targets.append(marked + [False] * (seq_len - len(ids)))
     if too_long:
@@ -197,6 +197,15 @@ def _conversation(key: str, path: str, where: str, record: dict[str, Any], image
             "items in its messages take them; give one image item per image"
         )
     return out, pictures
+
+
+def _resolved(picture: Any, root: Path) -> Any:
+    """A picture named by a path relative to the data, as an absolute path (anything else as it is)."""
+    if isinstance(picture, (str, Path)) and not Path(picture).is_absolute():
+        return str((root / picture).resolve())
+    if isinstance(picture, dict) and isinstance(picture.get("path"), str):
+        return _resolved(picture["path"], root)
+    return picture
 
 
 def _opened(pictures: list[Any], root: Path | None = None, where: str = "") -> list[Any]:
