@@ -18,7 +18,7 @@ def require_causal_lm(model_type: str, key: str) -> None:
         raise ConfigError(
             f"{key}: model_type {model_type!r} is not a causal language model; plan exports (accelerate, DeepSpeed, "
             "HF Trainer configs) model causal LMs only (bigtrain train and bigtrain plan take image and sequence "
-            "classifiers)"
+            "classifiers and vision-language models)"
         )
 
 

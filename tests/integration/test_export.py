@@ -22,9 +22,9 @@ REFUSED = {
     **{("long_context_8b_128k", target): "parallel.cp=2 cannot be exported" for target in TARGETS},
     ("tp_fsdp", "deepspeed"): "parallel.tp=2 cannot be exported",
 }
-# Plans of classifiers are not exported (the exports write the settings of causal-LM trainers):
-# refused in one line that says so (docs/vision.md)
-CLASSIFIERS = ("image_classifier", "resnet50_imagefolder", "text_classifier", "vit_finetune")
+# Plans of classifiers and vision-language models are not exported (the exports write the settings of causal-LM
+# trainers): refused in one line that says so (docs/vision.md, docs/vision-language.md)
+CLASSIFIERS = ("image_classifier", "resnet50_imagefolder", "text_classifier", "vit_finetune", "vlm_lora")
 
 
 def recipe_args(name: str, tmp_path: Path) -> tuple[list[str], int]:
@@ -43,6 +43,11 @@ def recipe_args(name: str, tmp_path: Path) -> tuple[list[str], int]:
             folder
         )
         return ["--gpus", "2", "--set", f"model.name_or_path={folder}"], 2
+    if name == "vlm_lora":  # the walk-through's tiny model
+        sys.path.insert(0, str(REPO / "recipes"))
+        from make_vlm_demo import save_tiny_vlm
+
+        return ["--gpus", "2", "--set", f"model.name_or_path={save_tiny_vlm(tmp_path / name)}"], 2
     if name in CLASSIFIERS:  # the world their headers name
         return ["--gpus", "2"], 2
     args = ["--gpus", "4"]

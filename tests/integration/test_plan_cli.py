@@ -292,6 +292,22 @@ def test_the_docs_plan_commands_run_and_say_what_the_docs_say(cli_in_process):
     assert "chooses `fsdp2 zero2 dp=8 tp=1 pp=1 ac=none mb=2 rs=micro` at 60.5 GiB" in " ".join(text.split())
 
 
+def test_a_vision_language_plan_counts_each_row_s_image_tokens(plan_cli):
+    """docs/vision-language.md's commands: the images' tokens in the row, the vision side in the model's count, and
+    a row too short for its images refused with what would hold them."""
+    first, second = docs_commands("vlm-plan")
+    proc = plan_cli(shlex.split(first)[1:], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "vision 676.55M params; 2 image(s) of 1024 px per row = 2,738 of its 4096 tokens" in proc.stdout
+    assert proc.stdout.startswith("model qwen2_5_vl: 8.29B params, 28 layers, hidden 3584")
+    assert not proc.stderr.strip(), proc.stderr  # nothing from transformers about the rotary sections
+    proc = plan_cli(shlex.split(second)[1:], timeout=120)
+    assert proc.returncode == 0 and "method lora" in proc.stdout, proc.stderr
+    proc = plan_cli([*shlex.split(first)[1:], "--seq-len", "2048"], timeout=120)
+    assert proc.returncode != 0
+    assert "2 image(s) of 1024 px per row are 2,738 image tokens, more than the row's 2048 tokens" in proc.stderr
+
+
 def test_a_classifier_plan_shows_the_speed_up_from_one_gpu(plan_cli):
     """docs/vision.md's command: the backends' rows, the choice, and the scaling table from 1 GPU to 8."""
     for command in docs_commands("vision-plan"):

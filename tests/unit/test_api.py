@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
 import typing
 from pathlib import Path
 
@@ -28,6 +29,7 @@ RECIPE_FOLDERS = {
     "models/Meta-Llama-3-8B": "llama-3-8b",
     "models/Meta-Llama-3-70B": "llama-3-70b",
     "models/vit-base-patch16-224": "vit-base",
+    "vlm_demo": "tiny-vlm",  # recipes/make_vlm_demo.py's
 }
 
 
@@ -36,7 +38,12 @@ def recipe_world(tmp_path, monkeypatch):
     """A scratch folder holding recipes/ and the model folders the recipes name (relative paths resolve here)."""
     (tmp_path / "recipes").symlink_to(REPO / "recipes")
     for folder, preset in RECIPE_FOLDERS.items():
-        if preset is None:
+        if preset == "tiny-vlm":
+            sys.path.insert(0, str(REPO / "recipes"))
+            from make_vlm_demo import save_tiny_vlm
+
+            save_tiny_vlm(tmp_path / folder)
+        elif preset is None:
             save_tiny_model(tmp_path / folder, vocab_size=259)
         else:
             (tmp_path / folder).mkdir(parents=True)
