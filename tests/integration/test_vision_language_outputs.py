@@ -110,3 +110,43 @@ def test_adapter_loads_with_peft_and_gives_the_trained_logits(tmp_path):
             own[name].copy_(value)
     expected = logits(trained, inputs)
     torch.testing.assert_close(logits(loaded, inputs), expected, rtol=0, atol=LOGITS_ATOL)
+
+
+@pytest.mark.full
+def test_resume_on_another_plan_continues_exactly_and_keeps_the_frozen_tower(tmp_path):
+    """6 steps straight on FSDP2, against 3 steps then a resume on DeepSpeed ZeRO-2 (the frozen tower read back from
+    the checkpoint): the same losses and grad norms, the same final weights, the tower the starting folder's."""
+    from helpers import read_metrics, run_cli
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    base = save_tiny_vlm(tmp_path / "base", "qwen2_5_vl")
+    recipe = recipe_dict(
+        tmp_path / "straight",
+        "builtin:image_chat",
+        base,
+        data={"seq_len": 160},
+        train={"steps": 6, "global_batch_size": 4, "lr": 1e-3, "lr_schedule": "constant"},
+        parallel={"backend": "fsdp2", "micro_batch_size": 1},
+        checkpoint={"every": 3},
+    )
+    recipe["model"]["freeze"] = ["vision_tower"]
+    path = write_recipe(tmp_path / "recipe.yaml", recipe)
+    resumed = f"output_dir={tmp_path / 'resumed'}"
+    for extra in ([], ["--set", resumed, "--set", "train.steps=3"], ["--set", resumed, "--set",
+                  "parallel.backend=deepspeed", "--set", "parallel.zero_stage=2"]):  # fmt: skip
+        proc = run_cli(["train", str(path), "--nproc", "2", *extra], timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from" in proc.stderr
+    straight, again = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
+    assert [m["step"] for m in again] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(straight, again, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-6) and b["grad_norm"] == pytest.approx(
+            a["grad_norm"], rel=1e-5
+        )
+    one, two = (load_file(str(tmp_path / run / "model" / "model.safetensors")) for run in ("straight", "resumed"))
+    assert max((one[k] - two[k]).abs().max().item() for k in one) < 1e-6
+    start = AutoModelForImageTextToText.from_pretrained(base).state_dict()
+    final = AutoModelForImageTextToText.from_pretrained(tmp_path / "resumed" / "model").state_dict()
+    tower = [k for k in start if ".visual." in k and ".merger." not in k]
+    assert tower and all(torch.equal(final[k], start[k]) for k in tower)
