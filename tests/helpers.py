@@ -74,6 +74,16 @@ def check_fit(hf_config: Any, plan: Any, global_batch_size: int = 8) -> None:
     check(Setup(plan, TrainConfig(global_batch_size=global_batch_size), ModelFacts.of(hf_config)))
 
 
+def shuffled_global_batch(step: int, num_rows: int, batch: int, seed: int) -> np.ndarray:
+    """The examples of optimizer step ``step`` in bigtrain's shuffled order, written independently: positions
+    [step*B, (step+1)*B) of the epochs, each epoch a permutation seeded by seed + epoch."""
+    out = []
+    for position in range(step * batch, (step + 1) * batch):
+        epoch, within = divmod(position, num_rows)
+        out.append(np.random.default_rng(seed + epoch).permutation(num_rows)[within])
+    return np.array(out)
+
+
 def learnable_rows(num_rows: int, seq_len: int, vocab: int = 128) -> np.ndarray:
     """Token rows from a sparse random bigram chain (each token has 3 possible successors): a corpus a tiny model
     learns, so the loss keeps falling over a few steps and the late updates matter too."""

@@ -17,8 +17,7 @@ kept, its images are processed again whenever a micro-batch holds it (with ``dat
 from __future__ import annotations
 
 import difflib
-import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ import torch
 
 from bigtrain.config.schema import DataConfig
 from bigtrain.data.batch import ImageChatBatch
+from bigtrain.data.indexed_rows import IndexedRows
 from bigtrain.data.labels import masked_next_token_labels
 from bigtrain.data.processor import image_token_ids, pixel_budget, placeholder_token
 from bigtrain.data.records import check_records_path, read_records
@@ -38,7 +38,7 @@ Image = Any  # a PIL image, or a [H, W, 3] uint8 array (the built-in set)
 
 
 @dataclass
-class ImageChats:
+class ImageChats(IndexedRows):
     """Conversations with images, as expanded token rows, their targets, and the images to process again."""
 
     processor: Any
@@ -70,22 +70,9 @@ class ImageChats:
         count = sum(map(len, self.images))
         return round((self.pixels / count) ** 0.5) if count else 0
 
-    @property
-    def num_rows(self) -> int:
-        return len(self.ids) if self.index is None else len(self.index)
-
-    def fingerprint(self) -> str:
-        at = np.arange(len(self.ids)) if self.index is None else self.index
-        digest = hashlib.sha256(np.ascontiguousarray(self.ids[at]).tobytes())
-        digest.update(np.ascontiguousarray(self.targets[at]).tobytes())
-        return digest.hexdigest()[:16]
-
-    def subset(self, index: np.ndarray, description: str) -> ImageChats:
-        return replace(self, index=index if self.index is None else self.index[index], description=description)
-
     def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> ImageChatBatch:
         """Conversations ``rows`` as one micro-batch, their images processed again (as when they were read)."""
-        at = [int(i) for i in (rows if self.index is None else self.index[rows])]
+        at = [int(i) for i in self.at(rows)]
         out = _process(self.processor, [self.texts[i] for i in at], [_opened(self.images[i]) for i in at], self.seq_len)
         ids = out.pop("input_ids")
         if not torch.equal(ids, torch.from_numpy(self.ids[at].astype(np.int64))):

@@ -12,9 +12,8 @@ labelled on the answer alone. Packing is not built: one pair is two rows.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,7 @@ import torch
 from bigtrain.config.schema import DataConfig
 from bigtrain.data.batch import PairBatch
 from bigtrain.data.builtin import builtin_records
+from bigtrain.data.indexed_rows import IndexedRows
 from bigtrain.data.labels import masked_next_token_labels
 from bigtrain.data.records import Record, check_records_path, describe_sources, read_records
 from bigtrain.data.tokenizer import load_tokenizer
@@ -33,7 +33,7 @@ BUILTIN_PREFIX = "builtin:"
 
 
 @dataclass
-class PreferencePairs:
+class PreferencePairs(IndexedRows):
     """Pairs as two token arrays of one row each, what each row trains on, and the reference's log-probabilities."""
 
     ids: np.ndarray  # [pairs, 2, seq_len] int32: chosen, rejected
@@ -51,23 +51,9 @@ class PreferencePairs:
     def seq_len(self) -> int:
         return int(self.ids.shape[2])
 
-    @property
-    def num_rows(self) -> int:
-        return len(self.ids) if self.index is None else len(self.index)
-
-    def fingerprint(self) -> str:
-        """What the reference's log-probabilities are computed on (the tokens and labels of every pair, in order)."""
-        at = np.arange(len(self.ids)) if self.index is None else self.index
-        digest = hashlib.sha256(np.ascontiguousarray(self.ids[at]).tobytes())
-        digest.update(np.ascontiguousarray(self.targets[at]).tobytes())
-        return digest.hexdigest()[:16]
-
-    def subset(self, index: np.ndarray, description: str) -> PreferencePairs:
-        return replace(self, index=index if self.index is None else self.index[index], description=description)
-
     def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> PairBatch:
         """Pairs ``rows`` as one micro-batch: their chosen rows, then their rejected rows."""
-        at = rows if self.index is None else self.index[rows]
+        at = self.at(rows)
         ids = torch.from_numpy(np.concatenate([self.ids[at, 0], self.ids[at, 1]]).astype(np.int64))
         targets = np.concatenate([self.targets[at, 0], self.targets[at, 1]])
         labels = masked_next_token_labels(ids, targets)

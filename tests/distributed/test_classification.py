@@ -25,7 +25,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import read_metrics, recipe_dict, with_sections
+from helpers import read_metrics, recipe_dict, shuffled_global_batch, with_sections
 from shared_launch import SharedLaunches, launch_key, selected
 
 STEPS, GLOBAL_BATCH, SEED = 10, 16, 5
@@ -60,12 +60,7 @@ def lr_lambda(step: int) -> float:
 
 
 def global_batch(step: int, num_rows: int) -> np.ndarray:
-    """Examples of optimizer step ``step``: positions [step*B, (step+1)*B) of epochs shuffled with seed + epoch."""
-    out = []
-    for position in range(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH):
-        epoch, within = divmod(position, num_rows)
-        out.append(np.random.default_rng(SEED + epoch).permutation(num_rows)[within])
-    return np.array(out)
+    return shuffled_global_batch(step, num_rows, GLOBAL_BATCH, SEED)
 
 
 def image_inputs() -> tuple[torch.Tensor, torch.Tensor]:

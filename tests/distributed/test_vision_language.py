@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import read_metrics, recipe_dict, with_sections
+from helpers import read_metrics, recipe_dict, shuffled_global_batch, with_sections
 from shared_launch import SharedLaunches, launch_key, selected
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipes"))
@@ -71,12 +71,7 @@ FULL_ONLY = {
 
 
 def global_batch(step: int, num_rows: int) -> np.ndarray:
-    """Conversations of optimizer step ``step``: positions [step*B, (step+1)*B) of epochs shuffled with seed + epoch."""
-    out = []
-    for position in range(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH):
-        epoch, within = divmod(position, num_rows)
-        out.append(np.random.default_rng(SEED + epoch).permutation(num_rows)[within])
-    return np.array(out)
+    return shuffled_global_batch(step, num_rows, GLOBAL_BATCH, SEED)
 
 
 def conversations() -> list[tuple[list[dict], list]]:
