@@ -67,24 +67,21 @@ def plan(
     """Choose how to train ``model`` on ``gpus`` GPUs, and explain it.
 
     Args:
-        model: a preset name (``bigtrain plan --help`` lists them), a local HF model folder or ``config.json``, a
-            config dict with ``model_type``, a ``transformers.PretrainedConfig``, or a built model (its ``.config``).
-            Optional when ``recipe`` names the model.
+        model: a preset (``bigtrain plan --help`` lists them), a local HF folder or ``config.json``, a config dict
+            with ``model_type``, a ``PretrainedConfig`` or a built model; optional when ``recipe`` names the model.
         recipe: a bigtrain recipe (path or loaded) to take the model, sequence length, batch, precision and method
             from; the other arguments win over it.
         gpus: GPUs of the job (default: this machine's). Under torchrun/accelerate, unless ``gpus`` and ``gpu`` or
             ``gpu_memory`` are all given, the whole job's: every rank is asked for its free memory, so call it on
             every rank, as a training script does; without a process group it starts the job's default one (gloo
             on CPUs, NCCL on GPUs, 30-minute timeout) and leaves it for your trainer.
-        gpu: GPU type, e.g. ``"H100"``, ``"A100-40GB"``, ``"L4"`` (default: detected, else H100).
-        gpu_memory: memory per GPU, e.g. ``"80GB"`` (binary units) or bytes; overrides the GPU table.
-        gpus_per_node: GPUs per machine (default: ``min(gpus, 8)``).
+        gpu, gpu_memory: GPU type, e.g. ``"H100"``, ``"L4"`` (default: detected, else H100); memory per GPU, e.g.
+            ``"80GB"`` (binary units) or bytes, over the GPU table's. gpus_per_node: default ``min(gpus, 8)``.
         host_memory: host memory per node for offloaded state, e.g. ``"2TB"``.
         seq_len: tokens per sequence (default: the recipe's, else the model's maximum up to 2048).
         global_batch_size: sequences per optimizer step (default: the recipe's, else about 1M tokens).
-        mixed_precision: ``"bf16"`` (default), ``"fp16"`` or ``"fp32"``.
-        method: ``"full"`` (default), ``"lora"``, ``"qlora"`` or ``"auto"`` (the planner picks).
-        lora_r: adapter rank under lora/qlora (default 16).
+        mixed_precision: ``"bf16"`` (default), ``"fp16"`` or ``"fp32"``; method: ``"full"`` (default), ``"lora"``,
+            ``"qlora"`` or ``"auto"`` (the planner picks); lora_r: adapter rank under lora/qlora (default 16).
         compile: plan for ``torch.compile`` of the blocks (True/False/``"auto"``).
         fp8: ``"none"``, ``"tensorwise"``, ``"rowwise"`` or ``"auto"`` (needs a measured ``hardware_profile``).
         fix: plan fields to pin, e.g. ``{"backend": "deepspeed", "zero_stage": 3}``.
@@ -105,14 +102,13 @@ def plan(
     Raises:
         ConfigError: bad input, named by its argument, with what would work.
     """
-    profile = str(hardware_profile) if hardware_profile else None
     network = dict(inter_node_bandwidth=inter_node_bandwidth, inter_node_latency=inter_node_latency, sites=sites,
                    site_bandwidth=site_bandwidth, site_latency=site_latency)  # fmt: skip
+    profile = str(hardware_profile) if hardware_profile else None
     hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, host_memory, profile, network)
     asked = dict(seq_len=seq_len, global_batch_size=global_batch_size, mixed_precision=mixed_precision, method=method,
                  lora_r=lora_r, compile=compile, fp8=fp8, fix=fix)  # fmt: skip
-    classifier = _classifier(model, recipe, hw, _spell, objective, image_size=image_size, **asked)
-    if classifier is not None:
+    if (classifier := _classifier(model, recipe, hw, _spell, objective, image_size=image_size, **asked)) is not None:
         return classifier
     images = dict(image_size=image_size, images_per_row=images_per_row)
     request = build_request(model, recipe, hw, spell=_spell, objective=objective, epochs=epochs, **images, **asked)

@@ -55,7 +55,7 @@ from bigtrain.config.capabilities.preference import reference_mode
 from bigtrain.config.hf import model_config_object, resolve_attention
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import PREFERENCE_OBJECTIVES, AdapterConfig, TrainConfig, rows_per_example
-from bigtrain.config.tasks import task_of
+from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
 from bigtrain.config.workload import Workload
 from bigtrain.data.batch import ExampleBatch, MicroBatch, PairBatch
 from bigtrain.data.labels import IGNORE_INDEX, next_token_labels
@@ -93,6 +93,11 @@ def simulate(
     attn_implementation = resolve_attention(hf_config, attn_implementation)  # "auto": the family's own default
     # what the trainer would refuse
     check(Setup(plan, workload.train_config(), ModelFacts.of(hf_config), workload.data_facts()))
+    if task_of(hf_config) is IMAGE_TEXT_TO_TEXT:
+        raise ConfigError(
+            "--simulate cannot run a vision-language model's step yet: transformers' forward counts the image tokens "
+            "it merges (a value fake tensors do not have)"
+        )
     reason = not_simulated(plan, real_tensors, workload.method)
     if reason is not None:
         raise ConfigError(f"--simulate runs bigtrain's own training step, which cannot simulate this plan: {reason}")

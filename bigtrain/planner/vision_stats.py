@@ -74,22 +74,31 @@ class VisionStats:
         self, a: int, image_size: int, tower_trains: bool, projector_trains: bool, checkpointing: str = "none"
     ) -> int:
         """Bytes kept for backward for one image in a compute dtype of ``a`` bytes: the tower's blocks when the
-        tower trains (under full checkpointing only each block's input; selective: the matmuls' outputs), the
-        projector's when it trains or the tower does (its gradient flows through it)."""
-        from bigtrain.planner.memory_terms import block_activation_bytes_per_token, selective_block_bytes_per_token
-
+        tower trains, the projector's when it trains or the tower does (its gradient flows through it)."""
         out = 0
         if tower_trains:
-            if checkpointing == "full":
-                per_patch = a * self.width
-            elif checkpointing == "selective":
-                per_patch = selective_block_bytes_per_token(_as_block(self), a)
-            else:
-                per_patch = block_activation_bytes_per_token(_as_block(self), a)
-            out += self.blocks * self.patches(image_size) * per_patch
+            out += self.blocks * self.patches(image_size) * self.block_bytes_per_patch(a, checkpointing)
         if tower_trains or projector_trains:
             out += self.tokens(image_size) * a * (self.projector_in + 2 * self.projector_out)
         return out
+
+    def block_bytes_per_patch(self, a: int, checkpointing: str = "none") -> int:
+        """What one tower block keeps per patch, as the decoder block's formula (``memory_terms``) counts it at the
+        tower's widths with SDPA: a gated block (RMSNorm, SwiGLU): two norms' fp32 input, rsqrt, normalised input and
+        output (2·(4h + 2ah + 4)), q, k, v and the attention output (4ah) and its log-sum-exp (4 per head), the MLP's
+        gate, activation, up and product (4a·f); a LayerNorm and GELU block (CLIP, SigLIP): two norms' input and
+        output (4ah), q, k, v and the output (4ah), the log-sum-exp, the MLP's input, pre-activation and GELU
+        intermediates (5a·f). Full checkpointing keeps the block's input (ah); selective the matmuls' outputs
+        (q, k, v, o; the MLP's projections), attention's output and log-sum-exp, and the input."""
+        h, f, heads = self.width, self.ffn, self.heads
+        if checkpointing == "full":
+            return a * h
+        mlp_outputs = (2 * a * f + a * h) if self.gated else (a * f + a * h)
+        if checkpointing == "selective":
+            return 4 * a * h + mlp_outputs + a * h + 4 * heads + a * h
+        if self.gated:
+            return 2 * (4 * h + 2 * a * h + 4) + 4 * a * h + 4 * heads + 4 * a * f
+        return 4 * a * h + 4 * a * h + 4 * heads + 5 * a * f
 
     def activation_bytes(self, plan: Any, workload: Any) -> int:
         """What one rank's micro-batch of images keeps for backward in the tower and the projector."""
@@ -112,31 +121,6 @@ class VisionStats:
         p = self.patches(image_size)
         attention = 4.0 * p * p * self.width * self.blocks
         return 2.0 * self.tower_params * p + attention + 2.0 * self.projector_params * self.tokens(image_size)
-
-
-def _as_block(v: VisionStats) -> Any:
-    """The tower's block as the decoder-block formula reads it (a ``ModelStats`` of its widths)."""
-    from bigtrain.config.model_facts import ModelFacts
-    from bigtrain.planner.model_stats import ModelStats
-
-    facts = ModelFacts("vision", v.blocks, v.heads, v.heads, 0, False, (), False)
-    return ModelStats(
-        model_type="vision",
-        hidden=v.width,
-        layers=v.blocks,
-        heads=v.heads,
-        kv_heads=v.heads,
-        head_dim=v.width // v.heads,
-        ffn=v.ffn,
-        vocab=0,
-        tied=False,
-        gated_mlp=v.gated,
-        qkv_bias=True,
-        linear_bias=True,
-        norm_bias=not v.gated,
-        positions=0,
-        facts=facts,
-    )
 
 
 def vision_stats(hf_config: Any) -> VisionStats:

@@ -6,12 +6,13 @@ refuses, with ``train.compile`` as with any option."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from cases import CONVERTED_FAMILIES, ROUTED_MIXTRAL, TINY_LLAMA, TP_FAMILIES
-from helpers import make_plan, recipe_dict, save_rows, save_word_tokenizer
+from helpers import REPO, make_plan, recipe_dict, save_rows, save_word_tokenizer
 
 from bigtrain.config.capabilities import RULES, ModelFacts, Setup, check, first_problem
 from bigtrain.config.hf import hf_config_from_dict, resolve_attention
@@ -29,6 +30,13 @@ UNTIED_4 = {**TINY_LLAMA, "num_hidden_layers": 4, "tie_word_embeddings": False}
 ONCE, EVERY = "once_per_step", "every_micro_step"
 PP2 = dict(pp=2, grad_reduce=ONCE)
 RESNET = dict(model_type="resnet", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
+VLM = dict(  # a tiny LLaVA (its config as recipes/make_vlm_demo.py builds it)
+    model_type="llava",
+    text_config=dict(model_type="llama", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, vocab_size=300),
+    vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=2, image_size=16, patch_size=4, projection_dim=32),
+)  # fmt: skip
 GPT2 = dict(model_type="gpt2", vocab_size=128, n_embd=64, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)
 
 
@@ -48,6 +56,7 @@ class Example:
     objective: str = "sft"  # train.objective
     images: bool = False  # an image classifier's example: the built-in shapes as data (recipe plans, plan exports
     # and the LM planner's statistics refuse the model before any row, which the test checks instead)
+    vlm: bool = False  # a vision-language model's: the tiny LLaVA of recipes/make_vlm_demo.py on builtin:image_chat
 
 
 EXAMPLES: dict[str, Example] = {
@@ -156,6 +165,8 @@ EXAMPLES: dict[str, Example] = {
     "reference_against_the_method": Example(2, dict(dp_shard=2, reference="adapter_disabled"), objective="dpo"),
     "objective_needs_log_probabilities": Example(2, dict(dp_shard=2), RESNET, images=True, objective="dpo"),
     "preference_with_model_parallelism": Example(2, dict(tp=2), objective="dpo"),
+    "vision_language_with_model_parallelism": Example(4, dict(tp=2, dp_shard=2), vlm=True),
+    "vision_language_with_untested_options": Example(2, dict(dp_shard=2), vlm=True, method="qlora", precision="bf16"),
     "offloaded_reference_engines": Example(
         2, dict(backend="ddp", zero_stage=0, dp_replicate=2, grad_reduce=ONCE, reference="offloaded"), objective="ipo"
     ),
@@ -172,6 +183,8 @@ def config_of(ex: Example) -> Any:
     from bigtrain.config.schema import ModelConfig
     from bigtrain.models.build import load_hf_config
 
+    if ex.vlm:  # the tiny LLaVA's config, as its folder holds it
+        return load_hf_config(ModelConfig(config=VLM))
     return load_hf_config(ModelConfig(config=ex.model))
 
 
@@ -201,7 +214,14 @@ def train_of(ex: Example) -> TrainConfig:
 
 
 def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
-    if ex.images:
+    model: Any = ex.model
+    if ex.vlm:
+        sys.path.insert(0, str(REPO / "recipes"))
+        from make_vlm_demo import save_tiny_vlm
+
+        model = save_tiny_vlm(tmp_path / "vlm")
+        data = {"path": "builtin:image_chat", "seq_len": 256}
+    elif ex.images:
         data = {"path": "builtin:shapes", "image_size": 16}
     elif ex.packed:  # text records packed whole into rows, kept apart by their position ids
         records = tmp_path / "records.jsonl"
@@ -213,7 +233,7 @@ def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
     raw = recipe_dict(
         tmp_path / "out",
         data["path"],
-        ex.model,
+        model,
         data=data,
         train={
             "global_batch_size": ex.batch,
@@ -250,6 +270,17 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
         TrainingJob(cfg, env)
     assert str(e.value) == message
 
+    if ex.vlm:  # plan exports model causal LMs only and say so first; the simulator asks the table first
+        with pytest.raises(ConfigError, match="model causal LMs only"):
+            recipe_plan(cfg, gpus=ex.world).export("accelerate")
+        workload = Workload(seq_len=256, global_batch_size=ex.batch, method=ex.method, mixed_precision=ex.precision)
+        with pytest.raises(ConfigError) as e:
+            simulate(VLM, plan, workload)
+        assert str(e.value) == message
+        stats = ModelStats.from_config(load_model_config(VLM))
+        candidates = search(stats, make_cluster(ex.world, None, "H100", "80GB"), workload, fixed=plan.to_dict())
+        assert message in (candidates[0].rejected_because, candidates[0].unsupported)
+        return
     if ex.images:  # recipe plans, plan exports and the LM planner model causal LMs only, and say so first
         for consumer in (
             lambda: recipe_plan(cfg, gpus=ex.world).export("accelerate"),
