@@ -94,6 +94,10 @@ PUBLISHED = {  # parameters reported by the model cards
     "phi-3-mini": 3.82e9,
     "olmo-2-7b": 7.30e9,
     "pythia-6.9b": 6.86e9,
+    # vision-language models: language model, vision tower and projector (their model cards' counts)
+    "qwen2.5-vl-7b": 8.29e9,
+    "gemma-3-4b": 4.30e9,
+    "smolvlm": 2.25e9,
 }
 
 
