@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from helpers import make_plan
 
 from bigtrain.config.workload import Workload
 from bigtrain.planner.memory import estimate_memory
 from bigtrain.planner.model_stats import ModelStats, load_model_config
-from helpers import make_plan
 
 PRESETS = ("qwen2.5-vl-7b", "gemma-3-4b", "smolvlm")
 
