@@ -11,7 +11,7 @@ linears of its blocks, its head trained fully.
 
 from __future__ import annotations
 
-from bigtrain.config.capabilities.table import Capability, Option, row, split_settings
+from bigtrain.config.capabilities.table import Capability, Option, first_unbuilt, row, split_settings
 from bigtrain.config.setup import Setup
 
 CLASSIFIERS = ("image-classification", "sequence-classification")
@@ -67,14 +67,14 @@ def classifier_with_block_transforms(s: Setup) -> str | None:
             f"train.compile=true with {s.model.model_type} is not built yet: compiling the data-parallel BatchNorm "
             "is not tried; set train.compile=false (models without BatchNorm, such as ViT and BERT, take it)"
         )
-    for key, value, on, off in (
-        ("parallel.offload_activations", "true", p.offload_activations, "false"),
-        ("train.fp8", t.fp8, t.fp8 not in ("none", "auto"), "none"),
-        ("train.method", t.method, t.method not in ("full", "auto", "lora"), "full (or lora)"),
-    ):
-        if on:
-            return f"{key}={value} with model.task={task} is not built yet; set {key}={off}"
-    return None
+    return first_unbuilt(
+        task,
+        (
+            ("parallel.offload_activations", "true", p.offload_activations, "false"),
+            ("train.fp8", t.fp8, t.fp8 not in ("none", "auto"), "none"),
+            ("train.method", t.method, t.method not in ("full", "auto", "lora"), "full (or lora)"),
+        ),
+    )
 
 
 def sync_batchnorm_without_batchnorm(s: Setup) -> str | None:

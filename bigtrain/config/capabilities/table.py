@@ -186,6 +186,15 @@ def split_settings(plan: Plan) -> tuple[tuple[str, Any, Any], ...]:
     )
 
 
+def first_unbuilt(task: str, settings: Iterable[tuple[str, Any, bool, str]]) -> str | None:
+    """The line for the first of ``settings`` (key, value as the recipe wrote it, whether it is set, what to set it
+    to instead) that is set: a train- or plan-level option not built for ``task``; None if none is set."""
+    for key, value, on, off in settings:
+        if on:
+            return f"{key}={value} with model.task={task} is not built yet; set {key}={off}"
+    return None
+
+
 def with_pins(plans: Iterable[Plan], space: SearchSpace, *keys: str) -> list[Plan]:
     """``plans`` with the pinned values of ``keys`` set (a pin replaces the search's own choices for its key)."""
     pins = {k: space.fixed[k] for k in keys if k in space.fixed}

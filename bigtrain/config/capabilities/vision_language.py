@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bigtrain.config.capabilities.table import Capability, row, split_settings
+from bigtrain.config.capabilities.table import Capability, first_unbuilt, row, split_settings
 from bigtrain.config.plan import Plan
 from bigtrain.config.setup import Setup
 from bigtrain.config.workload import Workload
@@ -41,16 +41,16 @@ def vision_language_with_untested_options(s: Setup) -> str | None:
     if not _vision_language(s):
         return None
     p, t = s.plan, s.train
-    for key, value, on, off in (
-        ("train.method", t.method, t.method == "qlora", "lora (or full)"),
-        ("train.fp8", t.fp8, t.fp8 not in ("none", "auto"), "none"),
-        ("train.compile", "true", t.compile is True, "false"),
-        ("parallel.offload_activations", "true", p.offload_activations, "false"),
-        ("train.objective", t.objective, t.objective != "sft", "sft"),
-    ):
-        if on:
-            return f"{key}={value} with model.task={TASK} is not built yet; set {key}={off}"
-    return None
+    return first_unbuilt(
+        TASK,
+        (
+            ("train.method", t.method, t.method == "qlora", "lora (or full)"),
+            ("train.fp8", t.fp8, t.fp8 not in ("none", "auto"), "none"),
+            ("train.compile", "true", t.compile is True, "false"),
+            ("parallel.offload_activations", "true", p.offload_activations, "false"),
+            ("train.objective", t.objective, t.objective != "sft", "sft"),
+        ),
+    )
 
 
 def vision_bytes(stats: Any, plan: Plan, workload: Workload) -> int:
