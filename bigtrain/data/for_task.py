@@ -3,6 +3,7 @@ causal LM, images or texts with one label each for a classifier."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -52,18 +53,13 @@ def _pairs(cfg: RecipeConfig, hf_config: Any, task: Task) -> tuple[PreferencePai
     if task.examples:
         raise ConfigError(without_log_probabilities(cfg.train.objective, task.name))
     data_cfg = cfg.data
-    data = load_preference_pairs(data_cfg)
-    check_vocabulary(data, hf_config.vocab_size, data_cfg.path)
-    held: PreferencePairs | None = None
-    if data_cfg.eval_path is not None:
-        held = load_preference_pairs(data_cfg, "data.eval_path", data_cfg.eval_path)
-        check_vocabulary(held, hf_config.vocab_size, data_cfg.eval_path, key="data.eval_path")
-    elif data_cfg.eval_fraction > 0:
-        kept, chosen = held_out_rows(data.num_rows, data_cfg.eval_fraction, cfg.train.seed, "pairs")
-        held = data.subset(chosen, f"{len(chosen)} held-out pairs")
-        data = data.subset(kept, f"{data.description}, {len(kept)} for training")
-    _require_held_out(cfg, held)
-    return data, held
+
+    def read(key: str, path: str) -> PreferencePairs:
+        pairs = load_preference_pairs(data_cfg, key, path)
+        check_vocabulary(pairs, hf_config.vocab_size, path, key=key)
+        return pairs
+
+    return _with_held_out(cfg, read("data.path", data_cfg.path), read, "pairs")
 
 
 def _image_chats(cfg: RecipeConfig, hf_config: Any) -> tuple[ImageChats, ImageChats | None]:
@@ -85,12 +81,22 @@ def _image_chats(cfg: RecipeConfig, hf_config: Any) -> tuple[ImageChats, ImageCh
             f"model's vocab_size is {vocab}; use the model's own processor"
         )
     data = load_image_chats(data_cfg, "data.path", data_cfg.path, processor, cfg.train.seed)
-    held: ImageChats | None = None
-    if data_cfg.eval_path is not None:
-        held = load_image_chats(data_cfg, "data.eval_path", data_cfg.eval_path, processor, cfg.train.seed + 1)
-    elif data_cfg.eval_fraction > 0:
-        kept, chosen = held_out_rows(data.num_rows, data_cfg.eval_fraction, cfg.train.seed, "conversations")
-        held = data.subset(chosen, f"{len(chosen)} held-out conversations")
+
+    def read_held_out(key: str, path: str) -> ImageChats:
+        return load_image_chats(data_cfg, key, path, processor, cfg.train.seed + 1)
+
+    return _with_held_out(cfg, data, read_held_out, "conversations")
+
+
+def _with_held_out(cfg: RecipeConfig, data: Any, read: Callable[[str, str], Any], noun: str) -> tuple[Any, Any]:
+    """Rows of whole examples and the held-out ones: ``read`` of data.eval_path, else a seeded data.eval_fraction of
+    ``data`` (``noun`` names what a row is in the descriptions and errors)."""
+    held = None
+    if cfg.data.eval_path is not None:
+        held = read("data.eval_path", cfg.data.eval_path)
+    elif cfg.data.eval_fraction > 0:
+        kept, chosen = held_out_rows(data.num_rows, cfg.data.eval_fraction, cfg.train.seed, noun)
+        held = data.subset(chosen, f"{len(chosen)} held-out {noun}")
         data = data.subset(kept, f"{data.description}, {len(kept)} for training")
     _require_held_out(cfg, held)
     return data, held
