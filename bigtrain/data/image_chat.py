@@ -95,6 +95,7 @@ def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, 
     seq_len = data_cfg.seq_len
     placeholder = placeholder_token(processor)
     never = image_token_ids(processor)
+    budget = pixel_budget(processor.image_processor)
     texts, images, rows, targets, image_tokens, resized, pixels = [], [], [], [], 0, 0, 0
     too_long: list[tuple[str, int]] = []
     for where, record in records:
@@ -106,8 +107,10 @@ def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, 
                 f"({placeholder}) in its rendered text; each image item of the messages is one placeholder"
             )
         opened = _opened(pictures, root, f"{key}={path!r} {where}")
-        resized += sum(_outside_budget(processor.image_processor, image) for image in opened)
-        pixels += sum(_budgeted_pixels(processor.image_processor, image) for image in opened)
+        for image in opened:
+            budgeted = _budgeted_pixels(budget, image)
+            resized += budgeted != image.size[0] * image.size[1]
+            pixels += budgeted
         ids = _process(processor, [text], [opened], None)["input_ids"][0].tolist()
         if len(ids) > seq_len:
             too_long.append((where, len(ids)))
@@ -218,15 +221,8 @@ def _opened(pictures: list[Any], root: Path | None = None, where: str = "") -> l
     return opened
 
 
-def _outside_budget(image_processor: Any, image: Any) -> bool:
-    budget = pixel_budget(image_processor)
-    pixels = image.size[0] * image.size[1]
-    return budget is not None and not budget[0] <= pixels <= budget[1]
-
-
-def _budgeted_pixels(image_processor: Any, image: Any) -> int:
-    """An image's pixels as a dynamic-resolution processor resizes it (into its budget); else as it is."""
-    budget = pixel_budget(image_processor)
+def _budgeted_pixels(budget: tuple[int, int] | None, image: Any) -> int:
+    """An image's pixels as a dynamic-resolution processor resizes it (into its ``budget``); else as it is."""
     pixels = image.size[0] * image.size[1]
     return pixels if budget is None else min(max(pixels, budget[0]), budget[1])
 
