@@ -19,6 +19,7 @@ import logging
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,7 +28,7 @@ from bigtrain.checkpoint.layout import HF_FILES, RECIPE, Manifest, check_files, 
 from bigtrain.checkpoint.reader import MODEL_PREFIX, load_into, read_metadata
 from bigtrain.config.load import load_recipe
 from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
-from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
+from bigtrain.config.tasks import CAUSAL_LM, IMAGE_TEXT_TO_TEXT, task_of
 from bigtrain.errors import ConfigError
 
 log = logging.getLogger("bigtrain")
@@ -69,20 +70,16 @@ def read_adapters(folder: Path, cfg: RecipeConfig) -> dict[str, torch.Tensor]:
     return {name.removeprefix(MODEL_PREFIX): value for name, value in state.items()}
 
 
-def _targets(cfg: RecipeConfig, adapters: dict[str, torch.Tensor], folder: Path) -> list[str] | str:
+def _targets(cfg: RecipeConfig, adapters: dict[str, torch.Tensor], hf_config: Any) -> list[str] | str:
     """What peft injects on load: the recipe's targets, or what training adapted by default (the adapted modules'
     last names; a vision-language model's language model alone, whose linear names its vision tower shares)."""
     if cfg.lora.target_modules is not None:
         return list(cfg.lora.target_modules)
-    if _peft_task(folder) == "CAUSAL_LM":
-        from transformers import AutoConfig
-
+    if task_of(hf_config) is IMAGE_TEXT_TO_TEXT:
         from bigtrain.models.build import build_meta_model
         from bigtrain.parallel.transforms.adapters import target_modules
 
-        hf_config = AutoConfig.from_pretrained(folder / HF_FILES)
-        if task_of(hf_config) is IMAGE_TEXT_TO_TEXT:
-            return target_modules(build_meta_model(hf_config, "eager"), cfg.lora)
+        return target_modules(build_meta_model(hf_config, "eager"), cfg.lora)
     return sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in adapters if ".lora_" in name})
 
 
@@ -104,7 +101,7 @@ def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
     """Write an adapter checkpoint as peft's folder ``out`` (replaced atomically); returns the checkpoint used."""
     from safetensors.torch import save_file
 
-    from bigtrain.parallel.transforms.adapters import peft_config
+    from bigtrain.parallel.transforms.adapters import PEFT_TASK_TYPES, peft_config
 
     folder = resolve_checkpoint(checkpoint)
     manifest = Manifest.read(folder)
@@ -119,7 +116,9 @@ def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
         # trained value under each of the tensor's names (as its own save writes it)
         aliases = _aliases(folder) if cfg.lora.modules_to_save else {}
         tied = {alias: value.clone() for name, value in adapters.items() for alias in aliases.get(name, [])}
-        config = peft_config(cfg.lora, _targets(cfg, adapters, folder), tied=bool(tied), task_type=_peft_task(folder))
+        hf_config = _hf_config(folder)
+        targets = _targets(cfg, adapters, hf_config)
+        config = peft_config(cfg.lora, targets, tied=bool(tied), task_type=PEFT_TASK_TYPES[task_of(hf_config).name])
         # the base by the absolute path the run recorded: AutoPeftModelForCausalLM.from_pretrained(this folder)
         # then finds it from any directory, never asking the hub for a relative name
         recorded = (manifest.base or {}).get("path")
@@ -164,22 +163,11 @@ def _publish_merged_by_transformers(folder: Path, base: Path, out: Path) -> None
         hf_logging.enable_progress_bar()
 
 
-def _causal_lm(folder: Path) -> bool:
+def _hf_config(folder: Path) -> Any:
+    """The checkpoint's model config (its task names what peft wraps and how the base loads)."""
     from transformers import AutoConfig
 
-    from bigtrain.config.tasks import CAUSAL_LM, task_of
-
-    return task_of(AutoConfig.from_pretrained(folder / HF_FILES)) is CAUSAL_LM
-
-
-def _peft_task(folder: Path) -> str | None:
-    """peft's task type for the adapter of the checkpoint's model (``PEFT_TASK_TYPES``)."""
-    from transformers import AutoConfig
-
-    from bigtrain.config.tasks import task_of
-    from bigtrain.parallel.transforms.adapters import PEFT_TASK_TYPES
-
-    return PEFT_TASK_TYPES[task_of(AutoConfig.from_pretrained(folder / HF_FILES)).name]
+    return AutoConfig.from_pretrained(folder / HF_FILES)
 
 
 def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
@@ -197,7 +185,8 @@ def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
         raise ConfigError(f"checkpoint {folder} adapted a model built from model.config: there is no base to merge")
     base = Path(cfg.model.name_or_path)
     check_base(base, manifest.base, f"bigtrain export-model {folder} --merge")
-    if not _causal_lm(folder):  # a classifier, a vision-language model: its base may name weights as transformers did
+    # a classifier, a vision-language model: its base may name weights as an older transformers did
+    if task_of(_hf_config(folder)) is not CAUSAL_LM:
         _publish_merged_by_transformers(folder, base, Path(out))
         return folder
     adapters = read_adapters(folder, cfg)
