@@ -84,16 +84,20 @@ def generate(model: Any, tokenizer: Any, prompt: str, chat: bool, max_new_tokens
     return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
-def _vision_language(folder: Path, adapter: bool) -> bool:
+def _adapter_base(folder: Path) -> str:
+    """The base model folder a peft adapter folder names."""
     import json
 
+    return json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"]
+
+
+def _vision_language(folder: Path, adapter: bool) -> bool:
     from transformers import AutoConfig
 
     from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
 
-    if adapter:
-        folder = Path(json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"])
-    return task_of(AutoConfig.from_pretrained(folder, local_files_only=True)) is IMAGE_TEXT_TO_TEXT
+    config_folder = _adapter_base(folder) if adapter else folder
+    return task_of(AutoConfig.from_pretrained(config_folder, local_files_only=True)) is IMAGE_TEXT_TO_TEXT
 
 
 def answer_about_images(folder: Path, adapter: bool, prompt: str, images: list[str], max_new_tokens: int) -> str:
@@ -111,12 +115,9 @@ def answer_about_images(folder: Path, adapter: bool, prompt: str, images: list[s
             raise ConfigError(f"--image {image!r} does not exist")
     processor = load_processor(str(folder), "the model's folder")
     if adapter:
-        import json
-
         from peft import PeftModel
 
-        named = json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"]
-        model = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(named), folder)
+        model = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(_adapter_base(folder)), folder)
     else:
         model = AutoModelForImageTextToText.from_pretrained(folder, local_files_only=True)
     content = [*({"type": "image"} for _ in images), {"type": "text", "text": prompt}]
