@@ -16,9 +16,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch is imported where a device or group is made: bigtrain plan reads LaunchEnv without it
+    import torch
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ def as_launched(env: LaunchEnv) -> Iterator[None]:
 
 
 def pick_device(env: LaunchEnv) -> torch.device:
+    import torch
+
     if torch.cuda.is_available():
         torch.cuda.set_device(env.local_rank)
         return torch.device("cuda", env.local_rank)
@@ -83,6 +86,8 @@ def _free_port() -> int:
 
 def init_process_group(env: LaunchEnv, device: torch.device, timeout_s: int) -> None:
     """nccl on CUDA, gloo on CPU; a timeout so that a dead peer fails the job instead of hanging it."""
+    import torch.distributed as dist
+
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
     if device.type == "cuda":
@@ -96,6 +101,8 @@ def init_process_group(env: LaunchEnv, device: torch.device, timeout_s: int) -> 
 def local_free_memory(env: LaunchEnv, device: torch.device) -> int:
     """Free memory of this rank's device (host memory per local rank on CPU)."""
     if device.type == "cuda":
+        import torch
+
         return int(torch.cuda.mem_get_info(device)[0])
     import psutil
 
@@ -104,6 +111,9 @@ def local_free_memory(env: LaunchEnv, device: torch.device) -> int:
 
 def smallest_free_memory(env: LaunchEnv, device: torch.device) -> int:
     """Free device memory of the most constrained rank (host memory per local rank on CPU); needs the group."""
+    import torch
+    import torch.distributed as dist
+
     free = local_free_memory(env, device)
     value = torch.tensor([free], dtype=torch.int64, device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MIN)
@@ -139,5 +149,7 @@ def finish_collectives() -> None:
     one left to interpreter shutdown aborts the process (pytorch/pytorch#190489). The barrier orders every earlier
     collective before it; the pause, which releases the GIL, lets a worker still freeing one finish.
     """
+    import torch.distributed as dist
+
     dist.barrier()
     time.sleep(WORKER_SETTLE_S)

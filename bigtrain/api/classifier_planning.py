@@ -5,7 +5,7 @@ choice and why, and the speed-up from 1 GPU to the asked count."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bigtrain.api.request import Hardware, Spelling, cluster_of, no_gpu_message, parse_fix
 from bigtrain.config.plan import Plan
@@ -13,8 +13,10 @@ from bigtrain.config.schema import PRECISIONS, RecipeConfig
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.classifier_plan import Candidate, ScalingRow, candidates, plan_name, scaling, table_lines
-from bigtrain.planner.classifier_stats import ClassifierStats, measure_classifier
 from bigtrain.planner.hardware import Cluster, count, size
+
+if TYPE_CHECKING:  # measured with torch (fake tensors): planning a causal LM imports no torch
+    from bigtrain.planner.classifier_stats import ClassifierStats
 
 # examples per GPU in a step when no batch is given: NVIDIA's ResNet-50 AMP recipe takes 256 images per GPU; BERT
 # fine-tuning recipes take 32 sequences
@@ -192,6 +194,7 @@ def written_classifier_plan(
 ) -> ClassifierPlanResult:
     """A recipe's written plan for a classifier, predicted (what ``bigtrain train`` runs)."""
     from bigtrain.planner.classifier_plan import estimate_memory, estimate_time
+    from bigtrain.planner.classifier_stats import measure_classifier
 
     side, length = _example_size(model_config, cfg, None, None)
     stats = measure_classifier(model_config, side, length, cfg.train.mixed_precision)
@@ -256,6 +259,8 @@ def plan_classifier(
     limit = model_config.get("max_position_embeddings")
     if length and limit and length > limit:
         raise ConfigError(f"{spell.value('seq_len', length)} is more than the model's {limit} positions")
+    from bigtrain.planner.classifier_stats import measure_classifier
+
     precision = mixed_precision or (cfg.train.mixed_precision if cfg else "bf16")
     stats = measure_classifier(model_config, side, length, precision)
     if method == "lora" and not stats.adapted:
@@ -291,7 +296,8 @@ def classifier_model(model: Any, recipe: Any, spell: Spelling) -> tuple[dict[str
     from bigtrain.api.request import model_config_of
     from bigtrain.config.hf import model_config_object
     from bigtrain.config.load import load_recipe
-    from bigtrain.config.tasks import task_of
+    from bigtrain.config.tasks import TASKS, task_of
+    from bigtrain.planner.known_configs import recorded_facts
 
     cfg = recipe if isinstance(recipe, RecipeConfig) or recipe is None else load_recipe(recipe)
     if model is not None:
@@ -303,7 +309,9 @@ def classifier_model(model: Any, recipe: Any, spell: Spelling) -> tuple[dict[str
         model_config = {**hf_config.to_dict(), "model_type": hf_config.model_type}
     else:
         return None
-    if not task_of(model_config_object(model_config)).examples:
+    facts = recorded_facts(model_config)  # a preset: its task without importing transformers
+    task = TASKS[facts.task] if facts is not None else task_of(model_config_object(model_config))
+    if not task.examples:
         return None
     return model_config, cfg
 

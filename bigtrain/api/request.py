@@ -392,16 +392,16 @@ def _check_choice(spell: Spelling, name: str, value: str | None, choices: tuple[
 def check_plan_seq_len(model_config: dict[str, Any], seq_len: int, key: str = "--seq-len") -> None:
     """The sequence against the model's positions, by the rule ``bigtrain train`` applies (train/checks.py): beyond
     a learned position table (GPT-2) refused, beyond a rotary model's max_position_embeddings a warning."""
-    from bigtrain.config.hf import hf_config_from_dict, one_block
-    from bigtrain.models.build import build_meta_model
-    from bigtrain.train.checks import check_sequence_length
-
     model_config = text_config_of(model_config)
     limits = [model_config.get(k) for k in ("max_position_embeddings", "n_positions", "n_ctx")]
     if all(isinstance(n, int) for n in limits if n is not None) and seq_len <= min(
         (n for n in limits if n is not None), default=0
     ):
         return  # within every position limit the config states: nothing to refuse or warn (no model to build)
+    from bigtrain.config.hf import hf_config_from_dict, one_block
+    from bigtrain.models.build import build_meta_model
+    from bigtrain.train.checks import check_sequence_length
+
     hf_config = hf_config_from_dict(dict(model_config))
     probe = build_meta_model(one_block(hf_config), "auto")
     check_sequence_length(hf_config, probe, seq_len, is_main=True, key=key)

@@ -37,18 +37,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bigtrain.config.capabilities import Setup, first_problem
 from bigtrain.config.capabilities.classification import CHANNELS_LAST
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, Plan
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
-from bigtrain.planner.classifier_stats import ClassifierStats
 from bigtrain.planner.cost import ACHIEVABLE, EXPOSED_FRACTION, FP32_SLOWDOWN, MEMORY_ACHIEVABLE
 from bigtrain.planner.deepspeed_memory import DEEPSPEED_MAX_LIVE_PARAMETERS
 from bigtrain.planner.hardware import Cluster, link_bandwidth, ring_share, size
 from bigtrain.planner.memory_terms import MARGIN_FIXED, MARGIN_FRACTION, MemoryEstimate
+
+if TYPE_CHECKING:  # measured with torch (fake tensors): planning a causal LM imports no torch
+    from bigtrain.planner.classifier_stats import ClassifierStats
 
 CONV_ACHIEVABLE = 0.20  # of the datasheet peak, for CNNs (module docstring: NVIDIA's ResNet-50 A100 figure)
 BACKWARD_SHARE = 2 / 3  # of a step's compute: what gradient traffic can hide behind

@@ -23,6 +23,7 @@ from bigtrain.config.capabilities import ModelFacts
 from bigtrain.config.hf import config_object, model_config_object, resolve_attention
 from bigtrain.errors import ConfigError
 from bigtrain.planner.block_probe import ModelProfile, profile_model
+from bigtrain.planner.known_configs import recorded_config, recorded_facts
 from bigtrain.planner.vision_stats import VisionStats, vision_stats
 
 ROPE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -178,10 +179,12 @@ class ModelStats:
                 f"{cfg.get('architectures')}: these statistics model causal LMs only; classifiers are measured by "
                 "planner/classifier_stats.py (bigtrain plan chooses the planner by the model's task)"
             )
-        hf_config = config_object(cfg)
-        facts = ModelFacts.of(hf_config)
-        if model_type not in FORMULA_FAMILIES:
-            return cls.measured(cfg, hf_config, facts)
+        facts = recorded_facts(cfg) if model_type in FORMULA_FAMILIES else None
+        if facts is None:
+            hf_config = config_object(cfg)
+            facts = ModelFacts.of(hf_config)
+            if model_type not in FORMULA_FAMILIES:
+                return cls.measured(cfg, hf_config, facts)
         if model_type == "gpt2":
             hidden, heads = cfg["n_embd"], cfg["n_head"]
             return cls(
@@ -320,12 +323,13 @@ def _presets() -> dict[str, Any]:
     return json.loads(resources.files("bigtrain.planner").joinpath("presets.json").read_text())
 
 
-def load_model_config(spec: str | dict[str, Any], key: str = "--model") -> dict[str, Any]:
+def load_model_config(spec: str | dict[str, Any], key: str = "--model", live: bool = False) -> dict[str, Any]:
     """A full HF config dict from a preset name, a model folder, a config.json path, or a recipe's config dict.
 
     transformers fills in the defaults a partial dict leaves out; a classifier keeps its task (``architectures``),
     anything else but a causal LM is refused. ``key``: how
-    the caller's input is named in errors (a flag, or a Python argument such as ``model``).
+    the caller's input is named in errors (a flag, or a Python argument such as ``model``). A preset's dict is the
+    one recorded for the installed transformers (``known_configs.py``) unless ``live``.
     """
     shown = f"{key} {spec!r}" if key.startswith("--") else f"{key}={spec!r}"
     if isinstance(spec, dict):
@@ -334,6 +338,8 @@ def load_model_config(spec: str | dict[str, Any], key: str = "--model") -> dict[
         presets = _presets()
         path = Path(spec)
         if spec in presets and not spec.startswith("_"):
+            if not live and (recorded := recorded_config(spec)) is not None:
+                return recorded
             raw = dict(presets[spec])
         elif path.is_dir() and (path / "config.json").is_file():
             raw = json.loads((path / "config.json").read_text())
