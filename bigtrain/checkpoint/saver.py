@@ -45,7 +45,7 @@ from bigtrain.config.load import dump_recipe
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
 from bigtrain.engine.base import Engine
-from bigtrain.errors import CheckpointNotWritten
+from bigtrain.errors import CheckpointNotWritten, peer_failure
 
 log = logging.getLogger("bigtrain")
 
@@ -146,7 +146,11 @@ class Checkpointer:
     def _not_written(self, step: int, error: BaseException) -> NoReturn:
         """One line instead of DCP's traceback (its CheckpointException, a BaseException, holds each rank's error):
         which checkpoint failed and why, the partial folder removed (rank 0), and the last good checkpoint, which
-        stays intact and resumable."""
+        stays intact and resumable. A save that failed because another rank died or stopped answering is not the
+        disk's fault: that error goes on as it is (the command line names it, with the last good checkpoint)."""
+        peer = peer_failure(error)
+        if peer is not None:
+            raise peer from error
         partial = partial_dir(self.root, step)
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)

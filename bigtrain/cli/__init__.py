@@ -16,7 +16,15 @@ import sys
 
 from bigtrain import __version__
 from bigtrain.cli.export import add_export_arguments, run_export_command
-from bigtrain.cli.failures import EXIT_AFTER, EXIT_INTERRUPTED, EXIT_LOST_RANK, last_good_checkpoint, peer_lost, say
+from bigtrain.cli.failures import (
+    EXIT_AFTER,
+    EXIT_INTERRUPTED,
+    last_good_checkpoint,
+    peer_lost,
+    rank_tag,
+    say,
+    stop_for_lost_peer,
+)
 from bigtrain.cli.generate import add_generate_arguments, run_generate_command
 from bigtrain.cli.plan import add_plan_arguments, run_plan_command
 from bigtrain.cli.quiet import quiet_libraries
@@ -156,10 +164,6 @@ def _setup_logging(env: LaunchEnv, verbose: bool) -> None:
         quiet_libraries()
 
 
-def _rank_tag(env: LaunchEnv) -> str:
-    return f" (rank {env.rank}/{env.world_size})" if env.launched else ""
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     env = read_launch_env()
@@ -167,11 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     if env.launched:
         die_with_parent()  # a launcher killed outright (kill -9) leaves no worker training on as an orphan
     quiet = getattr(args, "quiet_failures", False)  # bigtrain's --nproc launcher prints the workers' lines
-    output_dir = None
+    output_dir, timeout_s = None, None
     try:
         if args.command == "train":
             cfg = _recipe(args)
-            output_dir = cfg.output_dir
+            output_dir, timeout_s = cfg.output_dir, cfg.train.collective_timeout_s
             return _train(args, cfg, env)
         if args.command == "plan":
             return run_plan_command(args)
@@ -192,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (ConfigError, TrainingDiverged, CheckpointNotWritten) as e:
         code = next(code for kind, code in EXIT_CODES.items() if isinstance(e, kind))
-        say(f"error{_rank_tag(env)}: {e}", env, quiet, code)
+        say(f"error{rank_tag(env)}: {e}", env, quiet, code)
         return code
     except BrokenPipeError:  # the reader of our output went away (bigtrain plan ... | head): nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush then succeeds
@@ -205,18 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if not peer_lost(e):
             raise
-        cause = str(e).strip().splitlines()[0][:200]
-        say(
-            f"error{_rank_tag(env)}: lost contact with another rank ({cause}): it stopped or died; "
-            f"{last_good_checkpoint(output_dir)}; start again to resume",
-            env,
-            quiet,
-            EXIT_LOST_RANK,
-        )
-        # out at once: the failed collective's work is still held by gloo's threads, and interpreter shutdown would
-        # free it after Python is gone ("terminate called without an active exception", SIGABRT)
-        sys.stdout.flush()
-        os._exit(EXIT_LOST_RANK)
+        stop_for_lost_peer(e, env, quiet, output_dir, timeout_s)
     return 1
 
 

@@ -16,26 +16,45 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
+from bigtrain.errors import no_answer, peer_failure
 from bigtrain.runtime import LaunchEnv
 
 EXIT_LOST_RANK = 6  # another rank died or vanished (its collective failed on this one)
+EXIT_NO_ANSWER = 7  # a collective waited train.collective_timeout_s for another rank (hung or stopped)
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130: Ctrl-C, as shells report it
 # what a run stopped by a signal after its checkpoint exits with: SIGTERM's is a clean end (documented: schedulers
 # re-queue a non-zero exit), Ctrl-C's the shell's 130
 EXIT_AFTER = {signal.SIGTERM: 0, signal.SIGINT: EXIT_INTERRUPTED}
 
-# what gloo (and NCCL) raise on a rank whose peer died mid-collective
-_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket Timeout")
-
 
 def peer_lost(e: BaseException) -> bool:
-    """Whether ``e`` is a collective failing because another rank died or vanished."""
-    import torch.distributed as dist
+    """Whether ``e`` is a collective failing because another rank died, vanished or did not answer."""
+    return peer_failure(e) is not None
 
-    if isinstance(e, (dist.DistBackendError, dist.DistNetworkError)):
-        return True
-    return isinstance(e, RuntimeError) and any(text in str(e) for text in _PEER_GONE)
+
+def rank_tag(env: LaunchEnv) -> str:
+    """How a worker's line names its rank (nothing for a process started without a launcher)."""
+    return f" (rank {env.rank}/{env.world_size})" if env.launched else ""
+
+
+def stop_for_lost_peer(
+    e: BaseException, env: LaunchEnv, quiet: bool, output_dir: str | None, timeout_s: int | None
+) -> NoReturn:
+    """Say that a collective failed for want of another rank (it died, or did not answer within the group's timeout)
+    with the last good checkpoint, and leave at once: the failed collective's work is still held by gloo's threads,
+    and interpreter shutdown would free it after Python is gone ("terminate called without an active exception")."""
+    e = peer_failure(e) or e
+    cause = str(e).strip().splitlines()[0][:200]
+    if no_answer(e):
+        waited = f"train.collective_timeout_s={timeout_s}" if timeout_s else "the collective timeout"
+        what, code = f"no answer from another rank within {waited} ({cause}): it hung or was stopped", EXIT_NO_ANSWER
+    else:
+        what, code = f"lost contact with another rank ({cause}): it stopped or died", EXIT_LOST_RANK
+    say(f"error{rank_tag(env)}: {what}; {last_good_checkpoint(output_dir)}; start again to resume", env, quiet, code)
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def last_good_checkpoint(output_dir: str | os.PathLike | None) -> str:

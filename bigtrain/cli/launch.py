@@ -24,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from bigtrain.cli.failures import EXIT_AFTER, last_good_checkpoint
+from bigtrain.cli.failures import EXIT_AFTER, EXIT_NO_ANSWER, last_good_checkpoint
 
 # torchft's Lighthouse: how long a synchronisation waits for a live group that has not asked yet (a slow group is
 # waited for, as synchronous training would; a group that synchronised alone would go on from other weights), and
@@ -134,6 +134,18 @@ def _say_root_cause(failures: dict[int, ProcessFailure], output_dir: str | None)
         if f.exitcode < 0 and -f.exitcode != signal.SIGTERM
     )
     said = sorted(rank for rank, f in failures.items() if _own_line(f))
+    waited = [rank for rank in said if _own_code(failures[rank]) == EXIT_NO_ANSWER]
+    silent = sorted(rank for rank, f in failures.items() if -f.exitcode == signal.SIGKILL)
+    if waited and silent:
+        # a rank gave up waiting for another in a collective, and the agent then had to kill the one that answered
+        # neither the collective nor its SIGTERM (stopped, or hung outside Python): that one is the cause
+        who = ", ".join(f"rank {r} (pid {failures[r].pid} on {socket.gethostname()})" for r in silent)
+        _write(
+            f"error: {who} stopped answering: rank {waited[0]} waited train.collective_timeout_s for it in a "
+            f"collective, and it was then killed (hung or stopped); {last_good_checkpoint(output_dir)}; start again "
+            "to resume"
+        )
+        return EXIT_NO_ANSWER
     if not killed and not said:
         killed = sorted((False, f.timestamp, rank) for rank, f in failures.items() if f.exitcode < 0)
     if killed:
@@ -148,7 +160,7 @@ def _say_root_cause(failures: dict[int, ProcessFailure], output_dir: str | None)
     if said:  # bigtrain's own line from the lowest rank that wrote one (every rank refusing the same recipe, say)
         failure = failures[said[0]]
         _write(_own_line(failure) or "")
-        return int(failure.error_file_data["message"]["extraInfo"].get("exitcode", 1))
+        return _own_code(failure)
     rank = min(failures)
     _write(
         f"error: rank {rank} exited with code {failures[rank].exitcode} (its output is above); "
@@ -161,6 +173,11 @@ def _own_line(failure: ProcessFailure) -> str | None:
     """The line a worker wrote to its error file (``cli/failures.say``), if it wrote one."""
     message = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
     return message.get("message") if isinstance(message, dict) else None
+
+
+def _own_code(failure: ProcessFailure) -> int:
+    """The exit code a worker wrote beside its line (``cli/failures.say``)."""
+    return int(failure.error_file_data["message"]["extraInfo"].get("exitcode", 1))
 
 
 def _write(line: str) -> None:

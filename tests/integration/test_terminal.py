@@ -28,13 +28,13 @@ def rows(tmp_path_factory):
     return save_rows(tmp_path_factory.mktemp("terminal") / "rows.npy", num_rows=64, seq_len=17, learnable=True)
 
 
-def recipe(rows: Path, folder: Path, steps: int = 100_000, every: int = 0, backend: str = "fsdp2") -> Path:
+def recipe(rows: Path, folder: Path, steps: int = 100_000, every: int = 0, backend: str = "fsdp2", **train) -> Path:
     return write_recipe(
         folder / "recipe.yaml",
         recipe_dict(
             folder / "out",
             rows,
-            train={"steps": steps, "global_batch_size": 4, "warmup_steps": 1},
+            train={"steps": steps, "global_batch_size": 4, "warmup_steps": 1, **train},
             parallel={"backend": backend, "micro_batch_size": 2},
             checkpoint={"every": every},
         ),
@@ -110,7 +110,8 @@ def test_a_deepspeed_run_prints_its_plan_progress_and_summary_only(rows, tmp_pat
 
 
 def test_ctrl_c_checkpoints_at_the_step_says_one_line_exits_130_and_the_next_start_resumes(rows, tmp_path):
-    path, out = recipe(rows, tmp_path), tmp_path / "out"
+    # a constant schedule: the resumed start asks for fewer steps, which would change a cosine schedule's values
+    path, out = recipe(rows, tmp_path, lr_schedule="constant"), tmp_path / "out"
     log = tmp_path / "terminal.log"
     if shutil.which("tmux"):
         session = f"bigtrain-test-{os.getpid()}"
@@ -150,6 +151,15 @@ def test_ctrl_c_checkpoints_at_the_step_says_one_line_exits_130_and_the_next_sta
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {checkpoint}" in resumed.stderr
     assert [r["step"] for r in read_metrics(out)] == list(range(1, stopped_at + 3))
+    # and exactly: the same losses as a run never interrupted
+    straight = tmp_path / "straight"
+    proc = subprocess.run(
+        command(path, f"output_dir={straight}", f"train.steps={stopped_at + 2}"),
+        capture_output=True, text=True, cwd=REPO, env=clean_env(), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    interrupted, uninterrupted = [r["loss"] for r in read_metrics(out)], [r["loss"] for r in read_metrics(straight)]
+    assert interrupted == pytest.approx(uninterrupted, rel=1e-6, abs=0)
 
 
 def test_sigterm_to_the_launcher_checkpoints_and_exits_0(rows, tmp_path):
@@ -209,6 +219,38 @@ def test_a_worker_killed_outright_is_named_with_the_last_good_checkpoint(rows, t
     assert re.fullmatch(
         rf"bigtrain: error: rank [01] \(pid {victim} on .+\) was killed by SIGKILL; the other ranks were stopped; "
         rf"the last good checkpoint is {re.escape(str(out / 'checkpoints'))}/step_\d+; start again to resume",
+        said[0],
+    ), said[0]
+
+
+def test_a_rank_that_stops_answering_ends_the_job_within_the_timeout_and_is_named(rows, tmp_path):
+    """SIGSTOP of one worker (a hang as the others see it): the other rank gives up after train.collective_timeout_s,
+    the launcher kills the silent one (its SIGTERM waits while it is stopped: torch's agent escalates after 30 s) and
+    names it, exit 7. Before: 78 lines of rank 0's gloo traceback, then 'rank 1 was killed by SIGKILL'."""
+    timeout_s = 8
+    path, out = recipe(rows, tmp_path, every=2, collective_timeout_s=timeout_s), tmp_path / "out"
+    with open(tmp_path / "log", "w") as log:
+        job = start(path, out, log)
+        try:
+            wait_for_steps(out, 4, job)
+            victim = workers_of(out)[-1]
+            os.kill(victim, signal.SIGSTOP)
+            started = time.monotonic()
+            code = job.wait(timeout=timeout_s + 60)
+            took = time.monotonic() - started
+        finally:
+            job.kill()
+            for pid in workers_of(out):
+                os.kill(pid, signal.SIGKILL)
+    text = (tmp_path / "log").read_text()
+    assert code == 7 and took < timeout_s + 45, (code, took, text[-3000:])
+    assert "Traceback" not in text and "[rank" not in text, text[-3000:]
+    said = [line for line in lines_of(text) if line.startswith("bigtrain: error")]
+    assert len(said) == 1, text[-3000:]
+    assert re.fullmatch(
+        rf"bigtrain: error: rank 1 \(pid {victim} on .+\) stopped answering: rank 0 waited "
+        r"train.collective_timeout_s for it in a collective, and it was then killed \(hung or stopped\); the last good "
+        rf"checkpoint is {re.escape(str(out / 'checkpoints'))}/step_\d+; start again to resume",
         said[0],
     ), said[0]
 
