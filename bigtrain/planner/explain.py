@@ -153,7 +153,10 @@ def why_not(c: Candidate, best: Candidate) -> str | None:
     if c.plan.offload_activations and not best.plan.offload_activations:
         return "offloads activations: chosen only where no plan without it fits (its copies are not yet measured)"
     faster = 1 - c.time.step_s / best.time.step_s
-    pace = f"{faster:.1%} faster" if faster > 0 else f"{-faster:.1%} slower"
+    if abs(faster) < 0.0005:  # what one decimal of a percent would print as 0.0% (or -0.0%)
+        pace = "as fast"
+    else:
+        pace = f"{faster:.1%} faster" if faster > 0 else f"{-faster:.1%} slower"
     return f"near tie ({pace}, within {NEAR_TIE:.0%}): the choice has fewer moving parts{_simpler(best, c)}"
 
 

@@ -80,7 +80,11 @@ def test_an_encoder_is_refused_up_front(where, tmp_path, rows_file, cli_in_proce
         AutoModelForCausalLM.from_config(AutoConfig.for_model("bert", **fields)).save_pretrained(tmp_path / "bert")
         folder = tmp_path / "bert"
         path = write_recipe(tmp_path / "r.yaml", recipe_dict(tmp_path, rows_file, folder))
-    one_line(cli_in_process(["train", str(path)]), "model_type 'bert' is an encoder whose attention sees the whole")
+    proc = cli_in_process(["train", str(path)])
+    one_line(proc, "model_type 'bert' is an encoder whose attention sees the whole")
+    # the advice is a classifier or a decoder-only model, never is_decoder=true (which FSDP2 then cannot shard: BERT's
+    # tied decoder weights are another group's)
+    assert "is_decoder" not in proc.stderr and "sequence-classification" in proc.stderr
     # a decoder-only model passes the same check, and so does BERT configured as a decoder
     from bigtrain.config.hf import hf_config_from_dict
 

@@ -326,3 +326,36 @@ def test_a_classifier_recipe_s_written_plan_is_predicted_first(plan_cli):
     first = proc.stdout.splitlines()[0]
     assert first.startswith("the recipe's own plan (what bigtrain train runs): ddp, micro-batch 16 x 1 steps: ")
     assert first.endswith("it fits") and "images/s" in first
+
+
+def test_an_lm_recipe_s_written_plan_is_predicted_first_then_the_choice(plan_cli):
+    proc = plan_cli(["plan", "recipes/deepspeed_zero3.yaml", "--gpus", "2", "--gpu", "H100"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(
+        "the recipe's own plan (what bigtrain train runs): deepspeed zero3 dp=2 tp=1 pp=1 ac=none mb=2: peak "
+    )
+    assert "micro-batch 2 x accumulation 4" in lines[0] and re.search(
+        r"the planner's choice below is [\d.]+% faster", lines[0]
+    )
+    assert lines[1].startswith("model llama: 828.54K params")
+    assert "-0.0%" not in proc.stdout  # an exact tie reads "as fast"
+
+
+def test_legend_explains_every_abbreviation_and_column(plan_cli):
+    from bigtrain.planner.explain import LEGEND
+
+    proc = plan_cli(["plan", "--model", "llama-3-8b", "--gpus", "8", "--gpu", "H100", "--legend"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    legend = proc.stdout.split("plan names:")[1]
+    for abbreviation, _, _ in LEGEND:
+        assert f"\n  {abbreviation} " in legend, abbreviation
+    assert "peak GiB: predicted peak of tensor memory per GPU" in legend.split("columns:")[1]
+
+
+def test_help_says_what_all_shows_without_claiming_an_engine_cannot_run(plan_cli):
+    proc = plan_cli(["plan", "--help"], timeout=60)
+    assert proc.returncode == 0
+    text = " ".join(proc.stdout.split())
+    assert "--all also show the plans the trainer cannot run yet" in text
+    assert not re.search(r"(deepspeed|pp|pipeline)[^.]*cannot run", text, re.IGNORECASE), text
