@@ -59,6 +59,7 @@ def test_eval_tensorboard_and_report(tmp_path):
 
     proc = run_cli(["report", str(out)], timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not proc.stderr.strip(), proc.stderr  # nothing but the files written (matplotlib's font cache line filtered)
     written = proc.stdout.split()
     assert [p.rsplit("/", 1)[1] for p in written] == ["loss.png", "lr.png", "tokens_per_s.png", "memory.png"]
     import matplotlib.image

@@ -58,3 +58,40 @@ def test_a_folder_without_a_model_is_one_line(tmp_path):
         "end of a run), an HF model folder or a peft adapter folder; a checkpoint becomes one with bigtrain "
         "export-model"
     )
+
+
+def test_a_lora_run_s_adapter_continues_a_prompt_on_its_base(tmp_path):
+    """An adapter run ends in peft's folder (adapter/, the base named by its absolute path, the tokenizer beside
+    it): generate loads the base, the adapter on it and that tokenizer, from another working directory."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from helpers import REPO, save_tiny_model, save_word_tokenizer
+
+    base = save_word_tokenizer(save_tiny_model(tmp_path / "base"))
+    text = tmp_path / "docs.jsonl"
+    text.write_text("".join(json.dumps({"text": "hello world " * 20}) + "\n" for _ in range(20)))
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml",
+        recipe_dict(
+            tmp_path / "out",
+            text,
+            base,
+            data={"seq_len": 16},
+            train={"steps": 2, "global_batch_size": 4, "method": "lora"},
+        ),
+    )
+    proc = run_cli(["train", str(recipe)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "out" / "adapter" / "adapter_config.json").is_file()
+    proc = subprocess.run(
+        [sys.executable, "-m", "bigtrain", "generate", str(tmp_path / "out"), "--prompt", "hello", "--max-new-tokens", "3"],
+        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # a line in the base's own vocabulary (a tiny random model may end it at once with its end-of-text), nothing else
+    assert proc.stdout.endswith("\n") and set(proc.stdout.split()) <= {"hello", "world"}, proc.stdout
+    assert not proc.stderr.strip(), proc.stderr[-3000:]
