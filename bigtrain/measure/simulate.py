@@ -27,6 +27,9 @@ gradient sync, global-norm clipping, AdamW. What the simulator adds is only the 
   (``real_tensors=True``, three models). Such plans are refused on fake tensors; ``real_tensors=True`` runs the step
   on real (uninitialised) CPU tensors instead, which is affordable at test widths only.
 - ``train.compile`` is not simulated (the blocks run eagerly): the planner's compiled terms are measured on a GPU.
+- A vision-language model's forward reads values of its batch (image-token counts, Qwen-VL's image grids and
+  windows): the batch's token ids and grids stay real and what derives from them only is computed for real
+  (``image_chat_inputs.py``); pixel values and everything the weights touch stay fake.
 - Pipelined plans (pp > 1) run torch's own schedule over the trainer's stages, once for every pp coordinate (each
   holds other layers and keeps other micro-batches in flight), with every micro-batch of the step. Three things
   differ from the other plans: the schedule's start-up vote over the pp ranks (STATIC shapes or not) is answered as
@@ -64,6 +67,7 @@ from bigtrain.engine.base import train_step
 from bigtrain.engine.pipelined import PipelinedEngine
 from bigtrain.engine.torch_native import TorchNativeEngine
 from bigtrain.errors import ConfigError
+from bigtrain.measure.image_chat_inputs import RealValuedInputs, image_chat_batch
 from bigtrain.parallel.transforms.base import BuildOptions
 from bigtrain.planner.classifier_stats import example_inputs
 from bigtrain.train.optim import build_optimizer, build_scheduler
@@ -93,11 +97,6 @@ def simulate(
     attn_implementation = resolve_attention(hf_config, attn_implementation)  # "auto": the family's own default
     # what the trainer would refuse
     check(Setup(plan, workload.train_config(), ModelFacts.of(hf_config), workload.data_facts()))
-    if task_of(hf_config) is IMAGE_TEXT_TO_TEXT:
-        raise ConfigError(
-            "--simulate cannot run a vision-language model's step yet: transformers' forward counts the image tokens "
-            "it merges (a value fake tensors do not have)"
-        )
     reason = not_simulated(plan, real_tensors, workload.method)
     if reason is not None:
         raise ConfigError(f"--simulate runs bigtrain's own training step, which cannot simulate this plan: {reason}")
@@ -144,7 +143,9 @@ def _simulate_rank(
     train = TrainConfig(
         global_batch_size=workload.global_batch_size, mixed_precision=precision, objective=workload.objective
     )
-    fake_mode = None if real_tensors else FakeTensorMode()
+    vision_language = task_of(hf_config) is IMAGE_TEXT_TO_TEXT
+    # a vision-language batch's token ids and image grids stay real (image_chat_inputs.py): fake ops take them
+    fake_mode = None if real_tensors else FakeTensorMode(allow_non_fake_inputs=vision_language)
     options = BuildOptions(
         hf_config=hf_config,
         plan=plan,
@@ -155,7 +156,9 @@ def _simulate_rank(
         fake_mode=fake_mode,
         method=workload.method,
         lora=AdapterConfig(r=workload.lora_rank, modules_to_save=list(workload.modules_to_save) or None),
+        freeze=workload.frozen,
     )
+    real_valued = RealValuedInputs() if vision_language and fake_mode is not None else contextlib.nullcontext()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world_size)
     try:
         engine = build_engine(
@@ -174,8 +177,12 @@ def _simulate_rank(
         # a pipeline's schedule order (how many micro-batches are in flight) needs all of them; elsewhere two show
         # what the gradients kept between micro-steps add
         micro_steps = accum if pipelined else min(accum, 2)
-        with fake_mode or contextlib.nullcontext(), _unpacked_batches(), _static_pipeline_metadata():
-            if workload.objective in PREFERENCE_OBJECTIVES:  # pairs of rows, normalised by the pairs
+        with fake_mode or contextlib.nullcontext(), real_valued, _unpacked_batches(), _static_pipeline_metadata():
+            if vision_language:  # token rows with images: normalised by the labelled tokens, as a causal LM's
+                batches = [image_chat_batch(hf_config, plan, workload, device) for _ in range(micro_steps)]
+                labelled = int((batches[0].labels != IGNORE_INDEX).sum())
+                global_count = float(labelled * workload.global_batch_size // plan.micro_batch_size)
+            elif workload.objective in PREFERENCE_OBJECTIVES:  # pairs of rows, normalised by the pairs
                 batches = [_pairs(hf_config, plan, workload, device) for _ in range(micro_steps)]
                 global_count = float(workload.global_batch_size)
             elif task_of(hf_config).examples:  # a classifier: examples with one label each, normalised by their count

@@ -10,12 +10,12 @@ the parts). What one image costs follows from how the family's processor shapes 
   (size/patch)² patches, scale_factor² patches per image token;
 - the others (LLaVA, Gemma 3, ...): resized to the tower's fixed size: (size/patch)² patches, each an image token
   unless the config says how many the projector pools them to (Gemma 3's mm_tokens_per_image).
-The tower is a transformer encoder over the patches: what a block keeps for backward per patch is the decoder block's
-formula (``memory_terms.block_activation_bytes_per_token``) at the tower's widths (a gated MLP where its blocks have
-one, Qwen-VL's; LayerNorm and a GELU MLP otherwise, CLIP's and SigLIP's), SDPA keeping no patch x patch scores; the
+The tower is a transformer encoder over the patches: what a block keeps for backward per patch is counted tensor by
+tensor as transformers' blocks save it (a gated MLP and rotary attention where its blocks have them, Qwen-VL's;
+LayerNorm and a GELU MLP otherwise, CLIP's and SigLIP's), SDPA keeping no patch x patch scores; the
 projector keeps its input and its hidden layer per image token. FLOPs: 2 per parameter per patch, attention's 4·P·d
-per block (windowed attention counted as full), the projector's 2 per parameter per token. These are formulas, not
-yet held against a simulated step.
+per block (windowed attention counted as full), the projector's 2 per parameter per token. The memory terms are held
+to bigtrain's own step simulated on fake tensors at real widths (tests/distributed/test_vlm_memory.py).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class VisionStats:
     heads: int
     ffn: int  # its MLP's inner width
     gated: bool  # a gated (SwiGLU) MLP and RMSNorm (Qwen-VL); else LayerNorm and a GELU MLP
+    quick_gelu: bool  # the GELU is CLIP's x·sigmoid(1.702x) (a sigmoid's output kept too), not one op
     projector_in: int  # the projector's input width per image token
     projector_out: int  # the language model's width
     geometry: str  # "dynamic" (Qwen-VL), "tiles" (Idefics3, SmolVLM) or "fixed"
@@ -83,13 +84,16 @@ class VisionStats:
         return out
 
     def block_bytes_per_patch(self, a: int, checkpointing: str = "none") -> int:
-        """What one tower block keeps per patch, as the decoder block's formula (``memory_terms``) counts it at the
-        tower's widths with SDPA: a gated block (RMSNorm, SwiGLU): two norms' fp32 input, rsqrt, normalised input and
-        output (2·(4h + 2ah + 4)), q, k, v and the attention output (4ah) and its log-sum-exp (4 per head), the MLP's
-        gate, activation, up and product (4a·f); a LayerNorm and GELU block (CLIP, SigLIP): two norms' input and
-        output (4ah), q, k, v and the output (4ah), the log-sum-exp, the MLP's input, pre-activation and GELU
-        intermediates (5a·f). Full checkpointing keeps the block's input (ah); selective the matmuls' outputs
-        (q, k, v, o; the MLP's projections), attention's output and log-sum-exp, and the input."""
+        """What one tower block keeps per patch with SDPA, each tensor as transformers' blocks save it (listed on fake
+        tensors, transformers 5.24; tests/distributed/test_vlm_memory.py holds the whole towers to the simulated step):
+        a gated block (Qwen-VL: RMSNorm, rotary, SwiGLU): two norms' fp32 input, rsqrt, normalised input and output
+        (2·(4h + 2ah + 4)); the fused qkv projection's output (3ah), the rotated q and k (2ah), attention's output and
+        the copy its transpose makes for the output projection (2ah), its log-sum-exp (4 per head); the MLP's gate,
+        activation, up and product (4a·f). A LayerNorm block (CLIP, SigLIP): two norms' input, output and statistics
+        (4ah + 4a), q, k, v and attention's output (4ah; the output projection reads the output in place), the
+        log-sum-exp, the MLP's pre-activation and activation (2a·f; quick_gelu's sigmoid a third). Full checkpointing
+        keeps the block's input (ah); selective the matmuls' outputs (q, k, v, o; the MLP's projections), attention's
+        output and log-sum-exp, and the input."""
         h, f, heads = self.width, self.ffn, self.heads
         if checkpointing == "full":
             return a * h
@@ -97,8 +101,8 @@ class VisionStats:
         if checkpointing == "selective":
             return 4 * a * h + mlp_outputs + a * h + 4 * heads + a * h
         if self.gated:
-            return 2 * (4 * h + 2 * a * h + 4) + 4 * a * h + 4 * heads + 4 * a * f
-        return 4 * a * h + 4 * a * h + 4 * heads + 5 * a * f
+            return 2 * (4 * h + 2 * a * h + 4) + 7 * a * h + 4 * heads + 4 * a * f
+        return 4 * a * h + 4 * a + 4 * a * h + 4 * heads + (3 if self.quick_gelu else 2) * a * f
 
     def activation_bytes(self, plan: Any, workload: Any) -> int:
         """What one rank's micro-batch of images keeps for backward in the tower and the projector."""
@@ -166,6 +170,7 @@ def _counted(config_json: str) -> VisionStats:
         heads=heads,
         ffn=vision.intermediate_size,
         gated=any(name.endswith("gate_proj") for name, _ in first.named_modules()),
+        quick_gelu=getattr(vision, "hidden_act", None) == "quick_gelu",
         projector_in=linears[0].in_features if linears else width,
         projector_out=linears[-1].out_features if linears else width,
         geometry=geometry,

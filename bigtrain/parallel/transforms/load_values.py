@@ -32,11 +32,11 @@ def _allocating_under(fake_mode: Any) -> Iterator[None]:
         yield
         return
     with fake_mode:
-        fake_mode.allow_non_fake_inputs = True
+        allowed, fake_mode.allow_non_fake_inputs = fake_mode.allow_non_fake_inputs, True
         try:
             yield
         finally:
-            fake_mode.allow_non_fake_inputs = False
+            fake_mode.allow_non_fake_inputs = allowed  # as the simulator made it (a VLM's batch keeps real ids)
 
 
 def _param_device(options: BuildOptions) -> torch.device | None:
