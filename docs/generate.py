@@ -180,7 +180,8 @@ VLM_FEATURES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("+ LoRA on the language model (`model.freeze` for full fine-tuning)", {}, dict(method="lora")),
     ("+ activation checkpointing (vision blocks and decoder layers)", dict(activation_checkpointing="full"), {}),
     ("+ tensor, pipeline, context or expert parallel", dict(tp=2), {}),
-    ("+ QLoRA, FP8, compile", {}, dict(method="qlora", mixed_precision="bf16")),
+    ("+ QLoRA (the language model's adapted linears in NF4)", {}, dict(method="qlora", mixed_precision="bf16")),
+    ("+ FP8, compile", {}, dict(fp8="rowwise")),
 ]
 
 

@@ -36,7 +36,7 @@ class VlmCase:
     preset: str
     images: int  # per row
     image_size: int  # pixels per side
-    method: str = "full"  # or lora (the language model's linears; the tower and projector frozen base)
+    method: str = "full"  # or lora / qlora (the language model's linears; the tower and projector frozen base)
     backend: str = "fsdp2"
     zero_stage: int = 3
     world: int = 8
@@ -89,10 +89,12 @@ VLM_MEMORY_CASES = [
     VlmCase(QWEN, 1, 1024, frozen=("vision_tower",)),
     VlmCase(QWEN, 2, 768, zero_stage=2),
     VlmCase(QWEN, 1, 448, "lora", backend="ddp", zero_stage=0),
+    VlmCase(QWEN, 2, 1024, "qlora", seq_len=4096),
     VlmCase(GEMMA, 1, 896),
     VlmCase(GEMMA, 1, 896, "lora"),
     VlmCase(GEMMA, 4, 896),
     VlmCase(GEMMA, 4, 896, "lora"),
+    VlmCase(GEMMA, 2, 896, "qlora"),
     VlmCase(GEMMA, 2, 896, ac="full"),
     VlmCase(GEMMA, 2, 896, frozen=("vision_tower", "projector")),
     # the whole tower, whose terms then weigh as in a real run (Qwen's 32 blocks of windowed attention simulate in

@@ -166,7 +166,7 @@ EXAMPLES: dict[str, Example] = {
     "objective_needs_log_probabilities": Example(2, dict(dp_shard=2), RESNET, images=True, objective="dpo"),
     "preference_with_model_parallelism": Example(2, dict(tp=2), objective="dpo"),
     "vision_language_with_model_parallelism": Example(4, dict(tp=2, dp_shard=2), vlm=True),
-    "vision_language_with_untested_options": Example(2, dict(dp_shard=2), vlm=True, method="qlora", precision="bf16"),
+    "vision_language_with_untested_options": Example(2, dict(dp_shard=2), vlm=True, compile=True),
     "offloaded_reference_engines": Example(
         2, dict(backend="ddp", zero_stage=0, dp_replicate=2, grad_reduce=ONCE, reference="offloaded"), objective="ipo"
     ),
@@ -273,7 +273,10 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
     if ex.vlm:  # plan exports model causal LMs only and say so first; the simulator asks the table first
         with pytest.raises(ConfigError, match="model causal LMs only"):
             recipe_plan(cfg, gpus=ex.world).export("accelerate")
-        workload = Workload(seq_len=256, global_batch_size=ex.batch, method=ex.method, mixed_precision=ex.precision)
+        workload = Workload(
+            seq_len=256, global_batch_size=ex.batch, method=ex.method, mixed_precision=ex.precision,
+            compile=ex.compile, fp8=ex.fp8,
+        )  # fmt: skip
         with pytest.raises(ConfigError) as e:
             simulate(VLM, plan, workload)
         assert str(e.value) == message

@@ -4,8 +4,9 @@
 
 What splits a decoder's blocks, heads, sequence or vocabulary (tp, pp, cp, ep, the chunked and vocabulary-parallel
 losses) is a row until it is built for these models: the image features are merged into the language model's input
-inside the model's own forward, which the splits do not see. QLoRA, FP8, activation offload, compile and the
-preference objectives are rows until tested on them.
+inside the model's own forward, which the splits do not see. FP8, activation offload, compile and the preference
+objectives are rows until tested on them. QLoRA quantises the linears LoRA adapts, the language model's by default:
+the tower and the projector stay a frozen base in the compute dtype.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ def vision_language_with_untested_options(s: Setup) -> str | None:
     return first_unbuilt(
         TASK,
         (
-            ("train.method", t.method, t.method == "qlora", "lora (or full)"),
             ("train.fp8", t.fp8, t.fp8 not in ("none", "auto"), "none"),
             ("train.compile", "true", t.compile is True, "false"),
             ("parallel.offload_activations", "true", p.offload_activations, "false"),

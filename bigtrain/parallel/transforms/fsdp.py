@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,8 +42,13 @@ def apply_fsdp(
     mixed_precision: str,
     experts: list[nn.Module] | None = None,
     full_precision: list[nn.Module] | None = None,
+    inputs_as_given: list[nn.Module] | None = None,
 ) -> None:
+    """``inputs_as_given``: blocks whose floating-point inputs are not cast to the compute dtype (a vision tower's:
+    Qwen-VL computes its rotary embeddings in fp32 on purpose and hands them to every block)."""
     mp = MixedPrecisionPolicy(param_dtype=COMPUTE_DTYPES[mixed_precision], reduce_dtype=torch.float32)
+    as_given = MixedPrecisionPolicy(mp.param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    uncast = {id(m) for m in inputs_as_given or []}
     offload: OffloadPolicy = OffloadPolicy()
     if plan.offload_params:
         if mesh.mesh.device_type == "cuda":
@@ -60,7 +66,8 @@ def apply_fsdp(
         for module in full_precision or []:
             fully_shard(module, **{**kwargs, "mp_policy": fp32}, reshard_after_forward=reshard)
     for block in blocks:
-        fully_shard(block, **kwargs, reshard_after_forward=reshard)
+        policy = as_given if id(block) in uncast else mp
+        fully_shard(block, **{**kwargs, "mp_policy": policy}, reshard_after_forward=reshard)
     # The root's parameters (embeddings, head) are needed again at once by backward: never reshard them after forward.
     fully_shard(model, **kwargs, reshard_after_forward=False)
 
@@ -111,12 +118,23 @@ def fsdp_grad_sync(
     return sync
 
 
+def _vision_tower(part: nn.Module, hf_config: Any) -> nn.Module | None:
+    """A vision-language model's vision tower (its blocks keep their inputs' dtypes), else None."""
+    from bigtrain.config.model_parts import part_module
+    from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
+
+    return part_module(part, "vision_tower") if task_of(hf_config) is IMAGE_TEXT_TO_TEXT else None
+
+
 def _shard(built: BuiltModel, ctx: BuildContext) -> None:
     """Every part sharded on meta (nothing is allocated); FSDP2 casts parameters itself, so nothing is autocast."""
     for index, part in enumerate(built.parts):
         experts = [m for m in built.experts if any(m is sub for sub in part.modules())]
         kept = [m for m in built.full_precision if any(m is sub for sub in part.modules())]
-        apply_fsdp(part, built.blocks(index), built.plan, ctx.mesh, ctx.options.mixed_precision, experts, kept)
+        tower = _vision_tower(part, ctx.options.hf_config)
+        blocks = built.blocks(index)
+        as_given = [b for b in blocks if any(b is sub for sub in tower.modules())] if tower is not None else []
+        apply_fsdp(part, blocks, built.plan, ctx.mesh, ctx.options.mixed_precision, experts, kept, as_given)
     built.autocast_dtype = None
     if built.plan.pp == 1:  # pipeline schedules drive the stages' gradient sync themselves
         built.grad_sync = fsdp_grad_sync(built.parts[0], built.plan, ctx.mesh)
