@@ -179,7 +179,8 @@ VLM_FEATURES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("vision-language chat models (`model.task: image-text-to-text`), with accumulation", dict(micro_batch_size=1), {}),
     ("+ LoRA on the language model (`model.freeze` for full fine-tuning)", {}, dict(method="lora")),
     ("+ activation checkpointing (vision blocks and decoder layers)", dict(activation_checkpointing="full"), {}),
-    ("+ tensor, pipeline, context or expert parallel", dict(tp=2), {}),
+    ("+ tensor parallel (the language model's own layout; the tower whole on each rank)", dict(tp=2), {}),
+    ("+ pipeline, context or expert parallel, sequence or loss parallel", dict(pp=2), {}),
     ("+ QLoRA (the language model's adapted linears in NF4)", {}, dict(method="qlora", mixed_precision="bf16")),
     ("+ FP8, compile", {}, dict(fp8="rowwise")),
 ]

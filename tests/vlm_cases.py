@@ -43,6 +43,7 @@ class VlmCase:
     ac: str = "none"
     seq_len: int = 2048
     frozen: tuple[str, ...] = ()  # model.freeze
+    tp: int = 1  # the language model's blocks sliced over tp ranks (the tower whole on each)
     blocks: int = BLOCKS  # vision blocks kept (the whole tower: what the tower's terms weigh in a real run)
 
     @property
@@ -50,7 +51,7 @@ class VlmCase:
         frozen = "".join(f"-frozen_{p}" for p in self.frozen)
         return (
             f"{self.method}-{self.preset}-{self.images}x{self.image_size}px-{self.blocks}blocks-L{self.seq_len}-"
-            f"{self.backend}{self.zero_stage}-N{self.world}-{self.ac}{frozen}"
+            f"{self.backend}{self.zero_stage}-N{self.world}{f'-tp{self.tp}' if self.tp > 1 else ''}-{self.ac}{frozen}"
         )
 
     def config(self) -> dict[str, Any]:
@@ -62,7 +63,9 @@ class VlmCase:
                 backend="ddp", zero_stage=0, grad_reduce="once_per_step", dp_replicate=self.world,
                 activation_checkpointing=self.ac,
             )  # fmt: skip
-        return make_plan(zero_stage=self.zero_stage, dp_shard=self.world, activation_checkpointing=self.ac)
+        return make_plan(
+            zero_stage=self.zero_stage, dp_shard=self.world // self.tp, tp=self.tp, activation_checkpointing=self.ac
+        )
 
     def workload(self) -> Workload:
         return Workload(
@@ -90,6 +93,8 @@ VLM_MEMORY_CASES = [
     VlmCase(QWEN, 2, 768, zero_stage=2),
     VlmCase(QWEN, 1, 448, "lora", backend="ddp", zero_stage=0),
     VlmCase(QWEN, 2, 1024, "qlora", seq_len=4096),
+    VlmCase(QWEN, 2, 1024, seq_len=4096, tp=2),
+    VlmCase(QWEN, 1, 448, tp=4),
     VlmCase(GEMMA, 1, 896),
     VlmCase(GEMMA, 1, 896, "lora"),
     VlmCase(GEMMA, 4, 896),

@@ -63,5 +63,10 @@ def quiet_libraries() -> None:
         category=UserWarning,
         module=r"torch\.distributed\.fsdp",
     )
+    # DTensor warns on the global gradient norm under tp on a 2-D mesh (the norm's partial sums reduced over each mesh
+    # dimension in turn): one small all-reduce per dimension per step, which bigtrain asks for on purpose
+    logging.getLogger("torch.distributed.tensor._redistribute").addFilter(
+        _DropMessages("While redistributing from (_NormPartial")
+    )
     # matplotlib (bigtrain report) announces that it built its font cache on first use
     logging.getLogger("matplotlib.font_manager").setLevel(logging.WARNING)

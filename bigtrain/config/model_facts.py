@@ -40,12 +40,14 @@ class ModelFacts:
     def of(cls, hf_config: Any) -> ModelFacts:
         from bigtrain.config.tasks import layer_kinds, task_of
 
-        # a classifier may have no attention, layers or vocabulary (a CNN): 0 where the config has none
+        # a classifier may have no attention, layers or vocabulary (a CNN): 0 where the config has none; a
+        # vision-language model's are its language model's (what tp slices, what the loss reads)
+        whole, hf_config = hf_config, _language_config(hf_config)
         heads = getattr(hf_config, "num_attention_heads", 0) or 0
         tp_plan = getattr(hf_config, "base_model_tp_plan", None) or {}
-        batch_norm, convolutional = layer_kinds(hf_config)
+        batch_norm, convolutional = layer_kinds(whole)
         return cls(
-            model_type=hf_config.model_type,
+            model_type=whole.model_type,
             layers=getattr(hf_config, "num_hidden_layers", 0) or len(getattr(hf_config, "depths", []) or []),
             heads=heads,
             kv_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
@@ -60,7 +62,14 @@ class ModelFacts:
             and bool(getattr(hf_config, "router_aux_loss_coef", 0.0)),
             num_experts=next((int(getattr(hf_config, k)) for k in EXPERT_COUNT_KEYS if getattr(hf_config, k, None)), 0),
             ep_layout="ep_dispatch_experts" in (getattr(hf_config, "base_model_ep_plan", None) or {}).values(),
-            task=task_of(hf_config).name,
+            task=task_of(whole).name,
             batch_norm=batch_norm,
             convolutional=convolutional,
         )
+
+
+def _language_config(hf_config: Any) -> Any:
+    """A vision-language model's text config; any other model's config as it is."""
+    if getattr(hf_config, "vision_config", None) is None:
+        return hf_config
+    return hf_config.get_text_config()

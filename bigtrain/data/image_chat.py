@@ -52,6 +52,7 @@ class ImageChats(IndexedRows):
     image_tokens: int = 0  # over every conversation (the planner's and the table's unit)
     resized: int = 0  # images outside the processor's pixel budget, resized into it
     pixels: int = 0  # over every image, as the processor sizes it (within its budget): what the planner reads
+    row_pixels: np.ndarray | None = None  # [conversations] each one's images' pixels: what its tower work grows with
     truncated: int = 0  # never: a longer conversation is refused
     examples: int = 0
     positions: None = None  # never packed
@@ -63,6 +64,11 @@ class ImageChats(IndexedRows):
     @property
     def images_per_row(self) -> float:
         return sum(map(len, self.images)) / max(len(self.images), 1)
+
+    @property
+    def row_costs(self) -> np.ndarray | None:
+        """Each row's cost to compute (its images' pixels): the global order balances the ranks' and micro-steps'."""
+        return None if self.row_pixels is None else self.row_pixels[self.at(np.arange(self.num_rows))]
 
     @property
     def image_side(self) -> int:
@@ -97,6 +103,7 @@ def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, 
     never = image_token_ids(processor)
     budget = pixel_budget(processor.image_processor)
     texts, images, rows, targets, image_tokens, resized, pixels = [], [], [], [], 0, 0, 0
+    row_pixels: list[int] = []
     too_long: list[tuple[str, int]] = []
     for where, record in records:
         messages, pictures = _conversation(key, path, where, record, data_cfg.image_field)
@@ -107,10 +114,11 @@ def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, 
                 f"({placeholder}) in its rendered text; each image item of the messages is one placeholder"
             )
         opened = _opened(pictures, root, f"{key}={path!r} {where}")
+        own = 0
         for image in opened:
             budgeted = _budgeted_pixels(budget, image)
             resized += budgeted != image.size[0] * image.size[1]
-            pixels += budgeted
+            own += budgeted
         ids = _process(processor, [text], [opened], None)["input_ids"][0].tolist()
         if len(ids) > seq_len:
             too_long.append((where, len(ids)))
@@ -118,6 +126,8 @@ def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, 
         marked = _expanded_targets(processor.tokenizer, text, spans, ids, where)
         marked = [m and i not in never for m, i in zip(marked, ids, strict=True)]
         image_tokens += ids.count(processor.image_token_id)
+        pixels += own
+        row_pixels.append(own)
         texts.append(text)
         images.append([_resolved(p, root) for p in pictures])  # read again from any working directory
         rows.append(ids + [processor.tokenizer.pad_token_id] * (seq_len - len(ids)))
@@ -143,6 +153,7 @@ def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, 
         image_tokens=image_tokens,
         resized=resized,
         pixels=pixels,
+        row_pixels=np.asarray(row_pixels, dtype=np.int64),
         examples=count,
     )
 

@@ -4,6 +4,11 @@ Optimizer step k trains on global positions ``[k*B, (k+1)*B)`` of an endless seq
 rows in file order, or a permutation seeded by ``seed + epoch`` when shuffling. A plan only decides which slice of
 that global batch each data-parallel rank reads and how the slice is cut into micro-batches, so the samples (and, in
 exact arithmetic, the gradient) of step k never depend on the plan.
+
+Rows of unequal cost (a conversation's images: the vision tower's work grows with their pixels) are dealt instead of
+sliced: each step's rows go, costliest first, to the rank and micro-step with the least cost so far (``balanced``),
+so that no rank waits on one that drew the large images and no micro-batch holds all of them. The step's rows, and
+so its gradient, are the same; only who computes which changes.
 """
 
 from __future__ import annotations
@@ -12,11 +17,15 @@ import numpy as np
 
 
 class GlobalOrder:
-    def __init__(self, num_rows: int, global_batch_size: int, shuffle: bool, seed: int) -> None:
+    def __init__(
+        self, num_rows: int, global_batch_size: int, shuffle: bool, seed: int, costs: np.ndarray | None = None
+    ) -> None:
+        """``costs``: each row's cost to compute, when rows differ (see the module's docstring)."""
         self.num_rows = num_rows
         self.global_batch_size = global_batch_size
         self.shuffle = shuffle
         self.seed = seed
+        self.costs = None if costs is None or len(np.unique(costs)) <= 1 else np.asarray(costs)
         self._perms: dict[int, np.ndarray] = {}
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
@@ -37,14 +46,36 @@ class GlobalOrder:
         return out
 
     def micro_batches(self, step: int, dp_rank: int, dp_size: int, micro_batch_size: int) -> np.ndarray:
-        """This rank's rows of step ``step`` as ``[accum_steps, micro_batch_size]``: a contiguous slice per rank."""
-        per_rank = self.global_batch_size // dp_size
-        mine = self.global_batch(step)[dp_rank * per_rank : (dp_rank + 1) * per_rank]
-        return mine.reshape(-1, micro_batch_size)
+        """This rank's rows of step ``step`` as ``[accum_steps, micro_batch_size]``: a contiguous slice per rank (or,
+        for rows of unequal cost, the rows ``balanced`` deals it)."""
+        return self._mine(self.global_batch(step), step, dp_rank, dp_size, micro_batch_size)
 
     def micro_positions(self, step: int, dp_rank: int, dp_size: int, micro_batch_size: int) -> np.ndarray:
         """Where each row of ``micro_batches`` sits in the endless global order (step x B + its index in the global
         batch): which epoch's visit of the row it is, whatever the plan."""
+        batch = self.global_batch_size
+        positions = np.arange(step * batch, (step + 1) * batch)
+        return self._mine(positions, step, dp_rank, dp_size, micro_batch_size)
+
+    def _mine(self, values: np.ndarray, step: int, dp_rank: int, dp_size: int, micro_batch_size: int) -> np.ndarray:
         per_rank = self.global_batch_size // dp_size
-        start = step * self.global_batch_size + dp_rank * per_rank
-        return np.arange(start, start + per_rank).reshape(-1, micro_batch_size)
+        if self.costs is None:
+            return values[dp_rank * per_rank : (dp_rank + 1) * per_rank].reshape(-1, micro_batch_size)
+        # bin b is micro-step b // dp_size of rank b % dp_size: the costliest rows go to different ranks first
+        bins = balanced(
+            self.costs[self.global_batch(step)], self.global_batch_size // micro_batch_size, micro_batch_size
+        )
+        return np.stack([values[bins[dp_rank + dp_size * m]] for m in range(per_rank // micro_batch_size)])
+
+
+def balanced(costs: np.ndarray, bins: int, capacity: int) -> list[np.ndarray]:
+    """The rows (indices into ``costs``) dealt into ``bins`` bins of ``capacity`` rows: costliest first (the earlier
+    row on a tie), each to the bin with the least cost so far that has room (the lower bin on a tie); each bin's
+    rows in their own order."""
+    load = np.zeros(bins)
+    members: list[list[int]] = [[] for _ in range(bins)]
+    for row in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        chosen = min((b for b in range(bins) if len(members[b]) < capacity), key=lambda b: (load[b], b))
+        members[chosen].append(row)
+        load[chosen] += costs[row]
+    return [np.array(sorted(rows), dtype=np.int64) for rows in members]

@@ -343,10 +343,12 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     # dpo/ipo's reference forward (or its precomputed pass's share): compute the step adds
     reference = reference_seconds(stats, plan, workload, estimate.compute_s, cluster.gpu.pcie_gbps)
     estimate = _longer(estimate, reference, compute=True)
-    # a vision-language model's images through the tower and the projector, at the language model's achieved rate
+    # a vision-language model's images through the tower and the projector, at the language model's achieved rate;
+    # every rank of a tp group runs the whole tower on the group's images (tp slices the language model only)
     if stats.vision is not None:
         lm_flops = model_flops_per_token(stats, workload.seq_len, workload) * workload.tokens
-        estimate = _longer(estimate, estimate.compute_s * stats.vision.step_flops(plan, workload) / lm_flops, True)
+        vision_s = estimate.compute_s * stats.vision.step_flops(plan, workload) / lm_flops * plan.tp
+        estimate = _longer(estimate, vision_s, True)
     # a semi-synchronous plan's wait for its synchronisations: communication it does not hide
     wait = outer_wait_per_step(stats, plan, cluster, workload, estimate.step_s)
     estimate = _longer(estimate, wait, compute=False)

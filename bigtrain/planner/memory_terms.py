@@ -87,13 +87,14 @@ def stage_params(stats: ModelStats, plan: Plan) -> tuple[int, int]:
     embeddings and final norm stay whole on every tp rank, and so does the LM head unless ``loss_parallel`` splits
     it over the vocabulary.
     """
-    # a vision-language model's tower and projector: units of their own beside the decoder's (pp is refused)
-    blocks = stage_layers(stats, plan.pp) * stats.block_params + stats.vision_params
+    # a vision-language model's tower and projector: units of their own beside the decoder's (pp is refused), whole
+    # on every tp rank (tp slices the language model only)
+    blocks = stage_layers(stats, plan.pp) * stats.block_params
     head = stats.head_params // plan.tp if plan.loss_parallel else stats.head_params
     root = stats.root_params - stats.head_params + head
     if plan.pp > 1:
         root = max(stats.embed_params, head + stats.norm_params)
-    return blocks // plan.tp, root
+    return blocks // plan.tp + stats.vision_params, root
 
 
 def frozen_params(stats: ModelStats, workload: Workload) -> int:

@@ -67,6 +67,7 @@ CASES = {
         {"method": "qlora", "mixed_precision": "bf16"},
         [],
     ),
+    "qwen2_5_vl-fsdp2-tp2": ("qwen2_5_vl", 2, dict(backend="fsdp2", micro_batch_size=2, tp=2), {}, []),
     "llava-ddp-accum2-qlora": (
         "llava",
         2,

@@ -41,7 +41,7 @@ def _error(case: VlmCase) -> float:
 
 def test_the_cases_span_what_the_issue_names():
     assert {c.preset for c in VLM_MEMORY_CASES} == {"qwen2.5-vl-7b", "gemma-3-4b"}
-    assert {c.images for c in TESTED} >= {1, 2, 4} and {c.method for c in TESTED} == {"full", "lora"}
+    assert {c.images for c in TESTED} >= {1, 2, 4} and {c.method for c in TESTED} == {"full", "lora", "qlora"}
     assert min(c.image_size for c in TESTED) == 448 and max(c.image_size for c in TESTED) == 1024
     assert set(DEFAULT_TIER) <= {c.name for c in TESTED}
     config = next(c for c in TESTED if c.name == DEFAULT_TIER[0]).config()  # real widths, trimmed depth

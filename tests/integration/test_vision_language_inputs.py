@@ -129,13 +129,13 @@ CASES = {
         "model.freeze: 'vision_encoder' is not a part of Qwen2_5_VLForConditionalGeneration; its parts are "
         "vision_tower (model.visual), projector (model.visual.merger), language_model (model.language_model)",
     ),
-    "tensor parallelism": (
-        lambda r, f, t: r["parallel"].update(tp=2),
-        "parallel.tp=2 with model.task=image-text-to-text is not built yet",
+    "pipeline parallelism": (
+        lambda r, f, t: r["parallel"].update(pp=2),
+        "parallel.pp=2 with model.task=image-text-to-text is not built yet",
     ),
-    "QLoRA": (
-        lambda r, f, t: r["train"].update(method="qlora", mixed_precision="bf16"),
-        "train.method=qlora with model.task=image-text-to-text is not built yet",
+    "compile": (
+        lambda r, f, t: r["train"].update(compile=True),
+        "train.compile=true with model.task=image-text-to-text is not built yet",
     ),
 }
 

@@ -165,7 +165,7 @@ EXAMPLES: dict[str, Example] = {
     "reference_against_the_method": Example(2, dict(dp_shard=2, reference="adapter_disabled"), objective="dpo"),
     "objective_needs_log_probabilities": Example(2, dict(dp_shard=2), RESNET, images=True, objective="dpo"),
     "preference_with_model_parallelism": Example(2, dict(tp=2), objective="dpo"),
-    "vision_language_with_model_parallelism": Example(4, dict(tp=2, dp_shard=2), vlm=True),
+    "vision_language_with_model_parallelism": Example(4, dict(pp=2, dp_shard=2), vlm=True),
     "vision_language_with_untested_options": Example(2, dict(dp_shard=2), vlm=True, compile=True),
     "offloaded_reference_engines": Example(
         2, dict(backend="ddp", zero_stage=0, dp_replicate=2, grad_reduce=ONCE, reference="offloaded"), objective="ipo"

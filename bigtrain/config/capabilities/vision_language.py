@@ -2,11 +2,13 @@
 (DDP, FSDP2, HSDP, DeepSpeed ZeRO) in full or through LoRA on the language model, with parts frozen
 (``model.freeze``, ``parallel/transforms/freeze.py``).
 
-What splits a decoder's blocks, heads, sequence or vocabulary (tp, pp, cp, ep, the chunked and vocabulary-parallel
-losses) is a row until it is built for these models: the image features are merged into the language model's input
-inside the model's own forward, which the splits do not see. FP8, activation offload, compile and the preference
-objectives are rows until tested on them. QLoRA quantises the linears LoRA adapts, the language model's by default:
-the tower and the projector stay a frozen base in the compute dtype.
+Tensor parallelism slices the language model's blocks by its own layout (the text config's ``base_model_tp_plan``),
+the tower whole on every tp rank. What else splits a decoder's blocks, sequence or vocabulary (pp, cp, ep, sequence
+parallelism, the chunked and vocabulary-parallel losses) is a row until it is built for these models: the image
+features are merged into the language model's input inside the model's own forward, which the splits do not see.
+FP8, activation offload, compile and the preference objectives are rows until tested on them. QLoRA quantises the
+linears LoRA adapts, the language model's by default: the tower and the projector stay a frozen base in the compute
+dtype.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def vision_language_with_model_parallelism(s: Setup) -> str | None:
     if not _vision_language(s):
         return None
     for key, value, default in split_settings(s.plan):
-        if value != default:
+        if value != default and key != "tp":  # tp slices the language model's blocks by its own layout
             return (
                 f"parallel.{key}={str(value).lower()} with model.task={TASK} is not built yet (the image features "
                 "join the language model inside the model's own forward); train it with data parallelism: backend "

@@ -136,6 +136,12 @@ def apply_tensor_parallel(
     ``sequence_parallel``: see ``_apply_sequence_parallel``.
     """
     base = model.base_model  # the decoder under the LM head: the layout's names are relative to it
+    if getattr(hf_config, "vision_config", None) is not None:
+        # a vision-language model: its language model's layout on its language model; the tower stays whole on every
+        # tp rank (each rank of a tp group reads the same images)
+        from bigtrain.config.model_parts import part_module
+
+        base, hf_config = part_module(model, "language_model"), hf_config.get_text_config()
     plan = tp_module_plan(base, tp_layout(hf_config), sequence_parallel)
     if not plan:
         raise RuntimeError(f"the tensor-parallel layout of {type(model).__name__} matched none of its modules")
