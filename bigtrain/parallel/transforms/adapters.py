@@ -58,14 +58,20 @@ def target_modules(model: nn.Module, lora: AdapterConfig) -> list[str] | str:
             )
         return inside
     linears = [name for name, m in model.named_modules() if is_linear(m)]
+    by_name = []  # whether each target names modules by their ending (peft's rule for a list), else by expression
     for target in lora.target_modules:
-        hits = [n for n in linears if names_module(target, n) or re.fullmatch(target, n)]
-        if not hits:
+        by_name.append(any(names_module(target, n) for n in linears))
+        if not by_name[-1] and not any(re.fullmatch(target, n) for n in linears):
             raise ConfigError(
                 f"lora.target_modules: {target!r} names no linear module of this model; its linear modules are "
                 f"{', '.join(inside)} (in every decoder block) and {', '.join(outside) or 'none'} (outside)"
             )
-    return list(lora.target_modules)
+    if all(by_name):
+        return list(lora.target_modules)
+    # peft reads a list as endings only: a regular expression among them goes with the names into one expression
+    targets = zip(lora.target_modules, by_name, strict=True)
+    parts = [rf"(?:.*\.)?{re.escape(t)}" if named else f"(?:{t})" for t, named in targets]
+    return "|".join(parts)
 
 
 def is_target(name: str, targets: list[str] | str) -> bool:
