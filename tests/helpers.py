@@ -311,3 +311,20 @@ def recipe_engine(cfg: Any, world: int = 1, hf_config: Any = None, device: str =
         lambda optimizer: build_scheduler(optimizer, cfg.train),
     )
     return engine, plan
+
+
+def quantize_adapted_bases(model: Any, nf4_shards: int) -> None:
+    """A QLoRA reference's NF4 base, made with torchao's own API (not bigtrain's): every peft LoRA layer's base weight
+    quantised from bf16 with torchao's blocks, 64 values a scale and 256 scales a second-level block, halved until
+    every one of ``nf4_shards`` FSDP2 shards holds whole second-level blocks (only the tiny test widths need that)."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    for layer in [m for m in model.modules() if isinstance(m, LoraLayer)]:
+        base = layer.get_base_layer()
+        scales, scaler_block = base.weight.numel() // 64, 256
+        while scaler_block > 1 and scales % (scaler_block * nf4_shards):
+            scaler_block //= 2
+        nf4 = to_nf4(base.weight.detach().to(torch.bfloat16), 64, scaler_block)
+        base.weight = torch.nn.Parameter(nf4, requires_grad=False)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from cases import TINY_LLAMA
-from helpers import read_metrics, run_torchrun, save_tiny_model, with_sections, write_recipe
+from helpers import quantize_adapted_bases, read_metrics, run_torchrun, save_tiny_model, with_sections, write_recipe
 from shared_launch import WORKER, SharedLaunches, launch_key, selected
 from test_equivalence import (
     BETAS,
@@ -92,18 +92,7 @@ def peft_reference(
         if leak_base and "base_layer" in name:
             param.requires_grad_(True)  # the mistake a frozen-base check must catch
     if qlora:  # the NF4 base made with torchao's own API, not bigtrain's
-        from peft.tuners.lora import LoraLayer
-        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
-
-        for layer in [m for m in model.modules() if isinstance(m, LoraLayer)]:
-            base = layer.get_base_layer()
-            # torchao's blocks: 64 values a scale, 256 scales a second-level block, halved until every one of the
-            # FSDP2 shards holds whole second-level blocks (only the tiny test widths need that)
-            scales, scaler_block = base.weight.numel() // 64, 256
-            while scaler_block > 1 and scales % (scaler_block * nf4_shards):
-                scaler_block //= 2
-            nf4 = to_nf4(base.weight.detach().to(torch.bfloat16), 64, scaler_block)
-            base.weight = torch.nn.Parameter(nf4, requires_grad=False)
+        quantize_adapted_bases(model, nf4_shards)
     model.train()
     trained = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trained, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)

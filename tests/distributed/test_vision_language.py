@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import read_metrics, recipe_dict, shuffled_global_batch, with_sections
+from helpers import quantize_adapted_bases, read_metrics, recipe_dict, shuffled_global_batch, with_sections
 from shared_launch import SharedLaunches, launch_key, selected
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "recipes"))
@@ -222,16 +222,7 @@ def with_adapters(model, nf4_shards: int = 0):
             if ".lora_A." in name:
                 param.copy_(initial_lora_A(own_name(name), tuple(param.shape), SEED))
     if nf4_shards:
-        from peft.tuners.lora import LoraLayer
-        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
-
-        for layer in [m for m in model.modules() if isinstance(m, LoraLayer)]:
-            base = layer.get_base_layer()
-            scales, scaler_block = base.weight.numel() // 64, 256
-            while scaler_block > 1 and scales % (scaler_block * nf4_shards):
-                scaler_block //= 2
-            nf4 = to_nf4(base.weight.detach().to(torch.bfloat16), 64, scaler_block)
-            base.weight = torch.nn.Parameter(nf4, requires_grad=False)
+        quantize_adapted_bases(model, nf4_shards)
     return model
 
 
