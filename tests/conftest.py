@@ -7,6 +7,20 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # so tests can `import helpers`
 
 
+@pytest.fixture(autouse=True)
+def _torch_linear_as_found():
+    """Each test leaves ``F.linear`` as it found it. ``deepspeed.zero.Init`` replaces it for the whole process; a run
+    gives it back when its engine closes (``DeepSpeedZeroEngine.close``), but a test that builds a ZeRO-3 engine
+    itself and drops it would leave ZeRO-3's wrapper to every later test of the process (a QLoRA reference's NF4
+    linears fail in it)."""
+    yield
+    functional = sys.modules.get("torch.nn.functional")
+    if functional is not None:
+        import torch
+
+        functional.linear = torch._C._nn.linear  # what torch.nn.functional defines it as
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """``-m full`` is the full tier: every test (those marked ``full`` and the default tier's), the GPU tier and the

@@ -147,6 +147,18 @@ class DeepSpeedZeroEngine(Engine):
         grad_norm = torch.as_tensor(float("nan") if norm is None else norm, dtype=torch.float32).reshape(())
         return StepResult(grad_norm=grad_norm, lr=lr, skipped=skipped, loss_scale=scale)
 
+    def close(self) -> None:
+        """Give the process torch's own ``F.linear`` back. ``deepspeed.zero.Init`` replaces it with ZeRO-3's wrapper
+        for the whole process ("This will persist unless manually reset"), so whatever runs next in the process (a
+        reference loop, an HF Trainer, another job of a shared launch) would compute its linears through that
+        wrapper: a ZeRO-2 job after a ZeRO-3 one trained Idefics3's vision attention to other values with selective
+        checkpointing, and a QLoRA reference's NF4 linears failed in it."""
+        from deepspeed.runtime.zero.partition_parameters import InsertPostInitMethodToModuleSubClasses as patcher
+
+        original = getattr(patcher, "linear_bk", None)
+        if original is not None:
+            torch.nn.functional.linear = original
+
     def zero_grad(self) -> None:
         pass  # DeepSpeed clears its gradient partitions itself after each boundary step
 
