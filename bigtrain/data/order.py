@@ -13,6 +13,8 @@ so its gradient, are the same; only who computes which changes.
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 
@@ -27,6 +29,7 @@ class GlobalOrder:
         self.seed = seed
         self.costs = None if costs is None or len(np.unique(costs)) <= 1 else np.asarray(costs)
         self._perms: dict[int, np.ndarray] = {}
+        self._dealt: tuple[tuple[int, int], list[np.ndarray]] | None = None  # the last step's bins (rows, positions)
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         if not self.shuffle:
@@ -62,20 +65,28 @@ class GlobalOrder:
         if self.costs is None:
             return values[dp_rank * per_rank : (dp_rank + 1) * per_rank].reshape(-1, micro_batch_size)
         # bin b is micro-step b // dp_size of rank b % dp_size: the costliest rows go to different ranks first
-        bins = balanced(
-            self.costs[self.global_batch(step)], self.global_batch_size // micro_batch_size, micro_batch_size
-        )
+        bins = self._bins(step, micro_batch_size)
         return np.stack([values[bins[dp_rank + dp_size * m]] for m in range(per_rank // micro_batch_size)])
+
+    def _bins(self, step: int, micro_batch_size: int) -> list[np.ndarray]:
+        """Step ``step``'s rows dealt into bins of a micro-batch, once per step (its rows and their positions both
+        read them)."""
+        assert self.costs is not None
+        if self._dealt is None or self._dealt[0] != (step, micro_batch_size):
+            costs = self.costs[self.global_batch(step)]
+            self._dealt = (step, micro_batch_size), balanced(costs, len(costs) // micro_batch_size, micro_batch_size)
+        return self._dealt[1]
 
 
 def balanced(costs: np.ndarray, bins: int, capacity: int) -> list[np.ndarray]:
     """The rows (indices into ``costs``) dealt into ``bins`` bins of ``capacity`` rows: costliest first (the earlier
     row on a tie), each to the bin with the least cost so far that has room (the lower bin on a tie); each bin's
     rows in their own order."""
-    load = np.zeros(bins)
+    open_bins = [(0.0, b) for b in range(bins)]  # (cost so far, bin) of the bins with room: a heap, least first
     members: list[list[int]] = [[] for _ in range(bins)]
     for row in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        chosen = min((b for b in range(bins) if len(members[b]) < capacity), key=lambda b: (load[b], b))
+        load, chosen = heapq.heappop(open_bins)
         members[chosen].append(row)
-        load[chosen] += costs[row]
+        if len(members[chosen]) < capacity:
+            heapq.heappush(open_bins, (load + float(costs[row]), chosen))
     return [np.array(sorted(rows), dtype=np.int64) for rows in members]
