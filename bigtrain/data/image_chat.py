@@ -51,8 +51,9 @@ class ImageChats(IndexedRows):
     index: np.ndarray | None = None  # the conversations of ``ids`` these are, in order; None: all
     image_tokens: int = 0  # over every conversation (the planner's and the table's unit)
     resized: int = 0  # images outside the processor's pixel budget, resized into it
-    pixels: int = 0  # over every image, as the processor sizes it (within its budget): what the planner reads
-    row_pixels: np.ndarray | None = None  # [conversations] each one's images' pixels: what its tower work grows with
+    # [conversations] each one's images' pixels as the processor sizes them (within its budget): what its tower work
+    # grows with, and (over all of them) what the planner reads
+    row_pixels: np.ndarray | None = None
     truncated: int = 0  # never: a longer conversation is refused
     examples: int = 0
     positions: None = None  # never packed
@@ -74,7 +75,8 @@ class ImageChats(IndexedRows):
     def image_side(self) -> int:
         """The side of a square image of the mean size (pixels), as the planner models images."""
         count = sum(map(len, self.images))
-        return round((self.pixels / count) ** 0.5) if count else 0
+        pixels = 0 if self.row_pixels is None else int(self.row_pixels.sum())
+        return round((pixels / count) ** 0.5) if count else 0
 
     def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> ImageChatBatch:
         """Conversations ``rows`` as one micro-batch, their images processed again (as when they were read)."""
@@ -102,7 +104,7 @@ def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, 
     placeholder = placeholder_token(processor)
     never = image_token_ids(processor)
     budget = pixel_budget(processor.image_processor)
-    texts, images, rows, targets, image_tokens, resized, pixels = [], [], [], [], 0, 0, 0
+    texts, images, rows, targets, image_tokens, resized = [], [], [], [], 0, 0
     row_pixels: list[int] = []
     too_long: list[tuple[str, int]] = []
     for where, record in records:
@@ -126,7 +128,6 @@ def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, 
         marked = _expanded_targets(processor.tokenizer, text, spans, ids, where)
         marked = [m and i not in never for m, i in zip(marked, ids, strict=True)]
         image_tokens += ids.count(processor.image_token_id)
-        pixels += own
         row_pixels.append(own)
         texts.append(text)
         images.append([_resolved(p, root) for p in pictures])  # read again from any working directory
@@ -152,7 +153,6 @@ def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, 
         description=f"{path} ({count} conversations, {sum(map(len, images))} images, {image_tokens} image tokens)",
         image_tokens=image_tokens,
         resized=resized,
-        pixels=pixels,
         row_pixels=np.asarray(row_pixels, dtype=np.int64),
         examples=count,
     )
