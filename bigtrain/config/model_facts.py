@@ -38,11 +38,12 @@ class ModelFacts:
 
     @classmethod
     def of(cls, hf_config: Any) -> ModelFacts:
+        from bigtrain.config.model_parts import language_config
         from bigtrain.config.tasks import layer_kinds, task_of
 
         # a classifier may have no attention, layers or vocabulary (a CNN): 0 where the config has none; a
         # vision-language model's are its language model's (what tp slices, what the loss reads)
-        whole, hf_config = hf_config, _language_config(hf_config)
+        whole, hf_config = hf_config, language_config(hf_config)
         heads = getattr(hf_config, "num_attention_heads", 0) or 0
         tp_plan = getattr(hf_config, "base_model_tp_plan", None) or {}
         batch_norm, convolutional = layer_kinds(whole)
@@ -66,10 +67,3 @@ class ModelFacts:
             batch_norm=batch_norm,
             convolutional=convolutional,
         )
-
-
-def _language_config(hf_config: Any) -> Any:
-    """A vision-language model's text config; any other model's config as it is."""
-    if getattr(hf_config, "vision_config", None) is None:
-        return hf_config
-    return hf_config.get_text_config()

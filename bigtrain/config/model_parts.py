@@ -40,6 +40,14 @@ def part_modules(model: Any) -> dict[str, str]:
     return found
 
 
+def language_config(hf_config: Any) -> Any:
+    """The config of what a model's rows go through: a vision-language model's text config (its language model's
+    heads, layers, vocabulary and tp layout); any other model's config as it is."""
+    if getattr(hf_config, "vision_config", None) is None:
+        return hf_config
+    return hf_config.get_text_config()
+
+
 def part_module(model: Any, part: str) -> Any:
     """The module of one part (``PARTS``) of ``model``."""
     return model.get_submodule(part_modules(model)[part])

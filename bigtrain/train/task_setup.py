@@ -65,7 +65,7 @@ def check_model_against_rows(cfg: RecipeConfig, hf_config: Any, seq_len: int, is
     attn_implementation fails here, and it shows the position embedding), the lora section's module names and
     model.freeze's against the model, the row length against the language model's positions."""
     from bigtrain.config.hf import one_block
-    from bigtrain.config.model_parts import frozen_parameters, part_module
+    from bigtrain.config.model_parts import frozen_parameters, language_config, part_module
     from bigtrain.config.schema import ADAPTER_METHODS
     from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
     from bigtrain.models.build import build_meta_model
@@ -84,7 +84,7 @@ def check_model_against_rows(cfg: RecipeConfig, hf_config: Any, seq_len: int, is
         )
     if cfg.model.freeze:
         frozen_parameters(probe, cfg.model.freeze)  # a name the model lacks: one line listing what it has
-    text_config = hf_config.get_text_config() if vision_language else hf_config
+    text_config = language_config(hf_config)
     # the rows are the language model's (a vision tower has positions of its own)
     positions = part_module(probe, "language_model") if vision_language else probe
     check_sequence_length(text_config, positions, seq_len, is_main=is_main)

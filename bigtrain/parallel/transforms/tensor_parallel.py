@@ -31,6 +31,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from bigtrain.config.hf import tp_layout
+from bigtrain.config.model_parts import language_config, part_module
 from bigtrain.parallel.transforms.base import BuildContext, BuiltModel, Transform
 
 
@@ -136,13 +137,12 @@ def apply_tensor_parallel(
     ``sequence_parallel``: see ``_apply_sequence_parallel``.
     """
     base = model.base_model  # the decoder under the LM head: the layout's names are relative to it
-    if getattr(hf_config, "vision_config", None) is not None:
+    text_config = language_config(hf_config)
+    if text_config is not hf_config:
         # a vision-language model: its language model's layout on its language model; the tower stays whole on every
         # tp rank (each rank of a tp group reads the same images)
-        from bigtrain.config.model_parts import part_module
-
-        base, hf_config = part_module(model, "language_model"), hf_config.get_text_config()
-    plan = tp_module_plan(base, tp_layout(hf_config), sequence_parallel)
+        base = part_module(model, "language_model")
+    plan = tp_module_plan(base, tp_layout(text_config), sequence_parallel)
     if not plan:
         raise RuntimeError(f"the tensor-parallel layout of {type(model).__name__} matched none of its modules")
     parallelize_module(base, tp_mesh, plan)
