@@ -98,6 +98,25 @@ def start(path: Path, out: Path, log, *sets: str) -> subprocess.Popen:
     )
 
 
+def signal_a_worker(path: Path, out: Path, log_path: Path, sig: signal.Signals, timeout: float) -> tuple:
+    """Start the job, send ``sig`` to its last worker after 4 steps, and wait for the launcher: (its exit code, seconds
+    from the signal to its exit, the worker's pid, what the terminal showed). Nothing of the job is left running."""
+    with open(log_path, "w") as log:
+        job = start(path, out, log)
+        try:
+            wait_for_steps(out, 4, job)
+            victim = workers_of(out)[-1]
+            os.kill(victim, sig)
+            started = time.monotonic()
+            code = job.wait(timeout=timeout)
+            took = time.monotonic() - started
+        finally:
+            job.kill()
+            for pid in workers_of(out):
+                os.kill(pid, signal.SIGKILL)
+    return code, took, victim, log_path.read_text()
+
+
 def test_a_deepspeed_run_prints_its_plan_progress_and_summary_only(rows, tmp_path):
     """84,164 lines of deprecation warnings for a DeepSpeed ZeRO-3 run before: now ≤ 40 lines for 20 steps."""
     path = recipe(rows, tmp_path, steps=20, every=10, backend="deepspeed")
@@ -229,18 +248,7 @@ def test_workers_do_not_outlive_a_launcher_killed_outright(rows, tmp_path):
 
 def test_a_worker_killed_outright_is_named_with_the_last_good_checkpoint(rows, tmp_path):
     path, out = recipe(rows, tmp_path, every=2), tmp_path / "out"
-    with open(tmp_path / "log", "w") as log:
-        job = start(path, out, log)
-        try:
-            wait_for_steps(out, 4, job)
-            victim = workers_of(out)[-1]
-            os.kill(victim, signal.SIGKILL)
-            started = time.monotonic()
-            code = job.wait(timeout=60)
-            took = time.monotonic() - started
-        finally:
-            job.kill()
-    text = (tmp_path / "log").read_text()
+    code, took, victim, text = signal_a_worker(path, out, tmp_path / "log", signal.SIGKILL, timeout=60)
     assert code != 0 and took < 60
     assert "Traceback" not in text and "terminate called" not in text, text[-3000:]
     said = [line for line in lines_of(text) if line.startswith("bigtrain: error")]
@@ -258,20 +266,7 @@ def test_a_rank_that_stops_answering_ends_the_job_within_the_timeout_and_is_name
     names it, exit 7. Before: 78 lines of rank 0's gloo traceback, then 'rank 1 was killed by SIGKILL'."""
     timeout_s = 8
     path, out = recipe(rows, tmp_path, every=2, collective_timeout_s=timeout_s), tmp_path / "out"
-    with open(tmp_path / "log", "w") as log:
-        job = start(path, out, log)
-        try:
-            wait_for_steps(out, 4, job)
-            victim = workers_of(out)[-1]
-            os.kill(victim, signal.SIGSTOP)
-            started = time.monotonic()
-            code = job.wait(timeout=timeout_s + 60)
-            took = time.monotonic() - started
-        finally:
-            job.kill()
-            for pid in workers_of(out):
-                os.kill(pid, signal.SIGKILL)
-    text = (tmp_path / "log").read_text()
+    code, took, victim, text = signal_a_worker(path, out, tmp_path / "log", signal.SIGSTOP, timeout=timeout_s + 60)
     assert code == 7 and took < timeout_s + 45, (code, took, text[-3000:])
     assert "Traceback" not in text and "[rank" not in text, text[-3000:]
     said = [line for line in lines_of(text) if line.startswith("bigtrain: error")]
