@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # so tests can `import helpers`
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # so tests can `import helpers`
+from tiers import stale_entries, tier_of  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -23,8 +25,19 @@ def _torch_linear_as_found():
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """``-m full`` is the full tier: every test (those marked ``full`` and the default tier's), the GPU tier and the
-    benchmarks aside. Asked for exactly so, every such test is marked ``full`` before pytest selects by marker."""
+    """``-m full`` is every test (the default tier's, those marked ``full`` and those marked ``extended``), the GPU
+    tier and the benchmarks aside. Asked for exactly so, every such test is marked ``full`` before pytest selects by
+    marker. CI runs the default tier, then ``-m "full and not bench and not extended"``: the tests marked ``full``
+    themselves. ``tests/tiers.py`` marks the tests its lists name (docs/testing.md says why a third tier exists: CI's
+    time)."""
+    ids = {item: f"{Path(item.path).relative_to(ROOT).as_posix()}::{item.nodeid.split('::', 1)[1]}" for item in items}
+    for item, test_id in ids.items():
+        tier = tier_of(test_id)
+        if tier is not None:
+            item.add_marker(getattr(pytest.mark, tier))
+    unmatched = stale_entries(ids.values())
+    if unmatched:
+        raise pytest.UsageError(f"tests/tiers.py names tests that do not exist: {', '.join(unmatched)}")
     if config.option.markexpr.strip() != "full":
         return
     for item in items:
