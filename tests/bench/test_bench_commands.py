@@ -1,5 +1,5 @@
 """docs/accuracy.md's CPU benchmark commands (its ``bench-*`` blocks), run as written: ``python -m pytest -m bench``
-(about 30 minutes on 2 cores; not in the CI suite, whose memory tests assert the same cases as memory_matrix.py).
+(about 30 minutes on 2 cores; not in the CI suite: its extended tier asserts the same cases as memory_matrix.py).
 Each benchmark rewrites its results in bench/results/, as its doc says."""
 
 from __future__ import annotations

@@ -264,7 +264,8 @@ AVX2_COMPILE_NAN = (
 )
 
 
-# the full tier adds hybrid sharding, compile, ZeRO-2, checkpointed FSDP2 ZeRO-2 and ZeRO-3 with offload
+# the full tier (or the extended one: tests/tiers.py) adds hybrid sharding, compile, ZeRO-2, checkpointed FSDP2 ZeRO-2
+# and ZeRO-3 with offload
 ADAPTER_FULL_ONLY = (
     "hsdp-2x2-accum2",
     "1rank-compile-accum2",
@@ -356,7 +357,8 @@ def qlora_inputs(data):
     return get
 
 
-@pytest.mark.parametrize(  # the full tier adds the 2-rank launch (DDP and FSDP2 over the same NF4 base)
+# the full tier (or the extended one: tests/tiers.py) adds the 2-rank launch (DDP and FSDP2 over the same NF4 base)
+@pytest.mark.parametrize(
     "name", [n if n == "1rank-accum4" else pytest.param(n, marks=pytest.mark.full) for n in QLORA_PLANS]
 )
 def test_qlora_matches_a_peft_loop_over_the_same_nf4_base(name, qlora_inputs, shared_runs):

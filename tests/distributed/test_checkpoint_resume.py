@@ -95,7 +95,8 @@ def final_weights(output_dir) -> dict[str, torch.Tensor]:
     return load_file(str(output_dir / "model" / "model.safetensors"))
 
 
-@pytest.mark.parametrize(  # one per engine in the default tier (DDP is the torch-native engine's too: full tier)
+# one per engine in the default tier (DDP is the torch-native engine's too; tests/tiers.py moves cases between tiers)
+@pytest.mark.parametrize(
     "backend", ["fsdp2", pytest.param("ddp", marks=pytest.mark.full), "deepspeed"]
 )
 def test_resume_on_the_same_plan_continues_exactly(backend, straight, tmp_path):
@@ -131,7 +132,8 @@ def test_a_2rank_deepspeed_checkpoint_resumes_on_one_rank(overrides, straight, t
     compare(tmp_path / "resumed", out, RESHARD_RTOL)
 
 
-# the default tier resumes on one rank; the full tier on every other world and plan (and engine)
+# the default tier resumes on one rank; the full or the extended tier (tests/tiers.py) on every other world and plan
+# (and engine)
 RESHARD_DEFAULT = ("fsdp2-1rank",)
 
 

@@ -60,7 +60,9 @@ def launches(cp_inputs, tmp_path_factory, request):
     return lambda name: shared.get(name, cases)
 
 
-@pytest.mark.parametrize(  # the full tier adds cp alone on two ranks (the others run it with dp_shard and with ddp)
+# the full tier (or the extended one: tests/tiers.py) adds cp alone on two ranks (the others run it with dp_shard and
+# with ddp)
+@pytest.mark.parametrize(
     "name", [pytest.param(n, marks=pytest.mark.full) if n == "fsdp2-cp2-accum4" else n for n in CP_PLANS]
 )
 def test_context_parallel_matches_the_single_process_loop(name, cp_inputs, launches):

@@ -5,8 +5,8 @@ converts the same linears the transform's rule converts (every linear of the blo
 multiples of 16; not the LM head) with ``convert_to_float8_training`` and runs one forward per row: dynamic scales are
 computed per forward (one per tensor under tensorwise scaling), so the reference cuts the batch as the plans do
 (micro-batches of one row), and the objective is still the cross-entropy summed over the global batch's labelled
-tokens over their count. 1 rank and FSDP2 x 2, tensorwise and rowwise; the full tier adds DDP x 2, FSDP2 with its
-parameters offloaded and hybrid sharding (2 x 2).
+tokens over their count. FSDP2 x 2, tensorwise and rowwise, in the default tier; the others (tests/tiers.py) add 1 rank,
+DDP x 2, FSDP2 with its parameters offloaded and hybrid sharding (2 x 2).
 
 Compared: the first FP8_EXACT_STEPS steps' loss and gradient norm within 1e-5 (3 under tensorwise, 1 under rowwise). After them the runs part, by design of
 FP8 and not of the plans: measured on tensorwise, steps 1-3 agree within 2e-7 on 1 rank and on FSDP2 x 2 (the float32
@@ -52,8 +52,8 @@ PLANS = {
             offload_activations=True,
         ),
     ),
-    # the full tier adds DDP with each checkpointing and activation offload, FSDP2 with its parameters offloaded,
-    # and hybrid sharding
+    # the other tiers (tests/tiers.py) add DDP with each checkpointing and activation offload, FSDP2 with its
+    # parameters offloaded, and hybrid sharding
     "ddp-2ranks-mb1-accum4-ac-selective": (
         2,
         dict(backend="ddp", micro_batch_size=1, activation_checkpointing="selective"),

@@ -65,7 +65,9 @@ def routed(tmp_path_factory):
     return root / "rows.npy", rows, model_dir, *routed_reference(model_dir, rows, ROUTED_MIXTRAL["router_aux_loss_coef"])
 
 
-@pytest.mark.parametrize(  # the full tier adds DeepSpeed ZeRO-3 (the router loss under DeepSpeed's own backward)
+# the full tier (or the extended one: tests/tiers.py) adds DeepSpeed ZeRO-3 (the router loss under DeepSpeed's own
+# backward)
+@pytest.mark.parametrize(
     "name", [pytest.param(n, marks=pytest.mark.full) if n.startswith("deepspeed") else n for n in MOE_PLANS]
 )
 def test_moe_with_its_router_loss_matches_the_single_process_loop(name, routed, tmp_path):

@@ -42,7 +42,7 @@ def _simulated_peak(index: int) -> tuple[str, int]:
 
 
 # Cases that together trip every term below when it is 25% off (found by a greedy cover over all 66 cases): the
-# default tier simulates these; the full tier all of them.
+# default tier simulates these; the extended tier (tests/tiers.py) all of them.
 MUTATION_CASES = (
     "llama-3-8b/2L-ddp0-N8-full-mb1-L2048-B16-bf16",
     "llama-3-8b/4L-fsdp23-N8-chunk4096-offload-none-mb1-L16384-B8-bf16-every_micro_step",
@@ -130,7 +130,8 @@ def _scaled(fn: Callable[..., Any], factor: float) -> Callable[..., Any]:
 
 
 # The planner's terms, each one function of planner/memory_terms.py or data_parallel_memory.py (and wherever another
-# estimate imported it). Not listed: the final norm's and embedding output's activations and the optimizer's temporary, each
+# estimate imported it). Not listed: the final norm's and embedding output's activations and the optimizer's temporary,
+# each
 # at most a fifth of any peak here, so that 25% of them moves no prediction by more than 5%.
 TERMS = [
     "stage_params",  # the parameters a rank holds: every model-state term and the gathered copies

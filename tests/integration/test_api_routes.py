@@ -23,7 +23,7 @@ from helpers import (
     write_recipe,
 )
 
-pytestmark = pytest.mark.full  # the full tier (python -m pytest -m full; docs/testing.md)
+pytestmark = pytest.mark.full  # the full tier; tests/tiers.py moves some beyond CI (docs/testing.md)
 
 TOLERANCE = 1e-4  # loss and gradient norm, per step
 # the final weights: the mean absolute difference over every element. Not the largest: Adam's first steps move a

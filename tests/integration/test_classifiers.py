@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import read_metrics, recipe_dict, run_cli, run_torchrun, write_recipe
 
-pytestmark = pytest.mark.full  # the full tier (docs/testing.md)
+pytestmark = pytest.mark.full  # the full tier; tests/tiers.py moves some beyond CI (docs/testing.md)
 
 RESNET = dict(model_type="resnet", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
 

@@ -17,7 +17,7 @@ import uuid
 import pytest
 from helpers import REPO, docs_commands, free_port, read_metrics, recipe_dict, run_torchrun, save_rows, write_recipe
 
-pytestmark = pytest.mark.full  # the full tier (python -m pytest -m full; docs/testing.md)
+pytestmark = pytest.mark.full  # the full tier; tests/tiers.py moves some beyond CI (docs/testing.md)
 
 STEPS = 4
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, docs_commands, run_cli
 
-pytestmark = pytest.mark.full  # the full tier (python -m pytest -m full; docs/testing.md)
+pytestmark = pytest.mark.full  # the full tier; tests/tiers.py moves some beyond CI (docs/testing.md)
 
 def test_probe_over_two_ranks_writes_a_profile_the_planner_uses(tmp_path: Path, cli_in_process):
     out = tmp_path / "profile.json"

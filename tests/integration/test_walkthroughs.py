@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, docs_commands
 
-pytestmark = pytest.mark.full  # the full tier (python -m pytest -m full; docs/testing.md)
+pytestmark = pytest.mark.full  # the full tier; tests/tiers.py moves some beyond CI (docs/testing.md)
 
 
 def run_as_written(commands: list[str], folder: Path) -> list[subprocess.CompletedProcess]:
