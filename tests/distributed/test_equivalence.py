@@ -377,8 +377,7 @@ def launches(data, models, tmp_path_factory, request):
 
 # The default tier keeps one case per engine and capability on Llama's layout (and one mixture with expert
 # parallelism); the full tier (or the extended one: tests/tiers.py) adds the other families, the second reduction mode
-# of hybrid sharding, the other
-# schedules and the companions tp runs with one at a time.
+# of hybrid sharding, the other schedules and the companions tp runs with one at a time.
 FULL_ONLY = {
     ("llama-tied", "1rank-no-accum"),
     ("llama-tied", "hsdp-2x2-reduce-once"),

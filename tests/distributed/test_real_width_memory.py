@@ -131,8 +131,7 @@ def _scaled(fn: Callable[..., Any], factor: float) -> Callable[..., Any]:
 
 # The planner's terms, each one function of planner/memory_terms.py or data_parallel_memory.py (and wherever another
 # estimate imported it). Not listed: the final norm's and embedding output's activations and the optimizer's temporary,
-# each
-# at most a fifth of any peak here, so that 25% of them moves no prediction by more than 5%.
+# each at most a fifth of any peak here, so that 25% of them moves no prediction by more than 5%.
 TERMS = [
     "stage_params",  # the parameters a rank holds: every model-state term and the gathered copies
     "block_activation_bytes_per_token",  # what autograd keeps per block and token
