@@ -30,12 +30,12 @@ def pytest_collection_modifyitems(config, items):
     marker. CI runs the default tier, then ``-m "full and not bench and not extended"``: the tests marked ``full``
     themselves. ``tests/tiers.py`` marks the tests its lists name (docs/testing.md says why a third tier exists: CI's
     time)."""
-    ids = {item: f"{Path(item.path).relative_to(ROOT).as_posix()}::{item.nodeid.split('::', 1)[1]}" for item in items}
+    ids = {item: f"{item.path.relative_to(ROOT).as_posix()}::{item.nodeid.split('::', 1)[1]}" for item in items}
     for item, test_id in ids.items():
         tier = tier_of(test_id)
         if tier is not None:
             item.add_marker(getattr(pytest.mark, tier))
-    unmatched = stale_entries(ids.values())
+    unmatched = stale_entries(ids.values(), ROOT)
     if unmatched:
         raise pytest.UsageError(f"tests/tiers.py names tests that do not exist: {', '.join(unmatched)}")
     if config.option.markexpr.strip() != "full":

@@ -12,12 +12,14 @@ pytest names it) are marked here by ``tests/conftest.py`` before selection:
   resumes onto every other plan. Whoever changes what one of them covers runs ``-m extended`` on its module before
   closing the issue; docs/testing.md lists what each tier holds and what it took.
 
-An id that names no test of a module pytest collected fails the run (``stale_entries``), so the lists cannot rot.
+An id whose module is gone, or that names no test of a module pytest collected, fails the run (``stale_entries``),
+so the lists cannot rot.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 FULL = (
     "tests/distributed/test_checkpoint_resume.py::test_resume_on_the_same_plan_continues_exactly[deepspeed]",
@@ -163,15 +165,17 @@ def tier_of(nodeid: str) -> str | None:
     return None
 
 
-def stale_entries(collected: Iterable[str]) -> list[str]:
-    """The entries that name no test among ``collected`` although their module was collected."""
+def stale_entries(collected: Iterable[str], root: Path) -> list[str]:
+    """The entries whose module is not a file under ``root`` (the repository), or names no test among ``collected``
+    although their module was collected (a run of some modules judges only theirs)."""
     ids = list(collected)
     modules = {test_id.split("::", 1)[0] for test_id in ids}
-    return [
-        entry
-        for entry in (*FULL, *EXTENDED)
-        if entry.split("::", 1)[0] in modules and not any(_names(test_id, entry) for test_id in ids)
-    ]
+    stale = []
+    for entry in (*FULL, *EXTENDED):
+        module = entry.split("::", 1)[0]
+        if not (root / module).is_file() or (module in modules and not any(_names(i, entry) for i in ids)):
+            stale.append(entry)
+    return stale
 
 
 def _names(nodeid: str, entry: str) -> bool:

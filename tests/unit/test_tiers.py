@@ -1,7 +1,8 @@
-"""tests/tiers.py: which ids it marks, and that its two lists do not name the same test."""
+"""tests/tiers.py: which ids it marks, that its two lists do not name the same test, and that a stale entry is reported."""
 
 from __future__ import annotations
 
+from helpers import REPO
 from tiers import EXTENDED, FULL, stale_entries, tier_of
 
 
@@ -26,6 +27,8 @@ def test_no_test_is_named_by_both_lists_and_a_stale_entry_is_reported():
     assert not set(FULL) & set(EXTENDED)
     entry = "tests/integration/test_generate.py::test_a_lora_run_s_adapter_continues_a_prompt_on_its_base"
     other = "tests/integration/test_generate.py::test_a_folder_without_a_model_is_one_line"
-    assert entry in stale_entries([other])  # its module collected, the test gone (renamed): reported
-    assert entry not in stale_entries([other, f"{entry}"])
-    assert entry not in stale_entries(["tests/unit/test_planner.py::test_x"])  # its module not collected: not judged
+    assert entry in stale_entries([other], REPO)  # its module collected, the test gone (renamed): reported
+    assert entry not in stale_entries([other, entry], REPO)
+    assert entry not in stale_entries(["tests/unit/test_planner.py::test_x"], REPO)  # its module not collected
+    assert stale_entries([], REPO) == []  # every module the lists name exists
+    assert entry in stale_entries([], REPO / "elsewhere")  # a module that is not there (moved, deleted): reported
