@@ -6,6 +6,8 @@
   default and its documentation, as ``load_recipe`` reads them;
 - the capability matrix (``README.md``) from the capability table (``bigtrain/config/capabilities``) and the
   planner's search: for every feature and engine, whether the trainer runs it, and whether ``plan: auto`` offers it;
+  and the task and objective tables from their specs (``bigtrain/tasks``, ``bigtrain/objectives``): what each trains
+  and what of the matrix it does not run with, asked of the same table with its example model;
 - the capability records and the transform order (``docs/architecture.md``) from ``CAPABILITIES`` and ``ORDER``.
 ``tests/unit/test_docs.py`` fails when a file holds something else than what this script writes.
 """
@@ -134,8 +136,8 @@ def _plan(base: dict[str, Any], fields: dict[str, Any]) -> Plan:
 MOE_MODEL = dict(MODEL, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)
 
 
-def _cell(plan: Plan, train: TrainConfig, facts: ModelFacts) -> str:
-    problem = first_problem(Setup(plan, train, facts))
+def _cell(plan: Plan, train: TrainConfig, facts: ModelFacts, job: Any = None) -> str:
+    problem = first_problem(Setup(plan, train, facts, job=job))
     if problem is None:
         return "yes"
     return "not yet" if problem.rule.kind == "not_built" else "–"
@@ -157,46 +159,82 @@ def _planner_offers(fields: dict[str, Any], train_fields: dict[str, Any]) -> str
     return "yes" if any(c.runnable for c in candidates) else "no"
 
 
-# the classifiers' rows are asked of a tiny ResNet (BatchNorm); the last column is what the classifier planner
-# (planner/classifier_plan.py) weighs: DDP, FSDP2 and ZeRO with their micro-batch, nothing else
-CLASSIFIER = dict(model_type="resnet", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
-CLASSIFIER_FEATURES: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
-    ("image / sequence classification (`model.task`), with accumulation", dict(micro_batch_size=1), {}, "yes"),
-    ("+ hybrid sharding", dict(dp_replicate=2, dp_shard=2), {}, "no (classifier plans: ddp, fsdp2, zero)"),
-    ("+ activation checkpointing (BatchNorm: ResNet)", dict(activation_checkpointing="full"), {}, "no (not built)"),
-    ("+ activation checkpointing (no BatchNorm: ViT, BERT)", dict(activation_checkpointing="full"), {}, "yes"),
-    ("+ LoRA (ViT, BERT: the blocks' linears; the head trained fully)", {}, dict(method="lora"), "no"),
-    ("+ `train.compile` (no BatchNorm: ViT, BERT)", {}, dict(compile=True), "no"),
-]
-VIT = dict(model_type="vit", image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
-# vision-language rows are asked of a tiny LLaVA; the planner does not model vision towers yet
-VLM = dict(
-    model_type="llava",
-    text_config=dict(model_type="llama", hidden_size=32, num_hidden_layers=2, num_attention_heads=4, vocab_size=300),
-    vision_config=dict(model_type="clip_vision_model", hidden_size=32, num_hidden_layers=2, num_attention_heads=2),
-)
-VLM_FEATURES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
-    ("vision-language chat models (`model.task: image-text-to-text`), with accumulation", dict(micro_batch_size=1), {}),
-    ("+ LoRA on the language model (`model.freeze` for full fine-tuning)", {}, dict(method="lora")),
-    ("+ activation checkpointing (vision blocks and decoder layers)", dict(activation_checkpointing="full"), {}),
-    ("+ tensor parallel (the language model's own layout; the tower whole on each rank)", dict(tp=2), {}),
-    ("+ pipeline, context or expert parallel, sequence or loss parallel", dict(pp=2), {}),
-    ("+ QLoRA (the language model's adapted linears in NF4)", {}, dict(method="qlora", mixed_precision="bf16")),
-    ("+ FP8, compile", {}, dict(fp8="rowwise")),
-]
-
-
-def _classifier_facts(config: dict[str, Any] = CLASSIFIER, task: str = "image-classification") -> ModelFacts:
+def _job_of(task: Any, objective: str = "auto") -> tuple[ModelFacts, Any]:
+    """The facts of a task's example model (``TaskSpec.example``) and the job's facts, resolved as start-up does."""
     from bigtrain.config.schema import ModelConfig
+    from bigtrain.job import resolve_job
     from bigtrain.models.build import load_hf_config
 
-    return ModelFacts.of(load_hf_config(ModelConfig(config=config, task=task)))
+    model = ModelConfig(config=dict(task.example), task=task.name)
+    cfg = RecipeConfig(model=model, train=TrainConfig(objective=objective))
+    job, hf_config = resolve_job(cfg, load_hf_config(cfg.model))
+    extra = job.task.model_facts(hf_config) if job.task.model_facts is not None else {}
+    return ModelFacts.of(hf_config, **extra), job
+
+
+def _refused(facts: ModelFacts, job: Any) -> list[str]:
+    """The matrix's features no engine runs for this model and job (each row's name, without its details); expert
+    parallelism asked of a mixture's facts, as in the matrix."""
+    moe = ModelFacts.of(hf_config_from_dict(MOE_MODEL))
+    out = []
+    for name, fields, train_fields in FEATURES:
+        train = TrainConfig(global_batch_size=8, objective=job.facts.objective, **train_fields)
+        model = moe if "ep" in fields else facts
+        cells = [_cell(_plan(base, fields), train, model, job.facts) for base in ENGINES.values()]
+        if "yes" not in cells:
+            out.append(name.split(" (")[0].lstrip("+ "))
+    return out
+
+
+def task_table() -> str:
+    """One row per task spec (``bigtrain/tasks``): what it trains, its unit, the objectives built for it, and what of
+    the matrix above no engine runs for it (asked of the table with its example model and its default objective)."""
+    from bigtrain.objectives import OBJECTIVES
+    from bigtrain.tasks import TASKS
+
+    rows = [
+        "| `model.task` | what it trains | throughput | objectives (`train.objective`) | not built with its example |",
+        "|---|---|---|---|---|",
+    ]
+    for task in TASKS.values():
+        facts, job = _job_of(task)
+        built = [o.name for o in OBJECTIVES.values() if o.reads == task.outputs]
+        built = [o for o in built if task.built_objectives is None or o in task.built_objectives]
+        objectives = ", ".join(f"**{o}**" if o == task.default_objective else o for o in built)
+        refused = ", ".join(_refused(facts, job)) or "–"
+        example = f" (example: {facts.model_type})"
+        rows.append(f"| `{task.name}` | {task.summary} | {task.unit}/s | {objectives} | {refused}{example} |")
+    return "\n".join(rows)
+
+
+def objective_table() -> str:
+    """One row per objective spec (``bigtrain/objectives``): what it minimises, what it reads of a model, the roles
+    it needs (plan dimensions) and what of the matrix above no engine runs with it (on the first task it applies to)."""
+    from bigtrain.objectives import OBJECTIVES
+    from bigtrain.tasks import TASKS
+
+    rows = [
+        "| `train.objective` | what it minimises | reads | roles | not built with it |",
+        "|---|---|---|---|---|",
+    ]
+    for objective in OBJECTIVES.values():
+        takers = [t for t in TASKS.values() if t.outputs == objective.reads
+                  and (t.built_objectives is None or objective.name in t.built_objectives)]  # fmt: skip
+        # the task it is the default of that takes every objective of its outputs, else any it is the default of
+        own = [t for t in takers if t.default_objective == objective.name]
+        task = next((t for t in own if t.built_objectives is None), (own or takers)[0])
+        facts, job = _job_of(task, objective.name)
+        roles = ", ".join(f"`parallel.{r}`" for r in objective.roles) or "–"
+        refused = ", ".join(_refused(facts, job)) or "–"
+        rows.append(
+            f"| `{objective.name}` | {objective.summary} | {objective.reads} | {roles} | {refused} (on {task.name}) |"
+        )
+    return "\n".join(rows)
 
 
 def capability_matrix() -> str:
     facts = ModelFacts.of(hf_config_from_dict(MODEL))
     moe_facts = ModelFacts.of(hf_config_from_dict(MOE_MODEL))
-    classifier = _classifier_facts()
     rows = [
         "| feature | " + " | ".join(ENGINES) + " | `plan: auto` |",
         "|---|" + "---|" * (len(ENGINES) + 1),
@@ -206,28 +244,20 @@ def capability_matrix() -> str:
         model = moe_facts if "ep" in fields else facts
         cells = [_cell(_plan(base, fields), train, model) for base in ENGINES.values()]
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {_planner_offers(fields, train_fields)} |")
-    vit = _classifier_facts(VIT)
-    for name, fields, train_fields, offered in CLASSIFIER_FEATURES:
-        train = TrainConfig(global_batch_size=8, **train_fields)
-        model = vit if "ViT" in name else classifier
-        cells = [_cell(_plan(base, fields), train, model) for base in ENGINES.values()]
-        rows.append(f"| {name} | " + " | ".join(cells) + f" | {offered} |")
-    vlm = _classifier_facts(VLM, "image-text-to-text")
-    for name, fields, train_fields in VLM_FEATURES:
-        train = TrainConfig(global_batch_size=8, **train_fields)
-        cells = [_cell(_plan(base, fields), train, vlm) for base in ENGINES.values()]
-        rows.append(f"| {name} | " + " | ".join(cells) + " | no (not modelled yet) |")
-    for c in CAPABILITIES:  # the keys records bring: asked of the LM, or of the classifier when the LM refuses them
+    from bigtrain.tasks import TASKS
+
+    examples = [_job_of(task) for task in TASKS.values()]
+    for c in CAPABILITIES:  # the keys records bring: asked of the first task's example model that takes them
         for o in (o for o in c.options if o.example is not None):  # settings without an example tune a row above
             fields, train = {o.name: o.example}, TrainConfig(global_batch_size=8)
-            lm = first_problem(Setup(_plan(ENGINES["DDP"], fields), train, facts))
-            model, offers = facts, None
-            if lm is not None and lm.rule in c.rules:
-                model, offers = classifier, "plans for it"  # the recipe's value, kept by plan: auto
-            cells = [_cell(_plan(base, fields), train, model) for base in ENGINES.values()]
-            rows.append(
-                f"| {c.summary} (`{o.key}`) | " + " | ".join(cells) + f" | {offers or _planner_offers(fields, {})} |"
-            )
+            model, job = next(
+                ((f, j) for f, j in examples if first_problem(Setup(_plan(ENGINES["DDP"], fields), train, f,
+                                                                    job=j.facts)) is None),
+                examples[0],
+            )  # fmt: skip
+            offers = _planner_offers(fields, {}) if job.task.name == examples[0][1].task.name else "plans for it"
+            cells = [_cell(_plan(base, fields), train, model, job.facts) for base in ENGINES.values()]
+            rows.append(f"| {c.summary} (`{o.key}`) | " + " | ".join(cells) + f" | {offers} |")
     return "\n".join(rows)
 
 
@@ -263,7 +293,11 @@ def transform_order() -> str:
 # ---- writing them ---------------------------------------------------------------------------------------------------
 BLOCKS = {
     ROOT / "docs" / "recipes.md": {"key-table": key_table},
-    ROOT / "README.md": {"capability-matrix": capability_matrix},
+    ROOT / "README.md": {
+        "capability-matrix": capability_matrix,
+        "task-table": task_table,
+        "objective-table": objective_table,
+    },
     ROOT / "docs" / "architecture.md": {"capability-list": capability_list, "transform-order": transform_order},
 }
 

@@ -38,7 +38,7 @@ from bigtrain.api.same_run import (
 from bigtrain.config.load import load_recipe
 from bigtrain.data.labels import IGNORE_INDEX
 from bigtrain.models.build import load_hf_config
-from bigtrain.objectives.causal_lm import labeled_loss_sum
+from bigtrain.losses.causal_lm import labeled_loss_sum
 from bigtrain.train.optim import build_optimizer, build_scheduler
 
 

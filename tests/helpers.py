@@ -66,12 +66,17 @@ def make_plan(**fields: Any):
     return Plan(**{**base, **fields})
 
 
-def check_fit(hf_config: Any, plan: Any, global_batch_size: int = 8) -> None:
-    """What start-up asks of the capability table for this model, plan and batch (raises its ConfigError)."""
+def check_fit(hf_config: Any, plan: Any, global_batch_size: int = 8, model: Any = None) -> None:
+    """What start-up asks of the capability table for this model, plan and batch (raises its ConfigError), the job
+    resolved as start-up resolves it (``model``: the recipe's model section, else a model.config one)."""
     from bigtrain.config.capabilities import ModelFacts, Setup, check
-    from bigtrain.config.schema import TrainConfig
+    from bigtrain.config.schema import ModelConfig, RecipeConfig, TrainConfig
+    from bigtrain.job import resolve_job
 
-    check(Setup(plan, TrainConfig(global_batch_size=global_batch_size), ModelFacts.of(hf_config)))
+    train = TrainConfig(global_batch_size=global_batch_size)
+    job, hf_config = resolve_job(RecipeConfig(model=model or ModelConfig(config={}), train=train), hf_config)
+    extra = job.task.model_facts(hf_config) if job.task.model_facts is not None else {}
+    check(Setup(plan, train, ModelFacts.of(hf_config, **extra), job=job.facts))
 
 
 def shuffled_global_batch(step: int, num_rows: int, batch: int, seed: int) -> np.ndarray:

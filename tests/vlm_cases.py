@@ -1,6 +1,6 @@
 """Vision-language memory cases at the widths users train (Qwen2.5-VL-7B, Gemma-3-4B), trimmed to two decoder layers
 and two vision blocks: the planner's peak against bigtrain's own step simulated on fake tensors (rank 0 of an
-N-rank job, ``bigtrain/measure/simulate.py`` with ``image_chat_inputs.py``'s batch). Read by
+N-rank job, ``bigtrain/measure/simulate.py`` with ``tasks/image_chat_inputs.py``'s batch). Read by
 ``bench/vlm_memory.py`` (the table in bench/results/vlm_memory.md) and ``tests/distributed/test_vlm_memory.py``."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ def _search(req: PlanRequest, **changes: Any) -> list[Candidate]:
     """The search for ``req`` with some of its parts changed (``cluster``, ``fixed``, or the workload's fields)."""
     workload_fields = {k: changes.pop(k) for k in ("seq_len", "global_batch_size") if k in changes}
     r = replace(req, workload=replace(req.workload, **workload_fields), **changes)
-    return search(r.stats, r.cluster, r.workload, r.fixed, predict_unrunnable=False)
+    return search(r.model, r.cluster, r.workload, r.fixed, predict_unrunnable=False)
 
 
 def _fits(candidates: list[Candidate]) -> bool:
@@ -37,7 +37,7 @@ def alternatives_that_fit(req: PlanRequest) -> dict[str, str]:
             if method == "qlora":
                 workload = replace(workload, mixed_precision="bf16")  # QLoRA computes in bf16 over its NF4 base
             try:
-                candidates = search(req.stats, req.cluster, workload, req.fixed, predict_unrunnable=False)
+                candidates = search(req.model, req.cluster, workload, req.fixed, predict_unrunnable=False)
             except ConfigError:  # the table refuses the method outright here
                 continue
             if _fits(candidates):

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from bigtrain.api.request import planning
 from bigtrain.config.capabilities import CAPABILITIES, ModelFacts, Setup, check
-from bigtrain.config.capabilities.preference import reference_of
-from bigtrain.config.hf import hf_config_from_dict
+from bigtrain.config.capabilities.reference import resolved_reference
+from bigtrain.config.hf import model_config_object
 from bigtrain.config.plan import Plan
 from bigtrain.config.resolve import recipe_data_facts
 from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
 from bigtrain.errors import ConfigError
 from bigtrain.integrations import TARGETS, Export, dropped_memory_options, speed_notes
+from bigtrain.job import OBJECTIVES, resolve_job
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -41,9 +42,12 @@ def export(
 
     if target not in TARGETS:
         raise ConfigError(f"target {target!r} is not one of {', '.join(TARGETS)}")
-    hf_config = hf_config_from_dict(dict(model_config))
-    # the rows that read the model and the data, as start-up asks them
-    check(Setup(plan, cfg.train, ModelFacts.of(hf_config), recipe_data_facts(cfg, hf_config)))
+    hf_config = model_config_object(dict(model_config))
+    job, hf_config = resolve_job(cfg, hf_config)
+    extra = job.task.model_facts(hf_config) if job.task.model_facts is not None else {}
+    # the rows that read the model, the data and the job, as start-up asks them
+    facts = ModelFacts.of(hf_config, **extra)
+    check(Setup(plan, cfg.train, facts, recipe_data_facts(cfg, hf_config), job.facts))
     per_node = gpus_per_node or min(plan.world_size, 8)
     if per_node < 1:
         raise ConfigError(f"--gpus-per-node {per_node} must be at least 1")
@@ -129,7 +133,8 @@ def to_dpo_config(cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any], o
     otherwise TRL's own (the adapter-disabled base with a peft model, else a copy it prepares with the policy's FSDP
     or DeepSpeed plugin: sharded)."""
     train = cfg.train
-    if train.objective not in ("dpo", "ipo"):
+    spec = OBJECTIVES.get(train.objective)
+    if spec is None or spec.trl_dpo_loss is None:
         raise ConfigError(
             f"to_dpo_config is for train.objective dpo or ipo (TRL's DPOTrainer), not {train.objective}; orpo and "
             "simpo are TRL's ORPOTrainer and CPOTrainer (trl.experimental)"
@@ -144,7 +149,7 @@ def to_dpo_config(cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any], o
             f"data.max_prompt_length={cfg.data.max_prompt_length}: TRL 1.16's DPOConfig cuts no prompt (only "
             "max_length, keeping the start); unset it so both routes train on the same rows"
         )
-    reference = reference_of(plan, train)
+    reference = resolved_reference(plan, spec.roles, train.method)
     if reference == "offloaded":
         raise ConfigError(
             "parallel.reference=offloaded has no DPOConfig setting (TRL prepares its reference copy like the policy); "
@@ -154,7 +159,7 @@ def to_dpo_config(cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any], o
         from trl import DPOConfig
     except ImportError as e:
         raise ConfigError("to_dpo_config needs TRL: pip install 'bigtrain[trl]'") from e
-    loss = "ipo" if train.objective == "ipo" else train.loss_type
+    loss = spec.trl_dpo_loss(train)
     overrides = {
         "max_length": cfg.data.seq_len,
         "beta": train.beta,

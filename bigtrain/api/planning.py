@@ -8,12 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bigtrain.api.classifier_planning import (
-    ClassifierPlanResult,
-    classifier_model,
-    plan_classifier,
-    written_classifier_plan,
-)
 from bigtrain.api.request import (
     PYTHON,
     Hardware,
@@ -63,7 +57,7 @@ def plan(
     objective: str | None = None,
     epochs: float | None = None,
     _spell: Spelling = PYTHON,
-) -> PlanResult | ClassifierPlanResult:
+) -> PlanResult:
     """Choose how to train ``model`` on ``gpus`` GPUs, and explain it.
 
     Args:
@@ -95,9 +89,9 @@ def plan(
             ``"simpo"``: batches count pairs, dpo/ipo weigh their reference), and the passes over the data (default 1).
 
     Returns:
-        A :class:`PlanResult` (``result.plan``, ``result.explain()``, ``result.to_training_arguments()``, ...); for
-        an image or sequence classifier a :class:`ClassifierPlanResult` (``.plan``, ``.explain()``, ``.scaling``).
-        ``result.fits`` is False when nothing fits; ``result.what_would_fit()`` then says what would.
+        A :class:`PlanResult` for any task (``result.plan``, ``result.explain()``, ``result.scaling()``,
+        ``result.to_training_arguments()``, ...). ``result.fits`` is False when nothing fits;
+        ``result.what_would_fit()`` then says what would.
 
     Raises:
         ConfigError: bad input, named by its argument, with what would work.
@@ -107,24 +101,10 @@ def plan(
     profile = str(hardware_profile) if hardware_profile else None
     hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, host_memory, profile, network)
     asked = dict(seq_len=seq_len, global_batch_size=global_batch_size, mixed_precision=mixed_precision, method=method,
-                 lora_r=lora_r, compile=compile, fp8=fp8, fix=fix)  # fmt: skip
-    if (classifier := _classifier(model, recipe, hw, _spell, objective, image_size=image_size, **asked)) is not None:
-        return classifier
-    images = dict(image_size=image_size, images_per_row=images_per_row)
-    request = build_request(model, recipe, hw, spell=_spell, objective=objective, epochs=epochs, **images, **asked)
+                 lora_r=lora_r, compile=compile, fp8=fp8, fix=fix, image_size=image_size,
+                 images_per_row=images_per_row)  # fmt: skip
+    request = build_request(model, recipe, hw, spell=_spell, objective=objective, epochs=epochs, **asked)
     return searched(request, allow_unrunnable, _spell)
-
-
-def _classifier(
-    model: ModelSpec | None, recipe: Any, hw: Hardware, spell: Spelling, objective: str | None, **asked: Any
-) -> ClassifierPlanResult | None:
-    """The classifier planner's answer when the model is an image or sequence classifier, else None."""
-    found = classifier_model(model, recipe, spell)
-    if found is not None and objective not in (None, "sft"):
-        raise ConfigError(f"{spell.value('objective', objective)} needs a causal LM; this model is a classifier")
-    if found is None:
-        return None  # a causal LM or a vision-language model (build_request checks image_size)
-    return plan_classifier(*found, hw, spell, **asked)
 
 
 def searched(
@@ -135,7 +115,7 @@ def searched(
     by default as ``allow_unrunnable``)."""
     r = request
     shown = allow_unrunnable if show_unrunnable is None else show_unrunnable
-    candidates = search(r.stats, r.cluster, r.workload, r.fixed, predict_unrunnable=shown)
+    candidates = search(r.model, r.cluster, r.workload, r.fixed, predict_unrunnable=shown)
     best = candidates[0]
     if not best.runnable and not allow_unrunnable:
         raise ConfigError(
@@ -156,7 +136,7 @@ def recipe_plan(
     gpu_memory: str | int | None = None,
     hardware_profile: str | Path | None = None,
     _spell: Spelling = PYTHON,
-) -> PlanResult | ClassifierPlanResult:
+) -> PlanResult:
     """The plan ``bigtrain train`` would run for ``recipe`` (with ``overrides``, ``"key.sub=value"`` items): a
     written plan resolved for ``gpus`` ranks (or the product of its degrees when it states them all) and predicted
     on ``gpu`` (default: detected, else H100); ``parallel.plan: auto`` chosen by the planner for ``gpus`` of ``gpu``
@@ -166,7 +146,6 @@ def recipe_plan(
     cfg = recipe if isinstance(recipe, RecipeConfig) else load_recipe(recipe, overrides)
     profile = str(hardware_profile) if hardware_profile else cfg.parallel.hardware_profile
     hw = Hardware(gpus, gpus_per_node, gpu, gpu_memory, None, profile)
-    classifier = classifier_model(None, cfg, _spell)
     if cfg.parallel.plan == "auto":
         no_gpu = (
             "parallel.plan=auto is planned for the GPUs it will run on: no GPU detected here, give "
@@ -174,8 +153,6 @@ def recipe_plan(
             + _spell.example("gpu_memory", "SIZE")
         )
         cluster = cluster_of(hw, no_gpu, _spell)
-        if classifier is not None:
-            return _fitting(plan_classifier(*classifier, hw, _spell, cluster=cluster), "parallel.plan=auto")
         return _chosen(build_request(None, cfg, hw, spell=_spell, cluster=cluster), "parallel.plan=auto")
     world = gpus or stated_world(cfg)
     if world is None:
@@ -183,23 +160,14 @@ def recipe_plan(
             "the recipe's plan fills the world with parallel.dp_shard (or dp_replicate for ddp): give the job's "
             f"size with {_spell.example('gpus', 'N')}"
         )
-    written = resolve_plan(cfg.parallel, world, cfg.train)
     cluster = written_plan_cluster(replace(hw, gpus=world), _spell)
-    if classifier is not None:
-        return written_classifier_plan(classifier[0], cfg, written, cluster)
     request = build_request(None, cfg, hw, spell=_spell, cluster=cluster)
+    written = resolve_plan(cfg.parallel, world, cfg.train, request.workload.job)
     chosen = [k for k in ("method", "compile", "fp8") if getattr(cfg.train, k) == "auto"]
     if chosen:  # the written plan, with what train.X: auto leaves to the planner chosen as bigtrain train does
         keys = " and ".join(f"train.{k}=auto" for k in chosen)
         return _chosen(replace(request, fixed=written.to_dict()), keys)
-    return PlanResult(request, [candidate(request.stats, written, cluster, request.workload)])
-
-
-def _fitting(result: ClassifierPlanResult, what: str) -> ClassifierPlanResult:
-    """A classifier's plan for a recipe's ``auto``, refused as bigtrain train refuses it when nothing fits."""
-    if not result.fits:
-        raise ConfigError(f"{what} found no plan that fits: {result.what_would_fit()}")
-    return result
+    return PlanResult(request, [candidate(request.model, written, cluster, request.workload)])
 
 
 def _chosen(request: PlanRequest, what: str) -> PlanResult:

@@ -20,24 +20,21 @@ from bigtrain.config.capabilities import OPTIONS
 from bigtrain.config.hf import model_config_object
 from bigtrain.config.load import check_minimum, coerce, load_recipe, record_option_value
 from bigtrain.config.plan import ZERO_STAGES
-from bigtrain.config.resolve import recipe_data_facts, recipe_seq_len
-from bigtrain.config.schema import (
-    FP8_CHOICES,
-    METHODS,
-    OBJECTIVES,
-    PRECISIONS,
-    ParallelConfig,
-    RecipeConfig,
-    rows_per_example,
-)
+from bigtrain.config.resolve import recipe_data_facts
+from bigtrain.config.schema import FP8_CHOICES, METHODS, PRECISIONS, ParallelConfig, RecipeConfig
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
+from bigtrain.job import OBJECTIVES, Job, pair
+from bigtrain.objectives import AUTO as AUTO_OBJECTIVE
 from bigtrain.planner.hardware import GPU, Cluster, detect_local, lookup_gpu, parse_memory, replica_link_of
-from bigtrain.planner.model_stats import ModelStats, load_model_config
+from bigtrain.planner.model_stats import load_model_config
+from bigtrain.planner.planned import PlannedModel
 from bigtrain.planner.search import PLAN_FIELDS
 from bigtrain.runtime import LaunchEnv
+from bigtrain.tasks import AUTO as AUTO_TASK
+from bigtrain.tasks import detect, resolve, task
+from bigtrain.tasks.spec import PlanAsk
 
-DEFAULT_TOKENS_PER_STEP = 2**20  # ~1M tokens per optimizer step when no batch is given
 ModelSpec = typing.Union[str, Path, dict, Any]  # noqa: UP007 - a preset, folder, config dict, PretrainedConfig, module
 
 
@@ -78,7 +75,7 @@ class Hardware:
 
 @dataclass
 class PlanRequest:
-    stats: ModelStats
+    model: PlannedModel  # the job's model as the planner weighs it (its task's statistics and terms)
     model_config: dict[str, Any]
     cluster: Cluster
     workload: Workload
@@ -87,6 +84,12 @@ class PlanRequest:
     recipe: RecipeConfig | None = None
     model_given: bool = False  # the model was an argument (it wins over the recipe's)
     spell: Spelling = CLI  # how the caller names its arguments (in messages and suggestions)
+    job: Job | None = None  # the task and objective planned for (None: a causal LM's next-token loss)
+
+    @property
+    def stats(self) -> Any:
+        """The task's statistics of the model (``ModelStats``, ``ClassifierStats``)."""
+        return self.model.stats
 
 
 def model_config_of(model: ModelSpec, spell: Spelling = CLI) -> tuple[dict[str, Any], str | None]:
@@ -290,61 +293,71 @@ def build_request(
     image_size: int | None = None,
     images_per_row: float | None = None,
 ) -> PlanRequest:
-    """The search's inputs: arguments first, then the recipe's values, then defaults (a ~1M-token global batch, the
-    model's positions up to 2048, bf16, full fine-tuning). ``cluster``: one already made from ``hw``."""
+    """The search's inputs: arguments first, then the recipe's values, then the task's defaults (a causal LM: a
+    ~1M-token global batch, the model's positions up to 2048; a classifier: its usual examples per GPU at its own
+    image size), bf16, full fine-tuning. ``cluster``: one already made from ``hw``."""
     cfg = recipe if isinstance(recipe, RecipeConfig) or recipe is None else load_recipe(recipe)
     if model is not None:
         model_config, source = model_config_of(model, spell)
     elif cfg is not None:  # the recipe's model, checked with the words bigtrain train uses
+        from bigtrain.job import resolve_job
         from bigtrain.models.build import load_hf_config
 
-        hf_config = load_hf_config(cfg.model)
+        _, hf_config = resolve_job(cfg, load_hf_config(cfg.model))  # naming its task's class, as start-up does
         model_config = load_model_config({**hf_config.to_dict(), "model_type": hf_config.model_type})
         source = cfg.model.name_or_path
     else:
         raise ConfigError(f"bigtrain plan needs a model: {spell.example('model', 'PRESET|PATH')}, or a recipe")
-    stats = ModelStats.from_config(model_config)
     _check_choice(spell, "mixed_precision", mixed_precision, PRECISIONS)
     _check_choice(spell, "method", method, METHODS)
     _check_choice(spell, "fp8", fp8, FP8_CHOICES)
-    _check_choice(spell, "objective", objective, OBJECTIVES)
-    objective = objective or (cfg.train.objective if cfg else "sft")
+    job = job_of(model_config, cfg, objective, spell)
     if epochs is not None and not epochs > 0:
         raise ConfigError(f"{spell.value('epochs', epochs)} must be above 0: the passes the run makes over its data")
     if compile not in (None, True, False, "auto"):
         raise ConfigError(f"{spell.value('compile', compile)} is not one of true, false, auto")
     cluster = cluster or cluster_of(hw, no_gpu_message(spell), spell)
-    gpus = cluster.num_gpus
     for name, value, minimum in (("seq_len", seq_len, 2), ("global_batch_size", global_batch_size, 1)):
         if value is not None and value < minimum:
             raise ConfigError(f"{spell.value(name, value)} must be at least {minimum}")
-    seq_len = seq_len or (cfg and recipe_seq_len(cfg)) or default_seq_len(model_config)
-    check_plan_seq_len(model_config, seq_len, spell("seq_len"))
-    if global_batch_size:
-        batch = global_batch_size
-    elif cfg is not None:
-        batch = cfg.train.global_batch_size
-    else:  # ~1M tokens; a preference pair is two rows
-        batch = max(1, DEFAULT_TOKENS_PER_STEP // seq_len // rows_per_example(objective) // gpus) * gpus
+    method = method or (cfg.train.method if cfg else "full")
+    ask = PlanAsk(model_config, cfg, seq_len, image_size, images_per_row, global_batch_size, method,
+                  cluster.num_gpus, job.objective.rows_per_example, spell)  # fmt: skip
     lora_rank = lora_r if lora_r is not None else (cfg.lora.r if cfg else 16)
     if lora_rank < 1:
         raise ConfigError(f"{spell.value('lora_r', lora_rank)} must be at least 1")
     workload = Workload(
-        seq_len=seq_len,
-        global_batch_size=batch,
         mixed_precision=mixed_precision or (cfg.train.mixed_precision if cfg else "bf16"),
         compile=compile if compile is not None else (cfg.train.compile if cfg else False),
         fp8=fp8 or (cfg.train.fp8 if cfg else "none"),
-        method=method or (cfg.train.method if cfg else "full"),
+        method=method,
         lora_rank=lora_rank,
         modules_to_save=tuple(cfg.lora.modules_to_save or ()) if cfg else (),
-        objective=objective,
+        job=job.facts,
         epochs=epochs or 1.0,
         **_data_of(cfg, model_config),
-        **_images(stats, spell, image_size, images_per_row, cfg, seq_len),
+        **job.task.sizes(ask),
     )
+    planned = job.task.planner(model_config, workload)
     fixed = parse_fix(fix or [], spell)
-    return PlanRequest(stats, model_config, cluster, workload, fixed, source, cfg, model is not None, spell)
+    return PlanRequest(planned, model_config, cluster, workload, fixed, source, cfg, model is not None, spell, job)
+
+
+def job_of(model_config: dict[str, Any], cfg: RecipeConfig | None, objective: str | None, spell: Spelling) -> Job:
+    """The job a plan is asked for: the recipe's task (``model.task``) or the model's own (a preset's as recorded,
+    without asking transformers), and the objective asked, else the recipe's, else the task's own."""
+    from bigtrain.planner.known_configs import recorded_task
+
+    if cfg is not None and cfg.model.task != AUTO_TASK:
+        spec = resolve(model_config_object(dict(model_config)), cfg.model.task)
+    elif (name := recorded_task(model_config)) is not None:
+        spec = task(name)
+    else:
+        spec = detect(model_config_object(dict(model_config)))
+    asked = objective or (cfg.train.objective if cfg else AUTO_OBJECTIVE)
+    if asked != AUTO_OBJECTIVE and asked not in OBJECTIVES:
+        raise ConfigError(f"{spell.value('objective', asked)} is not an objective; use auto, {', '.join(OBJECTIVES)}")
+    return pair(spec, asked, key="train.objective" if objective is None else spell("objective"))
 
 
 def _data_of(cfg: RecipeConfig | None, model_config: dict[str, Any]) -> dict[str, Any]:
@@ -355,74 +368,9 @@ def _data_of(cfg: RecipeConfig | None, model_config: dict[str, Any]) -> dict[str
     return {} if facts is None else {"packed": facts.packed, "attention": facts.attention}
 
 
-def _images(
-    stats: ModelStats, spell: Spelling, size: int | None, per_row: float | None, cfg: RecipeConfig | None, seq_len: int
-) -> dict[str, Any]:
-    """A vision-language model's images (their size and how many a row holds) and its frozen parts (the recipe's
-    model.freeze); refused for a language model."""
-    if stats.vision is None:
-        for name, value in (("image_size", size), ("images_per_row", per_row)):
-            if value is not None:
-                raise ConfigError(
-                    f"{spell(name)} is for image classifiers and vision-language models; this model is a causal LM"
-                )
-        return {}
-    if size is not None and size < 28:
-        raise ConfigError(f"{spell.value('image_size', size)} is too small; use at least 28 pixels (448 is typical)")
-    if per_row is not None and not per_row > 0:
-        raise ConfigError(f"{spell.value('images_per_row', per_row)} must be above 0")
-    from bigtrain.planner.vision_stats import DEFAULT_IMAGE_SIZE
-
-    per_row, side = per_row or 1.0, size or DEFAULT_IMAGE_SIZE
-    tokens = stats.vision.tokens(side) * per_row
-    if tokens > seq_len:
-        raise ConfigError(
-            f"{per_row:g} image(s) of {side} px per row are {tokens:,.0f} image tokens, more than the row's {seq_len} "
-            f"tokens; raise {spell('seq_len')}, or lower {spell('image_size')} or {spell('images_per_row')}"
-        )
-    frozen = tuple(cfg.model.freeze) if cfg is not None else ()
-    return {"image_size": size or 0, "images_per_row": per_row, "frozen": frozen}
-
-
 def _check_choice(spell: Spelling, name: str, value: str | None, choices: tuple[str, ...]) -> None:
     if value is not None and value not in choices:
         raise ConfigError(f"{spell.value(name, value)} is not one of {', '.join(choices)}")
-
-
-def check_plan_seq_len(model_config: dict[str, Any], seq_len: int, key: str = "--seq-len") -> None:
-    """The sequence against the model's positions, by the rule ``bigtrain train`` applies (train/checks.py): beyond
-    a learned position table (GPT-2) refused, beyond a rotary model's max_position_embeddings a warning."""
-    model_config = text_config_of(model_config)
-    limits = [model_config.get(k) for k in ("max_position_embeddings", "n_positions", "n_ctx")]
-    if all(isinstance(n, int) for n in limits if n is not None) and seq_len <= min(
-        (n for n in limits if n is not None), default=0
-    ):
-        return  # within every position limit the config states: nothing to refuse or warn (no model to build)
-    from bigtrain.config.hf import hf_config_from_dict, one_block
-    from bigtrain.models.build import build_meta_model
-    from bigtrain.train.checks import check_sequence_length
-
-    hf_config = hf_config_from_dict(dict(model_config))
-    probe = build_meta_model(one_block(hf_config), "auto")
-    check_sequence_length(hf_config, probe, seq_len, is_main=True, key=key)
-
-
-def default_seq_len(model_config: dict[str, Any]) -> int:
-    """The sequence length to plan for when none is given: the model's maximum, at most 2048."""
-    model_config = text_config_of(model_config)
-    max_len = model_config.get("max_position_embeddings") or model_config.get("n_positions") or 2048
-    return min(2048, max_len)
-
-
-def text_config_of(model_config: dict[str, Any]) -> dict[str, Any]:
-    """A vision-language model's language model as a causal LM's dict (its rows are the language model's); any
-    other model's dict as it is."""
-    from bigtrain.planner.model_stats import language_model_dict
-
-    text = model_config.get("text_config")
-    if not isinstance(text, dict) or "vision_config" not in model_config:
-        return model_config
-    return language_model_dict(text)
 
 
 KEPT_GROUP_TIMEOUT_S = 1800  # a group left for the user's trainer: the HF Trainer's own default (ddp_timeout)

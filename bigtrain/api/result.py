@@ -15,7 +15,7 @@ from bigtrain.planner.cost import TimeEstimate
 from bigtrain.planner.explain import candidate_name, describe, render_table, to_json, why_not
 from bigtrain.planner.hardware import Cluster, GiB
 from bigtrain.planner.memory_terms import MemoryEstimate
-from bigtrain.planner.model_stats import ModelStats
+from bigtrain.planner.scaling import ScalingRow, scaling, scaling_lines
 from bigtrain.planner.search import Candidate
 
 if TYPE_CHECKING:
@@ -90,7 +90,8 @@ class PlanResult:
         return self.searched[0].time
 
     @property
-    def model(self) -> ModelStats:
+    def model(self) -> Any:
+        """The task's statistics of the model (``ModelStats`` for a causal LM, ``ClassifierStats`` for a classifier)."""
         return self.request.stats
 
     @property
@@ -141,13 +142,34 @@ class PlanResult:
             why,
         )
 
-    def explain(self, show_unrunnable: bool = False) -> str:
-        """The table ``bigtrain plan`` prints: the fitting plans ("*" the choice), the best rejected ones and why."""
-        return render_table(self.searched, self.model, self.cluster, self.workload, show_unrunnable=show_unrunnable)
+    def explain(self, show_unrunnable: bool = False, scaling: bool | None = None) -> str:
+        """The table ``bigtrain plan`` prints: the fitting plans ("*" the choice), the best rejected ones and why;
+        the scaling from one GPU (``scaling``; None: where the model's task shows it, a classifier's)."""
+        r = self.request
+        table = render_table(self.searched, r.model, self.cluster, self.workload, show_unrunnable=show_unrunnable)
+        if not (r.model.scaling_view if scaling is None else scaling):
+            return table
+        per_gpu = self.workload.global_batch_size * self._rows_per_count() // self.cluster.num_gpus
+        return "\n".join([table, "", *scaling_lines(self.scaling(), self.workload.job.unit, per_gpu)])
+
+    def _rows_per_count(self) -> int:
+        """What one counted example of the global batch is in the task's unit (a token row: its tokens)."""
+        return self.workload.seq_len if self.workload.job.unit == "tokens" else 1
+
+    def scaling(self) -> list[ScalingRow]:
+        """The chosen plan's kind from one GPU (or its model-parallel group) to the asked count (``scaling.py``)."""
+        return scaling(self.request.model, self.plan, self.cluster, self.workload)
 
     def to_dict(self, include_unrunnable: bool = False) -> dict[str, Any]:
-        """What ``bigtrain plan --json`` prints."""
-        return to_json(self.searched, self.model, include_unrunnable=include_unrunnable)
+        """What ``bigtrain plan --json`` prints (with the scaling view where the task shows it)."""
+        out = to_json(self.searched, self.request.model, include_unrunnable=include_unrunnable)
+        if self.request.model.scaling_view:
+            unit = self.workload.job.unit
+            out["scaling"] = [
+                {"gpus": r.gpus, f"{unit}_per_s": r.per_s, "speedup": r.speedup, "efficiency": r.efficiency}
+                for r in self.scaling()
+            ]
+        return out
 
     def what_would_fit(self) -> str | None:
         """When nothing fits: one sentence naming what would (more GPUs, offload, a shorter sequence); else None."""
@@ -190,7 +212,10 @@ class PlanResult:
         raw["lora"]["r"] = self.workload.lora_rank
         if self.workload.modules_to_save:
             raw["lora"]["modules_to_save"] = list(self.workload.modules_to_save)
-        raw["data"]["seq_len"] = self.workload.seq_len
+        if self.workload.seq_len > 1:  # rows of tokens (an image classifier's examples have none)
+            raw["data"]["seq_len"] = self.workload.seq_len
+        if self.workload.job.unit == "images":  # an image classifier's side
+            raw["data"]["image_size"] = self.workload.image_size
         raw["train"].update(
             global_batch_size=self.workload.global_batch_size,
             mixed_precision=self.workload.mixed_precision,

@@ -26,14 +26,20 @@ import torch
 from bigtrain.checkpoint.base_model import check_base
 from bigtrain.checkpoint.layout import HF_FILES, RECIPE, Manifest, check_files, resolve_checkpoint, staged
 from bigtrain.checkpoint.reader import MODEL_PREFIX, load_into, read_metadata
+from bigtrain.config.hf import causal_lm_class, model_class
 from bigtrain.config.load import load_recipe
+from bigtrain.config.model_parts import has_parts
 from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
-from bigtrain.config.tasks import CAUSAL_LM, IMAGE_TEXT_TO_TEXT, task_of
 from bigtrain.errors import ConfigError
 
 log = logging.getLogger("bigtrain")
 ADAPTER_FILE = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # how peft keys an adapter of a causal LM in its file
+# an adapter names its base by folder: a model built from model.config has none on disk
+NO_BASE = (
+    "it has no base folder an adapter could name (its values were drawn from train.seed); train from a saved folder "
+    "(model.name_or_path), or export the whole model of a train.method=full run"
+)
 
 
 def adapter_recipe(folder: Path) -> RecipeConfig | None:
@@ -75,7 +81,7 @@ def _targets(cfg: RecipeConfig, adapters: dict[str, torch.Tensor], hf_config: An
     last names; a vision-language model's language model alone, whose linear names its vision tower shares)."""
     if cfg.lora.target_modules is not None:
         return list(cfg.lora.target_modules)
-    if task_of(hf_config) is IMAGE_TEXT_TO_TEXT:
+    if has_parts(hf_config):  # a vision-language model: its language model's linears, not its tower's
         from bigtrain.models.build import build_meta_model
         from bigtrain.parallel.transforms.adapters import target_modules
 
@@ -97,11 +103,13 @@ def _aliases(folder: Path) -> dict[str, list[str]]:
     return {name: [n for n in group if n != name] for group in names.values() for name in group}
 
 
-def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
-    """Write an adapter checkpoint as peft's folder ``out`` (replaced atomically); returns the checkpoint used."""
+def export_adapter(checkpoint: str | Path, out: str | Path, task_type: str | None = "CAUSAL_LM") -> Path:
+    """Write an adapter checkpoint as peft's folder ``out`` (replaced atomically); returns the checkpoint used.
+    ``task_type``: peft's task type of the model's task (``TaskSpec.peft_task_type``: what ``PeftModel`` wraps it
+    as; None for a task peft has none for)."""
     from safetensors.torch import save_file
 
-    from bigtrain.parallel.transforms.adapters import PEFT_TASK_TYPES, peft_config
+    from bigtrain.parallel.transforms.adapters import peft_config
 
     folder = resolve_checkpoint(checkpoint)
     manifest = Manifest.read(folder)
@@ -109,6 +117,8 @@ def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
     cfg = adapter_recipe(folder)
     if cfg is None:
         raise ConfigError(f"checkpoint {folder} trained the whole model (train.method=full): it has no adapter")
+    if cfg.model.name_or_path is None:
+        raise ConfigError(f"checkpoint {folder} adapted a model built from model.config: {NO_BASE}")
     adapters = read_adapters(folder, cfg)
     with staged(Path(out)) as partial:
         partial.mkdir(parents=True)
@@ -118,7 +128,7 @@ def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
         tied = {alias: value.clone() for name, value in adapters.items() for alias in aliases.get(name, [])}
         hf_config = _hf_config(folder)
         targets = _targets(cfg, adapters, hf_config)
-        config = peft_config(cfg.lora, targets, tied=bool(tied), task_type=PEFT_TASK_TYPES[task_of(hf_config).name])
+        config = peft_config(cfg.lora, targets, tied=bool(tied), task_type=task_type)
         # the base by the absolute path the run recorded: AutoPeftModelForCausalLM.from_pretrained(this folder)
         # then finds it from any directory, never asking the hub for a relative name
         recorded = (manifest.base or {}).get("path")
@@ -132,7 +142,7 @@ def export_adapter(checkpoint: str | Path, out: str | Path) -> Path:
     return folder
 
 
-def _publish_merged_by_transformers(folder: Path, base: Path, out: Path) -> None:
+def _publish_merged_by_transformers(folder: Path, base: Path, out: Path, task_type: str | None) -> None:
     """The base loaded by transformers (its key renaming: a classifier or a vision-language model saved under an
     older transformers' names; a classifier's head made for the data's labels), the exported adapter applied and
     merged by peft (``merge_and_unload``), saved with the run's processor files."""
@@ -142,8 +152,6 @@ def _publish_merged_by_transformers(folder: Path, base: Path, out: Path) -> None
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
-    from bigtrain.config.tasks import model_class
-
     config = AutoConfig.from_pretrained(folder / HF_FILES)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its report of the replaced head: the run said so when it started
@@ -152,7 +160,7 @@ def _publish_merged_by_transformers(folder: Path, base: Path, out: Path) -> None
         model = model_class(config).from_pretrained(base, config=config, ignore_mismatched_sizes=True)
         with staged(out) as partial:
             with tempfile.TemporaryDirectory() as scratch:
-                export_adapter(folder, Path(scratch) / "adapter")
+                export_adapter(folder, Path(scratch) / "adapter", task_type)
                 merged = PeftModel.from_pretrained(model, Path(scratch) / "adapter").merge_and_unload()
             merged.save_pretrained(partial)
             for file in (folder / HF_FILES).iterdir():  # the image processor or tokenizer the run saved
@@ -170,8 +178,9 @@ def _hf_config(folder: Path) -> Any:
     return AutoConfig.from_pretrained(folder / HF_FILES)
 
 
-def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
-    """Write base + adapters of an adapter checkpoint as a HF folder ``out`` in the base's dtype."""
+def export_merged(checkpoint: str | Path, out: str | Path, task_type: str | None = "CAUSAL_LM") -> Path:
+    """Write base + adapters of an adapter checkpoint as a HF folder ``out`` in the base's dtype (``task_type`` as
+    ``export_adapter``'s)."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -182,12 +191,13 @@ def export_merged(checkpoint: str | Path, out: str | Path) -> Path:
     if cfg is None:
         raise ConfigError(f"checkpoint {folder} trained the whole model: export it without --merge")
     if cfg.model.name_or_path is None:
-        raise ConfigError(f"checkpoint {folder} adapted a model built from model.config: there is no base to merge")
+        raise ConfigError(f"checkpoint {folder} adapted a model built from model.config: {NO_BASE}")
     base = Path(cfg.model.name_or_path)
     check_base(base, manifest.base, f"bigtrain export-model {folder} --merge")
     # a classifier, a vision-language model: its base may name weights as an older transformers did
-    if task_of(_hf_config(folder)) is not CAUSAL_LM:
-        _publish_merged_by_transformers(folder, base, Path(out))
+    hf_config = _hf_config(folder)
+    if model_class(hf_config) is not causal_lm_class(hf_config):
+        _publish_merged_by_transformers(folder, base, Path(out), task_type)
         return folder
     adapters = read_adapters(folder, cfg)
     scale = cfg.lora.alpha / cfg.lora.r

@@ -13,6 +13,7 @@ import copy
 import json
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +29,23 @@ from bigtrain.models.checkpoint_keys import to_checkpoint_keys
 MAX_SHARD_BYTES = 2 * 2**30  # per safetensors file, like HF's sharded checkpoints
 
 
-def write_hf_files(
-    folder: Path,
-    hf_config: Any,
-    model_folder: str | None,
-    tokenizer_folder: str | None,
-    byte_tokenizer: bool = False,
-    image_processor: dict[str, Any] | None = None,
-    processor: tuple[str, int | None, int | None] | None = None,
-) -> None:
+@dataclass(frozen=True)
+class HfFiles:
+    """What a run's HF folder holds beside its config and weights, as its task says (``TaskSpec.export_files``):
+    a tokenizer folder to save, or the built-in byte tokenizer the run read its text with; an image classifier's
+    image processor settings (size, mean, std: the model folder's own processor is copied instead where it has
+    one); a vision-language model's processor (its folder and the pixel budget trained with, data.min_pixels and
+    data.max_pixels)."""
+
+    tokenizer: str | None = None
+    byte_tokenizer: bool = False
+    image_processor: dict[str, Any] | None = None
+    processor: tuple[str, int | None, int | None] | None = None
+
+
+def write_hf_files(folder: Path, hf_config: Any, model_folder: str | None, files: HfFiles) -> None:
     """Everything of an HF model folder except the weights: config (fp32, KV cache on again), the source model's
-    generation config when it had one, and the recipe's tokenizer when it has one (``byte_tokenizer``: the built-in
-    one the run read its text with, as an HF tokenizer folder); an image classifier's image processor (the model
-    folder's own, else one that resizes to the trained size and normalises as trained); a vision-language model's
-    processor (``processor``: its folder and the pixel budget trained with, data.min_pixels/max_pixels)."""
+    generation config when it had one, and what the task keeps beside the weights (``files``)."""
     folder.mkdir(parents=True, exist_ok=True)
     config = copy.deepcopy(hf_config)
     set_cache(config, True)  # the trainer turned the KV cache off; generation wants it
@@ -49,18 +53,18 @@ def write_hf_files(
     config.save_pretrained(folder)
     if model_folder is not None and (Path(model_folder) / "generation_config.json").is_file():
         shutil.copy2(Path(model_folder) / "generation_config.json", folder / "generation_config.json")
-    if tokenizer_folder is not None:
+    if files.tokenizer is not None:
         from transformers import AutoTokenizer
 
-        AutoTokenizer.from_pretrained(tokenizer_folder, local_files_only=True).save_pretrained(folder)
-    elif byte_tokenizer:
+        AutoTokenizer.from_pretrained(files.tokenizer, local_files_only=True).save_pretrained(folder)
+    elif files.byte_tokenizer:
         from bigtrain.data.tokenizer import save_byte_tokenizer
 
         save_byte_tokenizer(folder)
-    if image_processor is not None:
-        _write_image_processor(folder, model_folder, image_processor)
-    if processor is not None:
-        _write_processor(folder, *processor)
+    if files.image_processor is not None:
+        _write_image_processor(folder, model_folder, files.image_processor)
+    if files.processor is not None:
+        _write_processor(folder, *files.processor)
 
 
 def _write_processor(folder: Path, source: str, min_pixels: int | None, max_pixels: int | None) -> None:

@@ -23,7 +23,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from bigtrain.checkpoint.base_model import base_record
-from bigtrain.checkpoint.export import write_hf_files
+from bigtrain.checkpoint.export import HfFiles, write_hf_files
 from bigtrain.checkpoint.layout import (
     HF_FILES,
     RECIPE,
@@ -50,23 +50,6 @@ from bigtrain.errors import CheckpointNotWritten, peer_failure
 log = logging.getLogger("bigtrain")
 
 
-def uses_byte_tokenizer(cfg: RecipeConfig) -> bool:
-    """Whether the run tokenised its text with the built-in byte tokenizer (no data.tokenizer, data that is text
-    rather than token rows): its checkpoints and model folder then carry it, so the model can be used as trained."""
-    return cfg.data.tokenizer is None and not str(cfg.data.path).endswith(".npy")
-
-
-def processor_of(cfg: RecipeConfig, hf_config: Any) -> tuple[str, int | None, int | None] | None:
-    """A vision-language model's processor folder and the pixel budget the run set, which its checkpoints and model
-    folder carry (``write_hf_files``); None for other tasks."""
-    from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
-
-    folder = cfg.data.processor or cfg.model.name_or_path
-    if task_of(hf_config) is not IMAGE_TEXT_TO_TEXT or folder is None:
-        return None
-    return folder, cfg.data.min_pixels, cfg.data.max_pixels
-
-
 @dataclass(frozen=True)
 class _Pending:
     future: Future
@@ -83,11 +66,12 @@ class Checkpointer:
         engine: Engine,
         data_info: dict[str, Any],
         device: torch.device,
-        image_processor: dict[str, Any] | None = None,
+        files: HfFiles,
     ) -> None:
-        """``image_processor``: an image classifier's preprocessing (size, mean, std), saved beside its config."""
+        """``files``: what the run's task keeps beside the weights (its tokenizer, image processor or processor),
+        written into every checkpoint's ``hf/`` folder and so into the final model."""
         self.cfg = cfg
-        self.image_processor = image_processor
+        self.files = files
         self.plan = plan
         self.hf_config = hf_config
         self.engine = engine
@@ -178,16 +162,7 @@ class Checkpointer:
         partial, final = partial_dir(self.root, step), step_dir(self.root, step)
         shard_sums = gather_checksums(partial, dist.get_world_size())
         (partial / RECIPE).write_text(dump_recipe(self.cfg))
-        processor = processor_of(self.cfg, self.hf_config)
-        write_hf_files(
-            partial / HF_FILES,
-            self.hf_config,
-            self.cfg.model.name_or_path,
-            self.cfg.data.tokenizer,
-            byte_tokenizer=self.image_processor is None and processor is None and uses_byte_tokenizer(self.cfg),
-            image_processor=self.image_processor,
-            processor=processor,
-        )
+        write_hf_files(partial / HF_FILES, self.hf_config, self.cfg.model.name_or_path, self.files)
         files = list_files(partial)
         Manifest(
             step=step,

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
 from bigtrain import __version__
 from bigtrain.cli.export import add_export_arguments, run_export_command
@@ -219,18 +220,30 @@ def _export_model(args: argparse.Namespace) -> int:
     from bigtrain.checkpoint.layout import resolve_checkpoint
 
     log = logging.getLogger("bigtrain")
-    if adapter_recipe(resolve_checkpoint(args.checkpoint)) is None:
+    cfg = adapter_recipe(resolve_checkpoint(args.checkpoint))
+    if cfg is None:
         if args.merge:
             raise ConfigError(f"{args.checkpoint} trained the whole model: there is nothing to merge; drop --merge")
         folder = export_model(args.checkpoint, args.output)
         log.info("wrote %s as a HuggingFace model folder to %s", folder, args.output)
     elif args.merge:
-        folder = export_merged(args.checkpoint, args.output)
+        folder = export_merged(args.checkpoint, args.output, _peft_task_type(args.checkpoint, cfg))
         log.info("wrote %s merged into its base as a HuggingFace model folder to %s", folder, args.output)
     else:
-        folder = export_adapter(args.checkpoint, args.output)
+        folder = export_adapter(args.checkpoint, args.output, _peft_task_type(args.checkpoint, cfg))
         log.info("wrote %s as a peft adapter folder to %s", folder, args.output)
     return 0
+
+
+def _peft_task_type(checkpoint: str, cfg: Any) -> str | None:
+    """peft's task type of the checkpoint's task (its recipe's model.task, resolved against its saved config)."""
+    from transformers import AutoConfig
+
+    from bigtrain.checkpoint.layout import HF_FILES, resolve_checkpoint
+    from bigtrain.tasks import resolve
+
+    hf_config = AutoConfig.from_pretrained(resolve_checkpoint(checkpoint) / HF_FILES, local_files_only=True)
+    return resolve(hf_config, cfg.model.task).peft_task_type
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -94,10 +94,10 @@ def _adapter_base(folder: Path) -> str:
 def _vision_language(folder: Path, adapter: bool) -> bool:
     from transformers import AutoConfig
 
-    from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
+    from bigtrain.config.model_parts import has_parts
 
     config_folder = _adapter_base(folder) if adapter else folder
-    return task_of(AutoConfig.from_pretrained(config_folder, local_files_only=True)) is IMAGE_TEXT_TO_TEXT
+    return has_parts(AutoConfig.from_pretrained(config_folder, local_files_only=True))
 
 
 def answer_about_images(folder: Path, adapter: bool, prompt: str, images: list[str], max_new_tokens: int) -> str:

@@ -11,11 +11,11 @@ import argparse
 import json
 import sys
 
-from bigtrain.api.classifier_planning import ClassifierPlanResult
 from bigtrain.api.planning import plan
 from bigtrain.api.request import CLI
 from bigtrain.api.result import PlanResult
-from bigtrain.config.schema import FP8_CHOICES, METHODS, OBJECTIVES, PRECISIONS
+from bigtrain.config.schema import FP8_CHOICES, METHODS, PRECISIONS
+from bigtrain.objectives import OBJECTIVES
 
 EXIT_NO_FIT = 3
 
@@ -48,9 +48,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--objective",
-        choices=OBJECTIVES,
-        help="sft (default: the recipe's), or a preference objective: dpo, ipo, orpo, simpo (--global-batch-size "
-        "then counts pairs; dpo/ipo weigh where their reference model's log-probabilities come from)",
+        choices=["auto", *OBJECTIVES],
+        help="what is minimised (default: the recipe's, else the task's own: sft or classification), or a preference "
+        "objective: dpo, ipo, orpo, simpo (--global-batch-size then counts pairs; dpo/ipo weigh where their reference "
+        "model's log-probabilities come from)",
     )
     parser.add_argument(
         "--epochs", type=float, help="passes the run makes over its data (default 1): a precomputed reference's share"
@@ -82,6 +83,11 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     network.add_argument("--site-bandwidth", help="bandwidth between sites, per site, e.g. 10Gb/s")
     network.add_argument("--site-latency", help="one-way delay between sites, e.g. 30ms")
     parser.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE", help="pin a plan field")
+    _add_output_arguments(parser)
+
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the command prints: the table, JSON, the simulated step, the legend, the scaling view."""
     parser.add_argument(
         "--simulate",
         action="store_true",
@@ -95,6 +101,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--legend", action="store_true", help="explain every abbreviation of the plan names and every column"
+    )
+    parser.add_argument(
+        "--scaling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show the chosen plan's throughput from one GPU to --gpus (default: for classifiers, whose measure it is)",
     )
 
 
@@ -133,8 +145,6 @@ def run_plan_command(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         _spell=CLI,
     )
-    if isinstance(result, ClassifierPlanResult):
-        return _print_classifier_plan(args, result)
     out = result.to_dict(include_unrunnable=args.all)
     if args.simulate and result.searched[0].runnable:
         from bigtrain.measure.simulate import not_simulated
@@ -151,7 +161,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
         if args.recipe:
             own = _recipe_s_own_plan(args, result)
             print(own + "\n" if own else "", end="")
-        print(result.explain(show_unrunnable=args.all))
+        print(result.explain(show_unrunnable=args.all, scaling=args.scaling))
         if "simulated" in out:
             simulated, best = out["simulated"]["peak_bytes"], result.plan
             where = f"rank 0 of {best.world_size}"
@@ -168,46 +178,6 @@ def run_plan_command(args: argparse.Namespace) -> int:
         )
         return EXIT_NO_FIT
     return 0
-
-
-def _print_classifier_plan(args: argparse.Namespace, result: ClassifierPlanResult) -> int:
-    """A classifier's plan: the candidates, the choice, the scaling from 1 GPU; --simulate checks its memory."""
-    out = result.to_dict()
-    if args.simulate:
-        out["simulated"] = result.simulate()
-    if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        own = _classifier_recipe_s_own_plan(args, result) if args.recipe else None
-        print(own + "\n" if own else "", end="")
-        print(result.explain())
-        if "simulated" in out:
-            print(
-                f"\nsimulated peak of the chosen plan on rank 0 of {result.plan.world_size}: "
-                f"{out['simulated']['peak_bytes'] / 2**30:.2f} GiB (predicted {result.memory.total_bytes / 2**30:.2f} "
-                "GiB without the margin)"
-            )
-    sentence = result.what_would_fit()
-    if sentence:
-        print(f"bigtrain: nothing fits in {result.cluster.gpu.memory_bytes / 2**30:.1f} GiB per GPU: {sentence}",
-              file=sys.stderr)  # fmt: skip
-        return EXIT_NO_FIT
-    return 0
-
-
-def _classifier_recipe_s_own_plan(args: argparse.Namespace, result: ClassifierPlanResult) -> str | None:
-    """A classifier recipe's written plan, predicted on the same GPUs (what ``bigtrain train`` will run)."""
-    from bigtrain.api.planning import recipe_plan
-    from bigtrain.config.load import load_recipe
-
-    if load_recipe(args.recipe).parallel.plan == "auto":
-        return None
-    cluster = result.cluster
-    own = recipe_plan(args.recipe, gpus=cluster.num_gpus, gpu=args.gpu, gpu_memory=args.gpu_memory)
-    unit = own.stats.unit
-    words = f"{own.memory.budget_bytes / 2**30:.1f} GiB per GPU, {own.time.per_s:,.0f} {unit}/s"
-    verdict = "it fits" if own.fits else "it does not fit"
-    return f"the recipe's own plan (what bigtrain train runs): {own.summary()}: {words}; {verdict}"
 
 
 def _recipe_s_own_plan(args: argparse.Namespace, result: PlanResult) -> str | None:

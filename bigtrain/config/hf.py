@@ -11,7 +11,7 @@ from bigtrain.errors import ConfigError
 def require_causal_lm(model_type: str, key: str) -> None:
     """The planner, the simulator and the Python API's plans model next-token predictors: refuse other models (and
     encoders and seq2seq models) before anything is built. ``bigtrain train`` reads the task first
-    (``config/tasks.py``) and trains classifiers on written plans."""
+    (``bigtrain/tasks``) and trains classifiers on written plans."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
@@ -153,14 +153,35 @@ def tp_layout(hf_config: Any) -> dict[str, str]:
 AUTO_ATTENTION = "auto"
 
 
+def model_class(hf_config: Any) -> Any:
+    """The transformers class the config names (``architectures``: the class of the task it was resolved for, as a
+    saved folder names its own), or None: a config naming none (the planner's presets) is a causal LM."""
+    import transformers
+
+    for name in getattr(hf_config, "architectures", None) or []:
+        cls = getattr(transformers, name, None)
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+            return cls
+    return None
+
+
+def causal_lm_class(hf_config: Any) -> Any:
+    """The family's causal LM class (what a config naming no class builds as), or None."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(hf_config.model_type)
+    if isinstance(name, (list, tuple)):
+        name = name[0]
+    return getattr(transformers, name, None) if isinstance(name, str) else None
+
+
 def attention_choices(hf_config: Any) -> list[str]:
     """The attention implementations transformers builds this family with, its own default first: sdpa where the
     family's class supports it, else eager; flash_attention_2 where supported and installed; flex where supported."""
     from transformers.utils import is_flash_attn_2_available
 
-    from bigtrain.config.tasks import model_class
-
-    cls = model_class(hf_config)
+    cls = model_class(hf_config) or causal_lm_class(hf_config)
     supports = {flag: getattr(cls, flag, False) for flag in ("_supports_sdpa", "_supports_flash_attn")}
     choices = ["sdpa"] if supports["_supports_sdpa"] else []
     choices.append("eager")
@@ -257,17 +278,10 @@ def classifier_heads(model: Any, num_labels: int) -> list[str]:
 
 
 def model_config_object(model_config: dict[str, Any], key: str = "the model config") -> Any:
-    """The ``PretrainedConfig`` of a planner or simulator model dict: a classifier when its ``architectures`` names
-    a classifier class (as presets, saved model folders and recipes resolved by ``bigtrain train`` do), a
-    vision-language model when it names one or holds a vision tower, checked as ``bigtrain train`` checks it;
-    otherwise a causal LM, with the causal-LM checks (``hf_config_from_dict``)."""
-    from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, detect_task, named_task, resolve_task
-
-    config = config_object(model_config, key, causal_lm=False)
-    task = named_task(config)
-    if task is None and getattr(config, "vision_config", None) is not None:
-        task = detect_task(config)  # a vision-language config that names no class (a preset's, a recipe's)
-    if task is None or not (task.examples or task is IMAGE_TEXT_TO_TEXT):
-        return hf_config_from_dict(model_config, key)
-    resolve_task(config, task.name, key)
-    return config
+    """The ``PretrainedConfig`` of a planner or simulator model dict: as it is when it names its class
+    (``architectures``: a classifier or a vision-language model, as presets, saved model folders and recipes resolved
+    by ``bigtrain train`` name theirs) or holds a vision tower; otherwise a causal LM, with the causal-LM checks
+    (``hf_config_from_dict``)."""
+    if model_config.get("architectures") or "vision_config" in model_config:
+        return config_object(model_config, key, causal_lm=False)
+    return hf_config_from_dict(model_config, key)

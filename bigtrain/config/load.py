@@ -122,7 +122,6 @@ def check_ranges(cfg: RecipeConfig) -> None:
         raise ConfigError("set data.eval_path or data.eval_fraction, not both")
     if cfg.train.label_smoothing > 1:
         raise ConfigError(f"train.label_smoothing={cfg.train.label_smoothing} must be between 0 and 1 (e.g. 0.1)")
-    check_preference_ranges(cfg.train)
     if cfg.lora.dropout >= 1:
         raise ConfigError(f"lora.dropout={cfg.lora.dropout} must be below 1 (e.g. 0.05)")
     if cfg.lora.target_modules == []:
@@ -135,23 +134,6 @@ def check_ranges(cfg: RecipeConfig) -> None:
         cfg.checkpoint.resume = "auto"
     if cfg.checkpoint.resume == "":
         raise ConfigError("checkpoint.resume is empty; use auto, false, or the path of a checkpoint folder")
-
-
-def check_preference_ranges(train: Any) -> None:
-    """The preference objectives' numbers (``objectives/preference.py``)."""
-    if train.objective == "sft":
-        return
-    if train.beta == 0:
-        raise ConfigError(f"train.beta=0 with train.objective={train.objective} trains nothing; use e.g. 0.1")
-    if train.label_smoothing and (train.objective != "dpo" or train.loss_type != "sigmoid"):
-        raise ConfigError(
-            f"train.label_smoothing={train.label_smoothing} applies to dpo with loss_type sigmoid (conservative DPO); "
-            f"train.objective={train.objective} has none: set train.label_smoothing=0"
-        )
-    if train.label_smoothing >= 0.5:
-        raise ConfigError(
-            f"train.label_smoothing={train.label_smoothing} would flip most preferences; use [0, 0.5), e.g. 0.1"
-        )
 
 
 def recipe_warnings(cfg: RecipeConfig) -> list[str]:

@@ -32,21 +32,20 @@ class ModelFacts:
     router_loss: bool = False
     num_experts: int = 0  # routed experts per MoE block (0: dense)
     ep_layout: bool = False  # transformers' base_model_ep_plan dispatches the experts (ep_dispatch_experts)
-    task: str = "causal-lm"  # model.task, resolved (config/tasks.py)
     batch_norm: bool = False  # the model normalises with BatchNorm (its statistics depend on how a batch is split)
     convolutional: bool = False  # the model has 2-D convolutions (what parallel.channels_last lays out)
 
     @classmethod
-    def of(cls, hf_config: Any) -> ModelFacts:
+    def of(cls, hf_config: Any, batch_norm: bool = False, convolutional: bool = False) -> ModelFacts:
+        """The facts of a model's config; what only its built model shows (BatchNorm, convolutions) as its task's
+        spec measures it (``TaskSpec.model_facts``)."""
         from bigtrain.config.model_parts import language_config
-        from bigtrain.config.tasks import layer_kinds, task_of
 
         # a classifier may have no attention, layers or vocabulary (a CNN): 0 where the config has none; a
         # vision-language model's are its language model's (what tp slices, what the loss reads)
         whole, hf_config = hf_config, language_config(hf_config)
         heads = getattr(hf_config, "num_attention_heads", 0) or 0
         tp_plan = getattr(hf_config, "base_model_tp_plan", None) or {}
-        batch_norm, convolutional = layer_kinds(whole)
         return cls(
             model_type=whole.model_type,
             layers=getattr(hf_config, "num_hidden_layers", 0) or len(getattr(hf_config, "depths", []) or []),
@@ -63,7 +62,6 @@ class ModelFacts:
             and bool(getattr(hf_config, "router_aux_loss_coef", 0.0)),
             num_experts=next((int(getattr(hf_config, k)) for k in EXPERT_COUNT_KEYS if getattr(hf_config, k, None)), 0),
             ep_layout="ep_dispatch_experts" in (getattr(hf_config, "base_model_ep_plan", None) or {}).values(),
-            task=task_of(whole).name,
             batch_norm=batch_norm,
             convolutional=convolutional,
         )

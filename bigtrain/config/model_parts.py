@@ -40,10 +40,15 @@ def part_modules(model: Any) -> dict[str, str]:
     return found
 
 
+def has_parts(hf_config: Any) -> bool:
+    """Whether the model has parts of its own (``PARTS``): a vision tower beside a language model."""
+    return getattr(hf_config, "vision_config", None) is not None
+
+
 def language_config(hf_config: Any) -> Any:
     """The config of what a model's rows go through: a vision-language model's text config (its language model's
     heads, layers, vocabulary and tp layout); any other model's config as it is."""
-    if getattr(hf_config, "vision_config", None) is None:
+    if not has_parts(hf_config):
         return hf_config
     return hf_config.get_text_config()
 

@@ -18,7 +18,7 @@ from bigtrain.config.capabilities import Setup, check, option_defaults
 from bigtrain.config.hf import resolve_attention
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan, divisor_hint
 from bigtrain.config.schema import ParallelConfig, RecipeConfig, TrainConfig
-from bigtrain.config.setup import DataFacts
+from bigtrain.config.setup import DataFacts, JobFacts
 from bigtrain.errors import ConfigError
 
 
@@ -97,17 +97,18 @@ def parallel_of(fields: dict[str, object]) -> ParallelConfig:
     )
 
 
-def resolve_plan(cfg: ParallelConfig, world_size: int, train: TrainConfig) -> Plan:
+def resolve_plan(cfg: ParallelConfig, world_size: int, train: TrainConfig, job: JobFacts | None = None) -> Plan:
     """The recipe's ``parallel`` section as a complete Plan for ``world_size`` ranks, or a ConfigError naming the key.
 
     ``train`` is the recipe's train section: its global batch must split into the plan's micro-batches, and its
-    options (``compile``) take part in what may run. What the recipe states contradicting itself (ddp with dp_shard,
+    options (``compile``) take part in what may run; ``job``: the job's facts once its task and objective are
+    resolved (their rows are asked too). What the recipe states contradicting itself (ddp with dp_shard,
     deepspeed with dp_replicate, ...) is said before the degrees' arithmetic, which it would only confuse."""
     if cfg.plan == "auto":
         raise ConfigError("parallel.plan=auto is chosen at start-up by the trainer (bigtrain/planner/auto.py)")
     _check_ranges(cfg)
     stated = _plan(cfg, _stated(cfg.dp_replicate), _stated(cfg.dp_shard))
-    check(Setup(stated, train), kinds=("invalid", "not_built"))
+    check(Setup(stated, train, job=job), kinds=("invalid", "not_built"))
     model_parallel = cfg.tp * cfg.pp * cfg.cp
     if world_size % model_parallel:
         cp = f" x parallel.cp={cfg.cp}" if cfg.cp > 1 else ""
@@ -125,7 +126,7 @@ def resolve_plan(cfg: ParallelConfig, world_size: int, train: TrainConfig) -> Pl
             "(or leave parallel.dp_shard unset to fill it)"
         )
     plan = _plan(cfg, replicate, shard)
-    check(Setup(plan, train))
+    check(Setup(plan, train, job=job))
     return plan
 
 

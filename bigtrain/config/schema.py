@@ -20,7 +20,6 @@ Packing = Literal["stream", "documents", "pad"]
 LogTo = Literal["jsonl", "tensorboard", "wandb", "mlflow", "trackio"]
 Method = Literal["full", "lora", "qlora", "auto"]
 Fp8 = Literal["none", "tensorwise", "rowwise", "auto"]
-Objective = Literal["sft", "dpo", "ipo", "orpo", "simpo"]
 DpoLoss = Literal["sigmoid", "hinge"]
 PipelineSchedule = Literal[
     "1f1b", "gpipe", "interleaved_1f1b", "looped_bfs", "interleaved_zero_bubble", "zbv_zero_bubble", "dual_pipe_v"
@@ -34,15 +33,6 @@ GRAD_REDUCE: tuple[str, ...] = get_args(GradReduce)
 PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 METHODS: tuple[str, ...] = get_args(Method)
 FP8_CHOICES: tuple[str, ...] = get_args(Fp8)
-OBJECTIVES: tuple[str, ...] = get_args(Objective)
-PREFERENCE_OBJECTIVES: tuple[str, ...] = ("dpo", "ipo", "orpo", "simpo")  # trained on pairs (data/preference.py)
-REFERENCE_OBJECTIVES: tuple[str, ...] = ("dpo", "ipo")  # measured against a reference model (parallel.reference)
-
-
-def rows_per_example(objective: str) -> int:
-    """Rows of a micro-batch per example the global batch counts: a preference pair is its chosen and its rejected
-    answer, each a row of its own (``data/batch.PairBatch``)."""
-    return 2 if objective in PREFERENCE_OBJECTIVES else 1
 ADAPTER_METHODS: tuple[str, ...] = ("lora", "qlora")
 
 
@@ -214,12 +204,14 @@ class TrainConfig:
         "0.5.",
         default=0.0,
     )
-    objective: Objective = doc(
-        "What is minimised: sft (next-token cross-entropy, or a classifier's), or a preference objective on "
-        "prompt/chosen/rejected pairs (docs/preference.md): dpo, ipo (both measured against a reference model, "
-        "parallel.reference), orpo or simpo (reference-free). train.global_batch_size then counts pairs, and the "
-        "loss is the mean over the global batch's pairs.",
-        default="sft",
+    objective: str = doc(
+        "What is minimised (bigtrain/objectives: one spec each): auto (the task's own: sft for token rows, "
+        "classification for a classifier), sft (next-token cross-entropy on the labelled tokens), classification "
+        "(cross-entropy over examples), or a preference objective on prompt/chosen/rejected pairs "
+        "(docs/preference.md): dpo, ipo (both measured against a reference model, parallel.reference), orpo or simpo "
+        "(reference-free). train.global_batch_size then counts pairs, and the loss is the mean over the global "
+        "batch's pairs.",
+        default="auto",
     )
     beta: float = doc(
         "Preference objectives, TRL's beta: dpo's and simpo's inverse temperature, ipo's regularisation (tau in its "

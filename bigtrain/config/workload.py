@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bigtrain.config.schema import ADAPTER_METHODS, METHODS, PRECISIONS, AdapterConfig, TrainConfig
-from bigtrain.config.setup import DataFacts
+from bigtrain.config.setup import DataFacts, JobFacts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,8 +30,9 @@ class Workload:
     image_size: int = 0  # pixels per side of a classifier's or a vision-language model's images (0: none, default)
     images_per_row: float = 1.0  # a vision-language model's images per row (a mean)
     frozen: tuple[str, ...] = ()  # model.freeze: the parts of a vision-language model that do not train
-    # train.objective: sft, or a preference objective, whose global batch counts pairs of two rows each
-    objective: str = "sft"
+    # the job's task and objective as the planner reads them (``JobFacts``: a preference objective's global batch
+    # counts pairs of two rows each; its reference is a role the search places)
+    job: JobFacts = JobFacts()
     # passes the run makes over its data: a precomputed reference's one pass, per step (planner/preference.py)
     epochs: float = 1.0
 
@@ -52,6 +53,11 @@ class Workload:
         return self.seq_len * self.global_batch_size
 
     @property
+    def objective(self) -> str:
+        """train.objective, resolved (the job's)."""
+        return self.job.objective
+
+    @property
     def adapters(self) -> bool:
         """Whether a frozen base is trained through adapters (lora, qlora)."""
         return self.method in ADAPTER_METHODS
@@ -69,9 +75,10 @@ class Workload:
         packed: bool = False,
         attention: str = "sdpa",
         epochs: float = 1.0,
+        job: JobFacts | None = None,
     ) -> Workload:
         """A recipe's workload: its ``train`` section, the sequence length its data has, its ``lora`` section, and
-        how its data is read (packed documents, the attention implementation)."""
+        how its data is read (packed documents, the attention implementation), and the job's facts (its specs')."""
         lora = lora or AdapterConfig()
         return cls(
             seq_len=seq_len,
@@ -84,7 +91,7 @@ class Workload:
             modules_to_save=tuple(lora.modules_to_save or ()),
             packed=packed,
             attention=attention,
-            objective=train.objective,
+            job=job or JobFacts(),
             epochs=epochs,
         )
 
@@ -96,6 +103,6 @@ class Workload:
             compile=self.compile,
             fp8=self.fp8,
             method=self.method,
-            objective=self.objective,
+            objective=self.job.objective,
             **fields,
         )

@@ -108,7 +108,7 @@ class ExampleBatch:
 
 @dataclass(frozen=True)
 class PairBatch:
-    """A micro-batch of preference pairs (``objectives/preference.py``): m pairs as 2m rows, the m prompt+chosen rows
+    """A micro-batch of preference pairs (``losses/preference.py``): m pairs as 2m rows, the m prompt+chosen rows
     then the m prompt+rejected rows (a pair is never split across micro-batches or ranks), right-padded, labelled on
     the answer only (already shifted; padding and prompt IGNORE_INDEX). ``ref_logps``: the reference model's
     log-probability of each row's answer ([2m], fp32), precomputed with the data or filled by the engine's reference

@@ -41,7 +41,7 @@ class PreferencePairs(IndexedRows):
     vocab_size: int
     description: str
     index: np.ndarray | None = None  # the pairs of ``ids`` these are (a split of them), in order; None: all
-    # [num_rows, 2] fp32 in these pairs' order, parallel.reference=precomputed (train/reference_pass.py)
+    # [num_rows, 2] fp32 in these pairs' order, parallel.reference=precomputed (roles/reference_pass.py)
     ref_logps: np.ndarray | None = None
     truncated: int = 0  # pairs with an answer or a prompt cut
     examples: int = 0

@@ -21,11 +21,8 @@ from typing import Any
 
 import torch
 
-from bigtrain.config.tasks import task_of
 from bigtrain.data.batch import MicroBatch
-from bigtrain.objectives import CausalLM, Classification, Objective, Terms
-from bigtrain.objectives.causal_lm import router_loss_coef
-from bigtrain.parallel.transforms.base import BuiltModel
+from bigtrain.losses import Objective, Terms
 
 # where a checkpoint of replica groups that train apart keeps each group's own model and optimizer state
 # (``replica_sync.py``): ``replicas.r<i>.model`` / ``.optimizer``; its ``model`` is the synchronised weights
@@ -38,21 +35,6 @@ class StepResult:
     lr: float  # the learning rate this step applied
     skipped: bool  # fp16 overflow: the update was skipped (always False without loss scaling)
     loss_scale: float | None  # the fp16 loss scale this step used; None without loss scaling
-
-
-def objective_of(built: BuiltModel, label_smoothing: float = 0.0) -> Objective:
-    """The objective a built model trains on (``bigtrain/objectives``): a classifier's cross-entropy over its examples
-    (with ``label_smoothing``), or a causal LM's token loss, whole, compiled or chunked as the transforms left the
-    model, with the router loss its config asks for."""
-    if task_of(built.parts[0].config).examples:
-        return Classification(label_smoothing)
-    return CausalLM(
-        head=built.loss_head,
-        chunk_tokens=built.plan.loss_chunk_tokens,
-        autocast=built.autocast_dtype,
-        compiled=built.compile_loss,
-        router_weight=router_loss_coef(built.parts[0].config),
-    )
 
 
 @contextlib.contextmanager
@@ -78,7 +60,7 @@ def step_sums(loss: torch.Tensor, terms: Terms) -> torch.Tensor:
 
 
 class Reference(ABC):
-    """Where a preference objective's reference log-probabilities come from (``engine/reference.py``)."""
+    """Where an objective's reference log-probabilities come from (``roles/reference.py``)."""
 
     @abstractmethod
     def attach(self, batch: Any) -> Any:
@@ -87,8 +69,9 @@ class Reference(ABC):
 
 class Engine(ABC):
     """A model, its optimizer and schedule, and the parallel machinery that trains them. ``objective``: what it
-    minimises (set by each engine from its built model); the engine drives it without knowing which it is.
-    ``reference``: a preference objective's reference model, asked before the policy's forward (None: none)."""
+    minimises (the job's objective makes it for the built model, ``build_engine``); the engine drives it without
+    knowing which it is. ``reference``: a role that annotates each micro-batch before the policy's forward (a
+    reference model's log-probabilities; None: none)."""
 
     objective: Objective
     reference: Reference | None = None

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bigtrain.data.batch import MicroBatch
-from bigtrain.engine.base import Engine, StepResult, objective_of, step_sums
+from bigtrain.engine.base import Engine, StepResult, step_sums
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory
 from bigtrain.models.build import init_deepspeed_comm
 from bigtrain.parallel.transforms.base import BuiltModel
@@ -37,7 +37,6 @@ class DeepSpeedZeroEngine(Engine):
     def __init__(self, ds_engine: Any, built: BuiltModel, scheduler: Any, device: torch.device, config: dict) -> None:
         self.ds = ds_engine
         self.built = built
-        self.objective = objective_of(built)
         self.plan = built.plan
         self.scheduler = scheduler
         self.device = device
@@ -93,7 +92,7 @@ class DeepSpeedZeroEngine(Engine):
 
     def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         factor = loss_factor * self.dp_size  # DeepSpeed averages over the ranks: back to the sum (module docstring)
-        # the router loss: its mean over every forward of the global batch (objectives/causal_lm.router_loss;
+        # the router loss: its mean over every forward of the global batch (losses/causal_lm.router_loss;
         # DeepSpeed's average over the ranks is the rest of that mean)
         router_factor = self.objective.per_forward_weight / len(micro_batches)
         micro_batches = self.with_reference(micro_batches)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from bigtrain.config.capabilities.replica_sync import SyncSettings
+from bigtrain.config.capabilities.replica_sync import SyncSettings, settings_of
 from bigtrain.data.batch import MicroBatch
 from bigtrain.engine.base import REPLICA_STATE, Engine, StepResult
 from bigtrain.engine.replica_links import MeshLink, TorchftLink
@@ -356,3 +356,13 @@ def _split(trained: list[_Trained], fragments: int) -> list[list[_Trained]]:
         out[index].append(t)
         seen += t.param.numel()
     return out
+
+
+def wrap(engine: Engine, options: Any, train: Any) -> Engine:
+    """The replica-sync record's engine (``Capability.engine``): ``engine`` inside one when the plan's replica groups
+    synchronise every H steps; as it is otherwise, and in the simulator, which measures one group's step."""
+    sync = settings_of(options.plan)
+    if not sync.semi_synchronous or options.values == "empty":
+        return engine
+    assert isinstance(engine, TorchNativeEngine), "the table runs semi-synchronous plans on this engine only"
+    return ReplicaSyncEngine(engine, sync, train.steps, options.replicas)

@@ -21,10 +21,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bigtrain.config.schema import TrainConfig
 from bigtrain.data.batch import MicroBatch
-from bigtrain.engine.base import Engine, StepResult, evaluating, objective_of, step_sums
+from bigtrain.engine.base import Engine, StepResult, evaluating, step_sums
 from bigtrain.engine.grad_norm import clip_global_grad_norm
 from bigtrain.engine.loss_scale import DynamicLossScaler
-from bigtrain.objectives import Terms
+from bigtrain.losses import Terms
 from bigtrain.parallel.transforms.base import BuiltModel
 
 # Optimizer state keyed by parameter name (not by position), so it follows the parameters to another plan. Frozen
@@ -55,7 +55,6 @@ class TorchNativeEngine(Engine):
         device: torch.device,
     ) -> None:
         self.built = built
-        self.objective = objective_of(built)
         self.parts = built.parts
         self.mesh = built.mesh
         self.optimizers = optimizers
@@ -138,7 +137,7 @@ class TorchNativeEngine(Engine):
 
     def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         factor = self._gradient_factor(loss_factor)
-        # the router loss: its mean over every forward of the global batch (``objectives/causal_lm.router_loss``);
+        # the router loss: its mean over every forward of the global batch (``losses/causal_lm.router_loss``);
         # the ranks' gradient average already divides by the data-parallel ranks
         scale = self.loss_scaler.scale if self.loss_scaler else 1.0
         router_factor = self.objective.per_forward_weight / len(micro_batches) * scale

@@ -29,7 +29,7 @@ gradient sync, global-norm clipping, AdamW. What the simulator adds is only the 
 - ``train.compile`` is not simulated (the blocks run eagerly): the planner's compiled terms are measured on a GPU.
 - A vision-language model's forward reads values of its batch (image-token counts, Qwen-VL's image grids and
   windows): the batch's token ids and grids stay real and what derives from them only is computed for real
-  (``image_chat_inputs.py``); pixel values and everything the weights touch stay fake.
+  (``tasks/image_chat_inputs.py``); pixel values and everything the weights touch stay fake.
 - Pipelined plans (pp > 1) run torch's own schedule over the trainer's stages, once for every pp coordinate (each
   holds other layers and keeps other micro-batches in flight), with every micro-batch of the step. Three things
   differ from the other plans: the schedule's start-up vote over the pp ranks (STATIC shapes or not) is answered as
@@ -54,22 +54,19 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
 
 from bigtrain.config.capabilities import ModelFacts, Setup, check
-from bigtrain.config.capabilities.preference import reference_mode
+from bigtrain.config.capabilities.reference import reference_mode
 from bigtrain.config.hf import model_config_object, resolve_attention
 from bigtrain.config.plan import Plan
-from bigtrain.config.schema import PREFERENCE_OBJECTIVES, AdapterConfig, TrainConfig, rows_per_example
-from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
+from bigtrain.config.schema import AdapterConfig, TrainConfig
 from bigtrain.config.workload import Workload
-from bigtrain.data.batch import ExampleBatch, MicroBatch, PairBatch
-from bigtrain.data.labels import IGNORE_INDEX, next_token_labels
 from bigtrain.engine import build_engine
 from bigtrain.engine.base import train_step
 from bigtrain.engine.pipelined import PipelinedEngine
 from bigtrain.engine.torch_native import TorchNativeEngine
 from bigtrain.errors import ConfigError
-from bigtrain.measure.image_chat_inputs import RealValuedInputs, image_chat_batch
+from bigtrain.job import Job, named_job
 from bigtrain.parallel.transforms.base import BuildOptions
-from bigtrain.planner.classifier_stats import example_inputs
+from bigtrain.tasks import resolve
 from bigtrain.train.optim import build_optimizer, build_scheduler
 
 
@@ -86,29 +83,30 @@ def simulate(
     micro-batches in flight: the first rank of every pp coordinate is simulated and the largest peak returned, with
     its ``pp_rank``.
     ``real_tensors``: run on real CPU tensors instead of fake ones (memory and time of a real step: small models).
+    The job (its task and objective, ``workload.job``) decides the micro-batch, the loss and its roles.
     """
+    job = named_job(workload.job.task, workload.job.objective)
     hf_config = model_config_object(model_config)
-    if task_of(hf_config).unit == "images" and not workload.image_size:
-        raise ConfigError("an image classifier's step is simulated at an image size: set Workload.image_size")
-    if task_of(hf_config).examples and workload.method == "lora" and not workload.modules_to_save:
-        from bigtrain.train.task_setup import classifier_head  # its head trains beside the adapters, as in a run
-
-        workload = dataclasses.replace(workload, modules_to_save=tuple(classifier_head(hf_config)))
+    resolve(hf_config, job.task.name)  # the task's class, as start-up names it
+    if workload.method == "lora" and not workload.modules_to_save and job.task.lora_modules is not None:
+        # the modules the task trains beside the adapters (a classifier's head), as in a run
+        workload = dataclasses.replace(workload, modules_to_save=tuple(job.task.lora_modules(hf_config)))
     attn_implementation = resolve_attention(hf_config, attn_implementation)  # "auto": the family's own default
     # what the trainer would refuse
-    check(Setup(plan, workload.train_config(), ModelFacts.of(hf_config), workload.data_facts()))
+    extra = job.task.model_facts(hf_config) if job.task.model_facts is not None else {}
+    check(Setup(plan, workload.train_config(), ModelFacts.of(hf_config, **extra), workload.data_facts(), job.facts))
     reason = not_simulated(plan, real_tensors, workload.method)
     if reason is not None:
         raise ConfigError(f"--simulate runs bigtrain's own training step, which cannot simulate this plan: {reason}")
     if dist.is_initialized():
         raise ConfigError("simulation needs its own (fake) process group; run it outside a training job")
     if plan.pp == 1:
-        return _simulate_rank(0, hf_config, plan, workload, attn_implementation, real_tensors)
+        return _simulate_rank(0, hf_config, plan, workload, attn_implementation, real_tensors, job)
     worst: dict[str, int] = {}
     for pp_rank in range(plan.pp):
         # ranks are laid out (pp, dp_replicate, dp_shard, tp) row-major: this is the first rank of pp coordinate p
         rank = pp_rank * (plan.world_size // plan.pp)
-        peak = _simulate_rank(rank, hf_config, plan, workload, attn_implementation, real_tensors)
+        peak = _simulate_rank(rank, hf_config, plan, workload, attn_implementation, real_tensors, job)
         if peak["Total"] > worst.get("Total", -1):
             worst = {**peak, "pp_rank": pp_rank}
     return worst
@@ -132,7 +130,7 @@ def not_simulated(plan: Plan, real_tensors: bool = False, method: str = "full") 
 
 
 def _simulate_rank(
-    rank: int, hf_config: Any, plan: Plan, workload: Workload, attn_implementation: str, real_tensors: bool
+    rank: int, hf_config: Any, plan: Plan, workload: Workload, attn_implementation: str, real_tensors: bool, job: Job
 ) -> dict[str, int]:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers the "fake" backend
@@ -143,9 +141,9 @@ def _simulate_rank(
     train = TrainConfig(
         global_batch_size=workload.global_batch_size, mixed_precision=precision, objective=workload.objective
     )
-    vision_language = task_of(hf_config) is IMAGE_TEXT_TO_TEXT
-    # a vision-language batch's token ids and image grids stay real (image_chat_inputs.py): fake ops take them
-    fake_mode = None if real_tensors else FakeTensorMode(allow_non_fake_inputs=vision_language)
+    real_inputs = job.task.real_inputs
+    # what the forward reads the values of stays real (a VLM's token ids and image grids): fake ops take it
+    fake_mode = None if real_tensors else FakeTensorMode(allow_non_fake_inputs=real_inputs is not None)
     options = BuildOptions(
         hf_config=hf_config,
         plan=plan,
@@ -158,7 +156,7 @@ def _simulate_rank(
         lora=AdapterConfig(r=workload.lora_rank, modules_to_save=list(workload.modules_to_save) or None),
         freeze=workload.frozen,
     )
-    real_valued = RealValuedInputs() if vision_language and fake_mode is not None else contextlib.nullcontext()
+    real_valued = real_inputs() if real_inputs is not None and fake_mode is not None else contextlib.nullcontext()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world_size)
     try:
         engine = build_engine(
@@ -166,6 +164,8 @@ def _simulate_rank(
             train,
             make_optimizer=lambda params: build_optimizer(params, train),
             make_scheduler=lambda optimizer: build_scheduler(optimizer, train),
+            objective=job.objective.make,
+            roles=job.objective.attach,
         )
         assert isinstance(engine, TorchNativeEngine)  # DeepSpeed is refused above
         built = engine.built
@@ -178,25 +178,17 @@ def _simulate_rank(
         # what the gradients kept between micro-steps add
         micro_steps = accum if pipelined else min(accum, 2)
         with fake_mode or contextlib.nullcontext(), real_valued, _unpacked_batches(), _static_pipeline_metadata():
-            if vision_language:  # token rows with images: normalised by the labelled tokens, as a causal LM's
-                batches = [image_chat_batch(hf_config, plan, workload, device) for _ in range(micro_steps)]
-                labelled = int((batches[0].labels != IGNORE_INDEX).sum())
-                global_count = float(labelled * workload.global_batch_size // plan.micro_batch_size)
-            elif workload.objective in PREFERENCE_OBJECTIVES:  # pairs of rows, normalised by the pairs
-                batches = [_pairs(hf_config, plan, workload, device) for _ in range(micro_steps)]
-                global_count = float(workload.global_batch_size)
-            elif task_of(hf_config).examples:  # a classifier: examples with one label each, normalised by their count
-                batches: list[Any] = [_examples(hf_config, plan, workload, device) for _ in range(micro_steps)]
-                global_count = float(workload.global_batch_size)
-            else:
-                shape = (plan.micro_batch_size, workload.seq_len)
-                batches = [
-                    MicroBatch.of_ids(torch.randint(0, hf_config.vocab_size, shape, device=device))
-                    for _ in range(micro_steps)
-                ]
-                cp_rank, cp_size = engine.sequence_slice  # rank 0's slice of each row under context parallelism
-                batches = [batch.sequence_slice(cp_rank, cp_size) for batch in batches] if cp_size > 1 else batches
-                global_count = float(workload.global_batch_size * (workload.seq_len - 1))
+            # the job's micro-batch (its objective's data where it has its own, else its task's) and what a global
+            # batch of such counts
+            batches, count = [], None
+            for _ in range(micro_steps):
+                batch, count = job.synthetic(hf_config, plan, workload, device)
+                batches.append(batch)
+            assert count is not None
+            global_count = count(batches[0], workload, plan)
+            cp_rank, cp_size = engine.sequence_slice  # rank 0's slice of each row under context parallelism
+            if cp_size > 1:
+                batches = [batch.sequence_slice(cp_rank, cp_size) for batch in batches]
             inputs = [t for batch in batches for t in batch.tensors()] + _reference_tensors(engine, plan, workload)
             train_step(engine, batches, global_count, train.grad_clip)  # warm-up, untracked (see the docstring)
             tracker = _tracker(engine, inputs)
@@ -209,17 +201,6 @@ def _simulate_rank(
         dist.destroy_process_group()
 
 
-def _pairs(hf_config: Any, plan: Plan, workload: Workload, device: torch.device) -> PairBatch:
-    """A preference micro-batch as the data path makes it: 2m rows (chosen, then rejected) of the workload's length,
-    the first half of each row its prompt; the reference's log-probabilities with it where they are precomputed."""
-    rows, length = rows_per_example(workload.objective) * plan.micro_batch_size, workload.seq_len
-    ids = torch.randint(0, hf_config.vocab_size, (rows, length), device=device)
-    labels = next_token_labels(ids)
-    labels[:, : length // 2] = IGNORE_INDEX
-    precomputed = reference_mode(plan, workload) == "precomputed"
-    return PairBatch(ids, labels, torch.zeros(rows, device=device) if precomputed else None)
-
-
 def _reference_tensors(engine: TorchNativeEngine, plan: Plan, workload: Workload) -> list[torch.Tensor]:
     """The frozen reference copy's parameters on this device (``parallel.reference: sharded``): made before the
     step, so the tracker is handed them as it is the inputs. An offloaded copy's live in host memory (on this CPU
@@ -229,14 +210,6 @@ def _reference_tensors(engine: TorchNativeEngine, plan: Plan, workload: Workload
         return []
     local = [p.to_local() if isinstance(p, DTensor) else p for part in built.parts for p in part.parameters()]
     return [t.detach() for t in local]
-
-
-def _examples(hf_config: Any, plan: Plan, workload: Workload, device: torch.device) -> ExampleBatch:
-    """A classifier's micro-batch as its data path makes it: float images at the workload's size (channels first),
-    or token rows of the workload's length with their attention mask; one label per example."""
-    b, side = plan.micro_batch_size, workload.image_size
-    inputs = example_inputs(hf_config, b, side, 0 if side else workload.seq_len, device)
-    return ExampleBatch(inputs, torch.randint(0, hf_config.num_labels, (b,), device=device))
 
 
 def _tracker(engine: TorchNativeEngine, inputs: list[torch.Tensor]) -> MemTracker:

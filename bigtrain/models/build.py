@@ -1,4 +1,4 @@
-"""Build a HuggingFace causal LM on the ``meta`` device: structure and shapes, no memory.
+"""Build a HuggingFace model on the ``meta`` device: structure and shapes, no memory.
 
 The trainer shards this skeleton first and materialises it afterwards (``materialize.py``), so no rank ever allocates
 the full model unless the plan replicates it (DDP).
@@ -15,21 +15,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from bigtrain.config.hf import (
-    attention_choices,
-    config_object,
-    may_see_both_ways,
-    require_causal_attention,
-    require_causal_lm,
-    resolve_attention,
-)
+from bigtrain.config.hf import attention_choices, causal_lm_class, config_object, model_class, resolve_attention
 from bigtrain.config.schema import ModelConfig
-from bigtrain.config.tasks import CAUSAL_LM, model_class, resolve_task, task_of
 from bigtrain.errors import ConfigError
 
 
 def load_hf_config(cfg: ModelConfig) -> Any:
-    """The ``PretrainedConfig`` of the recipe's model, from a local folder or from ``model.config``."""
+    """The ``PretrainedConfig`` of the recipe's model, from a local folder or from ``model.config`` (what its task
+    makes of it is the job's: ``bigtrain/job.py``)."""
 
     if (cfg.name_or_path is None) == (cfg.config is None):
         raise ConfigError("set exactly one of model.name_or_path (a local HF folder) or model.config (a config dict)")
@@ -45,11 +38,12 @@ def load_hf_config(cfg: ModelConfig) -> Any:
     else:
         key = "model.config"
         config = config_object(cfg.config or {}, key, causal_lm=False)
-    if resolve_task(config, cfg.task, key) is CAUSAL_LM:
-        require_causal_lm(config.model_type, key)
-        if cfg.name_or_path is not None or may_see_both_ways(config):
-            require_causal_attention(config, key)
     return config
+
+
+def config_key(cfg: ModelConfig) -> str:
+    """How a message names where the model's config came from."""
+    return "model.config" if cfg.name_or_path is None else f"model.name_or_path={cfg.name_or_path!r}"
 
 
 def _read_config(path: Path, key: str, trust_remote_code: bool) -> Any:
@@ -82,11 +76,18 @@ def _read_config(path: Path, key: str, trust_remote_code: bool) -> Any:
     return config
 
 
-def auto_class(hf_config: Any) -> Any:
-    """The transformers Auto class of the config's task (``config/tasks.py``)."""
+def construct(hf_config: Any, **kwargs: Any) -> nn.Module:
+    """The model of the config's class (``model_class``), else its family's causal LM, built from the config (as the
+    Auto classes build it: a class of a composite config's language model takes that text config)."""
     import transformers
 
-    return getattr(transformers, task_of(hf_config).auto_class)
+    cls = model_class(hf_config)
+    if cls is None:
+        return transformers.AutoModelForCausalLM.from_config(hf_config, **kwargs)
+    text_config = getattr(hf_config, "sub_configs", {}).get("text_config")
+    if text_config is not None and getattr(cls, "config_class", None) is text_config:
+        hf_config = hf_config.get_text_config()
+    return cls._from_config(hf_config, **kwargs)
 
 
 def set_cache(hf_config: Any, on: bool) -> None:
@@ -105,9 +106,7 @@ def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:
     attn_implementation = resolve_attention(hf_config, attn_implementation)
     try:
         with torch.device("meta"):
-            model = auto_class(hf_config).from_config(
-                hf_config, dtype=torch.float32, attn_implementation=attn_implementation
-            )
+            model = construct(hf_config, dtype=torch.float32, attn_implementation=attn_implementation)
     except (ValueError, ImportError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         first = first.split(". ")[0]  # transformers' first sentence says it; the rest is advice for its own API
@@ -117,9 +116,10 @@ def build_meta_model(hf_config: Any, attn_implementation: str) -> nn.Module:
                 f"model.attn_implementation={attn_implementation!r} cannot build {hf_config.model_type} ({first}); "
                 f"for {hf_config.model_type} use {works} (or auto, the family's own default)"
             ) from e
+        named = model_class(hf_config)
         raise ConfigError(
-            f"model config of type {hf_config.model_type!r} does not build as a {task_of(hf_config).name} model "
-            f"({first})"
+            f"model config of type {hf_config.model_type!r} does not build as "
+            f"{named.__name__ if named else 'a causal LM'} ({first})"
         ) from e
     return model
 
@@ -159,7 +159,7 @@ def build_partitioned_model(hf_config: Any, attn_implementation: str, deepspeed_
 
     with deepspeed.zero.Init(config_dict_or_path=deepspeed_config):
         with no_init_weights():
-            model = auto_class(hf_config).from_config(
+            model = construct(
                 hf_config, dtype=torch.float32, attn_implementation=resolve_attention(hf_config, attn_implementation)
             )
         model.tie_weights()  # skipped with the initialisation: the tied LM head is the embeddings' parameter again
@@ -174,9 +174,9 @@ def model_shapes(hf_config: Any, attn_implementation: str) -> dict[str, tuple[in
 def block_class_names(hf_config: Any) -> list[str]:
     """The class names of the model's decoder blocks (its ``_no_split_modules``), read from the model class alone:
     what accelerate's and HF Trainer's FSDP plugins wrap (``transformer_layer_cls_to_wrap``)."""
-    cls = model_class(hf_config)
+    cls = model_class(hf_config) or causal_lm_class(hf_config)
     if cls is None:
-        raise ConfigError(f"model config of type {hf_config.model_type!r} has no {task_of(hf_config).name} class")
+        raise ConfigError(f"model config of type {hf_config.model_type!r} has no causal LM class in transformers")
     names = list(getattr(cls, "_no_split_modules", None) or [])
     if not names:
         raise ConfigError(f"{cls.__name__} names no decoder block class (_no_split_modules is empty)")

@@ -1,15 +1,34 @@
-"""What a training step minimises, given a micro-batch and the model's output: one objective per task.
+"""What a training step minimises: one spec per objective (``spec.ObjectiveSpec``), one line each in ``RECORDS``.
 
-An objective (``base.Objective``) returns its loss *sum* over what it counts (labelled tokens for a causal LM), the
-count itself (summed over the global batch by the loop, which scales every micro-batch's sum by 1 / that total), and
-a term averaged over every forward of the global batch where it has one (a mixture's router loss). The engines
-drive any objective the same way and never learn which one runs; classification over examples and the preference
-objectives over pairs are objectives here too.
+Adding an objective is one module here ending in ``OBJECTIVE = ObjectiveSpec(...)`` and its line below
+(``docs/architecture.md``). The losses themselves live in ``bigtrain/losses`` (or in the spec's own module).
 """
 
-from bigtrain.objectives.base import Objective, Terms
-from bigtrain.objectives.causal_lm import CausalLM
-from bigtrain.objectives.classification import Classification
-from bigtrain.objectives.preference import Preference, PreferenceSettings
+from __future__ import annotations
 
-__all__ = ["CausalLM", "Classification", "Objective", "Preference", "PreferenceSettings", "Terms"]
+from importlib import import_module
+
+from bigtrain.errors import ConfigError
+from bigtrain.objectives.spec import ObjectiveSpec
+
+RECORDS = (
+    "sft",
+    "classification",
+    "dpo",
+    "ipo",
+    "orpo",
+    "simpo",
+)
+OBJECTIVES: dict[str, ObjectiveSpec] = {
+    spec.name: spec for spec in (import_module(f"{__name__}.{name}").OBJECTIVE for name in RECORDS)
+}
+AUTO = "auto"
+
+__all__ = ["AUTO", "OBJECTIVES", "ObjectiveSpec", "objective"]
+
+
+def objective(name: str, key: str = "train.objective") -> ObjectiveSpec:
+    """The spec of an objective by its name; a ConfigError naming ``key`` and the objectives there are."""
+    if name not in OBJECTIVES:
+        raise ConfigError(f"{key}={name!r} is not an objective; use {AUTO}, {', '.join(OBJECTIVES)}")
+    return OBJECTIVES[name]

@@ -265,7 +265,7 @@ def _measure(
         names = {id(m): n for n, m in model.named_modules()}
         for seq_len in lengths:
             seen = [_Seen() for _ in chosen]
-            counter = FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas())
+            counter = FlopCounterMode(display=False, custom_mapping=cpu_flop_formulas())
             with contextlib.ExitStack() as hooks:
                 for block, tally in zip(chosen, seen, strict=True):
                     hooks.enter_context(_watch(block, tally, weights))
@@ -374,7 +374,7 @@ def _fp32_experts(dtype: Any) -> Iterator[None]:
         yield
 
 
-def _extra_flop_formulas() -> dict[Any, Any]:
+def cpu_flop_formulas() -> dict[Any, Any]:
     """FLOPs of the kernels torch's counter does not know on the CPU: attention, grouped matmuls (2·m·n·k)."""
     import torch
 

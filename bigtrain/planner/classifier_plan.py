@@ -1,11 +1,12 @@
-"""Plans for image and sequence classifiers: memory and time of each data-parallel plan, the choice, and the scaling
-from 1 GPU to N, the measure data-parallel training is judged by.
+"""The memory and time terms of image and sequence classifiers, for the one search (``search.py``) every task plans
+through (``classifier_model``: the ``PlannedModel`` a classifier's spec hands it).
 
-Candidates (a convolutional model on GPUs channels-last in all of them): DDP, FSDP2 (zero_stage 2 or 3) and
-DeepSpeed ZeRO-1/2/3, each at every micro-batch that divides a
-rank's share of the global batch, with and without full activation checkpointing of the blocks for models without
-BatchNorm (tp, pp, cp, ep and compile are rows of the capability table for classifiers:
-``config/capabilities/classification.py``). Checkpointing costs one more forward of the blocks (4/3 of the
+What the terms describe (``describes``; the search offers nothing else for a classifier): DDP, FSDP2 (zero_stage 2
+or 3, one replica group) and DeepSpeed ZeRO-1/2/3, at every micro-batch that divides a rank's share of the global
+batch (powers of two and the share itself), with and without full activation checkpointing of the blocks, no
+offload (tp, pp, cp, ep, FP8 and QLoRA are rows of the classification tasks' specs: ``tasks/classifiers.py``; the
+BatchNorm rows are ``config/capabilities/batch_norm.py``'s; a convolutional model on GPUs is channels-last in all of
+them, ``config/capabilities/channels_last.py``). Checkpointing costs one more forward of the blocks (4/3 of the
 compute). The model's numbers are measured on fake tensors (``classifier_stats.py``).
 
 Memory of rank 0 (Ψ parameters, N data-parallel ranks, a bytes of the compute dtype, b the micro-batch):
@@ -35,28 +36,22 @@ makes small micro-batches slow.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bigtrain.config.capabilities import Setup, first_problem
-from bigtrain.config.capabilities.classification import CHANNELS_LAST
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, Plan
 from bigtrain.config.workload import Workload
-from bigtrain.errors import ConfigError
-from bigtrain.planner.cost import ACHIEVABLE, EXPOSED_FRACTION, FP32_SLOWDOWN, MEMORY_ACHIEVABLE
+from bigtrain.planner.cost import ACHIEVABLE, EXPOSED_FRACTION, FP32_SLOWDOWN, MEMORY_ACHIEVABLE, TimeEstimate
 from bigtrain.planner.deepspeed_memory import DEEPSPEED_MAX_LIVE_PARAMETERS
-from bigtrain.planner.hardware import Cluster, link_bandwidth, ring_share, size
+from bigtrain.planner.hardware import Cluster, count, link_bandwidth, ring_share
 from bigtrain.planner.memory_terms import MARGIN_FIXED, MARGIN_FRACTION, MemoryEstimate
+from bigtrain.planner.planned import PlannedModel
 
 if TYPE_CHECKING:  # measured with torch (fake tensors): planning a causal LM imports no torch
     from bigtrain.planner.classifier_stats import ClassifierStats
 
 CONV_ACHIEVABLE = 0.20  # of the datasheet peak, for CNNs (module docstring: NVIDIA's ResNet-50 A100 figure)
 BACKWARD_SHARE = 2 / 3  # of a step's compute: what gradient traffic can hide behind
-# the plans tried, simplest first: a near tie (NEAR_TIE) goes to the simpler one
-BACKENDS = (("ddp", 0), ("fsdp2", 2), ("fsdp2", 3), ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3))
-NEAR_TIE = 0.01
 
 
 @dataclass(frozen=True)
@@ -66,32 +61,6 @@ class ClassifierTime:
     comm_s: float  # gradient and weight traffic of one step, overlapped or not
     exposed_s: float  # the part of it backward does not hide
     per_s: float  # examples per second over the whole job
-
-
-@dataclass(frozen=True)
-class Candidate:
-    plan: Plan
-    memory: MemoryEstimate  # other_bytes: gathered weights, buckets, temporaries
-    time: ClassifierTime
-    fits: bool
-
-
-def classifier_plan(backend: str, zero_stage: int, dp: int, micro_batch_size: int, checkpointed: bool = False) -> Plan:
-    shard = backend != "ddp"
-    return Plan(
-        backend=backend,
-        zero_stage=zero_stage,
-        grad_reduce=DEFAULT_GRAD_REDUCE[backend],
-        dp_replicate=1 if shard else dp,
-        dp_shard=dp if shard else 1,
-        tp=1,
-        pp=1,
-        pp_schedule="1f1b",
-        activation_checkpointing="full" if checkpointed else "none",
-        micro_batch_size=micro_batch_size,
-        offload_optimizer=False,
-        offload_params=False,
-    )
 
 
 def trained_and_frozen(stats: ClassifierStats, workload: Workload) -> tuple[int, int]:
@@ -187,7 +156,7 @@ def estimate_time(stats: ClassifierStats, plan: Plan, cluster: Cluster, workload
     return ClassifierTime(step_s, compute_s, traffic, exposed, workload.global_batch_size / step_s)
 
 
-def micro_batch_sizes(per_rank: int) -> list[int]:
+def micro_batch_sizes(per_rank: int) -> tuple[int, ...]:
     """Powers of two that divide a rank's share of the global batch, and the share itself."""
     sizes = {per_rank}
     b = 1
@@ -195,126 +164,84 @@ def micro_batch_sizes(per_rank: int) -> list[int]:
         if per_rank % b == 0:
             sizes.add(b)
         b *= 2
-    return sorted(sizes)
+    return tuple(sorted(sizes))
 
 
-def candidates(stats: ClassifierStats, cluster: Cluster, workload: Workload, fixed: dict[str, Any]) -> list[Candidate]:
-    n = cluster.num_gpus
-    if workload.global_batch_size % n:
-        lower = workload.global_batch_size // n * n
-        raise ConfigError(
-            f"global_batch_size={workload.global_batch_size} does not divide over {n} GPUs; try "
-            f"{lower or n} or {lower + n}"
+def step_time(stats: ClassifierStats, plan: Plan, cluster: Cluster, workload: Workload) -> TimeEstimate:
+    """``estimate_time`` as the search reads a step: seconds, examples per second per device, MFU, the compute and
+    the communication backward does not hide (``comm_s``)."""
+    t = estimate_time(stats, plan, cluster, workload)
+    per_device = t.per_s / plan.dp
+    peak = cluster.gpu.peak_tflops * 1e12
+    mfu = stats.flops_per_example * per_device / peak if peak else 0.0
+    # what is not communication left exposed is compute (the optimizer's step included)
+    return TimeEstimate(t.step_s, per_device, mfu, t.step_s - t.exposed_s, t.exposed_s)
+
+
+def describes(stats: ClassifierStats) -> Any:
+    """The plans these terms describe (module docstring): data parallelism on one replica group (DDP replicates),
+    every block checkpointed or none (none for a model without blocks), nothing offloaded, the backend's own
+    gradient reduction, one loss."""
+    checkpointing = ("none", "full") if stats.blocks else ("none",)
+
+    def described(plan: Plan) -> bool:
+        return (
+            plan.activation_checkpointing in checkpointing
+            and plan.checkpoint_every == 1
+            and (plan.backend == "ddp" or plan.dp_replicate == 1)
+            and not (plan.offload_params or plan.offload_optimizer or plan.offload_activations)
+            and plan.grad_reduce == DEFAULT_GRAD_REDUCE[plan.backend]
+            and plan.loss_chunk_tokens == 0
         )
-    out = []
-    train, data = workload.train_config(), workload.data_facts()
-    # a convolutional model on GPUs trains channels-last: tensor cores' convolutions read NHWC (torchvision's and
-    # NVIDIA's reference recipes for AMP); its memory is the same, and its gain is not in the time model
-    nhwc = stats.convolutional and cluster.gpu.name != "CPU"
-    for backend, stage in BACKENDS:
-        for b in micro_batch_sizes(workload.global_batch_size // n):
-            for checkpointed in (False, True):
-                plan = classifier_plan(backend, stage, n, b, checkpointed)
-                plan = plan.with_option(CHANNELS_LAST.name, True) if nhwc else plan
-                if any(plan.to_dict().get(k) != v for k, v in fixed.items()):
-                    continue
-                if stats.blocks == 0 and checkpointed:  # nothing to checkpoint
-                    continue
-                if first_problem(Setup(plan, train, stats.facts, data)) is not None:  # the table's rows
-                    continue
-                memory = estimate_memory(stats, plan, workload)
-                time = estimate_time(stats, plan, cluster, workload)
-                out.append(Candidate(plan, memory, time, memory.budget_bytes <= cluster.gpu.memory_bytes))
-    if not out:
-        raise ConfigError(f"no classifier plan has {fixed}; classifiers train on backend ddp, fsdp2 or deepspeed")
-    return ranked(out)
+
+    return described
 
 
-def ranked(found: list[Candidate]) -> list[Candidate]:
-    """Fitting plans first, fastest first; a plan within NEAR_TIE of the fastest but simpler (earlier in BACKENDS,
-    then with the larger micro-batch) goes before it."""
-    order = {key: i for i, key in enumerate(BACKENDS)}
-    fits = [c for c in found if c.fits]
-    fastest = min((c.time.step_s for c in fits), default=1.0)
-    # steps within 0.1% of each other are the same time: the larger micro-batch first (fewer, larger kernels)
-    fits.sort(key=lambda c: (round(c.time.step_s / fastest, 3), -c.plan.micro_batch_size))
-    rest = sorted((c for c in found if not c.fits), key=lambda c: c.memory.budget_bytes)
-    if fits:
-        best = fits[0].time.step_s
-        near = [c for c in fits if c.time.step_s <= best * (1 + NEAR_TIE)]
-        near.sort(
-            key=lambda c: (
-                c.plan.activation_checkpointing != "none",
-                order[(c.plan.backend, c.plan.zero_stage)],
-                -c.plan.micro_batch_size,
-            )
-        )
-        fits = near + [c for c in fits if c not in near]
-    return fits + rest
+def headline(stats: ClassifierStats, workload: Workload) -> str:
+    """The plan table's words for a classifier: what an example is, its parameters and FLOPs, what LoRA trains."""
+    unit = stats.unit
+    words = (
+        f"model {stats.describe}: {count(stats.params)} params, {_gflop(stats.flops_per_example)} GFLOP per "
+        f"{unit[:-1]} (forward + backward)"
+    )
+    if workload.method == "lora":
+        words += f"; LoRA r={workload.lora_rank}: {count(stats.lora_params(workload.lora_rank))} trained"
+    return words
 
 
-@dataclass(frozen=True)
-class ScalingRow:
-    gpus: int
-    per_s: float  # examples per second over all GPUs
-    speedup: float
-    efficiency: float
-    comm_s: float
-    exposed_s: float
-    fits: bool  # the plan's memory fits one GPU at this count
+def summary(stats: ClassifierStats) -> dict[str, Any]:
+    return {
+        "model_type": stats.model_type,
+        "task": stats.task,
+        "params": stats.params,
+        "example": stats.example,
+        "flops_per_example": stats.flops_per_example,
+    }
 
 
-def scaling(stats: ClassifierStats, chosen: Plan, cluster: Cluster, workload: Workload) -> list[ScalingRow]:
-    """The chosen plan's kind on 1, 2, 4, ... up to the asked GPUs, each GPU with the same share of the batch (the
-    micro-batch and accumulation of the chosen plan): examples/s, speed-up over one GPU, and how much gradient
-    traffic backward no longer hides."""
-    counts, g = [], 1
-    while g < cluster.num_gpus:
-        counts.append(g)
-        g *= 2
-    counts.append(cluster.num_gpus)
-    per_gpu = workload.global_batch_size // cluster.num_gpus
-    rows: list[ScalingRow] = []
-    for g in counts:
-        c = Cluster(cluster.gpu, g, min(cluster.gpus_per_node, g), cluster.host_memory_bytes)
-        w = dataclasses.replace(workload, global_batch_size=per_gpu * g)
-        plan = chosen.but(
-            dp_replicate=g if chosen.backend == "ddp" else 1, dp_shard=1 if chosen.backend == "ddp" else g
-        )
-        t = estimate_time(stats, plan, c, w)
-        fits = estimate_memory(stats, plan, w).total_bytes <= cluster.gpu.memory_bytes
-        one = rows[0].per_s if rows else t.per_s
-        rows.append(ScalingRow(g, t.per_s, t.per_s / one, t.per_s / one / g, t.comm_s, t.exposed_s, fits))
-    return rows
+def _gflop(flops: float) -> str:
+    return f"{flops / 1e9:,.0f}" if flops >= 1e11 else f"{flops / 1e9:.3g}"
 
 
-def plan_name(plan: Plan) -> str:
-    name = "ddp" if plan.backend == "ddp" else f"{plan.backend} zero{plan.zero_stage}"
-    name += " ac" if plan.activation_checkpointing != "none" else ""
-    return name + (" nhwc" if CHANNELS_LAST.of(plan) else "")
+def classifier_model(model_config: dict[str, Any], workload: Workload) -> PlannedModel:
+    """A classifier (its config dict names its class) as the search weighs it, measured at the workload's image
+    size (image classifiers) or row length (sequence classifiers) and precision."""
+    from bigtrain.planner.classifier_stats import measure_classifier
 
-
-def per_backend(found: list[Candidate]) -> list[Candidate]:
-    """The best candidate of each backend, stage and checkpointing (its best micro-batch), in the ranking's order."""
-    seen, out = set(), []
-    for cand in found:
-        key = (cand.plan.backend, cand.plan.zero_stage, cand.plan.activation_checkpointing)
-        if key not in seen:
-            seen.add(key)
-            out.append(cand)
-    return out
-
-
-def table_lines(found: list[Candidate], workload: Workload, unit: str) -> list[str]:
-    """The candidates, one row per backend (its best micro-batch): memory per GPU, step time, throughput."""
-    lines = [
-        f"  {'#':>2}  {'plan':<24} {'micro':>5} {'accum':>5}  {'memory/GPU':>10}  {'step':>9}  {unit + '/s':>10}  fits"
-    ]
-    for i, cand in enumerate(per_backend(found), 1):
-        accum = cand.plan.grad_accum_steps(workload.global_batch_size)
-        lines.append(
-            f"  {i:>2}  {plan_name(cand.plan):<24} {cand.plan.micro_batch_size:>5} {accum:>5}  "
-            f"{size(cand.memory.budget_bytes):>10}  {cand.time.step_s * 1e3:>7.1f} ms  {cand.time.per_s:>10,.0f}  "
-            f"{'yes' if cand.fits else 'no'}"
-        )
-    return lines
+    side, job = workload.image_size, workload.job
+    stats = measure_classifier(
+        model_config, side, 0 if side else workload.seq_len, workload.mixed_precision, job.task, job.unit
+    )
+    return PlannedModel(
+        stats,
+        estimate_memory,
+        step_time,
+        lambda stats, plan, workload: 0,
+        micro_batches=micro_batch_sizes,
+        model_parallel=False,
+        describes=describes(stats),
+        headline=headline,
+        summary=summary,
+        scaling_view=True,
+        lm_notes=False,
+    )

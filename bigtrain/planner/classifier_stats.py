@@ -3,7 +3,8 @@
 A CNN's stages differ in width and resolution, so no "one block times depth" formula describes it. Instead the
 model is built on fake tensors (shapes only: no memory, no arithmetic) and one training forward and backward is run
 at the workload's image size or row length, twice (micro-batches of 2 and 4 examples):
-- FLOPs per example: the forward's from torch's ``FlopCounterMode``, times 3 for forward and backward;
+- FLOPs per example: the forward's from torch's ``FlopCounterMode`` (with the CPU attention kernel's two matmuls,
+  which it does not count by itself: ``block_probe.cpu_flop_formulas``), times 3 for forward and backward;
 - activation bytes: every tensor storage the forward saves for backward (``saved_tensors_hooks``; parameters
   excluded) and the inputs, per example (the slope between the two batch sizes) and fixed (the intercept: under
   autocast the compute-dtype copies of every weight that backward keeps); under full checkpointing, what the
@@ -35,13 +36,14 @@ from bigtrain.config.hf import (
     decoder_blocks,
     is_linear,
     linear_names,
+    model_class,
     model_config_object,
     names_module,
     resolve_attention,
 )
 from bigtrain.config.model_facts import ModelFacts
-from bigtrain.config.tasks import task_of
 from bigtrain.errors import ConfigError
+from bigtrain.planner.block_probe import cpu_flop_formulas
 
 REGIMES = ("autocast", "cast")  # DDP's; FSDP2's and DeepSpeed's (module docstring)
 CHECKPOINTED = "+ac"  # a regime's name with this suffix: every block under full activation checkpointing
@@ -85,29 +87,30 @@ class ClassifierStats:
         return f"{self.model_type} {self.task} ({self.example} per example)"
 
 
-def is_classifier(model_config: dict[str, Any]) -> bool:
-    """Whether a planner model dict is an image or sequence classifier (``config/tasks.py``)."""
-    return task_of(model_config_object(model_config)).examples
-
-
 def measure_classifier(
-    model_config: dict[str, Any], image_size: int, seq_len: int, mixed_precision: str
+    model_config: dict[str, Any],
+    image_size: int,
+    seq_len: int,
+    mixed_precision: str,
+    task: str = "image-classification",
+    unit: str = "images",
 ) -> ClassifierStats:
-    """The stats of a classifier at an image size (image classifiers) or row length (sequence classifiers);
-    cached per configuration (the search asks once per candidate GPU count)."""
+    """The stats of a classifier (its config dict names its class) at an image size (image classifiers) or row
+    length (sequence classifiers); cached per configuration (the search asks once per candidate GPU count).
+    ``task`` and ``unit``: its task's name and what its throughput counts (the spec's)."""
     key = json.dumps(model_config, sort_keys=True, default=str)
-    return _measured(key, image_size, seq_len, mixed_precision)
+    return _measured(key, image_size, seq_len, mixed_precision, task, unit)
 
 
 @functools.lru_cache(maxsize=16)
-def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str) -> ClassifierStats:
-    import transformers
-
+def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str, task: str, unit: str) -> ClassifierStats:
     hf_config = model_config_object(json.loads(key))
-    task = task_of(hf_config)
+    cls = model_class(hf_config)
+    if cls is None:
+        raise ConfigError(f"{hf_config.model_type}: the classifier's config names no class (architectures)")
     hf_config.attn_implementation = resolve_attention(hf_config, "auto")  # the family's own (none for a CNN)
     with torch.device("meta"):
-        meta = getattr(transformers, task.auto_class).from_config(hf_config)
+        meta = cls._from_config(hf_config)
     params = sum(p.numel() for p in meta.parameters())
     units = [sum(p.numel() for p in block.parameters()) for block in _blocks(meta)]
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[mixed_precision]
@@ -125,15 +128,16 @@ def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str) -> 
             fixed.append((key, max(0.0, small - slope * SIZES[0])))
     channels = getattr(hf_config, "num_channels", 3)
     example = f"{channels}x{image_size}x{image_size} px" if image_size else f"{seq_len} tokens"
+    batch_norm = bool(_batch_norms(meta))
     return ClassifierStats(
         model_type=hf_config.model_type,
-        task=task.name,
-        unit=task.unit,
+        task=task,
+        unit=unit,
         params=params,
         largest_unit=max([*units, params - sum(units)]),
         blocks=len(units),
         convolutional=sum(isinstance(m, nn.Conv2d) for m in meta.modules()) > 2,
-        batch_norm=bool(_batch_norms(meta)),
+        batch_norm=batch_norm,
         flops_per_example=flops,
         operators=ops,
         per_example=tuple(per_example),
@@ -141,7 +145,9 @@ def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str) -> 
         example=example,
         adapted=_adapted(meta),
         head_params=sum(p.numel() for name in _head(meta, hf_config) for p in meta.get_submodule(name).parameters()),
-        facts=ModelFacts.of(hf_config),
+        facts=ModelFacts.of(
+            hf_config, batch_norm=batch_norm, convolutional=any(isinstance(m, nn.Conv2d) for m in meta.modules())
+        ),
     )
 
 
@@ -234,7 +240,8 @@ def _fake_step(
 
         autocast = not cast and dtype != torch.float32
         hooks = torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t)
-        with FlopCounterMode(display=False) as flops, hooks, _CountOps() as ops:
+        # the CPU's attention kernel is one torch's counter does not know: its two matmuls counted by formula
+        with FlopCounterMode(display=False, custom_mapping=cpu_flop_formulas()) as flops, hooks, _CountOps() as ops:
             with torch.autocast("cpu", dtype=dtype, enabled=autocast):
                 logits = model(**inputs).logits
             loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")

@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from bigtrain.config.capabilities import CAPABILITIES
 from bigtrain.config.capabilities.replica_sync import settings_of
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
@@ -54,7 +55,7 @@ from bigtrain.planner.adapter_memory import adapter_flops_per_token, base_bytes,
 from bigtrain.planner.hardware import Cluster, link_bandwidth, ring_share
 from bigtrain.planner.memory_terms import offloaded_block_bytes, rank_seq_len, stage_layers, stage_params, state_shards
 from bigtrain.planner.model_stats import ModelStats
-from bigtrain.planner.preference import as_rows, reference_seconds
+from bigtrain.planner.preference import as_rows
 from bigtrain.planner.profile import measured_rate, measured_row
 from bigtrain.planner.replica_sync_time import link_latency_seconds, outer_wait_per_step, pipeline_hop_seconds
 
@@ -340,9 +341,10 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     between replica groups, what a semi-synchronous plan waits for its synchronisations (``replica_sync_time``) and
     what the link costs the step (``link_wait_s``: the step less the same plan's on the GPU table's links)."""
     estimate = _step_time(stats, *as_rows(plan, workload), cluster)  # a preference pair: two rows
-    # dpo/ipo's reference forward (or its precomputed pass's share): compute the step adds
-    reference = reference_seconds(stats, plan, workload, estimate.compute_s, cluster.gpu.pcie_gbps)
-    estimate = _longer(estimate, reference, compute=True)
+    # what the records add to a step's compute (a reference model's forward, or its precomputed pass's share)
+    compute_s = estimate.compute_s
+    for term in RECORD_TIME_TERMS:
+        estimate = _longer(estimate, term(stats, plan, cluster, workload, compute_s), compute=True)
     # a vision-language model's images through the tower and the projector, at the language model's achieved rate;
     # every rank of a tp group runs the whole tower on the group's images (tp slices the language model only)
     if stats.vision is not None:
@@ -356,6 +358,9 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
         return estimate
     fast = estimate_time(stats, plan, replace(cluster, replica_link=None), workload)
     return replace(estimate, link_wait_s=max(0.0, estimate.step_s - fast.step_s))
+
+
+RECORD_TIME_TERMS = tuple(c.time for c in CAPABILITIES if c.time is not None)
 
 
 def _longer(estimate: TimeEstimate, seconds: float, compute: bool) -> TimeEstimate:

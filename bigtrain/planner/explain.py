@@ -7,15 +7,16 @@ import textwrap
 from dataclasses import replace
 from typing import Any
 
-from bigtrain.config.capabilities import OPTIONS
+from bigtrain.config.capabilities import CAPABILITIES
+from bigtrain.config.capabilities.reference import one_reference_each
 from bigtrain.config.capabilities.replica_sync import settings_of
-from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
 from bigtrain.planner.adapter_memory import adapter_params, trained_params
 from bigtrain.planner.hardware import Cluster, GiB, count, size
-from bigtrain.planner.memory import host_bytes
 from bigtrain.planner.model_stats import ModelStats
-from bigtrain.planner.preference import batch_words, one_reference_each, reference_note
+from bigtrain.planner.names import describe
+from bigtrain.planner.planned import PlannedModel, planned
+from bigtrain.planner.preference import batch_words
 from bigtrain.planner.replica_sync_time import WAIT_SHARE
 from bigtrain.planner.search import COMPETITIVE, NEAR_TIE, Candidate
 from bigtrain.planner.vision_stats import image_size_of
@@ -23,51 +24,6 @@ from bigtrain.planner.vision_stats import image_size_of
 SHOWN_FITTING = 8
 SHOWN_REJECTED = 6
 SHOWN_UNRUNNABLE = 8
-
-
-def describe(plan: Plan) -> str:
-    """A compact one-line name for a plan, e.g. 'fsdp2 zero3 dp=2x4 tp=2 pp=1 ac=full mb=2 rs=micro'.
-
-    ``tp=2+lp``: with loss_parallel (LM head and logits split over the vocabulary too); ``+sp``: with
-    sequence_parallel (norms and residual stream split over the sequence). ``rs=micro``: fsdp2
-    reduce-scatters gradients after every micro-step (sharded between them); ``rs=step``: once per optimizer step
-    (unsharded in between). Shown for fsdp2 only: ddp and deepspeed have one mode each. ``chunk=4096``: the LM head
-    and loss over chunks of that many tokens (parallel.loss_chunk_tokens); ``cp=2``: context parallelism; ``ep=2``:
-    expert parallelism; ``ac=full/2``: every other block checkpointed (parallel.checkpoint_every); ``offload=act``:
-    the blocks' saved activations wait in host memory (parallel.offload_activations).
-    """
-    dp = f"{plan.dp_replicate}x{plan.dp_shard}" if plan.backend == "fsdp2" and plan.dp_replicate > 1 else f"{plan.dp}"
-    parts = [plan.backend if plan.backend == "ddp" else f"{plan.backend} zero{plan.zero_stage}", f"dp={dp}"]
-    tp = f"tp={plan.tp}" + ("+lp" if plan.loss_parallel else "") + ("+sp" if plan.sequence_parallel else "")
-    parts += [tp, f"pp={plan.pp}"]
-    parts[-1] += f"/{plan.pp_schedule}" if plan.pp > 1 else ""
-    parts += ([f"cp={plan.cp}"] if plan.cp > 1 else []) + ([f"ep={plan.ep}"] if plan.ep > 1 else [])
-    every = f"/{plan.checkpoint_every}" if plan.checkpoint_every > 1 and plan.activation_checkpointing != "none" else ""
-    parts += [f"ac={plan.activation_checkpointing}{every}", f"mb={plan.micro_batch_size}"]
-    if plan.backend == "fsdp2":
-        parts.append("rs=micro" if plan.grad_reduce == "every_micro_step" else "rs=step")
-    if plan.loss_chunk_tokens:
-        parts.append(f"chunk={plan.loss_chunk_tokens}")
-    if plan.offload_params:
-        parts.append("offload=params")
-    if plan.offload_optimizer:
-        parts.append("offload=optimizer")
-    if plan.offload_activations:
-        parts.append("offload=act")
-    sync = settings_of(plan)
-    if sync.semi_synchronous:  # its period always, its streaming where it streams
-        streamed = f" F={sync.fragments}/tau={sync.delay}" if sync.fragments > 1 else ""
-        parts.append(f"{sync.mode} H={sync.every}{streamed}")
-    parts += [
-        f"{name}={value}"
-        for name, value in plan.options
-        if value != OPTIONS[name].default and (name not in SYNC_SHOWN or not sync.semi_synchronous)
-    ]
-    return " ".join(parts)
-
-
-# the replica_sync options the ``diloco H=100 F=4/tau=5`` part of a name says
-SYNC_SHOWN = ("sync", "sync_every", "fragments", "fragment_delay")
 
 
 def candidate_name(c: Candidate) -> str:
@@ -89,6 +45,12 @@ def _row(c: Candidate, width: int) -> str:
 
 
 HEADER = ("plan", "peak GiB", "+margin GiB", "step s", "tok/s/dev", "MFU")
+# the throughput column's name by the task's unit (``JobFacts.unit``)
+PER_DEVICE = {"tokens": "tok/s/dev", "images": "img/s/dev", "examples": "ex/s/dev"}
+
+
+def throughput_column(workload: Workload) -> str:
+    return PER_DEVICE.get(workload.job.unit, f"{workload.job.unit[:3]}/s/dev")
 
 # the abbreviations of a plan's name (``describe``): what each means, and how to find it in a name
 LEGEND: tuple[tuple[str, str, str], ...] = (
@@ -176,10 +138,10 @@ def _simpler(best: Candidate, c: Candidate) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _images(stats: ModelStats, workload: Workload) -> str:
+def _images(stats: Any, workload: Workload) -> str:
     """A vision-language model's images: how many a row holds, their size, the image tokens of the row, and the
     vision side's parameters (in the model's count)."""
-    if stats.vision is None:
+    if getattr(stats, "vision", None) is None:
         return ""
     size = image_size_of(workload)
     tokens = stats.vision.tokens(size) * workload.images_per_row
@@ -200,11 +162,37 @@ def _experts(stats: ModelStats) -> str:
     )
 
 
+def headline(model: PlannedModel, cluster: Cluster, workload: Workload) -> str:
+    """The table's first line: the model, the GPUs and what a step processes."""
+    stats = model.stats
+    if model.headline is not None:
+        words = model.headline(stats, workload)
+    else:
+        words = (
+            f"model {stats.model_type}: {count(stats.params)} params{_experts(stats)}, {stats.layers} layers, "
+            f"hidden {stats.hidden}, vocab {stats.vocab}"
+        )
+    return (
+        f"{words} | {cluster.num_gpus} x {cluster.gpu.name} ({size(cluster.gpu.memory_bytes)} each, "
+        f"{cluster.gpus_per_node} per node) | global batch {batch_words(workload)}"
+        + (f" x seq {workload.seq_len}" if workload.job.unit == "tokens" else f" {workload.job.unit}")
+        + (f" | train.compile {workload.compile}".replace(" True", "") if workload.compile else "")
+        + (f" | train.fp8 {workload.fp8}" if workload.fp8 != "none" else "")
+        + (f" | method {workload.method}" if workload.method != "full" else "")
+        + _images(stats, workload)
+    )
+
+
 def render_table(
-    candidates: list[Candidate], stats: ModelStats, cluster: Cluster, workload: Workload, show_unrunnable: bool = False
+    candidates: list[Candidate],
+    model: PlannedModel | Any,
+    cluster: Cluster,
+    workload: Workload,
+    show_unrunnable: bool = False,
 ) -> str:
     """The best runnable plans ("*" marks the choice), the best rejected ones with why, and with
     ``show_unrunnable`` the plans the trainer cannot run yet with the reason."""
+    model = planned(model)
     runnable = [c for c in candidates if c.runnable]
     fitting = one_reference_each([c for c in runnable if c.fits])[:SHOWN_FITTING]
     rejected = _rejected_shown([c for c in runnable if not c.fits])
@@ -212,19 +200,9 @@ def render_table(
     unrunnable = _best_per_reason(unrunnable, SHOWN_UNRUNNABLE)
     names = [candidate_name(c) for c in fitting + rejected + unrunnable]
     width = max([len(HEADER[0]), *map(len, names)])
-    head = f"{HEADER[0]:{width}s} {HEADER[1]:>9s} {HEADER[2]:>10s} {HEADER[3]:>9s} {HEADER[4]:>11s} {HEADER[5]:>6s}"
-    lines = [
-        f"model {stats.model_type}: {count(stats.params)} params{_experts(stats)}, {stats.layers} layers, "
-        f"hidden {stats.hidden}, "
-        f"vocab {stats.vocab} | {cluster.num_gpus} x {cluster.gpu.name} ({size(cluster.gpu.memory_bytes)} each, "
-        f"{cluster.gpus_per_node} per node) | global batch {batch_words(workload)} x seq {workload.seq_len}"
-        + (f" | train.compile {workload.compile}".replace(" True", "") if workload.compile else "")
-        + (f" | train.fp8 {workload.fp8}" if workload.fp8 != "none" else "")
-        + (f" | method {workload.method}" if workload.method != "full" else "")
-        + _images(stats, workload),
-        "",
-        head,
-    ]
+    per_device = throughput_column(workload)
+    head = f"{HEADER[0]:{width}s} {HEADER[1]:>9s} {HEADER[2]:>10s} {HEADER[3]:>9s} {per_device:>11s} {HEADER[5]:>6s}"
+    lines = [headline(model, cluster, workload), "", head]
     for i, c in enumerate(fitting):
         # why each other plan lost, where it beats the choice on a column (faster, or a smaller peak)
         beats = i and (c.time.step_s < fitting[0].time.step_s or c.memory.total_bytes < fitting[0].memory.total_bytes)
@@ -233,11 +211,14 @@ def render_table(
     if not fitting:
         lines.append("  (no plan the trainer can run fits)")
     else:
-        note = offload_note(fitting[0], runnable, stats, cluster, workload)
+        note = offload_note(fitting[0], runnable, model, cluster, workload)
         lines += [note] if note else []
-        lines += [adapter_note(fitting[0], candidates, stats, workload)] if fitting[0].method != "full" else []
+        if fitting[0].method != "full" and model.lm_notes:
+            lines.append(adapter_note(fitting[0], candidates, model.stats, workload))
         lines += sync_note(fitting[0], runnable, cluster)
-        lines += reference_note(fitting[0], runnable, workload)
+        for capability in CAPABILITIES:  # what the records say of the choice (a reference model's placement)
+            if capability.explain is not None:
+                lines += capability.explain(fitting[0], runnable, workload)
     if rejected:
         lines += ["", "best rejected:"]
         lines += [f"  {candidate_name(c):{width}s} {c.rejected_because}" for c in rejected]
@@ -266,10 +247,10 @@ def _rejected_shown(rejected: list[Candidate]) -> list[Candidate]:
 
 
 def offload_note(
-    choice: Candidate, runnable: list[Candidate], stats: ModelStats, cluster: Cluster, workload: Workload
+    choice: Candidate, runnable: list[Candidate], model: PlannedModel, cluster: Cluster, workload: Workload
 ) -> str | None:
     """For a choice that offloads: the host memory it needs, and whether offload was needed to fit at all."""
-    host = host_bytes(stats, choice.plan, replace(workload, method=choice.method))
+    host = model.host_bytes(choice.plan, replace(workload, method=choice.method))
     if not host:
         return None
     per_node = host * min(cluster.gpus_per_node, cluster.num_gpus)
@@ -353,9 +334,10 @@ def _best_per_reason(ranked: list[Candidate], limit: int) -> list[Candidate]:
 
 
 def to_json(
-    candidates: list[Candidate], stats: ModelStats, limit: int = 20, include_unrunnable: bool = False
+    candidates: list[Candidate], model: PlannedModel | Any, limit: int = 20, include_unrunnable: bool = False
 ) -> dict[str, Any]:
     """The ``bigtrain plan --json`` contract; ``plan`` is the best plan the trainer can run (candidates[0])."""
+    model = planned(model)
     runnable = [c for c in candidates if c.runnable]
     best = runnable[0] if runnable else candidates[0]
     shown = [c for c in runnable if c.fits][:limit] + [c for c in runnable if not c.fits][:limit]
@@ -369,7 +351,7 @@ def to_json(
         "fits": best.fits and best.runnable,
         "memory": best.memory.to_dict(),
         "time": best.time.to_dict(),
-        "model": stats.summary(),
+        "model": model.summary(model.stats) if model.summary is not None else model.stats.summary(),
         "candidates": [c.to_dict() for c in shown],
     }
 

@@ -2,10 +2,11 @@
 
 Importing transformers and a family's configuration module costs about 2 s on the 2-core CI machine, more than the
 rest of ``bigtrain plan``. For every preset, ``known_configs.json`` records the full config dict (transformers'
-defaults filled in, checked as ``load_model_config`` checks it) and the capability table's facts (``ModelFacts``),
+defaults filled in, checked as ``load_model_config`` checks it), its task and the capability table's facts
+(``ModelFacts``),
 with the transformers version they came from. They are read only while that version is installed (otherwise
 transformers is asked, as for any other model): a recorded value is what the live call would return, never a
-guess. ``python -m bigtrain.planner.record_presets`` writes the file; tests/unit/test_known_configs.py recomputes
+guess. ``python -m bigtrain.tasks.record_presets`` writes the file; tests/unit/test_known_configs.py recomputes
 every entry and fails when one differs, or when the installed transformers is not the recorded one.
 """
 
@@ -40,8 +41,8 @@ def _key(config: dict[str, Any]) -> str:
 
 
 @cache
-def _facts_by_config() -> dict[str, dict[str, Any]]:
-    return {_key(entry["config"]): entry["facts"] for entry in _recorded().values()}
+def _by_config() -> dict[str, dict[str, Any]]:
+    return {_key(entry["config"]): entry for entry in _recorded().values()}
 
 
 def recorded_config(preset: str) -> dict[str, Any] | None:
@@ -52,5 +53,14 @@ def recorded_config(preset: str) -> dict[str, Any] | None:
 
 def recorded_facts(config: dict[str, Any]) -> ModelFacts | None:
     """The facts of a full config dict that is a recorded preset's, or None (then ask transformers)."""
-    facts = _facts_by_config().get(_key(config))
-    return None if facts is None else ModelFacts(**{**facts, "tp_styles": tuple(facts["tp_styles"])})
+    entry = _by_config().get(_key(config))
+    if entry is None:
+        return None
+    facts = entry["facts"]
+    return ModelFacts(**{**facts, "tp_styles": tuple(facts["tp_styles"])})
+
+
+def recorded_task(config: dict[str, Any]) -> str | None:
+    """The task (``model.task``) of a full config dict that is a recorded preset's, or None (then ask transformers)."""
+    entry = _by_config().get(_key(config))
+    return None if entry is None else entry["task"]

@@ -19,7 +19,7 @@ from bigtrain.planner.deepspeed_memory import estimate_deepspeed_memory
 from bigtrain.planner.memory_terms import MemoryEstimate, host_offload_bytes, offloaded_block_bytes, rank_seq_len
 from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.pipeline_memory import estimate_pipeline_memory
-from bigtrain.planner.preference import as_rows, reference_host_bytes
+from bigtrain.planner.preference import as_rows
 
 
 def estimate_memory(stats: ModelStats, plan: Plan, workload: Workload) -> MemoryEstimate:
@@ -27,10 +27,13 @@ def estimate_memory(stats: ModelStats, plan: Plan, workload: Workload) -> Memory
     capability records' own terms add, ``Capability.memory``, in ``other``)."""
     estimate = _estimate(stats, *as_rows(plan, workload))  # a preference pair: two rows
     added = sum(term(stats, plan, workload) for term in RECORD_TERMS)
+    if stats.vision is not None:  # what a vision-language model's images keep for backward (vision_stats.py)
+        added += stats.vision.activation_bytes(plan, workload)
     return replace(estimate, other_bytes=estimate.other_bytes + added) if added else estimate
 
 
 RECORD_TERMS = tuple(c.memory for c in CAPABILITIES if c.memory is not None)
+RECORD_HOST_TERMS = tuple(c.host for c in CAPABILITIES if c.host is not None)
 
 
 def _estimate(stats: ModelStats, plan: Plan, workload: Workload) -> MemoryEstimate:
@@ -47,7 +50,7 @@ def host_bytes(stats: ModelStats, plan: Plan, workload: Workload) -> int:
     """Host memory per GPU that a plan's offloads keep: parameters and optimizer states (adapter plans: the base
     shard and the adapters' states), and the saved activations of one micro-batch (``offload_activations``)."""
     states = adapter_host_bytes(stats, plan, workload) if workload.adapters else host_offload_bytes(stats, plan)
-    states += reference_host_bytes(stats, plan, workload)
+    states += sum(term(stats, plan, workload) for term in RECORD_HOST_TERMS)
     plan, workload = as_rows(plan, workload)
     seq_len = rank_seq_len(plan, workload.seq_len)
     return states + offloaded_block_bytes(stats, plan, seq_len, workload.dtype_bytes, stats.layers)

@@ -37,26 +37,26 @@ from bigtrain.config.capabilities import (
     first_problem,
     option_defaults,
     problems,
+    with_job,
 )
-from bigtrain.config.capabilities.preference import REFERENCE
+from bigtrain.config.capabilities.reference import REFERENCE
 from bigtrain.config.capabilities.replica_sync import settings_of
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan
 from bigtrain.config.resolve import parallel_of, resolve_plan
 from bigtrain.config.schema import BACKENDS, CHECKPOINTING, GRAD_REDUCE
-from bigtrain.config.setup import DataFacts
+from bigtrain.config.setup import DataFacts, JobFacts
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
-from bigtrain.planner.cost import TimeEstimate, estimate_time
+from bigtrain.planner.cost import TimeEstimate
 from bigtrain.planner.hardware import Cluster, size
-from bigtrain.planner.memory import estimate_memory, host_bytes
 from bigtrain.planner.memory_terms import MemoryEstimate
-from bigtrain.planner.model_stats import ModelStats
+from bigtrain.planner.planned import LM_MICRO_BATCHES, PlannedModel, planned
 from bigtrain.planner.replica_sync_time import WAIT_SHARE
 
 NEAR_TIE = 0.02
+SAME_TIME = 0.001  # steps predicted this close (a share of the fastest) take the same time
 AUTO_METHODS = ("full", "lora", "qlora")  # train.method auto: the order of preference
 COMPETITIVE = 2.0  # full fine-tuning is preferred while its step takes at most this many times an adapter plan's
-MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 # rows at least this long get context-parallel plans weighed (shorter ones fit without; the search stays small)
 CP_MIN_SEQ_LEN = 16384
 # the schedules the memory and time terms model (one stage per rank); the multi-stage ones run from a recipe
@@ -90,7 +90,7 @@ class Candidate:
 
     @cached_property
     def memory(self) -> MemoryEstimate:
-        return estimate_memory(self.judged_by.stats, self.plan, self.judged_by.workload)
+        return self.judged_by.model.estimate_memory(self.plan, self.judged_by.workload)
 
     @cached_property
     def rejected_because(self) -> str | None:
@@ -151,17 +151,17 @@ def _divisors(n: int) -> list[int]:
 
 
 def judge(
-    stats: ModelStats, plan: Plan, cluster: Cluster, train: Any, data: DataFacts | None = None
+    model: PlannedModel, plan: Plan, cluster: Cluster, train: Any, data: DataFacts | None, job: JobFacts
 ) -> tuple[str | None, str | None, bool]:
     """(why the plan cannot work here, why it is not offered, whether it contradicts itself): the capability table's
-    rows for this model, workload and data, and the planner's own rule that tensor parallelism stays inside a
-    node."""
+    rows (with the job's own) for this model, workload and data, and the planner's own rule that tensor parallelism
+    stays inside a node."""
     rejected = None
     if plan.tp > cluster.gpus_per_node:
         rejected = f"tp={plan.tp} crosses node boundary ({cluster.gpus_per_node} GPUs per node)"
     not_offered = None
-    setup = Setup(plan, train, stats.facts, data)
-    for rule in askable(RULES, ALL_KINDS, True, data is not None):  # problems(), without a generator per plan
+    setup = Setup(plan, train, model.facts, data, job)
+    for rule in askable(with_job(RULES, job), ALL_KINDS, True, data is not None, True):  # problems(), inlined
         message = rule.says(setup)
         if message is None:
             continue
@@ -184,13 +184,16 @@ def _cp_degrees(cluster: Cluster, seq_len: int, fixed: dict[str, Any]) -> list[i
     return [d for d in _divisors(cluster.num_gpus) if d <= cluster.gpus_per_node]
 
 
-def _layouts(cluster: Cluster, backend: str, seq_len: int, fixed: dict[str, Any]) -> Iterator[tuple[int, ...]]:
+def _layouts(
+    cluster: Cluster, backend: str, seq_len: int, fixed: dict[str, Any], model_parallel: bool = True
+) -> Iterator[tuple[int, ...]]:
     """(dp_replicate, dp_shard, tp, pp, cp) splits of the world for one backend: fsdp2 any split of dp into replicas
-    of shards (HSDP), ddp replicas, deepspeed shards."""
+    of shards (HSDP), ddp replicas, deepspeed shards; without ``model_parallel`` (a model whose terms describe data
+    parallelism only) tp = pp = cp = 1."""
     world = cluster.num_gpus
-    for cp in _cp_degrees(cluster, seq_len, fixed):
-        for tp in [d for d in _divisors(world // cp) if d <= 2 * cluster.gpus_per_node]:
-            for pp in _divisors(world // (tp * cp)):
+    for cp in _cp_degrees(cluster, seq_len, fixed) if model_parallel else [1]:
+        for tp in [d for d in _divisors(world // cp) if d <= 2 * cluster.gpus_per_node] if model_parallel else [1]:
+            for pp in _divisors(world // (tp * cp)) if model_parallel else [1]:
                 dp = world // (tp * pp * cp)
                 if backend == "fsdp2":
                     yield from ((r, dp // r, tp, pp, cp) for r in _divisors(dp))
@@ -204,15 +207,18 @@ def _layouts(cluster: Cluster, backend: str, seq_len: int, fixed: dict[str, Any]
 OFFLOADS = ((False, False), (True, False), (False, True))
 
 
-def enumerate_plans(space: SearchSpace, cluster: Cluster) -> Iterator[Plan]:
+def enumerate_plans(space: SearchSpace, cluster: Cluster, model: PlannedModel) -> Iterator[Plan]:
     """Every plan that meets the global batch and the pins in ``space.fixed``: the layouts, micro-batches,
-    checkpointing, stages and offloads of each backend, then each capability record's variants. What the table's
-    invalid rows refuse is skipped here (a frame) or dropped by ``judge`` (a variant)."""
+    checkpointing, stages and offloads of each backend, then each capability record's variants; of those, the ones
+    the model's terms describe (``PlannedModel.describes``). What the table's invalid rows refuse is skipped here (a
+    frame) or dropped by ``judge`` (a variant)."""
     fixed = dict(space.fixed)
     batch = space.global_batch_size
+    described = model.describes or (lambda plan: True)
     for backend in BACKENDS:
-        for replicate, shard, tp, pp, cp in _layouts(cluster, backend, space.seq_len, fixed):
-            micro = [mb for mb in MICRO_BATCHES if batch % (mb * replicate * shard) == 0]
+        for replicate, shard, tp, pp, cp in _layouts(cluster, backend, space.seq_len, fixed, model.model_parallel):
+            dp = replicate * shard
+            micro = [mb for mb in model.micro_batches(batch // dp) if batch % (mb * dp) == 0]
             schedules = PLANNED_SCHEDULES if pp > 1 else PLANNED_SCHEDULES[:1]
             # A frame (stage, schedule, offloads of this layout) is judged once by the rows that do not read the
             # micro-batch or the checkpointing (``Rule.reads_micro_batch``): one that contradicts itself in every
@@ -250,18 +256,19 @@ def enumerate_plans(space: SearchSpace, cluster: Cluster) -> Iterator[Plan]:
                         continue
                     if not fixed and all(verdicts[m] is not None for m in possible):
                         frames[frame] = "shown"
-                        yield plan.but(grad_reduce=possible[0])
+                        shown = plan.but(grad_reduce=possible[0])
+                        yield from [shown] if described(shown) else []
                         continue
                 variants = [plan]
                 for weigh in VARIANTS:
                     variants = weigh(variants, space)
                 if fixed:
                     variants = [v for v in variants if all(pinned_value(v, k) == want for k, want in fixed.items())]
-                yield from variants
+                yield from (v for v in variants if described(v))
 
 
 def search(
-    stats: ModelStats,
+    model: PlannedModel | Any,
     cluster: Cluster,
     workload: Workload,
     fixed: dict[str, Any] | None = None,
@@ -270,7 +277,9 @@ def search(
     """All candidates, best first: runnable plans that fit, by predicted step time (simplest on near ties); then
     runnable plans that do not fit; then the plans the trainer cannot run yet, ranked the same way among themselves
     (with ``predict_unrunnable``; else in the order they were generated, predicted only if something reads them).
-    With ``workload.method`` auto, every method's candidates, the preferred method's best first (``rank_methods``)."""
+    With ``workload.method`` auto, every method's candidates, the preferred method's best first (``rank_methods``).
+    ``model``: the job's ``PlannedModel`` (a causal LM's ``ModelStats`` is taken as its)."""
+    stats = planned(model)
     rank_apart = _rank if predict_unrunnable else list
     if workload.method == "auto":
         per_method, refused = [], []
@@ -327,10 +336,10 @@ def rank_methods(
     return ([chosen] if chosen else []) + rest + (rank_apart or _rank)([c for c in every if not c.runnable])
 
 
-def candidate(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Workload) -> Candidate:
+def candidate(model: PlannedModel | Any, plan: Plan, cluster: Cluster, workload: Workload) -> Candidate:
     """One plan judged and predicted for ``workload`` on ``cluster``: its memory, whether it fits the GPU's and the
     node's host memory (and why not), whether the trainer runs it; its time on first use."""
-    judged = _Judge(stats, cluster, workload)(plan, keep_invalid=True)
+    judged = _Judge(planned(model), cluster, workload)(plan, keep_invalid=True)
     assert judged is not None
     return judged
 
@@ -338,28 +347,33 @@ def candidate(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Workloa
 class _Judge:
     """Judges the plans of one search: what every candidate shares is made once (a search judges thousands)."""
 
-    def __init__(self, stats: ModelStats, cluster: Cluster, workload: Workload) -> None:
-        self.stats, self.cluster, self.workload = stats, cluster, workload
+    def __init__(self, model: PlannedModel, cluster: Cluster, workload: Workload) -> None:
+        self.model, self.cluster, self.workload = model, cluster, workload
         self.train = workload.train_config()
         self.data = workload.data_facts()
+        self.job = workload.job
+        self.table = with_job(RULES, self.job)
 
     def rides_along(self, base: Plan, variant: Plan) -> bool:
         """``SearchSpace.rides_along``: the trainer runs ``base`` (no not_built row trips) and ``variant`` trips no row
         that ``base`` does not."""
-        seen = {p.rule.name: p.rule.kind for p in problems(Setup(base, self.train, self.stats.facts, self.data))}
+        seen = {p.rule.name: p.rule.kind for p in problems(self._setup(base))}
         if "not_built" in seen.values():
             return False
-        return all(p.rule.name in seen for p in problems(Setup(variant, self.train, self.stats.facts, self.data)))
+        return all(p.rule.name in seen for p in problems(self._setup(variant)))
+
+    def _setup(self, plan: Plan) -> Setup:
+        return Setup(plan, self.train, self.model.facts, self.data, self.job)
 
     def contradicts(self, plan: Plan) -> bool:
         """Whether a row of kind ``invalid`` trips for ``plan`` (``SearchSpace.contradicts``)."""
-        return first_problem(Setup(plan, self.train, self.stats.facts, self.data), ("invalid",)) is not None
+        return first_problem(self._setup(plan), ("invalid",)) is not None
 
     def frame_problem(self, plan: Plan) -> tuple[str, str] | None:
         """(kind, message) of the first row of kind invalid or fit that trips for ``plan`` among the rows that do
         not read the micro-batch or the checkpointing, with the planner's node rule (``SearchSpace.frame_problem``)."""
-        setup = Setup(plan, self.train, self.stats.facts, self.data)
-        for rule in askable(RULES, ("invalid", "fit"), True, self.data is not None):
+        setup = self._setup(plan)
+        for rule in askable(self.table, ("invalid", "fit"), True, self.data is not None, True):
             message = None if rule.reads_micro_batch else rule.says(setup)
             if message is not None:
                 return rule.kind, message
@@ -369,7 +383,7 @@ class _Judge:
 
     def space(self, fixed: dict[str, Any]) -> SearchSpace:
         return SearchSpace(
-            self.stats.facts,
+            self.model.facts,
             self.cluster.gpus_per_node,
             self.workload.seq_len,
             self.workload.global_batch_size,
@@ -378,18 +392,19 @@ class _Judge:
             self.contradicts,
             self.frame_problem,
             link_groups=self.cluster.replica_link.groups if self.cluster.replica_link else 0,
-            objective=self.workload.objective,
+            on_gpus=self.cluster.gpu.name != "CPU",
+            job=self.job,
             method=self.workload.method,
             modules_to_save=bool(self.workload.modules_to_save),
         )
 
     def predict_time(self, plan: Plan) -> TimeEstimate:
-        return estimate_time(self.stats, plan, self.cluster, self.workload)
+        return self.model.estimate_time(plan, self.cluster, self.workload)
 
     def __call__(self, plan: Plan, keep_invalid: bool = False) -> Candidate | None:
         """The candidate, or None for a plan that contradicts itself (unless ``keep_invalid``: a written plan)."""
         w = self.workload
-        reason, not_offered, invalid = judge(self.stats, plan, self.cluster, self.train, self.data)
+        reason, not_offered, invalid = judge(self.model, plan, self.cluster, self.train, self.data, self.job)
         if invalid and not keep_invalid:
             return None
         return Candidate(plan, reason, not_offered, self, w.method, w.compile, w.fp8)
@@ -399,7 +414,7 @@ class _Judge:
         cluster, budget = self.cluster, self.cluster.gpu.memory_bytes
         if mem.budget_bytes > budget:
             return f"needs {size(mem.budget_bytes)} > {size(budget)} budget (peak + margin per GPU)"
-        host = host_bytes(self.stats, plan, self.workload) * min(cluster.gpus_per_node, cluster.num_gpus)
+        host = self.model.host_bytes(plan, self.workload) * min(cluster.gpus_per_node, cluster.num_gpus)
         if host and not cluster.host_bytes_per_node:  # CPU processes: host memory is their own, nothing to free
             return "offloads to host memory, which on CPU processes is the memory it would free"
         if host > cluster.host_bytes_per_node:
@@ -410,20 +425,22 @@ class _Judge:
         return None
 
 
-def _search_method(stats: ModelStats, cluster: Cluster, workload: Workload, fixed: dict[str, Any]) -> list[Candidate]:
-    judge_plan = _Judge(stats, cluster, workload)
+def _search_method(
+    model: PlannedModel, cluster: Cluster, workload: Workload, fixed: dict[str, Any]
+) -> list[Candidate]:
+    judge_plan = _Judge(model, cluster, workload)
     train = judge_plan.train
-    judged = (judge_plan(p) for p in enumerate_plans(judge_plan.space(fixed), cluster))
+    judged = (judge_plan(p) for p in enumerate_plans(judge_plan.space(fixed), cluster, model))
     out = [c for c in judged if c is not None]
     if not out:
         pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "none"
         if fixed:  # pins that contradict each other, the batch or the model: the words a recipe would get
             plan = resolve_plan(parallel_of(fixed), cluster.num_gpus, train)
-            check(Setup(plan, train, stats.facts, judge_plan.data))
+            check(judge_plan._setup(plan))
             raise ConfigError(
                 f"the pins ({pins}) make a plan bigtrain train runs, but not one the planner searches: it weighs "
                 f"pp_schedule {' or '.join(PLANNED_SCHEDULES)} with one stage per rank, micro-batches "
-                f"{', '.join(map(str, MICRO_BATCHES))} and tp up to twice the GPUs per node; set such a plan in a "
+                f"{', '.join(map(str, LM_MICRO_BATCHES))} and tp up to twice the GPUs per node; set such a plan in a "
                 "recipe's parallel section"
             )
         raise ConfigError(
@@ -461,12 +478,17 @@ def _rank(candidates: list[Candidate]) -> list[Candidate]:
             c for c in pool if c.time.step_s <= limit and c.plan.offload_activations == pool[0].plan.offload_activations
         ]
         # compile and FP8 count as moving parts too: chosen where they are faster, not on a near tie; among
-        # semi-synchronous plans of a tie, the shortest period (the closest to synchronous training)
+        # semi-synchronous plans of a tie, the shortest period (the closest to synchronous training); steps the
+        # model predicts as long to within SAME_TIME (a classifier's micro-batches, whose time model has no
+        # per-kernel efficiency term) go to the larger micro-batch: fewer, larger kernels
+        fastest = pool[0].time.step_s
         best = min(
             near,
             key=lambda c: (
                 complexity(c.plan) + c.compile + 2 * (c.fp8 != "none"),
                 settings_of(c.plan).every if settings_of(c.plan).semi_synchronous else 0,
+                round(c.time.step_s / fastest / SAME_TIME),
+                -c.plan.micro_batch_size,
                 c.time.step_s,
             ),
         )

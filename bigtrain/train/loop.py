@@ -21,7 +21,7 @@ import torch.distributed as dist
 from bigtrain.checkpoint.saver import Checkpointer
 from bigtrain.config.load import recipe_to_dict
 from bigtrain.config.plan import Plan
-from bigtrain.config.schema import RecipeConfig, rows_per_example
+from bigtrain.config.schema import RecipeConfig
 from bigtrain.data.loader import EvalLoader, StepLoader
 from bigtrain.engine.base import Engine, train_step
 from bigtrain.errors import TrainingDiverged
@@ -84,6 +84,7 @@ class TrainLoop:
         start: StartPoint,
         eval_loader: EvalLoader | None = None,
         unit: str = "tokens",
+        rows_per_example: int = 1,
     ) -> None:
         self.cfg = cfg
         self.plan = plan
@@ -94,7 +95,8 @@ class TrainLoop:
         self.checkpointer = checkpointer
         self.start = start
         self.eval_loader = eval_loader
-        self.unit = unit  # what throughput counts (config/tasks.py): tokens, images or examples per second
+        self.unit = unit  # what throughput counts (the task's): tokens, images or examples per second
+        self.rows_per_example = rows_per_example  # rows a counted example takes (the objective's: a pair is 2)
         self.is_main = dist.get_rank() == 0
 
     def run_step(self, step: int) -> dict:
@@ -146,7 +148,7 @@ class TrainLoop:
     def run(self) -> TrainResult:
         cfg, checkpointer = self.cfg, self.checkpointer
         total = cfg.train.steps
-        tokens_per_step = cfg.train.global_batch_size * rows_per_example(cfg.train.objective) * self.seq_len
+        tokens_per_step = cfg.train.global_batch_size * self.rows_per_example * self.seq_len
         joined = self.engine.join(self.start.step)  # a replica group behind the others takes their state and step
         if joined != self.start.step:
             self.start = StartPoint(joined, joined * tokens_per_step)

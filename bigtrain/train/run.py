@@ -22,35 +22,26 @@ import torch
 import torch.distributed as dist
 
 from bigtrain.checkpoint.adapter_export import export_adapter
-from bigtrain.checkpoint.base_model import check_base
-from bigtrain.checkpoint.export import export_model
-from bigtrain.checkpoint.layout import RECIPE, Manifest
+from bigtrain.checkpoint.export import HfFiles, export_model
 from bigtrain.checkpoint.loader import load_checkpoint
 from bigtrain.checkpoint.lock import OutputDirLock
-from bigtrain.checkpoint.run_dir import FINAL_ADAPTER, FINAL_MODEL, plan_start, prepare_output_dir
+from bigtrain.checkpoint.run_dir import FINAL_ADAPTER, FINAL_MODEL, prepare_output_dir
 from bigtrain.checkpoint.saver import Checkpointer
 from bigtrain.checkpoint.storage import is_disk_full, storage_problem
-from bigtrain.config.capabilities import ModelFacts, Setup, check
-from bigtrain.config.hf import resolve_attention
-from bigtrain.config.load import dump_recipe, load_recipe, recipe_warnings
+from bigtrain.config.load import dump_recipe, recipe_warnings
 from bigtrain.config.plan import Plan
 from bigtrain.config.resolve import parallel_of, resolve_plan
 from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
-from bigtrain.config.tasks import task_of
-from bigtrain.config.workload import Workload
-from bigtrain.data.for_task import load_training_data
 from bigtrain.data.loader import EvalLoader, StepLoader
 from bigtrain.data.order import GlobalOrder
-from bigtrain.data.preference import PreferencePairs
-from bigtrain.data.processor import pixel_budget
 from bigtrain.engine import Engine, build_engine, build_options
 from bigtrain.errors import CheckpointNotWritten, ConfigError
-from bigtrain.models.build import load_hf_config, model_shapes
+from bigtrain.job import Job
+from bigtrain.models.build import model_shapes
 from bigtrain.parallel.transforms.adapters import trained_shapes
 from bigtrain.parallel.transforms.base import BuildOptions
-from bigtrain.planner.auto import choose_plan, local_cluster, predict
-from bigtrain.planner.explain import describe
-from bigtrain.planner.profile import load_profile
+from bigtrain.planner.auto import local_cluster, predict
+from bigtrain.planner.names import describe
 from bigtrain.runtime import (
     LaunchEnv,
     as_launched,
@@ -62,19 +53,12 @@ from bigtrain.runtime import (
     smallest_free_memory,
     warn_if_accelerate_started_one_process,
 )
-from bigtrain.train.checks import (
-    check_enough_rows,
-    check_offload_host_memory,
-    check_packed_attention,
-    check_writable,
-)
+from bigtrain.train import start_up
+from bigtrain.train.checks import check_offload_host_memory
 from bigtrain.train.loop import StartPoint, TrainLoop, TrainResult
 from bigtrain.train.metrics import format_bytes
 from bigtrain.train.optim import build_optimizer, build_scheduler
-from bigtrain.train.reference_pass import attach_precomputed
 from bigtrain.train.replica_groups import ReplicaGroup, job_world
-from bigtrain.train.task_setup import check_model_against_rows, prepare_task, with_images
-from bigtrain.train.trackers import check_tracker
 
 log = logging.getLogger("bigtrain")
 DATA_BOUND_SHARE = 0.25  # of the run's time spent waiting for data, above which the summary says so
@@ -87,7 +71,7 @@ def run_training(cfg: RecipeConfig, replica_group: ReplicaGroup | None = None) -
         with job:
             result = job.fit()
         if job.env.rank == 0:
-            write_final_model(cfg, result)
+            write_final_model(job.cfg, result, job.job)
         ended = True
     finally:
         # output_dir is the run's until its final model is written; a clean end leaves no lock file behind
@@ -95,7 +79,7 @@ def run_training(cfg: RecipeConfig, replica_group: ReplicaGroup | None = None) -
     return result
 
 
-def write_final_model(cfg: RecipeConfig, result: TrainResult) -> None:
+def write_final_model(cfg: RecipeConfig, result: TrainResult, job: Job) -> None:
     """Rank 0: the finished run's last checkpoint as an HF folder in output_dir/model, or for an adapter run as
     peft's adapter folder in output_dir/adapter (unless opted out)."""
     if not cfg.checkpoint.save_final_model or result.stopped or result.checkpoint is None:
@@ -103,7 +87,10 @@ def write_final_model(cfg: RecipeConfig, result: TrainResult) -> None:
     adapters = cfg.train.method in ADAPTER_METHODS
     out = Path(cfg.output_dir) / (FINAL_ADAPTER if adapters else FINAL_MODEL)
     try:
-        (export_adapter if adapters else export_model)(result.checkpoint, out)
+        if adapters:
+            export_adapter(result.checkpoint, out, job.task.peft_task_type)
+        else:
+            export_model(result.checkpoint, out)
     except Exception as e:  # an OSError, or safetensors' own SafetensorError (not an OSError) for a full disk
         if not is_disk_full(e, out):
             raise
@@ -114,99 +101,62 @@ def write_final_model(cfg: RecipeConfig, result: TrainResult) -> None:
     log.info("final %s (step %d) written to %s", "adapter" if adapters else "model", result.last_step, out)
 
 
-def _with_train(cfg: RecipeConfig, **chosen: Any) -> RecipeConfig:
-    """``cfg`` with train options resolved (``method``, ``compile``, ``fp8``: what checkpoints and the saved recipe
-    record)."""
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **chosen))
-
-
 class TrainingJob:
-    """Validates on construction; ``with`` starts the process group, plans and builds the engine; ``fit`` trains;
-    leaving the block tears the group down (after every rank has finished, when nothing failed)."""
+    """Runs start-up's phases that need no process group on construction (``start_up.py``: resolve, data, start, a
+    written plan, all checked on every rank); ``with`` starts the process group, plans ``auto`` and builds the engine;
+    ``fit`` trains; leaving the block tears the group down (after every rank has finished, when nothing failed)."""
 
     def __init__(
         self, cfg: RecipeConfig, env: LaunchEnv | None = None, replica_group: ReplicaGroup | None = None
     ) -> None:
-        self.cfg = cfg
         self.env = env or read_launch_env()
         self.replica_group = replica_group  # this job is one replica group of the run (train/replica_groups.py)
         warn_if_accelerate_started_one_process(self.env)
-        self.hf_config = load_hf_config(cfg.model)
-        # attn_implementation auto: the family's own default (the recipe keeps "auto", as written: it is what a
-        # restart compares); the checks below need the implementation that will run
-        self.attention = resolve_attention(self.hf_config, cfg.model.attn_implementation)
-        auto = cfg.parallel.plan == "auto"
         self.device = pick_device(self.env)
+        is_main = self.env.rank == 0
+        resolved = start_up.resolve(cfg)
         world = job_world(self.env.world_size, replica_group)
-        self.plan: Plan | None = None if auto else resolve_plan(cfg.parallel, world, cfg.train)
-        self.task = task_of(self.hf_config)
-        self._packed = False  # packed documents (token rows only)
-        self.data, self.eval_data = load_training_data(cfg, self.hf_config, self.task)
-        cfg, label_note = prepare_task(cfg, self.hf_config, self.task, self.data)
-        self.cfg = cfg
-        packing_note = None if self.task.examples else self._check_token_rows()
-        check_enough_rows(self.data.num_rows, self._batch, cfg.data.path)
-        check_writable(cfg.output_dir)
-        check_tracker(cfg.train.log_to)
-        if self.env.rank == 0:
-            notes = [note for note in (packing_note, label_note) if note]
-            for warning in recipe_warnings(cfg) + self._data_warnings() + notes:
+        # a written plan is checked before the data is read (its arithmetic and the job's rows); again with the data
+        start_up.written_plan(resolved.cfg, resolved.job, world)
+        loaded, self.start = start_up.start(start_up.read(resolved, is_main))
+        if is_main:
+            for warning in recipe_warnings(loaded.cfg) + list(loaded.notes):
                 log.warning("%s", warning)
-        self.start = plan_start(cfg)
-        if self.start.resume_from is not None:
-            resume_from = self.start.resume_from
-            if cfg.train.method == "auto":  # a resumed run keeps the method its checkpoint was trained with
-                self.cfg = cfg = _with_train(cfg, method=load_recipe(resume_from / RECIPE).train.method)
-            if "auto" in (cfg.train.compile, cfg.train.fp8):  # and the compile and FP8 choices
-                saved = load_recipe(resume_from / RECIPE).train
-                self.cfg = cfg = _with_train(cfg, compile=saved.compile, fp8=saved.fp8)
-            # an adapter checkpoint names its base: still the same files?
-            check_base(cfg.model.name_or_path, Manifest.read(resume_from).base, f"resuming from {resume_from}")
+        self.loaded = loaded
+        self.plan: Plan | None = start_up.written_plan(loaded.cfg, loaded.job, world)
+        train = loaded.cfg.train
         # plan: auto and method: auto are chosen at start-up, together, for the memory the job really has
-        choose = self.plan is None or "auto" in (cfg.train.method, cfg.train.compile, cfg.train.fp8)
+        choose = self.plan is None or "auto" in (train.method, train.compile, train.fp8)
         self.options: BuildOptions | None = None if choose else self._build_options(self.plan)
-        self.output_lock = OutputDirLock(cfg.output_dir)
+        self.output_lock = OutputDirLock(loaded.cfg.output_dir)
         self.engine: Engine | None = None
         self.checkpointer: Checkpointer | None = None
         self.start_point = StartPoint()
 
     @property
+    def cfg(self) -> RecipeConfig:
+        """The recipe as this run records it (its objective resolved, what a resume or the planner chose)."""
+        return self.loaded.cfg
+
+    @property
+    def hf_config(self) -> Any:
+        return self.loaded.hf_config
+
+    @property
+    def job(self) -> Job:
+        return self.loaded.job
+
+    @property
+    def data(self) -> Any:
+        return self.loaded.data
+
+    @property
+    def eval_data(self) -> Any:
+        return self.loaded.held_out
+
+    @property
     def _batch(self) -> int:
         return self.cfg.train.global_batch_size
-
-    def _data_warnings(self) -> list[str]:
-        out = []
-        held = self.eval_data if self.cfg.data.eval_path is not None else None  # a held-out fraction: counted once
-        for key, data in (("data.path", self.data), ("data.eval_path", held)):
-            if data is not None and data.truncated:
-                out.append(
-                    f"{key}: {data.truncated} of {data.examples} records are longer than data.seq_len="
-                    f"{self.cfg.data.seq_len} and were cut; what follows the cut is never trained on (raise "
-                    "data.seq_len)"
-                )
-            if data is not None and getattr(data, "resized", 0):
-                low, high = pixel_budget(data.processor.image_processor) or (0, 0)
-                out.append(
-                    f"{key}: {data.resized} images are outside the pixel budget (data.min_pixels={low}, "
-                    f"data.max_pixels={high}): the processor resizes them into it"
-                )
-        return out
-
-    def _image_processor(self) -> dict[str, Any] | None:
-        """An image classifier's preprocessing, saved with its checkpoints and final model."""
-        preprocessing = getattr(self.data, "preprocessing", None)
-        if preprocessing is None:
-            return None
-        return {"size": preprocessing.size, "mean": preprocessing.mean, "std": preprocessing.std}
-
-    def _check_token_rows(self) -> str | None:
-        """A causal LM's checks of its model against its rows (before any process group); returns the note on
-        packed documents, if any."""
-        check_model_against_rows(self.cfg, self.hf_config, self.data.seq_len, is_main=self.env.rank == 0)
-        held_out = self.eval_data.positions if self.eval_data is not None else None
-        self._packed = self.data.positions is not None or held_out is not None
-        # context parallelism cannot keep packed records apart yet (_build_options)
-        return check_packed_attention(self.hf_config, self.attention) if self._packed else None
 
     def __enter__(self) -> TrainingJob:
         self._launched = as_launched(self.env)  # the launcher's variables a library may read, for the job's life
@@ -237,19 +187,24 @@ class TrainingJob:
                 self.options = self._build_options(self.plan)
             assert self.options is not None
             self._log_plan()
-            train = self.cfg.train
+            train, objective, task = self.cfg.train, self.job.objective, self.job.task
             self.engine = build_engine(
                 self.options,
                 train,
                 make_optimizer=lambda params: build_optimizer(params, train),
                 make_scheduler=lambda optimizer: build_scheduler(optimizer, train),
+                objective=objective.make,
+                roles=objective.attach,
             )
             data_info = {"path": self.cfg.data.path, "rows": self.data.num_rows, "seq_len": self.data.seq_len}
             data_info.update(shuffle=self.cfg.data.shuffle, seed=train.seed)
-            resuming = self.start.resume_from is not None  # dpo/ipo's precomputed reference: before any resume
-            attach_precomputed(self.cfg, self.plan, self.engine, [self.data, self.eval_data], resuming, self.device)
+            if objective.before_training is not None:  # a precomputed reference: before any resume
+                datasets = [self.data, self.eval_data]
+                resuming = self.start.resume_from is not None
+                objective.before_training(self.cfg, self.plan, self.engine, datasets, resuming, self.device)
+            files = task.export_files(self.cfg, self.hf_config, self.data) if task.export_files else HfFiles()
             self.checkpointer = Checkpointer(
-                self.cfg, self.plan, self.hf_config, self.engine, data_info, self.device, self._image_processor()
+                self.cfg, self.plan, self.hf_config, self.engine, data_info, self.device, files
             )
             if self.start.resume_from is not None:
                 self._resume(self.start.resume_from, data_info)
@@ -336,7 +291,8 @@ class TrainingJob:
             self.checkpointer,
             self.start_point,
             evaluation,
-            unit=self.task.unit,
+            unit=self.job.task.unit,
+            rows_per_example=self.job.objective.rows_per_example,
         )
         result = loop.run()
         if self.env.rank == 0:
@@ -344,7 +300,7 @@ class TrainingJob:
         return result
 
     def _log_done(self, result: TrainResult) -> None:
-        unit, cfg = self.task.unit, self.cfg
+        unit, cfg = self.job.task.unit, self.cfg
         log.info(
             "done: %d steps (now at step %d), %s %s in %.1f s (%s %s/s); %s per rank: %s; outputs in %s",
             result.steps,
@@ -399,14 +355,18 @@ class TrainingJob:
         rank gets the same numbers, hence the same plan."""
         device = self.device
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        from bigtrain.planner.auto import choose_plan  # the search: imported only where the job plans
+        from bigtrain.planner.profile import load_profile
+
         cfg = self.cfg
+        workload = self.loaded.workload()
         choice = choose_plan(
-            self._model_config(),
+            self._planned(workload),
             self.env.world_size,
             self.env.local_world_size,
             name,
             free,
-            self._workload(),
+            workload,
             load_profile(cfg.parallel.hardware_profile) if cfg.parallel.hardware_profile else None,
             fixed=None if self.plan is None else self.plan.to_dict(),  # method: auto with a written plan
             host_memory_bytes=psutil.virtual_memory().available,
@@ -419,36 +379,28 @@ class TrainingJob:
         )
         if self.env.rank == 0:
             log.info("auto chose %s:\n%s", chose, choice.table)
-        if cfg.train.method == "auto":
-            self.cfg = _with_train(cfg, method=choice.method)
-        if "auto" in (cfg.train.compile, cfg.train.fp8):
-            self.cfg = _with_train(self.cfg, compile=choice.compile, fp8=choice.fp8)
+        chosen_train = {k: getattr(choice, k) for k in ("method", "compile", "fp8") if getattr(cfg.train, k) == "auto"}
+        if chosen_train:  # the run records what the planner chose
+            self.loaded = dataclasses.replace(self.loaded, cfg=start_up.with_train(cfg, **chosen_train))
         # validated as if the user had written it, with the records' options the recipe writes (sync_batchnorm)
         chosen = {**choice.plan.to_dict(), **cfg.parallel.options}
-        return resolve_plan(parallel_of(chosen), self.env.world_size, self.cfg.train)
+        return resolve_plan(parallel_of(chosen), self.env.world_size, self.cfg.train, self.job.facts)
 
-    def _model_config(self) -> dict[str, Any]:
-        """The model's config as the planner reads it (a dict naming its model_type)."""
-        return {**self.hf_config.to_dict(), "model_type": self.hf_config.model_type}
-
-    def _workload(self) -> Workload:
-        """What one step processes, as the planner and the capability table's data rows read it."""
-        cfg = self.cfg
-        epochs = cfg.train.steps * self._batch / max(self.data.num_rows, 1)  # a precomputed reference's share
-        workload = Workload.of_train(cfg.train, self.data.seq_len, cfg.lora, self._packed, self.attention, epochs)
-        return with_images(workload, self.data, cfg)
+    def _planned(self, workload: Any) -> Any:
+        """The job's model as the planner weighs it (its task's statistics and terms)."""
+        model_config = {**self.hf_config.to_dict(), "model_type": self.hf_config.model_type}
+        return self.job.task.planner(model_config, workload)
 
     def _build_options(self, plan: Plan) -> BuildOptions:
-        """The capability table's rows for this model and the engine's own inputs (its config files), checked on
-        every rank before any process group for a written plan; then what the build reads."""
-        workload = self._workload()
-        check(Setup(plan, self.cfg.train, ModelFacts.of(self.hf_config), workload.data_facts()))
-        dtype_bytes = workload.dtype_bytes
+        """The capability table's rows for this model, data and job, and the engine's own inputs (its config
+        files), checked on every rank before any process group for a written plan; then what the build reads."""
+        start_up.check_plan(self.loaded, plan)
+        dtype_bytes = self.loaded.workload().dtype_bytes
         free_host = psutil.virtual_memory().available
         check_offload_host_memory(
             plan, self.hf_config, self.data.seq_len, dtype_bytes, self.env.local_world_size, free_host
         )
-        options = build_options(self.cfg, self.hf_config, plan, self.device)
+        options = build_options(self.cfg, self.hf_config, plan, self.device, self.loaded.new_head)
         group = self.replica_group
         return options if group is None else group.options(options, self.cfg.train.collective_timeout_s)
 
@@ -467,7 +419,7 @@ class TrainingJob:
         )
         return (
             f"plan {describe(plan)} ({self._prediction(plan)}) | {where} | global batch {self._batch}"
-            + (" pairs" if isinstance(self.data, PreferencePairs) else "")
+            + (f" {self.job.objective.batch_noun}" if self.job.objective.batch_noun else "")
             + f" = micro {plan.micro_batch_size} x dp {plan.dp} x accum {plan.grad_accum_steps(self._batch)}"
             f" | {self.data.description}"
             + (f" | eval: {self.eval_data.description}" if self.eval_data is not None else "")
@@ -480,7 +432,8 @@ class TrainingJob:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         free = local_free_memory(self.env, device)
         cluster = local_cluster(self.env.world_size, self.env.local_world_size, name, free)
-        return predict(self._model_config(), plan, cluster, self._workload())
+        workload = self.loaded.workload()
+        return predict(self._planned(workload), plan, cluster, workload)
 
     def _method_words(self) -> str:
         lora = self.cfg.lora

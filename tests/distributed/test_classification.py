@@ -68,7 +68,11 @@ def image_inputs() -> tuple[torch.Tensor, torch.Tensor]:
     from bigtrain.data.synthetic_images import shapes
 
     images, labels = shapes()
-    pixels = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255.0
+    # contiguous NCHW, as bigtrain's loader stacks them: the permuted NHWC array would be channels-last, and every
+    # convolution and BatchNorm of the loop would run channels-last (BatchNorm's CPU statistics are then one
+    # sequential fp32 sum per thread, whose rounding depends on the thread count: OMP_NUM_THREADS=1 took the
+    # reference 1.2e-6 off the product's running mean, docs/testing.md)
+    pixels = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous().float() / 255.0
     pixels = (pixels - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
     return pixels, torch.from_numpy(labels)
 

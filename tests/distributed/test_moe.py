@@ -3,7 +3,7 @@
 same micro-batches (loss and gradient norm 1e-5 per step over 10 steps, parameters 2e-5), and so does expert
 parallelism (ep=2 x efsdp=2 on 4 ranks).
 
-The objective, as ``objectives/causal_lm.router_loss`` states it: the cross-entropy summed over the global batch's labelled
+The objective, as ``losses/causal_lm.router_loss`` states it: the cross-entropy summed over the global batch's labelled
 tokens and divided by their count, plus ``coef`` times the mean of the per-forward router loss over every forward of
 the global batch. The router loss is not additive over tokens, so a loop of one forward per global batch is another
 objective; the reference runs one forward per micro-batch of one row, as the plans below do (micro_batch_size 1). The

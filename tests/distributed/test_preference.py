@@ -30,7 +30,7 @@ from test_adapters import ALPHA, TARGETS, R
 from test_equivalence import BETAS, CLIP, EPS, LR, NUM_ROWS, SEED, WD, global_batch_rows, lr_lambda
 from test_equivalence import train_section as sft_train_section
 
-from bigtrain.objectives.preference import SUMMED
+from bigtrain.losses.preference import SUMMED
 from bigtrain.parallel.transforms.adapters import initial_lora_A
 
 STEPS = 10

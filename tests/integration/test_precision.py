@@ -12,7 +12,7 @@ import torch
 from helpers import REPO, read_metrics
 
 from bigtrain.config.load import load_recipe
-from bigtrain.objectives import CausalLM
+from bigtrain.losses import CausalLM
 from bigtrain.train.run import run_training
 
 QUICKSTART = REPO / "recipes" / "quickstart.yaml"

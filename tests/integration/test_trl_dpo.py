@@ -21,7 +21,7 @@ from helpers import read_metrics, recipe_dict, save_tiny_model, write_recipe
 
 from bigtrain.config.load import load_recipe
 from bigtrain.data.tokenizer import save_byte_tokenizer
-from bigtrain.objectives.preference import SUMMED
+from bigtrain.losses.preference import SUMMED
 from bigtrain.train.run import run_training
 
 PAIRS = [

@@ -1,7 +1,7 @@
-"""The capability table (``config/capabilities/``): every row tripped by an example, and every consumer refuses the
-example with the row's own message: recipe resolution, start-up (``TrainingJob``), the planner's search (pins as
-``bigtrain plan --fix`` gives them), the simulator and ``bigtrain export``. ``plan: auto`` never picks a plan a row
-refuses, with ``train.compile`` as with any option."""
+"""The capability table (``config/capabilities/``) with the rows of the tasks and objectives (their specs'): every row
+tripped by an example, and every consumer refuses the example with the row's own message: recipe resolution,
+start-up (``TrainingJob``), the planner's search (pins as ``bigtrain plan --fix`` gives them), the simulator and
+``bigtrain export``. ``plan: auto`` never picks a plan a row refuses, with ``train.compile`` as with any option."""
 
 from __future__ import annotations
 
@@ -18,13 +18,16 @@ from bigtrain.config.capabilities import RULES, ModelFacts, Setup, check, first_
 from bigtrain.config.hf import hf_config_from_dict, resolve_attention
 from bigtrain.config.load import build_dataclass
 from bigtrain.config.resolve import parallel_of, resolve_plan
-from bigtrain.config.schema import RecipeConfig, TrainConfig
+from bigtrain.config.schema import ModelConfig, RecipeConfig, TrainConfig
 from bigtrain.config.setup import DataFacts
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
+from bigtrain.job import resolve_job
+from bigtrain.objectives import OBJECTIVES
 from bigtrain.planner.hardware import make_cluster
 from bigtrain.planner.model_stats import ModelStats, load_model_config
 from bigtrain.planner.search import search
+from bigtrain.tasks import TASKS
 
 UNTIED_4 = {**TINY_LLAMA, "num_hidden_layers": 4, "tie_word_embeddings": False}
 ONCE, EVERY = "once_per_step", "every_micro_step"
@@ -53,7 +56,7 @@ class Example:
     rows_len: int = 17  # tokens per row of the data
     packed: bool = False  # chat-free text records packed into rows (data.packing: documents), else a .npy of rows
     attention: str = "auto"  # model.attn_implementation
-    objective: str = "sft"  # train.objective
+    objective: str = "auto"  # train.objective
     images: bool = False  # an image classifier's example: the built-in shapes as data (recipe plans, plan exports
     # and the LM planner's statistics refuse the model before any row, which the test checks instead)
     vlm: bool = False  # a vision-language model's: the tiny LLaVA of recipes/make_vlm_demo.py on builtin:image_chat
@@ -149,9 +152,9 @@ EXAMPLES: dict[str, Example] = {
     ),
     "pp_enough_micro_batches": Example(2, dict(**PP2, micro_batch_size=4), UNTIED_4, batch=4),
     "classifier_with_model_parallelism": Example(2, dict(tp=2), RESNET, images=True),
-    "classifier_with_block_transforms": Example(
-        2, dict(dp_shard=2, activation_checkpointing="full"), RESNET, images=True
-    ),
+    "classifier_with_block_transforms": Example(2, dict(dp_shard=2), RESNET, images=True, fp8="tensorwise"),
+    "batchnorm_recomputed": Example(2, dict(dp_shard=2, activation_checkpointing="full"), RESNET, images=True),
+    "batchnorm_compiled": Example(2, dict(dp_shard=2), RESNET, images=True, compile=True),
     "sync_batchnorm_without_batchnorm": Example(2, dict(dp_shard=2, sync_batchnorm=True)),
     "channels_last_without_convolutions": Example(2, dict(dp_shard=2, channels_last=True)),
     "sync_values_allowed": Example(2, dict(dp_replicate=2, sync="sometimes")),
@@ -163,7 +166,6 @@ EXAMPLES: dict[str, Example] = {
     "reference_value": Example(2, dict(dp_shard=2, reference="nearby"), objective="dpo"),
     "reference_without_its_objective": Example(2, dict(dp_shard=2, reference="sharded"), objective="orpo"),
     "reference_against_the_method": Example(2, dict(dp_shard=2, reference="adapter_disabled"), objective="dpo"),
-    "objective_needs_log_probabilities": Example(2, dict(dp_shard=2), RESNET, images=True, objective="dpo"),
     "preference_with_model_parallelism": Example(2, dict(tp=2), objective="dpo"),
     "vision_language_with_model_parallelism": Example(4, dict(pp=2, dp_shard=2), vlm=True),
     "vision_language_with_untested_options": Example(2, dict(dp_shard=2), vlm=True, compile=True),
@@ -171,28 +173,38 @@ EXAMPLES: dict[str, Example] = {
         2, dict(backend="ddp", zero_stage=0, dp_replicate=2, grad_reduce=ONCE, reference="offloaded"), objective="ipo"
     ),
 }
-ROWS = {rule.name: rule for rule in RULES}
+# the capability records' rows and every task's and objective's own (the preference objectives share theirs)
+JOB_RULES = [rule for spec in (*TASKS.values(), *OBJECTIVES.values()) for rule in spec.rules]
+ROWS = {rule.name: rule for rule in (*RULES, *JOB_RULES)}
 
 
 def test_every_row_has_an_example_and_every_example_a_row():
     assert set(EXAMPLES) == set(ROWS)
 
 
-def config_of(ex: Example) -> Any:
-    """The example's model config, its task resolved as start-up resolves it."""
-    from bigtrain.config.schema import ModelConfig
+def job_of(ex: Example) -> tuple[Any, Any]:
+    """The example's job (its task and objective) and its model config, resolved as start-up resolves them."""
     from bigtrain.models.build import load_hf_config
 
-    if ex.vlm:  # the tiny LLaVA's config, as its folder holds it
-        return load_hf_config(ModelConfig(config=VLM))
-    return load_hf_config(ModelConfig(config=ex.model))
+    model = ModelConfig(config=VLM if ex.vlm else ex.model)  # the tiny LLaVA's config, as its folder holds it
+    return resolve_job(RecipeConfig(model=model, train=train_of(ex)), load_hf_config(model))
+
+
+def config_of(ex: Example) -> Any:
+    return job_of(ex)[1]
+
+
+def facts_of(ex: Example) -> ModelFacts:
+    """The model's facts as start-up reads them (its task measures BatchNorm and convolutions)."""
+    job, hf_config = job_of(ex)
+    return ModelFacts.of(hf_config, **(job.task.model_facts(hf_config) if job.task.model_facts else {}))
 
 
 def expected_message(name: str) -> str:
     """The row's message for its example; the example trips this row first (and no row above it)."""
     ex = EXAMPLES[name]
-    hf_config = config_of(ex)
-    setup = Setup(make_plan(**ex.plan), train_of(ex), ModelFacts.of(hf_config), data_of(ex, hf_config))
+    job, hf_config = job_of(ex)
+    setup = Setup(make_plan(**ex.plan), train_of(ex), facts_of(ex), data_of(ex, hf_config), job.facts)
     problem = first_problem(setup)
     assert problem is not None and problem.rule.name == name, problem
     return problem.message
@@ -257,12 +269,13 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
     from bigtrain.train.run import TrainingJob
 
     ex, message = EXAMPLES[name], expected_message(name)
+    job, hf_config = job_of(ex)
     cfg = recipe_of(ex, tmp_path)
     plan = make_plan(**ex.plan)
 
     if not (ROWS[name].reads_model or ROWS[name].reads_data):  # recipe resolution, before model and data are read
         with pytest.raises(ConfigError) as e:
-            resolve_plan(parallel_of(plan.to_dict()), ex.world, train_of(ex))
+            resolve_plan(parallel_of(plan.to_dict()), ex.world, train_of(ex), job.facts)
         assert str(e.value) == message
 
     env = LaunchEnv(rank=0, world_size=ex.world, local_rank=0, local_world_size=ex.world, launched=True)
@@ -270,57 +283,29 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
         TrainingJob(cfg, env)
     assert str(e.value) == message
 
-    if ex.vlm:  # plan exports model causal LMs only and say so first; the simulator asks the table first
-        with pytest.raises(ConfigError, match="model causal LMs only"):
-            recipe_plan(cfg, gpus=ex.world).export("accelerate")
-        workload = Workload(
-            seq_len=256, global_batch_size=ex.batch, method=ex.method, mixed_precision=ex.precision,
-            compile=ex.compile, fp8=ex.fp8,
-        )  # fmt: skip
-        with pytest.raises(ConfigError) as e:
-            simulate(VLM, plan, workload)
-        assert str(e.value) == message
-        stats = ModelStats.from_config(load_model_config(VLM))
-        candidates = search(stats, make_cluster(ex.world, None, "H100", "80GB"), workload, fixed=plan.to_dict())
-        assert message in (candidates[0].rejected_because, candidates[0].unsupported)
-        return
-    if ex.images:  # recipe plans, plan exports and the LM planner model causal LMs only, and say so first
-        for consumer in (
-            lambda: recipe_plan(cfg, gpus=ex.world).export("accelerate"),
-            lambda: ModelStats.from_config(load_model_config(ex.model)),
-        ):
-            with pytest.raises(ConfigError, match="model causal LMs only"):
-                consumer()
-        # the simulator runs a classifier's step, and asks the capability table first as the trainer does
-        with pytest.raises(ConfigError) as e:
-            classifier = {**ex.model, "architectures": ["ResNetForImageClassification"]}
-            workload = Workload(seq_len=1, global_batch_size=ex.batch, image_size=16, objective=ex.objective)
-            simulate(classifier, plan, workload)
-        assert str(e.value) == message
-        return
     with pytest.raises(ConfigError) as e:
         recipe_plan(cfg, gpus=ex.world).export("accelerate")
     assert str(e.value) == message
 
+    if ex.vlm:
+        sizes = dict(seq_len=256)
+    elif ex.images:
+        sizes = dict(seq_len=1, image_size=16)
+    else:
+        sizes = dict(seq_len=ex.rows_len, packed=ex.packed, attention=ex.attention if ex.attention != "auto" else "sdpa")
     workload = Workload(
-        seq_len=ex.rows_len,
-        packed=ex.packed,
-        attention=ex.attention if ex.attention != "auto" else "sdpa",
-        global_batch_size=ex.batch,
-        mixed_precision=ex.precision,
-        compile=ex.compile,
-        method=ex.method,
-        fp8=ex.fp8,
-        objective=ex.objective,
-    )
+        global_batch_size=ex.batch, mixed_precision=ex.precision, compile=ex.compile, method=ex.method, fp8=ex.fp8,
+        job=job.facts, **sizes,
+    )  # fmt: skip
+    model_config = {**hf_config.to_dict(), "model_type": hf_config.model_type}  # naming its task's class
     with pytest.raises(ConfigError) as e:
-        simulate(ex.model, plan, workload)
+        simulate(model_config, plan, workload)
     assert str(e.value) == message
 
     # the planner with every plan field pinned (bigtrain plan --fix ...): the candidate says why, or the pins do
-    stats = ModelStats.from_config(load_model_config(ex.model))
+    model = job.task.planner(model_config, workload)
     try:
-        candidates = search(stats, make_cluster(ex.world, None, "H100", "80GB"), workload, fixed=plan.to_dict())
+        candidates = search(model, make_cluster(ex.world, None, "H100", "80GB"), workload, fixed=plan.to_dict())
     except ConfigError as e:
         assert str(e) == message
     else:
@@ -328,12 +313,31 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
         assert message in (candidates[0].rejected_because, candidates[0].unsupported)
 
 
+def test_an_objective_a_task_does_not_give_is_refused_before_its_data_by_every_consumer(tmp_path):
+    """dpo reads the log-probabilities of token rows, which an image classifier does not give: start-up refuses it
+    before reading any data, ``bigtrain plan`` with the words it uses for the argument."""
+    import bigtrain
+    from bigtrain.runtime import LaunchEnv
+    from bigtrain.train.run import TrainingJob
+
+    ex = Example(2, dict(dp_shard=2), RESNET, images=True, objective="dpo")
+    said = "train.objective=dpo compares the log-probabilities of two answers, which a image-classification model"
+    with pytest.raises(ConfigError, match=said):
+        job_of(ex)
+    env = LaunchEnv(rank=0, world_size=2, local_rank=0, local_world_size=2, launched=True)
+    with pytest.raises(ConfigError, match=said):
+        TrainingJob(recipe_of(ex, tmp_path), env)
+    with pytest.raises(ConfigError, match=said):
+        bigtrain.plan("resnet-50", gpus=8, gpu="A100", objective="dpo")
+
+
 def test_a_plan_no_row_refuses_passes_every_consumer_s_check(tmp_path):
     """The control: the table's first example with its offending key set back runs the same checks cleanly."""
     ex = Example(2, dict(dp_shard=2, micro_batch_size=2), UNTIED_4, batch=8)
     plan = make_plan(**ex.plan)
-    assert first_problem(Setup(plan, train_of(ex), ModelFacts.of(hf_config_from_dict(ex.model)))) is None
-    assert resolve_plan(parallel_of(plan.to_dict()), 2, train_of(ex)) == plan
+    job = job_of(ex)[0].facts
+    assert first_problem(Setup(plan, train_of(ex), ModelFacts.of(hf_config_from_dict(ex.model)), job=job)) is None
+    assert resolve_plan(parallel_of(plan.to_dict()), 2, train_of(ex), job) == plan
 
 
 def test_plan_auto_never_picks_a_plan_start_up_refuses_with_train_compile():
@@ -352,7 +356,7 @@ def test_plan_auto_never_picks_a_plan_start_up_refuses_with_train_compile():
             offered = [c.plan.backend for c in candidates if c.runnable]
             assert ("deepspeed" in offered) != compile_blocks, (gpus, memory, compile_blocks)
             try:
-                plan = choose_plan(config, gpus, gpus, "H100", cluster.gpu.memory_bytes, workload).plan
+                plan = choose_plan(stats, gpus, gpus, "H100", cluster.gpu.memory_bytes, workload).plan
             except ConfigError:
                 continue  # nothing fits: nothing is picked
             check(Setup(plan, workload.train_config(), facts))
@@ -365,11 +369,11 @@ def test_a_row_not_marked_as_reading_the_micro_batch_does_not(name):
     """The search judges a layout's frame once by the rows not marked ``reads_micro_batch`` and skips (or shows by
     one plan) every micro-batch and checkpointing of a frame they refuse: such a row must say the same for each."""
     ex, rule = EXAMPLES[name], ROWS[name]
-    hf_config = config_of(ex)
-    facts, data = ModelFacts.of(hf_config), data_of(ex, hf_config)
+    job, hf_config = job_of(ex)
+    facts, data = facts_of(ex), data_of(ex, hf_config)
     verdicts = {
         (mb, ac): rule.says(Setup(make_plan(**{**ex.plan, "micro_batch_size": mb, "activation_checkpointing": ac}),
-                                  train_of(ex), facts, data)) is not None
+                                  train_of(ex), facts, data, job.facts)) is not None
         for mb in (1, 2, 4)
         for ac in ("none", "selective", "full")
     }  # fmt: skip
@@ -394,5 +398,5 @@ def test_every_record_names_real_keys_and_transforms_and_every_transform_has_a_r
     for capability in CAPABILITIES:
         unknown = [k for k in capability.keys if k not in schema and not k.startswith("model.config.")]
         assert not unknown, (capability.name, unknown)
-    owners = [t for c in CAPABILITIES for t in c.transforms]
+    owners = [t for c in CAPABILITIES for t in c.transforms] + [s.name for c in CAPABILITIES for s in c.steps]
     assert sorted(owners) == sorted(t.name for t in ORDER if t.name != "load_values")

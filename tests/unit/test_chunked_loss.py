@@ -10,7 +10,7 @@ from cases import TINY_LLAMA
 
 from bigtrain.config.hf import hf_config_from_dict
 from bigtrain.data.labels import IGNORE_INDEX
-from bigtrain.objectives.causal_lm import chunked_loss_sum, labeled_loss_sum
+from bigtrain.losses.causal_lm import chunked_loss_sum, labeled_loss_sum
 from bigtrain.parallel.transforms.chunked_loss import HeadInLoss
 
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 from PIL import Image
 
-from bigtrain.config.schema import DataConfig, ModelConfig
-from bigtrain.data.for_task import apply_labels
+from bigtrain.config.schema import DataConfig, ModelConfig, RecipeConfig
 from bigtrain.data.images import Preprocessing, load_image_examples
 from bigtrain.data.loader import StepLoader
 from bigtrain.data.order import GlobalOrder
 from bigtrain.data.text_classes import load_text_examples
 from bigtrain.errors import ConfigError
+from bigtrain.job import resolve_job
 from bigtrain.models.build import load_hf_config
 
 RESNET = dict(model_type="resnet", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic")
@@ -35,21 +35,24 @@ RESNET = dict(model_type="resnet", embedding_size=8, hidden_sizes=[8, 16], depth
     ],
 )
 def test_the_task_is_read_from_the_family_and_recorded_as_transformers_records_it(config, task):
-    from bigtrain.config.tasks import task_of
-
-    hf_config = load_hf_config(ModelConfig(config=dict(config)))
-    assert task_of(hf_config).name == task
+    job, hf_config = resolved(ModelConfig(config=dict(config)))
+    assert job.task.name == task
     assert hf_config.architectures[0].endswith(
         {"image-classification": "ForImageClassification", "sequence-classification": "ForSequenceClassification"}
         .get(task, "ForCausalLM")
     )  # fmt: skip
 
 
+def resolved(model: ModelConfig):
+    """The job start-up resolves for a recipe of this model (its task, its objective) and the config it builds."""
+    return resolve_job(RecipeConfig(model=model), load_hf_config(model))
+
+
 def test_a_task_the_family_cannot_serve_is_one_line_naming_what_it_serves():
     with pytest.raises(ConfigError, match="has no image-classification class in transformers.*it serves: causal-lm"):
-        load_hf_config(ModelConfig(config=dict(model_type="llama"), task="image-classification"))
+        resolved(ModelConfig(config=dict(model_type="llama"), task="image-classification"))
     with pytest.raises(ConfigError, match="model.task='detection' is not a task"):
-        load_hf_config(ModelConfig(config=dict(RESNET), task="detection"))
+        resolved(ModelConfig(config=dict(RESNET), task="detection"))
 
 
 def shapes(augment: bool, seed: int = 3):
@@ -129,19 +132,27 @@ def test_texts_pad_per_micro_batch_and_name_their_classes(tmp_path):
         load_text_examples(DataConfig(path=str(bad), seq_len=16), "data.path", str(bad), None)
 
 
-def test_the_data_s_classes_become_the_model_s_labels():
+def test_the_data_s_classes_become_the_model_s_labels(tmp_path):
     from types import SimpleNamespace
 
-    config = load_hf_config(ModelConfig(config=dict(RESNET)))
+    from bigtrain.tasks.classifiers import prepare
+
+    built = RecipeConfig(model=ModelConfig(config=dict(RESNET)))
+    job, config = resolve_job(built, load_hf_config(built.model))
 
     def classes(*names):
         return SimpleNamespace(class_names=list(names))
 
-    assert apply_labels(config, classes("cat", "dog"), pretrained=False) is None  # a model from its config: new head
-    assert config.id2label == {0: "cat", 1: "dog"} and config.num_labels == 2
-    assert apply_labels(config, classes("x", "y"), pretrained=True) is None  # the same count: kept, renamed
-    note = apply_labels(config, classes("a", "b", "c"), pretrained=True)
-    assert note is not None and "2 labels and the data 3 classes" in note
+    made = prepare(built, config, classes("cat", "dog"))  # a model from its config: its head is new anyway
+    assert made.notes == () and not made.new_head
+    assert made.hf_config.id2label == {0: "cat", 1: "dog"} and made.hf_config.num_labels == 2
+    assert config.num_labels != 2 or config.id2label != made.hf_config.id2label  # the given config is not changed
+    made.hf_config.save_pretrained(tmp_path)  # a pretrained folder with a head of two labels
+    folder = RecipeConfig(model=ModelConfig(name_or_path=str(tmp_path)))
+    kept = prepare(folder, made.hf_config, classes("x", "y"))  # the same count: kept, renamed
+    assert kept.notes == () and not kept.new_head and kept.hf_config.id2label == {0: "x", 1: "y"}
+    replaced = prepare(folder, made.hf_config, classes("a", "b", "c"))
+    assert replaced.new_head and "2 labels and the data 3 classes" in replaced.notes[0]
 
 
 def test_an_image_size_nobody_gives_is_one_line():

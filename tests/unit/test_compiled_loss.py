@@ -1,11 +1,11 @@
-"""train.compile compiles the loss too (objectives/causal_lm.py): the same value and gradient as the eager loss."""
+"""train.compile compiles the loss too (losses/causal_lm.py): the same value and gradient as the eager loss."""
 
 from __future__ import annotations
 
 import torch
 
 from bigtrain.data.labels import IGNORE_INDEX
-from bigtrain.objectives.causal_lm import compiled_labeled_loss_sum, labeled_loss_sum
+from bigtrain.losses.causal_lm import compiled_labeled_loss_sum, labeled_loss_sum
 
 
 def test_compiled_loss_equals_the_eager_loss_and_its_gradient():
@@ -24,8 +24,8 @@ def test_compiled_loss_equals_the_eager_loss_and_its_gradient():
 
 
 def test_compiled_answer_log_probabilities_equal_the_eager_ones_and_their_gradient():
-    """The preference objectives' per-row log-probabilities under train.compile (objectives/preference.py)."""
-    from bigtrain.objectives.preference import compiled_sequence_logps, sequence_logps
+    """The preference objectives' per-row log-probabilities under train.compile (losses/preference.py)."""
+    from bigtrain.losses.preference import compiled_sequence_logps, sequence_logps
 
     torch.manual_seed(0)
     logits = torch.randn(4, 16, 64, dtype=torch.bfloat16, requires_grad=True)

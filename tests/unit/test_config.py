@@ -79,4 +79,4 @@ def test_every_shipped_recipe_resolves_for_the_workers_its_header_names(recipe):
     plan = resolve_plan(parallel, nproc, cfg.train)
     assert plan.world_size == nproc
     if cfg.model.config is not None:  # the model's task resolved as start-up resolves it
-        check_fit(load_hf_config(cfg.model), plan, cfg.train.global_batch_size)
+        check_fit(load_hf_config(cfg.model), plan, cfg.train.global_batch_size, cfg.model)

@@ -14,7 +14,7 @@ from bigtrain.config.schema import DataConfig
 from bigtrain.data.labels import IGNORE_INDEX
 from bigtrain.data.sources import load_token_rows
 from bigtrain.errors import ConfigError
-from bigtrain.objectives.causal_lm import labeled_loss_sum
+from bigtrain.losses.causal_lm import labeled_loss_sum
 
 CONVERSATIONS = [
     [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}],
@@ -161,7 +161,7 @@ def test_the_packing_check_measures_each_family():
     from cases import TINY_MODELS
 
     from bigtrain.config.hf import hf_config_from_dict
-    from bigtrain.train.checks import check_packed_attention
+    from bigtrain.models.checks import check_packed_attention
 
     for arch in ("llama-tied", "qwen2-untied", "gpt2"):
         assert check_packed_attention(hf_config_from_dict(dict(TINY_MODELS[arch])), "sdpa") is None, arch

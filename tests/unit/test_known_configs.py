@@ -11,11 +11,12 @@ from importlib import resources
 
 import pytest
 
-from bigtrain.planner import known_configs, record_presets
+from bigtrain.planner import known_configs
+from bigtrain.tasks import record_presets
 from bigtrain.planner.model_stats import load_model_config, preset_names
 
 RECORDED = json.loads(resources.files("bigtrain.planner").joinpath(known_configs.FILE).read_text())
-REWRITE = "rewrite it: python -m bigtrain.planner.record_presets"
+REWRITE = "rewrite it: python -m bigtrain.tasks.record_presets"
 
 
 def test_recorded_with_the_installed_transformers():

@@ -1,7 +1,9 @@
 """The package layers, read from the imports of every source file (including imports inside functions).
 
-config < planner | data | models | runtime < parallel | objectives | integrations < engine < checkpoint < train < measure < api < cli: a module may import
-only from lower layers and its own package. The planner must stay pure: no ``torch.distributed`` and nothing of
+config < planner | data | models | runtime < parallel | losses | integrations < engine < checkpoint | roles < tasks |
+objectives < job < train < measure < api < cli: a module may import only from lower layers and its own package. The
+specs of tasks and objectives sit above everything they describe (data readers, planner statistics, losses, roles,
+export) and below what runs a job: nothing under them knows a task or an objective by its name. The planner must stay pure: no ``torch.distributed`` and nothing of
 the trainer, so every rank (and a laptop) computes the same plan from the same numbers. The training loop must not
 learn which backend it drives.
 """
@@ -23,15 +25,19 @@ LAYERS = {
     "models": 2,
     "runtime": 2,
     "parallel": 3,
-    "objectives": 3,  # what a step minimises: below the engines that drive it
+    "losses": 3,  # what a step minimises: below the engines that drive it
     "integrations": 3,
     "engine": 4,
     "checkpoint": 5,
-    "train": 6,
-    "measure": 7,  # probe, tp probe, simulator: they run the real stack to check the planner
-    "api": 8,
-    "cli": 9,
-    "__main__": 10,
+    "roles": 5,  # models a job needs besides the policy (the reference), attached to an engine
+    "tasks": 6,  # one spec per model.task: everything a task decides, over the layers below
+    "objectives": 6,  # one spec per train.objective (its losses live in losses/)
+    "job": 7,  # a task and an objective resolved together
+    "train": 8,
+    "measure": 9,  # probe, tp probe, simulator: they run the real stack to check the planner
+    "api": 10,
+    "cli": 11,
+    "__main__": 12,
 }
 
 
@@ -92,6 +98,6 @@ def test_training_loop_never_names_a_backend():
 
 def test_the_checker_catches_upward_and_sideways_imports():
     lazy_upward = "def f():\n    from bigtrain.train.loop import TrainLoop\n"
-    assert upward_imports("engine", lazy_upward) == ["line 2: engine (layer 4) imports bigtrain.train.loop (layer 6)"]
+    assert upward_imports("engine", lazy_upward) == ["line 2: engine (layer 4) imports bigtrain.train.loop (layer 8)"]
     assert upward_imports("data", "import bigtrain.models.build\n")  # same layer, other package
     assert not upward_imports("engine", "from bigtrain.parallel.build import build_model\n")

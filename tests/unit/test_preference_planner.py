@@ -9,8 +9,9 @@ import pytest
 from helpers import make_plan
 
 import bigtrain
-from bigtrain.config.capabilities.preference import REFERENCE
+from bigtrain.config.capabilities.reference import REFERENCE
 from bigtrain.config.workload import Workload
+from bigtrain.job import job_facts
 from bigtrain.planner.cost import estimate_time
 from bigtrain.planner.hardware import make_cluster
 from bigtrain.planner.memory import estimate_memory
@@ -22,12 +23,12 @@ CLUSTER = make_cluster(8, None, "H100", "80GB")
 
 def _dpo(reference: str, **plan) -> tuple:
     p = make_plan(**{"dp_shard": 8, "micro_batch_size": 1, **plan}).with_option(REFERENCE.name, reference)
-    return p, Workload(seq_len=2048, global_batch_size=64, objective="dpo")
+    return p, Workload(seq_len=2048, global_batch_size=64, job=job_facts("dpo"))
 
 
 def test_a_pair_is_two_rows_and_the_sharded_copy_adds_its_shard():
     plan, dpo = _dpo("precomputed")
-    sft = dataclasses.replace(dpo, objective="sft", global_batch_size=128)
+    sft = dataclasses.replace(dpo, job=job_facts("sft"), global_batch_size=128)
     assert (
         estimate_memory(STATS, plan, dpo).total_bytes
         == estimate_memory(STATS, plan.but(micro_batch_size=2), sft).total_bytes
@@ -38,7 +39,7 @@ def test_a_pair_is_two_rows_and_the_sharded_copy_adds_its_shard():
 
 def test_a_live_reference_adds_a_forward_and_precomputed_shares_it_over_the_epochs():
     plan, dpo = _dpo("sharded")
-    sft = dataclasses.replace(dpo, objective="sft", global_batch_size=128)
+    sft = dataclasses.replace(dpo, job=job_facts("sft"), global_batch_size=128)
     rows = estimate_time(STATS, plan.but(micro_batch_size=2), CLUSTER, sft)
     live = estimate_time(STATS, plan, CLUSTER, dpo)
     assert live.step_s == pytest.approx(rows.step_s + rows.compute_s / 3)
@@ -78,7 +79,7 @@ def test_reference_free_objectives_weigh_no_reference():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(objective="kto"), "objective='kto' is not one of sft, dpo, ipo, orpo, simpo"),
+        (dict(objective="kto"), "objective='kto' is not an objective; use auto, sft, classification, dpo, ipo"),
         (dict(objective="dpo", epochs=0), "epochs=0 must be above 0"),
     ],
 )

@@ -268,6 +268,7 @@ def _export_note(target: str, plan: Plan) -> str | None:
 
 
 CAPABILITY = Capability(
+    engine="bigtrain.engine.replica_sync",  # its plans run inside ReplicaSyncEngine (wrap)
     name="replica_sync",
     summary="replica groups synchronised every step, or every H steps by local SGD or (streaming) DiLoCo for slow "
     "links between them",

@@ -7,8 +7,8 @@ would work), or None. A row has a kind, which is what the planner makes of it:
 - ``fit``: the plan does not fit this model, this batch or this data (tp does not divide the heads); shown as
   rejected.
 - ``not_built``: the trainer cannot run it yet (cp with pp); ``bigtrain plan --all`` predicts it anyway.
-Rows that read the model (or the data) are skipped while its facts are unknown (recipe resolution runs before the
-model is read); start-up and the planner ask again with them.
+Rows that read the model, the data or the job (its task and objective) are skipped while their facts are unknown
+(recipe resolution runs before the model is read); start-up and the planner ask again with them.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from bigtrain.config.model_facts import ModelFacts
 from bigtrain.config.plan import Plan
-from bigtrain.config.setup import Setup
+from bigtrain.config.setup import JobFacts, Setup
 
 Kind = Literal["invalid", "fit", "not_built"]
 KINDS: tuple[Kind, ...] = ("invalid", "not_built", "fit")  # the order rows are asked in: the first that trips is said
@@ -36,6 +36,7 @@ class Rule:
     # reads the micro-batch or the checkpointing: the search asks the other rows once per layout (a frame), and
     # tests/unit/test_capabilities.py holds every row not marked so to a verdict they do not change
     reads_micro_batch: bool = False
+    reads_job: bool = False  # asked only once the job's task and objective are known (``Setup.job``)
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,10 @@ def row(
     reads_model: bool = False,
     reads_data: bool = False,
     reads_micro_batch: bool = False,
+    reads_job: bool = False,
 ) -> Rule:
     """A row named after its function (``_cp_backends`` -> ``cp_backends``)."""
-    return Rule(says.__name__.lstrip("_"), kind, says, reads_model, reads_data, reads_micro_batch)
+    return Rule(says.__name__.lstrip("_"), kind, says, reads_model, reads_data, reads_micro_batch, reads_job)
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,8 @@ class SearchSpace:
     )
     # groups of GPUs joined by a slow link the user described (sites, or nodes on Ethernet); 0: none described
     link_groups: int = 0
-    objective: str = "sft"  # train.objective (a preference objective's reference is searched)
+    on_gpus: bool = True  # the plans run on GPUs (CPU processes: what only a GPU gains from is not weighed)
+    job: JobFacts = field(default_factory=JobFacts)  # the job's task and objective (a role's placement is searched)
     method: str = "full"  # train.method, concrete (the search runs once per method under auto)
     modules_to_save: bool = False  # lora.modules_to_save names modules trained fully beside the adapters
     _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False, compare=False)
@@ -130,14 +133,17 @@ class Option:
 @dataclass(frozen=True)
 class ModelStep:
     """A model transform a capability brings with it, applied right after the transform named ``after`` in
-    ``parallel/transforms``' ``ORDER`` (``wanted`` takes the build's options, ``apply`` the built model and the build
-    context, as a ``Transform``'s do)."""
+    ``parallel/transforms``' ``ORDER``. Its code is ``apply`` (the built model and the build context, as a
+    ``Transform``'s), or, for code that needs torch and the build's types, the module of ``parallel/transforms`` that
+    holds it (``code``: its ``TRANSFORM``), so that a record stays a plain value every layer can read; ``wanted``
+    takes the build's options (None: the code's own)."""
 
     name: str
     after: str
-    wanted: Callable[[Any], bool]
-    apply: Callable[[Any, Any], None]
+    wanted: Callable[[Any], bool] | None = None
+    apply: Callable[[Any, Any], None] | None = None
     planner_terms: tuple[str, ...] = ()
+    code: str | None = None  # e.g. "bigtrain.parallel.transforms.batch_norm"
 
 
 @dataclass(frozen=True)
@@ -154,8 +160,15 @@ class Capability:
     A capability that is not one of the schema's may bring everything else it needs in its record too:
     - ``options``: its recipe keys (``Option``, under ``parallel``), which the loader accepts and the plan carries;
     - ``steps``: its model transforms (``ModelStep``), placed in the build's order after a named one;
-    - ``memory``: the bytes per device it adds to the predicted peak, given the planner's ``ModelStats``, the plan
+    - ``memory``: the bytes per device it adds to the predicted peak, given the planner's model statistics, the plan
       and the ``Workload`` (added to the estimate's ``other``);
+    - ``time``: the seconds of compute it adds to a step, given the statistics, the plan, the cluster, the workload
+      and the step's compute seconds so far;
+    - ``host``: the bytes of host memory per GPU it keeps (an offloaded copy), given the statistics, plan, workload;
+    - ``explain``: the lines it adds below the plan table, given the chosen candidate, the ranked runnable ones and
+      the workload;
+    - ``engine``: the module whose ``wrap(engine, options, train)`` wraps the engine a plan of it runs on (replica
+      groups that synchronise every H steps), as ``ModelStep.code`` names code of a higher layer;
     - ``export_note``: given an export target and the plan, the line that says what the target cannot express of it
       (appended to the export's notes), or None.
     """
@@ -169,6 +182,10 @@ class Capability:
     options: tuple[Option, ...] = ()
     steps: tuple[ModelStep, ...] = ()
     memory: Callable[[Any, Plan, Any], int] | None = None
+    time: Callable[[Any, Plan, Any, Any, float], float] | None = None
+    host: Callable[[Any, Plan, Any], int] | None = None
+    explain: Callable[[Any, list[Any], Any], list[str]] | None = None
+    engine: str | None = None
     export_note: Callable[[str, Plan], str | None] | None = None
 
 

@@ -3,8 +3,8 @@
 Why this order (torchtitan's, extended):
 - adapters first: each LoRA adapter joins the block of the linear it adapts before anything slices, wraps or shards
   that block;
-- frozen parts (``model.freeze``) next, before anything wraps or shards them: no gradient or optimizer state is made
-  for them;
+- frozen parts (``model.freeze``, the freeze record's step) next, before anything wraps or shards them: no gradient
+  or optimizer state is made for them;
 - the pipeline split first: every later step works on this rank's stages only, and each stage is a HF model of its
   own under the unsplit model's parameter names;
 - tensor parallelism slices the projections before anything wraps or shards them, so FSDP2 shards the slices
@@ -15,13 +15,14 @@ Why this order (torchtitan's, extended):
 - the chunked loss takes the LM head out of the forward (of the last stage) before anything wraps or shards it;
 - activation checkpointing wraps the sliced blocks, and compile compiles the wrapped ones, both before FSDP2, so
   FSDP2's all-gather hooks sit outside the recomputed and the compiled region;
-- BatchNorm layers learn which ranks' statistics they normalise by before FSDP2 or DDP wraps them;
+- BatchNorm layers (the batch_norm record's step) learn which ranks' statistics they normalise by before FSDP2 or
+  DDP wraps them;
 - activation offload wraps them once more: its saved-tensor hooks sit outside the recompute (so they catch what a
   checkpointed block keeps, its input) and outside the compiled region, inside FSDP2's gathers;
 - FSDP2 shards on meta: nothing of the unsharded model is ever allocated;
 - then the values are allocated and loaded, each rank writing only its shards;
-- channels-last layout (convolutional classifiers) after the values exist, before DDP's buckets take the weights'
-  strides;
+- channels-last layout (the channels_last record's step) after the values exist, before DDP's buckets take the
+  weights' strides;
 - context parallelism then points the model's attention at its all-to-all attention (after the values: loading
   builds a twin of the model from the same config object, which would set the config's attention back);
 - DDP last: it broadcasts real values.
@@ -32,21 +33,20 @@ Adding a built-in transform is one new file here and its line in ``BUILT_IN``; a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
+from importlib import import_module
 
-from bigtrain.config.capabilities import CAPABILITIES, Capability
+from bigtrain.config.capabilities import CAPABILITIES, Capability, ModelStep
 from bigtrain.parallel.transforms import (
     activation_checkpoint,
     activation_offload,
     adapters,
-    batch_norm,
-    channels_last,
     chunked_loss,
     compile_blocks,
     context_parallel,
     ddp,
     expert_parallel,
     float8,
-    freeze,
     fsdp,
     load_values,
     pipeline_split,
@@ -56,7 +56,6 @@ from bigtrain.parallel.transforms.base import Transform
 
 BUILT_IN: tuple[Transform, ...] = (
     adapters.TRANSFORM,
-    freeze.TRANSFORM,
     pipeline_split.TRANSFORM,
     tensor_parallel.TRANSFORM,
     expert_parallel.TRANSFORM,
@@ -65,10 +64,8 @@ BUILT_IN: tuple[Transform, ...] = (
     activation_checkpoint.TRANSFORM,
     compile_blocks.TRANSFORM,
     activation_offload.TRANSFORM,
-    batch_norm.TRANSFORM,
     fsdp.TRANSFORM,
     load_values.TRANSFORM,
-    channels_last.TRANSFORM,
     context_parallel.TRANSFORM,
     ddp.TRANSFORM,
 )
@@ -83,9 +80,23 @@ def with_record_steps(order: Sequence[Transform], capabilities: Sequence[Capabil
             names = [t.name for t in out]
             if step.after not in names:
                 raise ValueError(f"{capability.name}: its step {step.name!r} follows {step.after!r}, not in {names}")
-            transform = Transform(step.name, step.wanted, step.apply, planner_terms=step.planner_terms)
-            out.insert(names.index(step.after) + 1, transform)
+            out.insert(names.index(step.after) + 1, step_transform(step))
     return tuple(out)
+
+
+def step_transform(step: ModelStep) -> Transform:
+    """A record's step as a transform: its code's ``TRANSFORM`` (``ModelStep.code``), or one made of its ``apply``;
+    the record's ``wanted`` and planner terms where it gives them."""
+    if step.code is not None:
+        transform: Transform = import_module(step.code).TRANSFORM
+        if transform.name != step.name:
+            raise ValueError(f"step {step.name!r} names {step.code}, whose transform is {transform.name!r}")
+    else:
+        assert step.apply is not None and step.wanted is not None, f"step {step.name!r}: give apply and wanted"
+        transform = Transform(step.name, step.wanted, step.apply)
+    if step.wanted is not None:
+        transform = replace(transform, wanted=step.wanted)
+    return replace(transform, planner_terms=step.planner_terms or transform.planner_terms)
 
 
 ORDER: tuple[Transform, ...] = with_record_steps(BUILT_IN, CAPABILITIES)

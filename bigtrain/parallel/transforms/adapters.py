@@ -29,9 +29,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from bigtrain.config.hf import decoder_blocks, is_linear, linear_names, names_module
-from bigtrain.config.model_parts import language_model_block_linears, language_model_linears
+from bigtrain.config.model_parts import has_parts, language_model_block_linears, language_model_linears
 from bigtrain.config.schema import ADAPTER_METHODS, AdapterConfig
-from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
 from bigtrain.errors import ConfigError
 from bigtrain.models.build import build_meta_model
 from bigtrain.models.materialize import write_full
@@ -49,7 +48,7 @@ def target_modules(model: nn.Module, lora: AdapterConfig) -> list[str] | str:
     (a regular expression: its vision blocks have linears of the same names)."""
     inside, outside = linear_names(model)
     if lora.target_modules is None:
-        if task_of(model.config) is IMAGE_TEXT_TO_TEXT:
+        if has_parts(model.config):  # a vision-language model: its language model's blocks
             return language_model_linears(model, language_model_block_linears(model))
         if not inside:
             raise ConfigError(
@@ -114,16 +113,6 @@ def modules_trained_fully(model: nn.Module, lora: AdapterConfig, targets: list[s
                 )
         chosen += [hit for hit in hits if hit not in chosen]
     return chosen
-
-
-# peft's task type of the saved adapter, by model.task: PeftModel.from_pretrained picks its wrapper by it (an image
-# classifier has none in peft; its plain PeftModel runs the classifier's forward)
-PEFT_TASK_TYPES = {
-    "causal-lm": "CAUSAL_LM",
-    "image-text-to-text": "CAUSAL_LM",  # peft wraps a vision-language model as a causal LM (its generate)
-    "sequence-classification": "SEQ_CLS",
-    "image-classification": None,
-}
 
 
 def peft_config(

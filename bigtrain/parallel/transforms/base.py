@@ -50,9 +50,10 @@ class BuildOptions:
     # semi-synchronous replica groups that are jobs of their own: how they reach each other (engine/replica_links);
     # None: over the mesh's dp_replicate dimension
     replicas: Any = None
-    # a frozen model (a preference objective's reference copy, engine/reference.py): no parameter trains
+    # a frozen model (a reference model's copy, roles/reference.py): no parameter trains
     frozen: bool = False
     freeze: tuple[str, ...] = ()  # model.freeze: the parts (or modules) of a vision-language model that do not train
+    new_head: bool = False  # a classifier's pretrained head does not fit its data's classes: made afresh
 
     @property
     def partitioned_construction(self) -> bool:
@@ -91,7 +92,7 @@ class BuiltModel:
     experts: list[nn.Module] = field(default_factory=list)
     # train.fp8 under FSDP2 on CUDA (tensorwise): weights all-gathered in FP8, their scales precomputed after each step
     fp8_all_gather: bool = False
-    # train.compile: the loss (objectives/causal_lm.py) runs compiled too
+    # train.compile: the loss (losses/causal_lm.py) runs compiled too
     compile_loss: bool = False
     # modules whose parameters stay fp32 under a bf16/fp16 parameter cast (BatchNorm, ``batch_norm``): FSDP2 shards
     # each as a unit of its own with an fp32 parameter dtype, as FSDP1 kept BatchNorm out of its mixed precision

@@ -1,4 +1,4 @@
-"""BatchNorm across data-parallel ranks (the classification capability's transform, ``parallel.sync_batchnorm``).
+"""BatchNorm across data-parallel ranks (the batch_norm record's step, ``parallel.sync_batchnorm``).
 
 BatchNorm is the one layer whose output depends on how a batch is split: in training mode it normalises by the
 statistics of the images in its forward. Two ways, both with running statistics that are the same on every rank
@@ -29,7 +29,7 @@ import torch.distributed.nn.functional as dist_fn
 import torch.nn.functional as F
 from torch import nn
 
-from bigtrain.config.capabilities.classification import SYNC_BATCHNORM
+from bigtrain.config.capabilities.batch_norm import SYNC_BATCHNORM
 from bigtrain.parallel.transforms.base import BuildContext, BuildOptions, BuiltModel, Transform
 
 

@@ -1,4 +1,4 @@
-"""Channels-last memory layout for convolutional models (the classification capability's ``parallel.channels_last``).
+"""Channels-last memory layout for convolutional models (the channels_last record's step, ``parallel.channels_last``).
 
 A 4-D image batch is laid out NCHW by default; convolution kernels on tensor cores (cuDNN, and oneDNN on CPUs) work
 on NHWC and otherwise transpose around every convolution. torch keeps a tensor's logical shape and changes only its
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bigtrain.config.capabilities.classification import CHANNELS_LAST
+from bigtrain.config.capabilities.channels_last import CHANNELS_LAST
 from bigtrain.parallel.transforms.base import BuildContext, BuildOptions, BuiltModel, Transform
 
 
@@ -44,5 +44,5 @@ def _channels_last_inputs(module: nn.Module, args: tuple, kwargs: dict[str, Any]
     return args, kwargs
 
 
-# the layout changes no byte of memory; the classifier planner lays a CNN out so on GPUs
-TRANSFORM = Transform(name="channels_last", wanted=wanted, apply=apply, planner_terms=("classifier_plan.candidates",))
+# the layout changes no byte of memory; the search lays a convolutional model out so on GPUs (its record's variant)
+TRANSFORM = Transform(name="channels_last", wanted=wanted, apply=apply)

@@ -2,7 +2,7 @@
 chunks of tokens, so the logits of a whole micro-batch never exist at once.
 
 The head module is put inside a pass-through module in its slot: the HF forward then returns the final hidden
-states as its "logits", and ``BuiltModel.loss_head`` hands the head to the objective (``objectives/causal_lm.py``),
+states as its "logits", and ``BuiltModel.loss_head`` hands the head to the objective (``losses/causal_lm.py``),
 which computes each chunk's logits and cross-entropy under activation checkpointing: backward recomputes one chunk's
 logits at a time. The head stays where it was in the module tree, so FSDP2 shards it with the root unit, a tied
 embedding stays tied, and DeepSpeed ZeRO-3 gathers it when the loss calls it. Placed after the pipeline split (only

@@ -1,4 +1,4 @@
-"""``train.compile``: ``torch.compile`` each decoder block, in place, and the loss (``objectives/causal_lm.py``).
+"""``train.compile``: ``torch.compile`` each decoder block, in place, and the loss (``losses/causal_lm.py``).
 
 After tensor parallelism and activation checkpointing and before FSDP2 (torchtitan's order): the compiled region is
 the block with its recompute wrapper, and FSDP2's hooks stay outside it. ``Module.compile`` compiles in place, so

@@ -119,11 +119,10 @@ def fsdp_grad_sync(
 
 
 def _vision_tower(part: nn.Module, hf_config: Any) -> nn.Module | None:
-    """A vision-language model's vision tower (its blocks keep their inputs' dtypes), else None."""
-    from bigtrain.config.model_parts import part_module
-    from bigtrain.config.tasks import IMAGE_TEXT_TO_TEXT, task_of
+    """A model's vision tower beside its language model (its blocks keep their inputs' dtypes), else None."""
+    from bigtrain.config.model_parts import has_parts, part_module
 
-    return part_module(part, "vision_tower") if task_of(hf_config) is IMAGE_TEXT_TO_TEXT else None
+    return part_module(part, "vision_tower") if has_parts(hf_config) else None
 
 
 def _shard(built: BuiltModel, ctx: BuildContext) -> None:

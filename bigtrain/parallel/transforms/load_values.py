@@ -12,14 +12,11 @@ Every part is then put in training mode.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from bigtrain.config.tasks import task_of
 from bigtrain.models.build import build_meta_model
 from bigtrain.models.materialize import materialize, to_empty_keeping_ties
 from bigtrain.parallel.transforms.base import BuildContext, BuildOptions, BuiltModel, Transform
@@ -46,15 +43,6 @@ def _param_device(options: BuildOptions) -> torch.device | None:
     return torch.device("cpu") if offloading else None
 
 
-def _new_head(options: BuildOptions) -> bool:
-    """A classifier whose data has another number of classes than its pretrained folder's head (start-up said so,
-    ``data/for_task.apply_labels``): that head starts afresh."""
-    if options.pretrained is None or not task_of(options.hf_config).examples:
-        return False
-    saved = json.loads((Path(options.pretrained) / "config.json").read_text())
-    return len(saved.get("id2label") or {}) != options.hf_config.num_labels
-
-
 def _allocated(built: BuiltModel, ctx: BuildContext) -> None:
     for transform in built.applied:
         if transform.on_allocated is not None:
@@ -74,8 +62,9 @@ def _load(built: BuiltModel, ctx: BuildContext) -> None:
                 to_empty_keeping_ties(part, options.device, _param_device(options))
         _allocated(built, ctx)
         twin = build_meta_model(options.hf_config, options.attn_implementation)  # walked for the values, whole
-        new_head = _new_head(options)
-        materialize(built.parts, twin, options.pretrained, options.seed, built.hf_name, built.convert_value, new_head)
+        materialize(
+            built.parts, twin, options.pretrained, options.seed, built.hf_name, built.convert_value, options.new_head
+        )
     for transform in built.applied:
         if transform.fill_values is not None:
             transform.fill_values(built, ctx)

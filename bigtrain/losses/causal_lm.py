@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from bigtrain.data.labels import IGNORE_INDEX, labelled_positions
-from bigtrain.objectives.base import NoStepMetrics, Terms
+from bigtrain.losses.base import NoStepMetrics, Terms
 
 
 def labeled_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ each labelled on its answer only. A sequence's log-probability is the sum of its
 data parallelism train what one loop over the global batch with the mean loss per pair trains.
 
 The formulas, per pair, with c/r the chosen/rejected log-probabilities of the policy and c0/r0 of the reference
-(log-probabilities precomputed or from the reference model, ``engine/reference.py``), n the answer lengths:
+(log-probabilities precomputed or from the reference model, ``roles/reference.py``), n the answer lengths:
 - dpo, sigmoid (Rafailov et al. 2023; ``label_smoothing`` e: conservative DPO): -(1-e) log s(b d) - e log s(-b d),
   d = (c - c0) - (r - r0); hinge (SLiC): max(0, 1 - b d);
 - ipo (Azar et al. 2023, length-normalised as TRL's, confirmed with its authors): ((c-c0)/n_c - (r-r0)/n_r - 1/(2b))^2;
@@ -22,44 +22,75 @@ dpo/ipo, means for orpo/simpo, as TRL's trainers for each log them), means over 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from bigtrain.config.schema import REFERENCE_OBJECTIVES
 from bigtrain.data.batch import PairBatch
 from bigtrain.data.labels import IGNORE_INDEX
-from bigtrain.objectives.base import Terms
-from bigtrain.objectives.causal_lm import router_loss
+from bigtrain.losses.base import Terms
+from bigtrain.losses.causal_lm import router_loss
 
 # what a step's metric sums are, in order (each a sum over pairs; divided by the global batch's pairs)
 SUMMED = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "logps/chosen", "logps/rejected")
 
 
 @dataclass(frozen=True)
-class PreferenceSettings:
-    """The recipe's train section as the objective reads it."""
+class PairLogps:
+    """One micro-batch's pairs as a preference loss reads them: the policy's chosen and rejected log-probabilities
+    (sums, or means per answer token where the objective averages), their ratios to the reference's (None without
+    one) and the answers' lengths."""
 
-    objective: str  # dpo, ipo, orpo, simpo
+    chosen: torch.Tensor
+    rejected: torch.Tensor
+    chosen_ratio: torch.Tensor | None
+    rejected_ratio: torch.Tensor | None
+    chosen_len: torch.Tensor
+    rejected_len: torch.Tensor
+
+
+@dataclass(frozen=True)
+class PreferenceSettings:
+    """A preference objective as its spec makes it (``bigtrain/objectives``): its per-pair loss, whether it measures
+    against a reference and whether it averages log-probabilities per answer token, and the recipe's numbers."""
+
+    pair_loss: Callable[[PairLogps, PreferenceSettings], torch.Tensor]
+    needs_reference: bool
+    averaged: bool  # a sequence's log-probability is its mean per answer token (orpo, simpo), not its sum
     beta: float = 0.1
     loss_type: str = "sigmoid"
     label_smoothing: float = 0.0
     simpo_gamma: float = 0.5
 
-    @classmethod
-    def of(cls, train: Any) -> PreferenceSettings:
-        return cls(train.objective, train.beta, train.loss_type, train.label_smoothing, train.simpo_gamma)
 
-    @property
-    def needs_reference(self) -> bool:
-        return self.objective in REFERENCE_OBJECTIVES
+def dpo_loss(p: PairLogps, s: PreferenceSettings) -> torch.Tensor:
+    """DPO: -(1-e) log s(b d) - e log s(-b d), d the margin of the ratios (sigmoid), or SLiC's max(0, 1 - b d)."""
+    assert p.chosen_ratio is not None and p.rejected_ratio is not None
+    margin = s.beta * (p.chosen_ratio - p.rejected_ratio)
+    if s.loss_type == "hinge":
+        return torch.relu(1 - margin)
+    ls = s.label_smoothing
+    return -(1 - ls) * F.logsigmoid(margin) - ls * F.logsigmoid(-margin)
 
-    @property
-    def averaged(self) -> bool:
-        """A sequence's log-probability is its mean per answer token (orpo, simpo), not its sum."""
-        return self.objective in ("orpo", "simpo")
+
+def ipo_loss(p: PairLogps, s: PreferenceSettings) -> torch.Tensor:
+    """IPO, length-normalised as TRL's: ((c-c0)/n_c - (r-r0)/n_r - 1/(2b))^2."""
+    assert p.chosen_ratio is not None and p.rejected_ratio is not None
+    gap = p.chosen_ratio / p.chosen_len - p.rejected_ratio / p.rejected_len
+    return (gap - 1 / (2 * s.beta)) ** 2
+
+
+def simpo_loss(p: PairLogps, s: PreferenceSettings) -> torch.Tensor:
+    """SimPO: -log s(b (c - r) - gamma) of the mean log-probabilities."""
+    return -F.logsigmoid(s.beta * (p.chosen - p.rejected) - s.simpo_gamma)
+
+
+def orpo_loss(p: PairLogps, s: PreferenceSettings) -> torch.Tensor:
+    """ORPO: the chosen answer's mean NLL plus the weighted odds-ratio term."""
+    return -p.chosen - s.beta * F.logsigmoid(log_odds(p.chosen) - log_odds(p.rejected))
 
 
 # log(1 - e^p) is -inf at p = 0 (an answer the model is certain of: in fp32, any |p| below ~6e-8): the odds are taken
@@ -78,7 +109,7 @@ def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Te
     return _token_logps(logits, labels).sum(1), (labels != IGNORE_INDEX).sum(1)
 
 
-# train.compile: the token log-probabilities through inductor, as the causal-LM loss (objectives/causal_lm.py), so a
+# train.compile: the token log-probabilities through inductor, as the causal-LM loss (losses/causal_lm.py), so a
 # compiled run keeps the compute-dtype logits and one log-sum-exp per row for backward, not fp32 copies of them
 def compiled_sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _compiled_token_logps()(logits, labels).sum(1), (labels != IGNORE_INDEX).sum(1)
@@ -98,7 +129,7 @@ def _token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 class Preference:
-    """One of the preference objectives (``PreferenceSettings.objective``) over a ``PairBatch``; a mixture's router
+    """A preference objective (``PreferenceSettings``: its spec's) over a ``PairBatch``; a mixture's router
     loss joins it as it joins the causal-LM loss (``router_weight``: the config's coefficient, 0: none);
     ``compiled``: the token log-probabilities through inductor (train.compile)."""
 
@@ -124,26 +155,15 @@ class Preference:
         if s.averaged:
             logps = logps / lengths
         c, r = logps[:pairs], logps[pairs:]
+        chosen_ratio = rejected_ratio = None
         if s.needs_reference:
-            assert batch.ref_logps is not None, "dpo/ipo need the reference's log-probabilities (engine/reference.py)"
+            assert batch.ref_logps is not None, "this objective needs the reference's log-probabilities (roles/)"
             ref = batch.ref_logps.to(logps.dtype)
             chosen_ratio, rejected_ratio = c - ref[:pairs], r - ref[pairs:]
             rewards = s.beta * chosen_ratio.detach(), s.beta * rejected_ratio.detach()
-            if s.objective == "ipo":
-                gap = chosen_ratio / lengths[:pairs] - rejected_ratio / lengths[pairs:]
-                loss = (gap - 1 / (2 * s.beta)) ** 2
-            elif s.loss_type == "hinge":
-                loss = torch.relu(1 - s.beta * (chosen_ratio - rejected_ratio))
-            else:
-                margin = s.beta * (chosen_ratio - rejected_ratio)
-                ls = s.label_smoothing
-                loss = -(1 - ls) * F.logsigmoid(margin) - ls * F.logsigmoid(-margin)
         else:
             rewards = s.beta * c.detach(), s.beta * r.detach()
-            if s.objective == "simpo":
-                loss = -F.logsigmoid(s.beta * (c - r) - s.simpo_gamma)
-            else:  # orpo: the chosen answer's mean NLL plus the weighted odds-ratio term
-                loss = -c - s.beta * F.logsigmoid(log_odds(c) - log_odds(r))
+        loss = s.pair_loss(PairLogps(c, r, chosen_ratio, rejected_ratio, lengths[:pairs], lengths[pairs:]), s)
         keep = real.to(loss.dtype)
         chosen_reward, rejected_reward = rewards
         sums = torch.stack(

@@ -19,14 +19,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from bigtrain.config.capabilities.preference import reference_of
+from bigtrain.config.capabilities.reference import ROLE, resolved_reference
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.data.loader import EvalLoader
 from bigtrain.data.preference import PreferencePairs
 from bigtrain.engine import Engine
-from bigtrain.engine.reference import LiveReference, engine_parts
 from bigtrain.errors import ConfigError
+from bigtrain.roles.reference import LiveReference, engine_parts
 
 log = logging.getLogger("bigtrain")
 FOLDER = "reference_logps"
@@ -42,7 +42,7 @@ def attach_precomputed(
     """Give every preference data set its reference log-probabilities when the plan precomputes them: computed now by
     the untrained policy on a fresh start (a file left by an earlier run in output_dir, perhaps of another model, is
     replaced), read back on a resume (the file must be there). Rank 0 reads and decides; every rank gets its values."""
-    if reference_of(plan, cfg.train) != "precomputed":
+    if resolved_reference(plan, (ROLE,), cfg.train.method) != "precomputed":
         return
     for data in datasets:
         if data is None:

@@ -1,6 +1,7 @@
-"""Write ``known_configs.json``: every preset as the installed transformers fills it in, and its facts.
+"""Write ``planner/known_configs.json``: every preset as the installed transformers fills it in, its task and the
+capability table's facts of its model (its task's spec measures what only the built model shows).
 
-Run after editing presets.json or changing the pinned transformers: ``python -m bigtrain.planner.record_presets``.
+Run after editing presets.json or changing the pinned transformers: ``python -m bigtrain.tasks.record_presets``.
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ from bigtrain.config.hf import model_config_object
 from bigtrain.config.model_facts import ModelFacts
 from bigtrain.planner.known_configs import FILE, transformers_version
 from bigtrain.planner.model_stats import load_model_config, preset_names
+from bigtrain.tasks import detect
 
 
 def live_entry(preset: str) -> dict[str, Any]:
     """A preset's entry computed by transformers now (what the file records)."""
     config = load_model_config(preset, live=True)
-    return {"config": config, "facts": asdict(ModelFacts.of(model_config_object(config)))}
+    hf_config = model_config_object(config)
+    task = detect(hf_config)
+    extra = task.model_facts(hf_config) if task.model_facts is not None else {}
+    return {"config": config, "task": task.name, "facts": asdict(ModelFacts.of(hf_config, **extra))}
 
 
 def write(path: Path) -> None:
@@ -31,6 +36,6 @@ def write(path: Path) -> None:
 
 
 if __name__ == "__main__":
-    target = Path(__file__).with_name(FILE)
+    target = Path(__file__).parents[1] / "planner" / FILE
     write(target)
     print(f"wrote {target} (transformers {transformers_version()})")

@@ -1,14 +1,14 @@
-"""The reference model of dpo and ipo (``parallel.reference``), and the preference objective given to an engine.
+"""The reference model (``parallel.reference``): the role of the objectives measured against the policy as it starts.
 
 The reference is the policy as training starts (the SFT model): its log-probability of each answer, taken before the
 policy's forward of each micro-batch and never differentiated. Where it comes from is a plan choice
-(``config/capabilities/preference.py``):
+(``config/capabilities/reference.py``):
 - ``adapter_disabled``: LoRA/QLoRA's own frozen base, the adapters switched off for one forward: no memory, one
   more forward per micro-batch;
 - ``sharded``: a frozen copy built by the one build path, laid out as the policy's parameters (sharded by FSDP2 or
   ZeRO-3, whole on every rank under DDP and ZeRO-1/2), in the compute dtype (fp32 under DDP, as its policy computes);
 - ``offloaded``: the same copy with its shards in host memory (FSDP2's CPU offload), copied in for its forward;
-- ``precomputed``: one pass over the data before the first step (``train/reference_pass.py``), the log-probabilities
+- ``precomputed``: one pass over the data before the first step (``reference_pass.py``), the log-probabilities
   stored beside the data: no model and no forward during training.
 Each live reference runs its forward in eval mode (no dropout, as TRL's default ``disable_dropout``) under no_grad.
 """
@@ -24,11 +24,11 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from bigtrain.config.capabilities.preference import reference_of
-from bigtrain.config.schema import PREFERENCE_OBJECTIVES, TrainConfig
+from bigtrain.config.capabilities.reference import REFERENCE, ROLE, resolved_reference
+from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig, TrainConfig
 from bigtrain.engine.base import Engine, Reference, evaluating
-from bigtrain.objectives.causal_lm import router_loss_coef
-from bigtrain.objectives.preference import Preference, PreferenceSettings, sequence_logps
+from bigtrain.errors import ConfigError
+from bigtrain.losses.preference import sequence_logps
 from bigtrain.parallel.build import build_model
 from bigtrain.parallel.precision import COMPUTE_DTYPES
 from bigtrain.parallel.transforms.base import BuildOptions, BuiltModel
@@ -119,17 +119,13 @@ def _frozen_forward(built: BuiltModel, options: BuildOptions) -> tuple[Callable[
     return forward, built
 
 
-def attach_objective(engine: Engine, options: BuildOptions, train: TrainConfig) -> None:
-    """A preference objective (``train.objective``) and its reference (``parallel.reference``) on ``engine``: for
-    adapter_disabled the engine's own forward of the policy with the adapters switched off around it. Nothing for
-    sft."""
-    if train.objective not in PREFERENCE_OBJECTIVES:
-        return
+def attach_reference(engine: Engine, options: BuildOptions, train: TrainConfig) -> None:
+    """The reference (``parallel.reference``) of an objective that has the role, on ``engine``: for adapter_disabled
+    the engine's own forward of the policy with the adapters switched off around it, for sharded and offloaded a
+    frozen copy; nothing for precomputed (the data carries it: ``reference_pass.py``)."""
     policy: BuiltModel = engine.built  # type: ignore[attr-defined]  # every engine that runs them keeps it
-    router = router_loss_coef(policy.parts[0].config)
-    engine.objective = Preference(PreferenceSettings.of(train), router, policy.compile_loss)
-    mode = reference_of(options.plan, train)
-    if mode in ("none", "precomputed"):  # precomputed: the data carries it (train/reference_pass.py)
+    mode = resolved_reference(options.plan, (ROLE,), train.method)
+    if mode == "precomputed":
         return
     parts = list(policy.parts)
     if mode == "adapter_disabled":
@@ -139,6 +135,23 @@ def attach_objective(engine: Engine, options: BuildOptions, train: TrainConfig) 
     copy = frozen_copy(options, offloaded=mode == "offloaded", mesh=policy.mesh)
     forward, keep = _frozen_forward(copy, options)
     engine.reference = LiveReference(forward, copy.parts, keep=keep)
+
+
+def check_reference(cfg: RecipeConfig) -> None:
+    """What the capability table cannot see of a recipe with a reference: the lora section. Modules trained fully
+    beside the adapters (lora.modules_to_save) are updated in place, so switching the adapters off no longer gives the
+    starting model: the adapter-disabled reference (asked, or auto's choice for a written plan) is refused;
+    ``plan: auto`` does not weigh it (``config/capabilities/reference.py``)."""
+    if not cfg.lora.modules_to_save:
+        return
+    asked = cfg.parallel.options.get(REFERENCE.name, REFERENCE.default)
+    adapters = cfg.train.method in ADAPTER_METHODS
+    if asked == "adapter_disabled" or (asked == "auto" and adapters and cfg.parallel.plan != "auto"):
+        raise ConfigError(
+            f"parallel.reference={asked} with lora.modules_to_save={cfg.lora.modules_to_save}: those modules train "
+            "fully, so the adapters switched off are no longer the starting model; set parallel.reference="
+            "precomputed, or unset lora.modules_to_save"
+        )
 
 
 def engine_parts(engine: Engine) -> list[nn.Module]:

@@ -1,0 +1,105 @@
+"""A job: the task a model is trained for and the objective it minimises, resolved from a recipe (or the planner's
+arguments) into their specs (``bigtrain/tasks``, ``bigtrain/objectives``).
+
+Everything below the specs receives what it needs of a job as values: the table's rows and the planner read
+``Job.facts`` (``config.setup.JobFacts``), the engines a loss (``ObjectiveSpec.make``), export the files a task writes
+beside the weights. ``resolve`` is the first phase of start-up; ``bigtrain plan`` and the simulator resolve the same
+way from names.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from bigtrain.config.schema import RecipeConfig
+from bigtrain.config.setup import JobFacts
+from bigtrain.errors import ConfigError
+from bigtrain.objectives import AUTO as AUTO_OBJECTIVE
+from bigtrain.objectives import OBJECTIVES, ObjectiveSpec, objective
+from bigtrain.tasks import AUTO as AUTO_TASK
+from bigtrain.tasks import TASKS, TaskSpec, resolve, task
+
+
+@dataclass(frozen=True)
+class Job:
+    task: TaskSpec
+    objective: ObjectiveSpec
+
+    @property
+    def facts(self) -> JobFacts:
+        """What the table's rows, the planner and the simulator read of this job."""
+        return JobFacts(
+            task=self.task.name,
+            objective=self.objective.name,
+            unit=self.task.unit,
+            rows_per_example=self.objective.rows_per_example,
+            roles=self.objective.roles,
+            rules=(*self.task.rules, *self.objective.rules),
+        )
+
+    @property
+    def own_data(self) -> bool:
+        """The objective reads data of its own (pairs) instead of the task's."""
+        return self.objective.read_data is not None
+
+    def read_data(self, cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
+        """The training and held-out data: the objective's own where it has data of its own, else the task's."""
+        reader = self.objective.read_data or self.task.read_data
+        return reader(cfg, hf_config)
+
+    def synthetic(self, hf_config: Any, plan: Any, workload: Any, device: Any) -> tuple[Any, Any]:
+        """(one synthetic micro-batch, the function that counts a global batch of such) for the simulator."""
+        if self.objective.synthetic is not None:
+            assert self.objective.count is not None
+            return self.objective.synthetic(hf_config, plan, workload, device), self.objective.count
+        return self.task.synthetic(hf_config, plan, workload, device), self.task.count
+
+
+def pair(task_spec: TaskSpec, objective_name: str, key: str = "train.objective") -> Job:
+    """The job of a task and an objective (``auto``: the task's own), or a ConfigError naming ``key`` when the
+    objective reads what the task's model does not give, or is not built for the task."""
+    spec = objective(task_spec.default_objective if objective_name == AUTO_OBJECTIVE else objective_name, key)
+    if spec.reads != task_spec.outputs:
+        raise ConfigError(spec.refused(task_spec.name))
+    built = task_spec.built_objectives
+    if built is not None and spec.name not in built:
+        raise ConfigError(
+            f"{key}={spec.name} with model.task={task_spec.name} is not built yet; use {key}="
+            f"{' or '.join(built)}"
+        )
+    return Job(task_spec, spec)
+
+
+def resolve_job(cfg: RecipeConfig, hf_config: Any) -> tuple[Job, Any]:
+    """The recipe's job for a model config: the task ``model.task`` asks for (``auto``: from the config), the
+    objective ``train.objective`` asks for (``auto``: the task's own), checked against each other and against the
+    objective's own numbers; and a copy of the config that names the task's class (``architectures``)."""
+    hf_config = copy.deepcopy(hf_config)
+    spec = resolve(hf_config, cfg.model.task, _key(cfg))
+    if spec.accepts is not None:
+        spec.accepts(hf_config, cfg.model)
+    job = pair(spec, cfg.train.objective)
+    if job.objective.check is not None:
+        job.objective.check(cfg)
+    return job, hf_config
+
+
+def _key(cfg: RecipeConfig) -> str:
+    from bigtrain.models.build import config_key
+
+    return config_key(cfg.model)
+
+
+def named_job(task_name: str = "causal-lm", objective_name: str = AUTO_OBJECTIVE) -> Job:
+    """The job of a task and an objective named (the planner's arguments, a test's)."""
+    return pair(task(task_name), objective_name)
+
+
+def job_facts(objective_name: str = AUTO_OBJECTIVE, task_name: str = "causal-lm") -> JobFacts:
+    """``named_job(...).facts``: what a planner's workload carries of a job."""
+    return named_job(task_name, objective_name).facts
+
+
+__all__ = ["AUTO_TASK", "Job", "OBJECTIVES", "TASKS", "job_facts", "named_job", "pair", "resolve_job"]

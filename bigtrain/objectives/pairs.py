@@ -1,0 +1,116 @@
+"""What the preference objectives share (dpo, ipo, orpo, simpo): prompt/chosen/rejected pairs as data (a pair: its
+two answers as two rows of a micro-batch), their loss's machinery (``losses/preference.py``), their numbers, and the
+rows of what runs together for objectives that compare whole answers on one rank. dpo and ipo add the reference
+model as a role (``config/capabilities/reference.py``, ``roles/reference.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bigtrain.config.capabilities.replica_sync import settings_of
+from bigtrain.config.capabilities.table import row, split_settings
+from bigtrain.config.setup import Setup
+from bigtrain.errors import ConfigError
+
+ROWS_PER_PAIR = 2  # its chosen and its rejected answer, each a row of its own (``data/batch.PairBatch``)
+KEYS = ("train.beta", "data.max_prompt_length", "data.prompt_field", "data.chosen_field", "data.rejected_field")
+
+
+def read_pairs(cfg: Any, hf_config: Any) -> tuple[Any, Any]:
+    """Pairs of ``data.path`` (text or chat records) and the held-out ones, tokenised by the recipe's tokenizer."""
+    from bigtrain.data.held_out import with_held_out
+    from bigtrain.data.preference import load_preference_pairs
+    from bigtrain.data.sources import check_vocabulary
+
+    def read(key: str, path: str) -> Any:
+        pairs = load_preference_pairs(cfg.data, key, path)
+        check_vocabulary(pairs, hf_config.vocab_size, path, key=key)
+        return pairs
+
+    return with_held_out(cfg, read("data.path", cfg.data.path), read, "pairs")
+
+
+def make(pair_loss: str, needs_reference: bool, averaged: bool) -> Any:
+    """The ``make`` of a preference objective whose per-pair loss is ``losses.preference.<pair_loss>``."""
+
+    def made(built: Any, train: Any) -> Any:
+        from bigtrain.losses import preference
+        from bigtrain.losses.causal_lm import router_loss_coef
+
+        settings = preference.PreferenceSettings(
+            getattr(preference, pair_loss),
+            needs_reference,
+            averaged,
+            train.beta,
+            train.loss_type,
+            train.label_smoothing,
+            train.simpo_gamma,
+        )
+        return preference.Preference(settings, router_loss_coef(built.parts[0].config), built.compile_loss)
+
+    return made
+
+
+def check_numbers(cfg: Any, objective: str, smoothing: bool = False) -> None:
+    """beta must train something; label smoothing only where the objective has it (dpo's sigmoid: conservative DPO)
+    and below 0.5 (above, most preferences flip)."""
+    train = cfg.train
+    if train.beta == 0:
+        raise ConfigError(f"train.beta=0 with train.objective={objective} trains nothing; use e.g. 0.1")
+    if train.label_smoothing and not (smoothing and train.loss_type == "sigmoid"):
+        raise ConfigError(
+            f"train.label_smoothing={train.label_smoothing} applies to dpo with loss_type sigmoid (conservative DPO); "
+            f"train.objective={objective} has none: set train.label_smoothing=0"
+        )
+    if train.label_smoothing >= 0.5:
+        raise ConfigError(
+            f"train.label_smoothing={train.label_smoothing} would flip most preferences; use [0, 0.5), e.g. 0.1"
+        )
+
+
+def synthetic_pairs(hf_config: Any, plan: Any, workload: Any, device: Any) -> Any:
+    """A micro-batch as the data path makes it: 2m rows (chosen, then rejected) of the workload's length, the first
+    half of each row its prompt; the reference's log-probabilities with it where they are precomputed."""
+    import torch
+
+    from bigtrain.config.capabilities.reference import reference_mode
+    from bigtrain.data.batch import PairBatch
+    from bigtrain.data.labels import IGNORE_INDEX, next_token_labels
+
+    rows, length = ROWS_PER_PAIR * plan.micro_batch_size, workload.seq_len
+    ids = torch.randint(0, hf_config.vocab_size, (rows, length), device=device)
+    labels = next_token_labels(ids)
+    labels[:, : length // 2] = IGNORE_INDEX
+    precomputed = reference_mode(plan, workload) == "precomputed"
+    return PairBatch(ids, labels, torch.zeros(rows, device=device) if precomputed else None)
+
+
+def count_pairs(batch: Any, workload: Any, plan: Any) -> float:
+    """A global batch counts its pairs."""
+    return float(workload.global_batch_size)
+
+
+def preference_with_model_parallelism(s: Setup) -> str | None:
+    """The objective compares whole answers of a pair on one rank: what splits a row, the vocabulary or the layers,
+    and replica groups that train apart, are not built with it."""
+    assert s.job is not None
+    settings = (*split_settings(s.plan), ("sync", settings_of(s.plan).mode, "every_step"))
+    for key, value, default in settings:
+        if value != default:
+            return (
+                f"parallel.{key}={str(value).lower()} with train.objective={s.job.objective} is not built yet "
+                f"(the objective compares whole answers of a pair on one rank); set parallel.{key}="
+                f"{str(default).lower()} and shard with FSDP2 or DeepSpeed ZeRO-3"
+            )
+    return None
+
+
+def without_log_probabilities(objective: str) -> Any:
+    """What a preference objective on a model without log-probabilities of token rows is told."""
+    return lambda task: (
+        f"train.objective={objective} compares the log-probabilities of two answers, which a {task} model does not "
+        "give; use a causal LM, or train.objective=auto (the model's own loss)"
+    )
+
+
+RULES = (row(preference_with_model_parallelism, "not_built", reads_job=True),)

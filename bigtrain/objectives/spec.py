@@ -1,0 +1,62 @@
+"""What an objective spec is: everything one ``train.objective`` decides, in one value.
+
+An objective is one module of ``bigtrain/objectives`` ending in ``OBJECTIVE = ObjectiveSpec(...)`` and its name on
+one line of ``RECORDS`` there. It says what it reads of the model (token rows or examples, ``reads``), what data it
+needs when the task's is not enough (pairs), the models it needs besides the policy (``roles``: plan dimensions of
+the capability table, such as ``reference``, with their memory and time terms), the loss it computes (``make``: a
+``losses.base.Objective``, its sum and the count it is normalised by over the global batch, its metrics and
+evaluation sums) and any pass before training. The engines drive the loss it makes and never learn which objective
+runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """One objective (``train.objective``).
+
+    - ``reads``: what of the model's output it needs (``tasks.spec.TOKEN_ROWS`` or ``EXAMPLES``): a task whose model
+      gives something else is refused at start-up with ``refusal(task)``'s words;
+    - ``make(built, train) -> losses.base.Objective``: its loss for a built model (the LM head of a chunked loss,
+      the autocast dtype, compile, the router's weight) and the recipe's ``train`` section;
+    - ``rows_per_example``: rows of a micro-batch per example the global batch counts (a pair: its chosen and its
+      rejected answer, 2); ``roles``: the capability table's role records it needs (``reference``);
+    - ``read_data(cfg, hf_config) -> (data, held_out)``: data of its own (pairs), which replaces the task's; None:
+      the task's;
+    - ``synthetic(hf_config, plan, workload, device) -> batch`` and ``count(batch, workload, plan)``: its micro-batch
+      and the global batch's count for the simulator, when it has data of its own;
+    - ``check(cfg)``: its recipe values (one line naming the key), before anything is read;
+    - ``attach(engine, options, train)``: its roles onto the engine (a live reference), after the engine is built;
+    - ``before_training(cfg, plan, engine, datasets, resuming, device)``: a pass before the first step (the
+      precomputed reference);
+    - ``keys``, ``rules``: the recipe keys it reads and its own rows of what runs together.
+    """
+
+    name: str
+    summary: str
+    reads: str
+    make: Callable[[Any, Any], Any]
+    rows_per_example: int = 1
+    roles: tuple[str, ...] = ()
+    read_data: Callable[[Any, Any], tuple[Any, Any]] | None = None
+    synthetic: Callable[[Any, Any, Any, Any], Any] | None = None
+    count: Callable[[Any, Any, Any], float] | None = None
+    check: Callable[[Any], None] | None = None
+    attach: Callable[[Any, Any, Any], None] | None = None
+    before_training: Callable[..., None] | None = None
+    keys: tuple[str, ...] = ()
+    rules: tuple[Any, ...] = ()
+    refusal: Callable[[str], str] | None = None  # what a task whose model gives other outputs is told
+    batch_noun: str = ""  # what the global batch counts where the objective's data says (pairs); "": the task's
+    # the objective as TRL's DPOTrainer runs it: its DPOConfig loss_type for the recipe's train section (None: none)
+    trl_dpo_loss: Callable[[Any], str] | None = None
+
+    def refused(self, task: str) -> str:
+        if self.refusal is not None:
+            return self.refusal(task)
+        return f"train.objective={self.name} reads {self.reads}, which a {task} model does not give"
