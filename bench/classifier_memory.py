@@ -16,10 +16,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bigtrain.config.capabilities import option_defaults
+from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, Plan
 from bigtrain.config.workload import Workload
+from bigtrain.job import job_facts
 from bigtrain.measure.simulate import simulate
-from bigtrain.planner.classifier_plan import classifier_plan, estimate_memory
-from bigtrain.planner.classifier_stats import measure_classifier
+from bigtrain.planner.classifier_plan import classifier_model
 from bigtrain.planner.model_stats import load_model_config
 
 RESULTS = Path(__file__).parent / "results" / "classifier_memory.md"
@@ -64,20 +66,32 @@ CASES = (
 )
 
 
+def classifier_plan(backend: str, zero_stage: int, dp: int, micro_batch_size: int, checkpointed: bool = False) -> Plan:
+    """A data-parallel plan as the search lays one out for a classifier (DDP replicates, the others shard)."""
+    shard = backend != "ddp"
+    return Plan(
+        backend=backend, zero_stage=zero_stage, grad_reduce=DEFAULT_GRAD_REDUCE[backend],
+        dp_replicate=1 if shard else dp, dp_shard=dp if shard else 1, tp=1, pp=1, pp_schedule="1f1b",
+        activation_checkpointing="full" if checkpointed else "none", micro_batch_size=micro_batch_size,
+        offload_optimizer=False, offload_params=False, options=option_defaults(),
+    )  # fmt: skip
+
+
 def run_case(case: Case) -> tuple[int, int]:
     """(predicted tensor bytes, simulated peak bytes) of rank 0."""
     config = load_model_config(case.preset)
     if case.image_size and "image_size" in config:  # a ViT's position table is sized for its image size
         config = load_model_config({**config, "image_size": case.image_size})
     plan = classifier_plan(case.backend, case.zero_stage, case.dp, case.micro_batch, case.checkpointed)
+    task = "image-classification" if case.image_size else "sequence-classification"
     workload = Workload(
         seq_len=max(case.seq_len, 1),
         global_batch_size=case.micro_batch * case.dp * case.accum,
         image_size=case.image_size,
         method="lora" if case.lora else "full",
+        job=job_facts(task_name=task),
     )
-    stats = measure_classifier(config, case.image_size, case.seq_len, workload.mixed_precision)
-    predicted = estimate_memory(stats, plan, workload).total_bytes
+    predicted = classifier_model(config, workload).estimate_memory(plan, workload).total_bytes
     return predicted, simulate(config, plan, workload)["Total"]
 
 

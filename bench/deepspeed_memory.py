@@ -103,6 +103,7 @@ def measure(case: DeepSpeedCase) -> dict[str, Any]:
     from bigtrain.config.workload import Workload
     from bigtrain.data.batch import MicroBatch
     from bigtrain.engine import build_engine, build_options
+    from bigtrain.job import named_job
     from bigtrain.planner.memory import estimate_memory
     from bigtrain.planner.model_stats import ModelStats
     from bigtrain.train.loop import train_step
@@ -131,6 +132,7 @@ def measure(case: DeepSpeedCase) -> dict[str, Any]:
             cfg.train,
             lambda params: build_optimizer(params, cfg.train),
             lambda optimizer: build_scheduler(optimizer, cfg.train),
+            objective=named_job().objective.make,  # a causal LM's next-token loss
         )
         batches = [
             MicroBatch.of_ids(torch.randint(0, case.vocab, (case.micro_batch_size, case.seq_len), generator=gen))

@@ -148,6 +148,7 @@ def run_one(case: Rank0Case) -> dict[str, Any]:
     from bigtrain.config.resolve import resolve_plan
     from bigtrain.config.schema import RecipeConfig
     from bigtrain.engine import build_engine, build_options, train_step
+    from bigtrain.job import named_job
     from bigtrain.models.build import load_hf_config
     from bigtrain.train.optim import build_optimizer, build_scheduler
 
@@ -174,6 +175,7 @@ def run_one(case: Rank0Case) -> dict[str, Any]:
             cfg.train,
             lambda params: build_optimizer(params, cfg.train),
             lambda optimizer: build_scheduler(optimizer, cfg.train),
+            objective=named_job().objective.make,  # a causal LM's next-token loss
         )
         if plan.backend == "ddp":
             # The fake group's all-reduce completes with no value, which DDP's reducer refuses: a comm hook that

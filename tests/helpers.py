@@ -304,16 +304,19 @@ def recipe_engine(cfg: Any, world: int = 1, hf_config: Any = None, device: str =
 
     from bigtrain.config.resolve import resolve_plan
     from bigtrain.engine import build_engine, build_options
+    from bigtrain.job import resolve_job
     from bigtrain.models.build import load_hf_config
     from bigtrain.train.optim import build_optimizer, build_scheduler
 
-    plan = resolve_plan(cfg.parallel, world, cfg.train)
-    hf_config = load_hf_config(cfg.model) if hf_config is None else hf_config
+    job, hf_config = resolve_job(cfg, load_hf_config(cfg.model) if hf_config is None else hf_config)
+    plan = resolve_plan(cfg.parallel, world, cfg.train, job.facts)
     engine = build_engine(
         build_options(cfg, hf_config, plan, torch.device(device)),
         cfg.train,
         lambda params: build_optimizer(params, cfg.train),
         lambda optimizer: build_scheduler(optimizer, cfg.train),
+        objective=job.objective.make,
+        roles=job.objective.attach,
     )
     return engine, plan
 

@@ -62,6 +62,7 @@ def run_bigtrain(model: str, mode: str, lora: bool = False) -> dict[str, Any]:
     from bigtrain.config.schema import RecipeConfig
     from bigtrain.data.batch import MicroBatch
     from bigtrain.engine import build_engine, build_options, train_step
+    from bigtrain.job import named_job
     from bigtrain.models.build import load_hf_config
     from bigtrain.train.optim import build_optimizer, build_scheduler
 
@@ -93,6 +94,7 @@ def run_bigtrain(model: str, mode: str, lora: bool = False) -> dict[str, Any]:
             cfg.train,
             lambda params: build_optimizer(params, cfg.train),
             lambda optimizer: build_scheduler(optimizer, cfg.train),
+            objective=named_job().objective.make,  # a causal LM's next-token loss
         )
         torch.cuda.reset_peak_memory_stats()
         generator = torch.Generator(device="cuda").manual_seed(0)

@@ -13,7 +13,7 @@ from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.hardware import GPU, Cluster, GiB, lookup_gpu
-from bigtrain.planner.planned import PlannedModel
+from bigtrain.planner.planned import PlannedModel, planned
 from bigtrain.planner.profile import gpu_from_profile
 
 # A CPU "device" for runs without GPUs: host memory is the budget; the speed numbers only order the candidates.
@@ -94,6 +94,7 @@ def local_cluster(
 def predict(model: PlannedModel, plan: Plan, cluster: Cluster, workload: Workload) -> str:
     """The planner's prediction for the plan start-up runs (written or chosen), in the plan line's words: its peak
     per device, and on GPUs its step time (the time model has no numbers for CPU processes)."""
+    model = planned(model)
     peak = model.estimate_memory(plan, workload).total_bytes
     words = f"predicted peak {peak / GiB:.2f} GiB per device"
     if cluster.gpu.name == CPU.name:

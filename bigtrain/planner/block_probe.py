@@ -302,9 +302,14 @@ def _watch(block: Any, tally: _Seen, weights: set[int]) -> Iterator[None]:
     norm_outputs: set[int] = set()
     counted: set[int] = set()
     norms = set(map(id, _norms(block)))
+    # every tensor whose storage is recorded by its address, kept alive while the block runs: a storage freed and
+    # another allocated at its address would otherwise be taken for it (a norm's output, freed after its use, and
+    # a later tensor of the block at the same address: what made DeepSeek-V3's measurement vary from run to run)
+    alive: list[Any] = []
 
     def storages(obj: Any) -> Iterator[int]:
         if isinstance(obj, torch.Tensor):
+            alive.append(obj)
             yield obj.untyped_storage()._cdata
         elif isinstance(obj, (tuple, list)):
             for item in obj:
@@ -334,6 +339,7 @@ def _watch(block: Any, tally: _Seen, weights: set[int]) -> Iterator[None]:
         if key in weights or key in outside or key in counted:
             return t
         counted.add(key)
+        alive.append(t)
         nbytes = t.untyped_storage().nbytes()
         inner = next((m for m in reversed(stack) if id(m) in norms), None)
         if inner is not None:

@@ -54,7 +54,7 @@ def train_and_save(recipe: str, out: str) -> None:
         if rank == 0:
             torch.save({name: t for part in parts for name, t in part.items()}, out)
     if rank == 0:
-        write_final_model(cfg, result)
+        write_final_model(job.cfg, result, job.job)
 
 
 if __name__ == "__main__":

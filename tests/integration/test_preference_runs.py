@@ -15,7 +15,7 @@ from bigtrain.config.load import load_recipe
 from bigtrain.data.tokenizer import save_byte_tokenizer
 from bigtrain.errors import ConfigError
 from bigtrain.runtime import LaunchEnv
-from bigtrain.train.reference_pass import FOLDER
+from bigtrain.roles.reference_pass import FOLDER
 from bigtrain.train.run import TrainingJob, run_training
 
 PAIRS = [
