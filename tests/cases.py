@@ -16,6 +16,7 @@ from typing import Any
 
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, Plan
 from bigtrain.config.workload import Workload
+from bigtrain.job import job_facts
 from bigtrain.planner.model_stats import load_model_config
 
 TINY_LLAMA: dict[str, Any] = dict(
@@ -258,7 +259,7 @@ class MemoryCase:
             mixed_precision=self.precision,
             method=self.method,
             modules_to_save=self.modules_to_save,
-            objective=self.objective,
+            job=job_facts(self.objective),
         )
 
     def plan(self) -> Plan:

@@ -146,11 +146,13 @@ class PlanResult:
         """The table ``bigtrain plan`` prints: the fitting plans ("*" the choice), the best rejected ones and why;
         the scaling from one GPU (``scaling``; None: where the model's task shows it, a classifier's)."""
         r = self.request
-        table = render_table(self.searched, r.model, self.cluster, self.workload, show_unrunnable=show_unrunnable)
-        if not (r.model.scaling_view if scaling is None else scaling):
-            return table
-        per_gpu = self.workload.global_batch_size * self._rows_per_count() // self.cluster.num_gpus
-        return "\n".join([table, "", *scaling_lines(self.scaling(), self.workload.job.unit, per_gpu)])
+        appendix = None
+        if r.model.scaling_view if scaling is None else scaling:
+            per_gpu = self.workload.global_batch_size * self._rows_per_count() // self.cluster.num_gpus
+            appendix = scaling_lines(self.scaling(), self.workload.job.unit, per_gpu)
+        return render_table(
+            self.searched, r.model, self.cluster, self.workload, show_unrunnable=show_unrunnable, appendix=appendix
+        )
 
     def _rows_per_count(self) -> int:
         """What one counted example of the global batch is in the task's unit (a token row: its tokens)."""

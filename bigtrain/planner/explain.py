@@ -37,10 +37,11 @@ def _gib(n: int) -> str:
     return f"{n / GiB:.1f}" if n >= GiB // 10 else f"{n / GiB:.3f}"  # a tiny model's peak is not 0.0
 
 
-def _row(c: Candidate, width: int) -> str:
+def _numbers(c: Candidate) -> str:
+    """A row's columns after the plan's name."""
     return (
-        f"{candidate_name(c):{width}s} {_gib(c.memory.total_bytes):>9s} {_gib(c.memory.budget_bytes):>10s} "
-        f"{c.time.step_s:9.3f} {c.time.tokens_per_s_per_device:11,.0f} {c.time.mfu:6.1%}"
+        f"{_gib(c.memory.total_bytes):>9s} {_gib(c.memory.budget_bytes):>10s} {c.time.step_s:9.3f} "
+        f"{c.time.tokens_per_s_per_device:11,.0f} {c.time.mfu:6.1%}"
     )
 
 
@@ -100,7 +101,7 @@ def why_not(c: Candidate, best: Candidate) -> str | None:
     if c is best:
         return None
     if c.time.step_s > best.time.step_s * (1 + NEAR_TIE):
-        return f"slower: {c.time.step_s:.3f} s per step, {c.time.step_s / best.time.step_s - 1:.1%} more"
+        return f"{c.time.step_s / best.time.step_s - 1:.1%} slower"
     if c.method != best.method:  # method: auto prefers full fine-tuning while it is competitive
         return (
             f"{c.method} at {c.time.step_s:.3f} s per step: {best.method} is preferred while its step takes at most "
@@ -189,9 +190,11 @@ def render_table(
     cluster: Cluster,
     workload: Workload,
     show_unrunnable: bool = False,
+    appendix: list[str] | None = None,
 ) -> str:
     """The best runnable plans ("*" marks the choice), the best rejected ones with why, and with
-    ``show_unrunnable`` the plans the trainer cannot run yet with the reason."""
+    ``show_unrunnable`` the plans the trainer cannot run yet with the reason; ``appendix``: lines before the legend
+    (the scaling view)."""
     model = planned(model)
     runnable = [c for c in candidates if c.runnable]
     fitting = one_reference_each([c for c in runnable if c.fits])[:SHOWN_FITTING]
@@ -199,15 +202,39 @@ def render_table(
     unrunnable = [c for c in candidates if not c.runnable] if show_unrunnable else []
     unrunnable = _best_per_reason(unrunnable, SHOWN_UNRUNNABLE)
     names = [candidate_name(c) for c in fitting + rejected + unrunnable]
-    width = max([len(HEADER[0]), *map(len, names)])
-    per_device = throughput_column(workload)
-    head = f"{HEADER[0]:{width}s} {HEADER[1]:>9s} {HEADER[2]:>10s} {HEADER[3]:>9s} {per_device:>11s} {HEADER[5]:>6s}"
-    lines = [headline(model, cluster, workload), "", head]
+    # each shown row as (mark, plan name, the rest): rows alike but for one word of their names become one
+    near_ties: list[str] = []
+    chosen_rows = []
     for i, c in enumerate(fitting):
         # why each other plan lost, where it beats the choice on a column (faster, or a smaller peak)
         beats = i and (c.time.step_s < fitting[0].time.step_s or c.memory.total_bytes < fitting[0].memory.total_bytes)
-        why = f"  {why_not(c, fitting[0])}" if beats else ""
-        lines.append(("* " if i == 0 else "  ") + _row(c, width) + why)
+        why = why_not(c, fitting[0]) if beats else None
+        if why is not None and why.startswith("near tie"):  # said once under the table, its pace on the row
+            near_ties.append(_simpler(fitting[0], c).strip(" ()"))
+            why = why.split(",")[0] + ")"
+        chosen_rows.append(("* " if i == 0 else "  ", candidate_name(c), _numbers(c), why or ""))
+    rejected_rows = [("  ", candidate_name(c), "", c.rejected_because or "") for c in rejected]
+    unrunnable_rows = [
+        ("  ", candidate_name(c), _numbers(c), f"{'fits' if c.fits else c.rejected_because}; "
+         f"{(c.unsupported or '').split(';')[0]}")  # the reason, without the advice meant for a recipe
+        for c in unrunnable
+    ]  # fmt: skip
+    chosen_rows, rejected_rows, unrunnable_rows = map(collapsed, (chosen_rows, rejected_rows, unrunnable_rows))
+    width = max([len(HEADER[0]), *(len(row[1]) for row in chosen_rows + rejected_rows + unrunnable_rows)])
+    per_device = throughput_column(workload)
+    step = HEADER[3] + ("*" if model.time_note else "")  # a time model a GPU contradicted: marked, said below
+    head = f"{HEADER[0]:{width}s} {HEADER[1]:>9s} {HEADER[2]:>10s} {step:>9s} {per_device:>11s} {HEADER[5]:>6s}"
+    lines = [*headline_lines(headline(model, cluster, workload)), "", head]
+    lines += [line for row in chosen_rows for line in _rendered(row, width)]
+    if near_ties:
+        note = f"near tie: within {NEAR_TIE:.0%} of the fastest step, the plan with fewer moving parts is chosen"
+        simpler = _joined(near_ties)
+        lines.append(textwrap.fill(note + (f" ({simpler})" if simpler else ""), 118, initial_indent="  ",
+                                   subsequent_indent="    "))  # fmt: skip
+    if fitting:
+        lines += slow_step_note(fitting[0], workload)
+    if fitting and model.time_note:
+        lines.append(textwrap.fill(model.time_note, 118, initial_indent="  ", subsequent_indent="    "))
     if not fitting:
         lines.append("  (no plan the trainer can run fits)")
     else:
@@ -219,18 +246,103 @@ def render_table(
         for capability in CAPABILITIES:  # what the records say of the choice (a reference model's placement)
             if capability.explain is not None:
                 lines += capability.explain(fitting[0], runnable, workload)
-    if rejected:
+    if rejected_rows:
         lines += ["", "best rejected:"]
-        lines += [f"  {candidate_name(c):{width}s} {c.rejected_because}" for c in rejected]
-    if unrunnable:
+        lines += [line for row in rejected_rows for line in _rendered(row, width)]
+    if unrunnable_rows:
         lines += ["", "not runnable yet (bigtrain train refuses these; predicted as if it ran them):"]
-        for c in unrunnable:
-            verdict = "fits" if c.fits else c.rejected_because
-            missing = c.unsupported.split(";")[0]  # the reason, without the advice meant for a recipe
-            lines.append(f"  {_row(c, width)}  {verdict}; {missing}")
+        lines += [line for row in unrunnable_rows for line in _rendered(row, width)]
+    if appendix:
+        lines += ["", *appendix]
     if names:
         lines += ["", "legend (bigtrain plan --legend for all):", *legend(names)]
     return "\n".join(lines)
+
+
+def _joined(parts: list[str]) -> str:
+    """The ways the choice is simpler than its near ties, each said once: "fsdp2 zero2 over deepspeed zero1",
+    "... zero2" as "fsdp2 zero2 over deepspeed zero1/zero2"."""
+    grouped: dict[str, list[str]] = {}
+    for part in (p for text in parts for p in text.split(", ") if p):
+        head, _, tail = part.rpartition(" ")
+        if " over " in part and head:
+            grouped.setdefault(head, []).append(tail)
+        else:
+            grouped.setdefault(part, [])
+    return "; ".join(f"{head} {'/'.join(dict.fromkeys(tails))}" if tails else head for head, tails in grouped.items())
+
+
+SLOW_STEP_S = 600.0  # a step this long is said under the table, with the batch that makes it so
+
+
+def slow_step_note(choice: Candidate, workload: Workload) -> list[str]:
+    """The chosen step when it takes over SLOW_STEP_S: how long, and the global batch behind it (the default ~1M
+    tokens a step where none was given), so that a user sees what to lower."""
+    if choice.time.step_s <= SLOW_STEP_S:
+        return []
+    per = f" x {workload.seq_len} tokens" if workload.job.unit == "tokens" else f" {workload.job.unit}"
+    return [
+        f"  slow: one step takes {choice.time.step_s / 60:,.0f} min ({choice.time.step_s:,.0f} s) at global batch "
+        f"{batch_words(workload)}{per}; a smaller --global-batch-size or more GPUs make it shorter"
+    ]
+
+
+Row = tuple[str, str, str, str]  # (the choice's mark, the plan's name, its columns, why it lost or was rejected)
+WIDEST = 160  # columns a line of the table takes at most: a reason that would reach further goes below its row
+
+
+def _rendered(row: Row, width: int) -> list[str]:
+    """A table row as printed: its name padded to ``width``, its columns, its reason (below it, indented, when the
+    line would be wider than WIDEST)."""
+    mark, name, numbers, reason = row
+    head = f"{mark}{name:{width}s}" + (f" {numbers}" if numbers else "")
+    if not reason:
+        return [head]
+    if len(head) + 2 + len(reason) <= WIDEST:
+        return [f"{head}{'  ' if numbers else ' '}{reason}"]
+    return [head, textwrap.fill(reason, WIDEST, initial_indent="      ", subsequent_indent="      ")]
+
+
+def headline_lines(text: str) -> list[str]:
+    """The table's first line, broken at its ``|`` separators where it would be wider than WIDEST."""
+    lines: list[str] = []
+    for part in text.split(" | "):
+        if lines and len(lines[-1]) + 3 + len(part) <= WIDEST:
+            lines[-1] += " | " + part
+        else:
+            lines.append(part if not lines else f"  {part}")
+    return lines
+
+
+def collapsed(rows: list[Row]) -> list[Row]:
+    """Table rows that read the same but for one ``key=value`` word of their plan's names (a period H=20/100/500 the
+    model predicts alike) as one row, that word's values joined by "/"; the choice's row is never merged."""
+    out: list[Row] = []
+    for row in rows:
+        merged = _merge(out[-1], row) if out else None
+        if merged is not None:
+            out[-1] = merged
+        else:
+            out.append(row)
+    return out
+
+
+def _merge(a: Row, b: Row) -> Row | None:
+    """One row of two that differ in one ``key=value`` word of their names only, else None."""
+    if a[0].startswith("*") or b[0].startswith("*") or a[2:] != b[2:]:
+        return None
+    wa, wb = a[1].split(" "), b[1].split(" ")
+    if len(wa) != len(wb):
+        return None
+    differ = [i for i, (x, y) in enumerate(zip(wa, wb, strict=True)) if x != y]
+    if len(differ) != 1:
+        return None
+    key, sep, left = wa[differ[0]].partition("=")
+    other, _, right = wb[differ[0]].partition("=")
+    if not sep or key != other:
+        return None
+    wa[differ[0]] = f"{key}={left}/{right}"
+    return a[0], " ".join(wa), a[2], a[3]
 
 
 def _rejected_shown(rejected: list[Candidate]) -> list[Candidate]:

@@ -91,6 +91,23 @@ def size(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def sizes_apart(a: float, b: float) -> tuple[str, str]:
+    """``size`` of two amounts, with as many more digits as it takes for different amounts to read differently
+    (79.14 GiB > 79.06 GiB, not 79.1 GiB > 79.1 GiB)."""
+    for digits in (1, 2, 3):
+        shown = (_size(a, digits), _size(b, digits))
+        if a == b or shown[0] != shown[1]:
+            return shown
+    return shown
+
+
+def _size(n: float, digits: int) -> str:
+    for unit, scale in (("TiB", 1024**4), ("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.{digits}f} {unit}"
+    return f"{n:.0f} B"
+
+
 def count(n: float) -> str:
     """A parameter count: 8.03B, 12.4M, 45.2K."""
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):

@@ -49,6 +49,9 @@ class PlannedModel:
     summary: Callable[[Any], dict[str, Any]] | None = None
     scaling_view: bool = False  # its plan table shows the scaling from one GPU (a data-parallel model's measure)
     lm_notes: bool = True  # the table's notes on what adapters train of a decoder's blocks (a causal LM's terms)
+    # said under the table where a GPU's measurement contradicted the time model for this kind of job, until the
+    # model is corrected (its step times are then marked unchecked); None: nothing contradicted it
+    time_note: str | None = None
 
     @property
     def facts(self) -> ModelFacts:

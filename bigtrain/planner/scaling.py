@@ -12,6 +12,7 @@ which grows with the count), and the network's contention beyond the links' rate
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from dataclasses import dataclass
 
 from bigtrain.config.plan import Plan
@@ -85,5 +86,5 @@ def scaling_lines(rows: list[ScalingRow], unit: str, per_gpu: int) -> list[str]:
             f"  from {waiting[0].gpus} GPUs on, below {WAITING:.0%} efficiency: communication outlasts what compute "
             "hides and the GPUs wait"
         )
-    lines.append(f"  {LEFT_OUT}")
+    lines.append(textwrap.fill(LEFT_OUT, 118, initial_indent="  ", subsequent_indent="    "))
     return lines

@@ -48,7 +48,7 @@ from bigtrain.config.setup import DataFacts, JobFacts
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
 from bigtrain.planner.cost import TimeEstimate
-from bigtrain.planner.hardware import Cluster, size
+from bigtrain.planner.hardware import Cluster, size, sizes_apart
 from bigtrain.planner.memory_terms import MemoryEstimate
 from bigtrain.planner.planned import LM_MICRO_BATCHES, PlannedModel, planned
 from bigtrain.planner.replica_sync_time import WAIT_SHARE
@@ -413,7 +413,8 @@ class _Judge:
         """Why ``plan`` (predicted to need ``mem``) does not fit the GPU's memory or the node's host memory."""
         cluster, budget = self.cluster, self.cluster.gpu.memory_bytes
         if mem.budget_bytes > budget:
-            return f"needs {size(mem.budget_bytes)} > {size(budget)} budget (peak + margin per GPU)"
+            need, have = sizes_apart(mem.budget_bytes, budget)
+            return f"needs {need} > {have} budget (peak + margin per GPU)"
         host = self.model.host_bytes(plan, self.workload) * min(cluster.gpus_per_node, cluster.num_gpus)
         if host and not cluster.host_bytes_per_node:  # CPU processes: host memory is their own, nothing to free
             return "offloads to host memory, which on CPU processes is the memory it would free"
