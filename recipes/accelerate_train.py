@@ -37,8 +37,8 @@ from bigtrain.api.same_run import (
 )
 from bigtrain.config.load import load_recipe
 from bigtrain.data.labels import IGNORE_INDEX
-from bigtrain.models.build import load_hf_config
 from bigtrain.losses.causal_lm import labeled_loss_sum
+from bigtrain.models.build import load_hf_config
 from bigtrain.train.optim import build_optimizer, build_scheduler
 
 

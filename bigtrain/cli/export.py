@@ -18,8 +18,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bigtrain.api.planning import recipe_plan
-from bigtrain.api.request import CLI
 from bigtrain.config.load import load_recipe
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
@@ -46,6 +44,9 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
 
 def export_plan(cfg: RecipeConfig, args: argparse.Namespace) -> tuple[Plan, Export]:
     """The recipe's plan (``bigtrain.recipe_plan``) and what the target makes of it."""
+    from bigtrain.api.planning import recipe_plan
+    from bigtrain.api.request import CLI
+
     result = recipe_plan(
         cfg,
         gpus=args.gpus,

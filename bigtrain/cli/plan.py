@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
-from bigtrain.api.planning import plan
-from bigtrain.api.request import CLI
-from bigtrain.api.result import PlanResult
 from bigtrain.config.schema import FP8_CHOICES, METHODS, PRECISIONS
 from bigtrain.objectives import OBJECTIVES
+
+if TYPE_CHECKING:  # the planner's search is imported where a plan is asked for, not by every command
+    from bigtrain.api.result import PlanResult
 
 EXIT_NO_FIT = 3
 
@@ -111,6 +112,9 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_plan_command(args: argparse.Namespace) -> int:
+    from bigtrain.api.planning import plan
+    from bigtrain.api.request import CLI
+
     if args.legend:
         from bigtrain.planner.explain import COLUMNS, legend
 

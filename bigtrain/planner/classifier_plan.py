@@ -48,7 +48,7 @@ from bigtrain.planner.memory_terms import MARGIN_FIXED, MARGIN_FRACTION, MemoryE
 from bigtrain.planner.planned import PlannedModel
 
 if TYPE_CHECKING:  # measured with torch (fake tensors): planning a causal LM imports no torch
-    from bigtrain.planner.classifier_stats import ClassifierStats
+    from bigtrain.planner.classifier_record import ClassifierStats
 
 CONV_ACHIEVABLE = 0.20  # of the datasheet peak, for CNNs (module docstring: NVIDIA's ResNet-50 A100 figure)
 BACKWARD_SHARE = 2 / 3  # of a step's compute: what gradient traffic can hide behind
@@ -226,12 +226,15 @@ def _gflop(flops: float) -> str:
 def classifier_model(model_config: dict[str, Any], workload: Workload) -> PlannedModel:
     """A classifier (its config dict names its class) as the search weighs it, measured at the workload's image
     size (image classifiers) or row length (sequence classifiers) and precision."""
-    from bigtrain.planner.classifier_stats import measure_classifier
+    from bigtrain.planner.known_configs import recorded_classifier
 
     side, job = workload.image_size, workload.job
-    stats = measure_classifier(
-        model_config, side, 0 if side else workload.seq_len, workload.mixed_precision, job.task, job.unit
-    )
+    size = (side, 0 if side else workload.seq_len, workload.mixed_precision)
+    stats = recorded_classifier(model_config, *size)  # a preset at its default size: no torch, no measuring
+    if stats is None or (stats.task, stats.unit) != (job.task, job.unit):
+        from bigtrain.planner.classifier_stats import measure_classifier
+
+        stats = measure_classifier(model_config, *size, job.task, job.unit)
     return PlannedModel(
         stats,
         estimate_memory,

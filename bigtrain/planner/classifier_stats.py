@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -44,47 +43,10 @@ from bigtrain.config.hf import (
 from bigtrain.config.model_facts import ModelFacts
 from bigtrain.errors import ConfigError
 from bigtrain.planner.block_probe import cpu_flop_formulas
+from bigtrain.planner.classifier_record import CHECKPOINTED, ClassifierStats
 
 REGIMES = ("autocast", "cast")  # DDP's; FSDP2's and DeepSpeed's (module docstring)
-CHECKPOINTED = "+ac"  # a regime's name with this suffix: every block under full activation checkpointing
 SIZES = (2, 4)  # the micro-batches measured: the slope between them is the per-example term
-
-
-@dataclass(frozen=True)
-class ClassifierStats:
-    model_type: str
-    task: str  # model.task (image-classification, sequence-classification)
-    unit: str  # what throughput counts: images or examples
-    params: int
-    largest_unit: int  # parameters of the largest FSDP2 unit (a block of _no_split_modules, or the root's own)
-    blocks: int  # the repeated blocks FSDP2 shards and checkpointing wraps (0: none found)
-    convolutional: bool  # convolutions throughout (ResNet, ConvNeXt), not only a patch embedding (ViT): its
-    # achievable FLOP rate is lower and it trains channels-last (planner/classifier_plan.py)
-    batch_norm: bool
-    flops_per_example: float  # forward + backward
-    operators: int  # torch operators one micro-step launches (forward + backward), whatever its size
-    per_example: tuple[tuple[str, float], ...]  # (regime, activation bytes per example)
-    fixed: tuple[tuple[str, float], ...]  # (regime, activation bytes whatever the batch)
-    example: str  # what one example is, in words (3x224x224 px, 512 tokens)
-    # train.method=lora: (in, out) of every linear the default adapters adapt, and the head's parameters (trained
-    # fully); empty: LoRA does not apply (a CNN's blocks hold convolutions)
-    adapted: tuple[tuple[int, int], ...] = ()
-    head_params: int = 0
-    facts: ModelFacts | None = None  # what the capability table reads of the model (which plans may run)
-
-    def lora_params(self, rank: int) -> int:
-        """Parameters LoRA trains at this rank: the adapters (r x (in + out) each) and the head."""
-        return sum(rank * (i + o) for i, o in self.adapted) + self.head_params
-
-    def activations(self, regime: str, micro_batch_size: int, checkpointed: bool = False) -> float:
-        """Bytes of activations and temporaries at the step's peak for a micro-batch of this size (``checkpointed``:
-        every block under full activation checkpointing)."""
-        key = regime + CHECKPOINTED if checkpointed else regime
-        return dict(self.fixed)[key] + dict(self.per_example)[key] * micro_batch_size
-
-    @property
-    def describe(self) -> str:
-        return f"{self.model_type} {self.task} ({self.example} per example)"
 
 
 def measure_classifier(
@@ -227,15 +189,20 @@ def _fake_step(
         saved: dict[int, tuple[int, int | None]] = {}  # storage -> (bytes, the block that saved it first, or None)
         block_inputs: dict[int, int] = {}  # storage -> bytes of what entered a block
         current: list[int | None] = [None]
+        # what is recorded by its storage's address stays alive while the step runs: a freed block input's address
+        # reused by a later tensor would otherwise be taken for it (BERT's checkpointed terms varied run to run)
+        alive: list[torch.Tensor] = []
 
         def keep(t: torch.Tensor) -> torch.Tensor:  # what backward will read: held from its forward to its backward
             storage = t.untyped_storage()
             if storage._cdata not in params and storage._cdata not in saved:
                 saved[storage._cdata] = (storage.nbytes(), current[0])
+                alive.append(t)
             return t
 
         for index, block in enumerate(_blocks(model)):
-            block.register_forward_pre_hook(partial(_entered, index, current, block_inputs, params), with_kwargs=True)
+            entered = partial(_entered, index, current, block_inputs, params, alive)
+            block.register_forward_pre_hook(entered, with_kwargs=True)
             block.register_forward_hook(lambda *_: current.__setitem__(0, None))
 
         autocast = not cast and dtype != torch.float32
@@ -263,14 +230,15 @@ def _fake_step(
 
 
 def _entered(
-    index: int, current: list[int | None], block_inputs: dict[int, int], params: set[int], module: nn.Module,
-    args: tuple, kwargs: dict[str, Any],
+    index: int, current: list[int | None], block_inputs: dict[int, int], params: set[int], alive: list[torch.Tensor],
+    module: nn.Module, args: tuple, kwargs: dict[str, Any],
 ) -> None:  # fmt: skip
     """A block's forward begins: what it saves is its own; its tensor inputs are what checkpointing keeps of it."""
     current[0] = index
     for t in [*args, *kwargs.values()]:
         if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in params:
             block_inputs[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+            alive.append(t)
 
 
 _NO_KERNEL = (torch.ops.aten.detach.default, torch.ops.aten.empty.memory_format, torch.ops.aten.lift_fresh.default)

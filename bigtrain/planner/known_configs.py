@@ -3,7 +3,8 @@
 Importing transformers and a family's configuration module costs about 2 s on the 2-core CI machine, more than the
 rest of ``bigtrain plan``. For every preset, ``known_configs.json`` records the full config dict (transformers'
 defaults filled in, checked as ``load_model_config`` checks it), its task and the capability table's facts
-(``ModelFacts``),
+(``ModelFacts``), and for a classifier its statistics at its default size (``ClassifierStats``, measured on fake
+tensors),
 with the transformers version they came from. They are read only while that version is installed (otherwise
 transformers is asked, as for any other model): a recorded value is what the live call would return, never a
 guess. ``python -m bigtrain.tasks.record_presets`` writes the file; tests/unit/test_known_configs.py recomputes
@@ -58,6 +59,16 @@ def recorded_facts(config: dict[str, Any]) -> ModelFacts | None:
         return None
     facts = entry["facts"]
     return ModelFacts(**{**facts, "tp_styles": tuple(facts["tp_styles"])})
+
+
+def recorded_classifier(config: dict[str, Any], image_size: int, seq_len: int, mixed_precision: str) -> Any:
+    """A classifier preset's statistics measured at this size and precision, as recorded (``ClassifierStats``), or
+    None (then measure them)."""
+    from bigtrain.planner.classifier_record import stats_from_dict, stats_key
+
+    entry = _by_config().get(_key(config))
+    found = (entry or {}).get("classifier", {}).get(stats_key(image_size, seq_len, mixed_precision))
+    return None if found is None else stats_from_dict(found)
 
 
 def recorded_task(config: dict[str, Any]) -> str | None:

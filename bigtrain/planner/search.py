@@ -12,9 +12,8 @@ dropped; one that does not fit the model, the batch or the data is rejected with
 cannot run yet is still predicted but ranked apart, so that the best plan offered is always one ``bigtrain train``
 accepts, and ``bigtrain plan --all`` can show what the rest would cost. Pins (``fixed``) that no enumerated plan meets
 are resolved as a recipe would be, so a contradiction among them gets the table's words too.
-Ranked by predicted step time; among plans within NEAR_TIE of the fastest the simplest wins
-(fewer dimensions and engines to go wrong). ``train.method: auto`` adds the method (full, lora, qlora) as a
-dimension: see ``rank_methods``.
+Ranked by predicted step time; among plans within NEAR_TIE of the fastest the simplest wins (fewer dimensions and
+engines to go wrong). ``train.method: auto`` adds the method (full, lora, qlora) as a dimension: ``rank_methods``.
 """
 
 from __future__ import annotations

@@ -128,6 +128,7 @@ class TrainingJob:
         # plan: auto and method: auto are chosen at start-up, together, for the memory the job really has
         choose = self.plan is None or "auto" in (train.method, train.compile, train.fp8)
         self.options: BuildOptions | None = None if choose else self._build_options(self.plan)
+        start_up.check_final_adapter(loaded.cfg)
         self.output_lock = OutputDirLock(loaded.cfg.output_dir)
         self.engine: Engine | None = None
         self.checkpointer: Checkpointer | None = None
@@ -382,6 +383,7 @@ class TrainingJob:
         chosen_train = {k: getattr(choice, k) for k in ("method", "compile", "fp8") if getattr(cfg.train, k) == "auto"}
         if chosen_train:  # the run records what the planner chose
             self.loaded = dataclasses.replace(self.loaded, cfg=start_up.with_train(cfg, **chosen_train))
+            start_up.check_final_adapter(self.cfg)  # method: auto chose adapters for a model without a folder
         # validated as if the user had written it, with the records' options the recipe writes (sync_batchnorm)
         chosen = {**choice.plan.to_dict(), **cfg.parallel.options}
         return resolve_plan(parallel_of(chosen), self.env.world_size, self.cfg.train, self.job.facts)

@@ -23,8 +23,9 @@ from bigtrain.config.hf import resolve_attention
 from bigtrain.config.load import load_recipe
 from bigtrain.config.plan import Plan
 from bigtrain.config.resolve import resolve_plan
-from bigtrain.config.schema import RecipeConfig
+from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
 from bigtrain.config.workload import Workload
+from bigtrain.errors import ConfigError
 from bigtrain.job import Job, resolve_job
 from bigtrain.models.build import load_hf_config
 from bigtrain.tasks.spec import Prepared
@@ -52,6 +53,20 @@ def resolve(cfg: RecipeConfig) -> Resolved:
     attention = resolve_attention(hf_config, cfg.model.attn_implementation)
     cfg = with_train(cfg, objective=job.objective.name)
     return Resolved(cfg, hf_config, job, attention)
+
+
+def check_final_adapter(cfg: RecipeConfig) -> None:
+    """An adapter run's final model is peft's adapter folder, which names its base by folder: a model built from
+    model.config has none, so the export at the end would fail after every step had trained. Refused before any
+    group, after every other check (what else is wrong is said first)."""
+    if cfg.train.method not in ADAPTER_METHODS or cfg.model.name_or_path is not None:
+        return
+    if cfg.checkpoint.save_final_model:
+        raise ConfigError(
+            f"train.method={cfg.train.method} on a model built from model.config: the final adapter folder names its "
+            "base by folder, and this one has none (its values are drawn from train.seed); save the model first "
+            "(model.save_pretrained(FOLDER)) and set model.name_or_path, or set checkpoint.save_final_model=false"
+        )
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,12 @@ CASES = {
         "implementation through torch.nn.functional.scaled_dot_product_attention yet); for gemma2 use eager or "
         "flex_attention (or auto, the family's own default)",
     ),
+    "LoRA on a model without a folder, its adapter exported at the end": (
+        lambda r: r["train"].update(method="lora"),
+        "train.method=lora on a model built from model.config: the final adapter folder names its base by folder, and "
+        "this one has none (its values are drawn from train.seed); save the model first (model.save_pretrained(FOLDER)) "
+        "and set model.name_or_path, or set checkpoint.save_final_model=false",
+    ),
     "degrees mismatch": (
         lambda r: r["parallel"].update(dp_replicate=2, dp_shard=2),
         "dp_replicate=2 x dp_shard=2 x tp=1 x pp=1 = 4 do not match the world size 2",

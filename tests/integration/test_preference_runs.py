@@ -14,8 +14,8 @@ from helpers import read_metrics, recipe_dict, save_tiny_model, write_recipe
 from bigtrain.config.load import load_recipe
 from bigtrain.data.tokenizer import save_byte_tokenizer
 from bigtrain.errors import ConfigError
-from bigtrain.runtime import LaunchEnv
 from bigtrain.roles.reference_pass import FOLDER
+from bigtrain.runtime import LaunchEnv
 from bigtrain.train.run import TrainingJob, run_training
 
 PAIRS = [

@@ -37,3 +37,16 @@ def test_planning_a_model_folder_imports_no_training_library(tmp_path):
         '"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}'
     )
     assert _imported(["plan", "--model", str(tmp_path), "--gpus", "2", "--gpu", "H100"], HEAVY) == []
+
+
+def test_training_with_a_written_plan_never_imports_the_search():
+    """Start-up with a written plan predicts its plan (memory terms) and names it, but searches nothing: the
+    planner's search, its table and the Python API stay unimported (``plan: auto`` imports them where it plans)."""
+    search = ("bigtrain.planner.search", "bigtrain.planner.explain", "bigtrain.api.planning")
+    args = ["train", str(REPO / "recipes" / "quickstart.yaml"), "--dry-run"]
+    assert _imported(args, search) == []
+
+
+def test_planning_a_classifier_preset_imports_neither_torch_nor_transformers():
+    """A classifier's preset plans from its recorded statistics as an LM's does (no fake-tensor measurement)."""
+    assert _imported(["plan", "--model", "resnet-50", "--gpus", "8", "--gpu", "A100-80GB"], FOR_A_PRESET) == []

@@ -52,14 +52,37 @@ def test_a_live_reference_adds_a_forward_and_precomputed_shares_it_over_the_epoc
     assert offloaded.step_s > live.step_s  # its shard crosses PCIe before each micro-batch's forward
 
 
-def test_dpo_on_8_h100_chooses_a_reference_and_says_why():
+# Llama-3-8B's published parameter count (meta-llama/Meta-Llama-3-8B, the safetensors' total), typed by hand
+LLAMA_3_8B_PARAMS = 8_030_261_248
+
+
+def test_dpo_on_8_h100_keeps_a_sharded_frozen_copy_because_it_costs_2_gb_and_no_time():
+    """By hand: a full fine-tune has no adapters to switch off, so the reference is a frozen copy (sharded or
+    offloaded) or precomputed. The copy is 8,030,261,248 x 2 bytes (bf16) / 8 FSDP2 shards = 2,007,565,312 bytes
+    per GPU, which the chosen plan affords. With one epoch, precomputing runs the same forward once per pair, as the
+    live copy does: no time saved, and it is a pass before step 1 plus a file, so the simpler sharded copy wins.
+    Offloading pays that shard over PCIe Gen5 (64 GB/s) before each micro-batch's forward: 256 pairs / 8 ranks /
+    1 pair per micro-batch = 32 copies = 32 x 2,007,565,312 / 64e9 = 1.0038 s more per step."""
     result = bigtrain.plan("llama-3-8b", gpus=8, gpu="H100", objective="dpo")
-    assert result.fits
-    chosen = REFERENCE.of(result.plan)
-    assert chosen in ("sharded", "offloaded", "precomputed")
+    assert result.fits and result.method == "full"
+    assert REFERENCE.of(result.plan) == "sharded"
+    plain = result.plan.with_option(REFERENCE.name, "auto")
+    same = {  # the chosen layout with each reference the search weighed
+        REFERENCE.of(c.plan): c
+        for c in result.searched
+        if c.method == result.method and c.plan.with_option(REFERENCE.name, "auto") == plain
+    }
+    assert set(same) == {"sharded", "offloaded", "precomputed"}
+    shard = LLAMA_3_8B_PARAMS * 2 // 8
+    assert shard == 2_007_565_312
+    assert same["sharded"].memory.total_bytes - same["precomputed"].memory.total_bytes == shard
+    assert same["sharded"].fits and same["sharded"].memory.budget_bytes <= int(79.1 * 2**30)
+    assert same["precomputed"].time.step_s == pytest.approx(same["sharded"].time.step_s, rel=1e-9)
+    assert same["offloaded"].time.step_s - same["sharded"].time.step_s == pytest.approx(32 * shard / 64e9, rel=1e-6)
     text = result.explain()
-    assert "global batch 256 pairs (512 rows)" in text
-    assert f"reference model: {chosen}:" in text and "  with " in text
+    assert "global batch 256 pairs (512 rows)" in text and "reference model: sharded:" in text
+    # three passes over the pairs: precomputing pays its forward once for three epochs, the live copy every epoch
+    assert REFERENCE.of(bigtrain.plan("llama-3-8b", gpus=8, gpu="H100", objective="dpo", epochs=3).plan) == "precomputed"
 
 
 def test_dpo_on_one_4090_with_method_auto_fits_with_the_adapter_disabled_base_or_precomputed():
