@@ -40,6 +40,12 @@ class Job:
         )
 
     @property
+    def batch_noun(self) -> str:
+        """What one entry of the global batch is: the objective's where its data says (pairs), else a row of the
+        task's (a sequence of tokens, an image, an example)."""
+        return self.objective.batch_noun or ("sequences" if self.task.unit == "tokens" else self.task.unit)
+
+    @property
     def own_data(self) -> bool:
         """The objective reads data of its own (pairs) instead of the task's."""
         return self.objective.read_data is not None
@@ -72,6 +78,18 @@ def pair(task_spec: TaskSpec, objective_name: str, key: str = "train.objective")
     return Job(task_spec, spec)
 
 
+def every_job() -> list[Job]:
+    """Every job built: each task with each objective it takes (the generated docs and the test ledger list them)."""
+    jobs = []
+    for task_spec in TASKS.values():
+        for name in OBJECTIVES:
+            try:
+                jobs.append(pair(task_spec, name))
+            except ConfigError:
+                continue  # the objective reads what the task's model does not give, or is not built for it
+    return jobs
+
+
 def resolve_job(cfg: RecipeConfig, hf_config: Any) -> tuple[Job, Any]:
     """The recipe's job for a model config: the task ``model.task`` asks for (``auto``: from the config), the
     objective ``train.objective`` asks for (``auto``: the task's own), checked against each other and against the
@@ -102,4 +120,4 @@ def job_facts(objective_name: str = AUTO_OBJECTIVE, task_name: str = "causal-lm"
     return named_job(task_name, objective_name).facts
 
 
-__all__ = ["AUTO_TASK", "Job", "OBJECTIVES", "TASKS", "job_facts", "named_job", "pair", "resolve_job"]
+__all__ = ["AUTO_TASK", "Job", "OBJECTIVES", "TASKS", "every_job", "job_facts", "named_job", "pair", "resolve_job"]

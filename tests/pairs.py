@@ -1,19 +1,23 @@
-"""Every pair of capabilities on every engine, and how the suite decides it.
+"""Every capability and every pair of capabilities, on every engine, for every job, and how the suite decides it.
 
 The capabilities are the rows of the README's generated capability matrix (``docs/generate.py``: each turned on by
-its plan or train fields), the engines its columns (DDP, FSDP2, DeepSpeed ZeRO). A pair on an engine is decided when
-- a row of the capability table refuses it (``first_problem``): users get that row's words;
-- an equivalence case runs both on that engine against a plain loop (``tests/ledger.py`` reads them from the test
-  modules);
-- the simulator steps a plan holding both (the memory cases of ``tests/cases.py``, or ``covering_plans``: a few plans
-  that each hold many of the pairs left, run by ``tests/distributed/test_pair_simulation.py``).
+its plan or train fields), the engines its columns (DDP, FSDP2, DeepSpeed ZeRO), the jobs every task with every
+objective it takes (``bigtrain.job.every_job``), each judged with its task's real example model
+(``TaskSpec.example``: a ResNet's BatchNorm and convolutions, a vision-language model's tower; a mixture's for
+expert parallelism on a causal LM). A capability, or a pair, of a job on an engine is decided when
+- a row of the capability table refuses it (``first_problem``, with the job's facts and rules): users get that
+  row's words;
+- an equivalence case of that job runs it on that engine against a plain loop (``tests/ledger.py`` reads them from
+  the test modules);
+- the simulator steps a plan of that job holding it (the memory cases, or ``covering_plans``: a few plans that each
+  hold many of what is left, run by ``tests/distributed/test_pair_simulation.py`` on the job's example model).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from helpers import REPO
@@ -22,6 +26,7 @@ from ledger import Ran, equivalence_cases, simulator_cases
 from bigtrain.config.capabilities import CAPABILITIES, ModelFacts, Setup, first_problem
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import TrainConfig
+from bigtrain.config.setup import JobFacts
 
 
 def _generator() -> Any:
@@ -57,8 +62,32 @@ FEATURES = tuple(
 DEGREES = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "dp_replicate": 1, "dp_shard": 1, "checkpoint_every": 1}
 AMOUNTS = {"loss_chunk_tokens": 0}
 TRAIN_DEFAULTS = {"method": "full", "compile": False, "fp8": "none", "mixed_precision": "fp32"}
-FACTS = ModelFacts.of(GEN.hf_config_from_dict(GEN.MODEL))
 MOE_FACTS = ModelFacts.of(GEN.hf_config_from_dict(GEN.MOE_MODEL))
+
+
+@dataclass(frozen=True)
+class JobCase:
+    """A job as the ledger asks the table about it: its name ("task/objective"), its task's example model (what the
+    covering plans simulate) and that model's facts, and the job's facts."""
+
+    name: str
+    model: dict[str, Any] = field(hash=False)
+    facts: ModelFacts = field(hash=False)
+    job: JobFacts = field(hash=False)
+
+
+def _jobs() -> tuple[JobCase, ...]:
+    from bigtrain.job import every_job
+
+    out = []
+    for job in every_job():
+        facts, resolved = GEN._job_of(job.task, job.objective.name)
+        out.append(JobCase(f"{job.task.name}/{job.objective.name}", dict(job.task.example), facts, resolved.facts))
+    return tuple(out)
+
+
+JOBS = _jobs()
+LM_JOB = JOBS[[j.name for j in JOBS].index("causal-lm/sft")]
 
 
 def holds(feature: Feature, ran: Ran) -> bool:
@@ -89,26 +118,38 @@ def engine_of(ran: Ran) -> str:
     return next(name for name, base in ENGINES.items() if base["backend"] == backend)
 
 
-def combined(engine: str, features: tuple[Feature, ...]) -> tuple[Plan, TrainConfig]:
+def combined(engine: str, features: tuple[Feature, ...], job: JobCase = LM_JOB) -> tuple[Plan, TrainConfig]:
     fields = {k: v for f in features for k, v in f.plan}
     train = {k: v for f in features for k, v in f.train}
-    return GEN._plan(ENGINES[engine], fields), TrainConfig(global_batch_size=8, **train)
+    return GEN._plan(ENGINES[engine], fields), TrainConfig(global_batch_size=8, objective=job.job.objective, **train)
 
 
-def facts_for(features: tuple[Feature, ...]) -> ModelFacts:
-    return MOE_FACTS if any(k == "ep" for f in features for k, _ in f.plan) else FACTS
+def facts_for(features: tuple[Feature, ...], job: JobCase = LM_JOB) -> ModelFacts:
+    """The job's example model's facts; a mixture's for expert parallelism on a causal LM (the matrix's row)."""
+    moe = job.job.task == "causal-lm" and any(k == "ep" for f in features for k, _ in f.plan)
+    return MOE_FACTS if moe else job.facts
 
 
-def refusal(engine: str, features: tuple[Feature, ...]) -> str | None:
-    """The table's row that refuses the features together on the engine, or None."""
-    plan, train = combined(engine, features)
-    problem = first_problem(Setup(plan, train, facts_for(features)))
+def refusal(engine: str, features: tuple[Feature, ...], job: JobCase = LM_JOB) -> str | None:
+    """The table's row that refuses the features together on the engine for the job, or None."""
+    plan, train = combined(engine, features, job)
+    problem = first_problem(Setup(plan, train, facts_for(features, job), job=job.job))
     return None if problem is None else problem.rule.name
 
 
-def pairs() -> list[tuple[str, Feature, Feature]]:
-    """(engine, a, b) for every two features that are two things."""
-    return [(engine, a, b) for engine in ENGINES for a, b in itertools.combinations(FEATURES, 2) if _two_things(a, b)]
+NONE = Feature("", (), ())  # the second of a "pair" that is one capability of a job alone
+
+
+def pairs() -> list[tuple[JobCase, str, Feature, Feature]]:
+    """(job, engine, a, b) for every job and engine: each feature alone (b is ``NONE``: tasks x objectives x
+    capabilities), and every two features that are two things."""
+    two = [(a, b) for a, b in itertools.combinations(FEATURES, 2) if _two_things(a, b)]
+    one = [(a, NONE) for a in FEATURES]
+    return [(job, engine, a, b) for job in JOBS for engine in ENGINES for a, b in one + two]
+
+
+def _held(a: Feature, b: Feature) -> tuple[Feature, ...]:
+    return (a,) if b is NONE else (a, b)
 
 
 def _two_things(a: Feature, b: Feature) -> bool:
@@ -120,8 +161,8 @@ def _two_things(a: Feature, b: Feature) -> bool:
     return not (a.keys & b.keys - ac) and not one_knob
 
 
-def runs_together(engine: str, a: Feature, b: Feature, cases: list[Ran]) -> list[Ran]:
-    return [r for r in cases if engine_of(r) == engine and holds(a, r) and holds(b, r)]
+def runs_together(job: JobCase, engine: str, a: Feature, b: Feature, cases: list[Ran]) -> list[Ran]:
+    return [r for r in cases if r.job == job.name and engine_of(r) == engine and holds(a, r) and holds(b, r)]
 
 
 # what the simulator cannot step (bigtrain/measure/simulate.not_simulated) or steps without the capability
@@ -134,9 +175,10 @@ def simulatable(engine: str, features: tuple[Feature, ...]) -> bool:
     return not any(f.keys & NOT_SIMULATED_KEYS for f in features)
 
 
-def covering_plans(engine: str, left: list[tuple[Feature, Feature]]) -> list[tuple[Feature, ...]]:
-    """A few feature sets the table allows that together hold every pair of ``left`` (greedy: start from the first
-    pair not yet held, add each feature that the table still allows and that holds a pair not yet held)."""
+def covering_plans(job: JobCase, engine: str, left: list[tuple[Feature, ...]]) -> list[tuple[Feature, ...]]:
+    """A few feature sets the table allows for the job that together hold every pair (or lone feature) of ``left``
+    (greedy: start from the first not yet held, add each feature that the table still allows and that holds one not
+    yet held)."""
     todo = [p for p in left if simulatable(engine, p)]
     sets: list[tuple[Feature, ...]] = []
     while todo:
@@ -148,46 +190,67 @@ def covering_plans(engine: str, left: list[tuple[Feature, Feature]]) -> list[tup
             if not all(_two_things(f, feature) for f in chosen):
                 continue
             gains = any(set(p) <= set(trial) for p in todo)
-            if gains and refusal(engine, trial) is None:
+            if gains and refusal(engine, trial, job) is None:
                 chosen.append(feature)
         sets.append(tuple(chosen))
         todo = [p for p in todo if not set(p) <= set(chosen)]
     return sets
 
 
-def _decided_by_rows_and_cases() -> tuple[dict[tuple[str, str, str], str], dict[str, list[tuple[Feature, Feature]]]]:
-    """How the table, the equivalence cases and the memory cases decide the pairs, and the pairs they leave, by
+Key = tuple[str, str, str, str]  # (job, engine, a, b): b is "" for a capability of the job alone
+Left = dict[tuple[JobCase, str], list[tuple[Feature, ...]]]
+
+
+def _decided_by_rows_and_cases() -> tuple[dict[Key, str], Left]:
+    """How the table, the equivalence cases and the memory cases decide the pairs, and what they leave, by job and
     engine."""
     equivalence, simulated = equivalence_cases(), simulator_cases()
-    out: dict[tuple[str, str, str], str] = {}
-    left: dict[str, list[tuple[Feature, Feature]]] = {engine: [] for engine in ENGINES}
-    for engine, a, b in pairs():
-        key = (engine, a.name, b.name)
-        row = refusal(engine, (a, b))
+    out: dict[Key, str] = {}
+    left: Left = {(job, engine): [] for job in JOBS for engine in ENGINES}
+    for job, engine, a, b in pairs():
+        key = (job.name, engine, a.name, b.name)
+        row = refusal(engine, _held(a, b), job)
         if row is not None:
             out[key] = f"row: {row}"
-        elif cases := runs_together(engine, a, b, equivalence):
+        elif cases := runs_together(job, engine, a, b, equivalence):
             out[key] = f"equivalence: {cases[0].where}"
-        elif cases := runs_together(engine, a, b, simulated):
+        elif cases := runs_together(job, engine, a, b, simulated):
             out[key] = f"simulator: {cases[0].where}"
         else:
-            left[engine].append((a, b))
+            left[(job, engine)].append(_held(a, b))
     return out, left
 
 
-def decisions() -> dict[tuple[str, str, str], str]:
-    """(engine, a, b) -> how it is decided: 'row: NAME', 'equivalence: CASE', 'simulator: CASE', 'covering plan N',
-    or 'undecided'."""
+def decisions() -> dict[Key, str]:
+    """(job, engine, a, b) -> how it is decided: 'row: NAME', 'equivalence: CASE', 'simulator: CASE',
+    'covering plan JOB ENGINE N', or 'undecided'."""
     out, left = _decided_by_rows_and_cases()
-    for engine, todo in left.items():
-        plans = covering_plans(engine, todo)
-        for a, b in todo:
-            index = next((i for i, s in enumerate(plans) if {a, b} <= set(s)), None)
-            out[(engine, a.name, b.name)] = "undecided" if index is None else f"covering plan {engine} {index}"
+    for (job, engine), todo in left.items():
+        plans = covering_plans(job, engine, todo)
+        for held in todo:
+            index = next((i for i, s in enumerate(plans) if set(held) <= set(s)), None)
+            key = (job.name, engine, held[0].name, held[1].name if len(held) > 1 else "")
+            out[key] = "undecided" if index is None else f"covering plan {job.name} {engine} {index}"
     return out
 
 
-def all_covering_plans() -> list[tuple[str, tuple[Feature, ...]]]:
-    """Every (engine, features) the pair simulation runs."""
+def all_covering_plans() -> list[tuple[JobCase, str, tuple[Feature, ...]]]:
+    """Every (job, engine, features) the pair simulation runs."""
     _, left = _decided_by_rows_and_cases()
-    return [(engine, plan) for engine, todo in left.items() for plan in covering_plans(engine, todo)]
+    return [(job, engine, plan) for (job, engine), todo in left.items() for plan in covering_plans(job, engine, todo)]
+
+
+def workload_of(job: JobCase, train: TrainConfig) -> Any:
+    """The step a covering plan simulates for the job: its task's sizes for the example model as ``bigtrain plan``
+    asks them (``TaskSpec.sizes``: a row of tokens, an image side, a row's images), a global batch of 8."""
+    from bigtrain.api.request import PYTHON
+    from bigtrain.config.workload import Workload
+    from bigtrain.job import named_job
+    from bigtrain.planner.model_stats import load_model_config
+    from bigtrain.tasks.spec import PlanAsk
+
+    spec = named_job(job.job.task, job.job.objective)
+    config = load_model_config(job.model)
+    ask = PlanAsk(config, None, None, None, None, 8, train.method, 2, spec.objective.rows_per_example, PYTHON)
+    sizes = spec.task.sizes(ask)
+    return Workload(method=train.method, mixed_precision=train.mixed_precision, job=job.job, **sizes)

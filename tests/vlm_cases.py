@@ -12,6 +12,7 @@ from helpers import make_plan
 
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
+from bigtrain.job import job_facts
 from bigtrain.planner.model_stats import load_model_config
 
 LAYERS = BLOCKS = 2  # decoder layers and vision blocks kept (Qwen's second block is its full-attention one)
@@ -75,6 +76,7 @@ class VlmCase:
             images_per_row=float(self.images),
             method=self.method,
             frozen=self.frozen,
+            job=job_facts(task_name="image-text-to-text"),
         )
 
 

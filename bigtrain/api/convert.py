@@ -57,6 +57,7 @@ def export(
         out = export_deepspeed(cfg, plan, hf_config)
     else:
         out = export_hf_trainer(cfg, plan, hf_config, block_class_names(hf_config))
+    out.batch_noun = job.batch_noun
     out.notes += dropped_memory_options(plan, target) + speed_notes(cfg, target)
     out.notes += [note for c in CAPABILITIES if c.export_note and (note := c.export_note(target, plan))]
     if cfg.train.method in ADAPTER_METHODS:

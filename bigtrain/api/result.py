@@ -13,7 +13,7 @@ from bigtrain.config.schema import RecipeConfig
 from bigtrain.config.workload import Workload
 from bigtrain.planner.cost import TimeEstimate
 from bigtrain.planner.explain import candidate_name, describe, render_table, to_json, why_not
-from bigtrain.planner.hardware import Cluster, GiB
+from bigtrain.planner.hardware import Cluster, size
 from bigtrain.planner.memory_terms import MemoryEstimate
 from bigtrain.planner.scaling import ScalingRow, scaling, scaling_lines
 from bigtrain.planner.search import Candidate
@@ -286,7 +286,7 @@ class PlanResult:
     def summary(self) -> str:
         """One line: the plan, its predicted peak and step time."""
         return (
-            f"{describe(self.plan)}: peak {self.memory.total_bytes / GiB:.2f} GiB per GPU, "
+            f"{describe(self.plan)}: peak {size(self.memory.total_bytes)} per GPU, "
             f"{self.time.step_s:.3f} s per step, micro-batch {self.micro_batch_size} x accumulation "
             f"{self.gradient_accumulation_steps}"
         )

@@ -207,8 +207,10 @@ def _recipe_s_own_plan(args: argparse.Namespace, result: PlanResult) -> str | No
     if own.plan == result.plan:
         return f"{line}; it is the planner's choice"
     faster = 1 - result.time.step_s / own.time.step_s
-    verdict = (
-        f"the planner's choice below is {faster:.1%} faster" if faster > 0 else
-        f"the planner's choice below is {-faster:.1%} slower but simpler (a near tie)"
-    )  # fmt: skip
+    if round(faster, 3) == 0:  # an exact tie, or one too close to show: not "-0.0% slower"
+        verdict = "the planner's choice below is as fast"
+    elif faster > 0:
+        verdict = f"the planner's choice below is {faster:.1%} faster"
+    else:
+        verdict = f"the planner's choice below is {-faster:.1%} slower but simpler (a near tie)"
     return f"{line}; {verdict}"

@@ -111,6 +111,14 @@ def load_source(cfg: RecipeConfig, plan: Plan) -> tuple[dict[str, Any], str]:
     return tree, name
 
 
+def bucket_width(hf_config: Any) -> int:
+    """The model's width, which sizes DeepSpeed's "auto" buckets (HF's own rule): its hidden size, a
+    vision-language model's language model's, a CNN's widest stage."""
+    text = getattr(hf_config, "text_config", None)
+    width = getattr(hf_config, "hidden_size", None) or getattr(text, "hidden_size", None)
+    return int(width or max(getattr(hf_config, "hidden_sizes", None) or [1024]))
+
+
 def deepspeed_config(cfg: RecipeConfig, plan: Plan, hidden_size: int) -> dict[str, Any]:
     """The complete DeepSpeed config for ``plan`` under ``cfg``: no "auto" left, nothing contradicting them."""
     tree, name = load_source(cfg, plan)

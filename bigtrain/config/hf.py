@@ -16,9 +16,9 @@ def require_causal_lm(model_type: str, key: str) -> None:
 
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ConfigError(
-            f"{key}: model_type {model_type!r} is not a causal language model; plan exports (accelerate, DeepSpeed, "
-            "HF Trainer configs) model causal LMs only (bigtrain train and bigtrain plan take image and sequence "
-            "classifiers and vision-language models)"
+            f"{key}: model_type {model_type!r} is not a causal language model; for another task name it with "
+            "model.task (image-classification, sequence-classification, image-text-to-text) or in the config's "
+            "architectures"
         )
 
 
@@ -63,8 +63,7 @@ def require_causal_attention(hf_config: Any, key: str) -> None:
         raise ConfigError(
             f"{key}: model_type {hf_config.model_type!r} is an encoder whose attention sees the whole sequence "
             "(is_causal=False), so as a causal LM every position would see the token it predicts: use a decoder-only "
-            "model (llama, qwen2, mistral, gpt2), or train it as a classifier with model.task=sequence-classification "
-            "(bigtrain train and bigtrain plan; plan exports model causal LMs only)"
+            "model (llama, qwen2, mistral, gpt2), or train it as a classifier with model.task=sequence-classification"
         )
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from bigtrain.config.capabilities import CAPABILITIES
-from bigtrain.config.deepspeed import deepspeed_config
+from bigtrain.config.deepspeed import bucket_width, deepspeed_config
 from bigtrain.config.hf import resolve_attention
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig, TrainConfig
@@ -65,13 +65,8 @@ def build_options(
         seed=cfg.train.seed,
         freeze=tuple(cfg.model.freeze),
         new_head=new_head,
-        deepspeed_config=deepspeed_config(cfg, plan, _width(hf_config)) if plan.backend == "deepspeed" else None,
+        deepspeed_config=deepspeed_config(cfg, plan, bucket_width(hf_config)) if plan.backend == "deepspeed" else None,
     )
-
-
-def _width(hf_config: Any) -> int:
-    """The model's width, which sizes DeepSpeed's "auto" buckets (HF's own rule): a CNN's widest stage."""
-    return int(getattr(hf_config, "hidden_size", None) or max(getattr(hf_config, "hidden_sizes", None) or [1024]))
 
 
 def build_engine(

@@ -25,6 +25,7 @@ class Export:
 
     content: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    batch_noun: str = "sequences"  # what the global batch counts (the job's: sequences, images, examples, pairs)
 
 
 def refuse_pipeline(plan: Plan, target: str, why: str) -> None:

@@ -96,7 +96,7 @@ def _deepspeed_plugin(cfg: RecipeConfig, plan: Plan) -> dict[str, Any]:
     }
 
 
-def header(cfg: RecipeConfig, plan: Plan, recipe: str) -> str:
+def header(cfg: RecipeConfig, plan: Plan, recipe: str, batch_noun: str = "sequences") -> str:
     """Comment lines for the YAML: what the training script must set itself."""
     accum = plan.grad_accum_steps(cfg.train.global_batch_size)
     train = cfg.train
@@ -105,7 +105,7 @@ def header(cfg: RecipeConfig, plan: Plan, recipe: str) -> str:
         f"plan: {_describe(plan)}",
         "the training script sets what this file cannot hold:",
         f"  per-process micro-batch {plan.micro_batch_size}, gradient accumulation {accum} "
-        f"(Accelerator(gradient_accumulation_steps={accum})), global batch {train.global_batch_size} sequences",
+        f"(Accelerator(gradient_accumulation_steps={accum})), global batch {train.global_batch_size} {batch_noun}",
         f"  AdamW lr {train.lr:g} betas ({train.adam_beta1:g}, {train.adam_beta2:g}) eps {train.adam_eps:g} "
         f"weight decay {train.weight_decay:g}; {train.warmup_steps} warmup steps, {train.lr_schedule} schedule, "
         f"{train.steps} steps; clip the gradient norm at {train.grad_clip:g}",
@@ -120,4 +120,4 @@ def _describe(plan: Plan) -> str:
 
 
 def to_yaml(export: Export, cfg: RecipeConfig, plan: Plan, recipe: str) -> str:
-    return header(cfg, plan, recipe) + yaml.safe_dump(export.content, sort_keys=False)
+    return header(cfg, plan, recipe, export.batch_noun) + yaml.safe_dump(export.content, sort_keys=False)

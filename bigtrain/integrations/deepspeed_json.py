@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from bigtrain.config.deepspeed import deepspeed_config
+from bigtrain.config.deepspeed import bucket_width, deepspeed_config
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.errors import ConfigError
@@ -71,4 +71,4 @@ def deepspeed_equivalent(plan: Plan) -> tuple[Plan, list[str]]:
 def export_deepspeed(cfg: RecipeConfig, plan: Plan, hf_config: Any) -> Export:
     """A complete DeepSpeed config for ``plan``: no "auto" left, batch sizes for the plan's data-parallel world."""
     ds_plan, notes = deepspeed_equivalent(plan)
-    return Export(deepspeed_config(cfg, ds_plan, hf_config.hidden_size), notes)
+    return Export(deepspeed_config(cfg, ds_plan, bucket_width(hf_config)), notes)

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
@@ -66,6 +66,7 @@ from bigtrain.engine.torch_native import TorchNativeEngine
 from bigtrain.errors import ConfigError
 from bigtrain.job import Job, named_job
 from bigtrain.parallel.transforms.base import BuildOptions
+from bigtrain.roles.reference import LiveReference
 from bigtrain.tasks import resolve
 from bigtrain.train.optim import build_optimizer, build_scheduler
 
@@ -170,9 +171,12 @@ def _simulate_rank(
         assert isinstance(engine, TorchNativeEngine)  # DeepSpeed is refused above
         built = engine.built
         pipelined = isinstance(engine, PipelinedEngine)
-        calls = _ResetModuleStatsPerCall(built.forward_module)
+        calls = _EachCallInAModuleOfItsOwn()
         if not pipelined:
-            built.module = calls
+            built.module = calls.of(built.forward_module)
+        reference = getattr(engine, "reference", None)
+        if isinstance(reference, LiveReference):  # a frozen copy's forward is a top-level call of its own too
+            reference.forward = calls.of(reference.forward)
         accum = plan.grad_accum_steps(workload.global_batch_size)
         # a pipeline's schedule order (how many micro-batches are in flight) needs all of them; elsewhere two show
         # what the gradients kept between micro-steps add
@@ -192,7 +196,6 @@ def _simulate_rank(
             inputs = [t for batch in batches for t in batch.tensors()] + _reference_tensors(engine, plan, workload)
             train_step(engine, batches, global_count, train.grad_clip)  # warm-up, untracked (see the docstring)
             tracker = _tracker(engine, inputs)
-            calls.tracker = tracker
             with tracker:
                 train_step(engine, batches, global_count, train.grad_clip)
             snapshot = tracker.get_tracker_snapshot("peak")[device]
@@ -312,21 +315,36 @@ def _static_pipeline_metadata() -> Iterator[None]:
         yield
 
 
-class _ResetModuleStatsPerCall:
-    """Calls the model for the engine; before each call, clears the tracker's per-module statistics.
+class _EachCallInAModuleOfItsOwn:
+    """Runs each top-level forward (the model's, once per micro-step; a frozen reference's) inside a module of its
+    own, kept for the simulation.
 
-    torch's memory trackers refuse a second top-level forward of the same module (one per micro-step) unless the
-    per-module stats of the previous one are reset; the device-wide peak, which is what is read, is kept.
+    torch's memory tracker refuses a second top-level forward of one module within a step (it takes it for the next
+    iteration), and clearing its per-module statistics between calls (``reset_mod_stats``) breaks a forward without
+    a graph (the reference's), whose bookkeeping waits for the next backward. Called inside a fresh module, the
+    model is a submodule used again, which the tracker allows; the device-wide peak, which is what is read, is the
+    same either way.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self.tracker: Any = None
+    class _Call(torch.nn.Module):
+        def __init__(self, forward: Callable[..., Any]) -> None:
+            super().__init__()
+            self.run = forward
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.tracker is not None:
-            self.tracker.reset_mod_stats()
-        return self.model(*args, **kwargs)
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self.run(*args, **kwargs)
+
+    def __init__(self) -> None:
+        self.kept: list[torch.nn.Module] = []  # the tracker holds weak references to them until its backward
+
+    def of(self, forward: Callable[..., Any]) -> Callable[..., Any]:
+        """``forward`` run inside a new module at each call."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.kept.append(self._Call(forward))
+            return self.kept[-1](*args, **kwargs)
+
+        return call
 
 
 @contextlib.contextmanager

@@ -172,12 +172,16 @@ def model_shapes(hf_config: Any, attn_implementation: str) -> dict[str, tuple[in
 
 
 def block_class_names(hf_config: Any) -> list[str]:
-    """The class names of the model's decoder blocks (its ``_no_split_modules``), read from the model class alone:
-    what accelerate's and HF Trainer's FSDP plugins wrap (``transformer_layer_cls_to_wrap``)."""
+    """The class names of the model's repeated blocks: what accelerate's and HF Trainer's FSDP plugins wrap
+    (``transformer_layer_cls_to_wrap``). Its ``_no_split_modules``, read from the model class alone; for a model
+    that lists none (BERT's classifiers), the blocks bigtrain itself shards, found on a model built on ``meta``."""
+    from bigtrain.config.hf import decoder_blocks
+
     cls = model_class(hf_config) or causal_lm_class(hf_config)
     if cls is None:
-        raise ConfigError(f"model config of type {hf_config.model_type!r} has no causal LM class in transformers")
+        raise ConfigError(f"model config of type {hf_config.model_type!r} has no model class in transformers")
     names = list(getattr(cls, "_no_split_modules", None) or [])
     if not names:
-        raise ConfigError(f"{cls.__name__} names no decoder block class (_no_split_modules is empty)")
+        model = build_meta_model(hf_config, "auto")
+        names = sorted({type(block).__name__ for _, _, block in decoder_blocks(model)})
     return names

@@ -260,16 +260,27 @@ def render_table(
 
 
 def _joined(parts: list[str]) -> str:
-    """The ways the choice is simpler than its near ties, each said once: "fsdp2 zero2 over deepspeed zero1",
-    "... zero2" as "fsdp2 zero2 over deepspeed zero1/zero2"."""
-    grouped: dict[str, list[str]] = {}
+    """The ways the choice is simpler than its near ties, each said once: "fsdp2 zero2 over deepspeed zero1" and
+    "... zero2" as "fsdp2 zero2 over deepspeed zero1/zero2"; "ddp over fsdp2 zero2", "... deepspeed zero1" as "ddp
+    over fsdp2 zero2, deepspeed zero1"."""
+    grouped: dict[str, dict[str, list[str]]] = {}
     for part in (p for text in parts for p in text.split(", ") if p):
-        head, _, tail = part.rpartition(" ")
-        if " over " in part and head:
-            grouped.setdefault(head, []).append(tail)
-        else:
-            grouped.setdefault(part, [])
-    return "; ".join(f"{head} {'/'.join(dict.fromkeys(tails))}" if tails else head for head, tails in grouped.items())
+        choice, over, other = part.partition(" over ")
+        if not over:
+            grouped.setdefault(part, {})
+            continue
+        engine, _, stage = other.partition(" ")
+        stages = grouped.setdefault(choice, {}).setdefault(engine, [])
+        if stage and stage not in stages:
+            stages.append(stage)
+    said = []
+    for choice, others in grouped.items():
+        if not others:
+            said.append(choice)
+            continue
+        names = [f"{engine} {'/'.join(sorted(stages))}" if stages else engine for engine, stages in others.items()]
+        said.append(f"{choice} over {', '.join(names)}")
+    return "; ".join(said)
 
 
 SLOW_STEP_S = 600.0  # a step this long is said under the table, with the batch that makes it so

@@ -1,30 +1,30 @@
-"""The pairs of capabilities no equivalence case runs together, stepped by the simulator: bigtrain's own step for
-rank 0 of the job on fake tensors (``bigtrain/measure/simulate.py``), a few plans that each hold many of those pairs
-(``tests/pairs.py``'s covering plans). A combination that fails to build or step fails here."""
+"""What no equivalence case runs together, stepped by the simulator: bigtrain's own step for rank 0 of the job on
+fake tensors (``bigtrain/measure/simulate.py``), a few plans per job that each hold many of those pairs
+(``tests/pairs.py``'s covering plans), on the job's example model (a Llama, a ResNet, a BERT, a LLaVA). A combination
+that fails to build or step fails here."""
 
 from __future__ import annotations
 
 import pytest
-from pairs import GEN, all_covering_plans, combined
+from pairs import all_covering_plans, combined, workload_of
 
-from bigtrain.config.workload import Workload
 from bigtrain.measure.simulate import simulate
 
 pytestmark = pytest.mark.full
 PLANS = all_covering_plans()
 
 
-def _id(engine: str, features) -> str:
-    return engine + ":" + "+".join(f.name.split(" (")[0].split(":")[-1].strip(" `+") for f in features)
+def _id(job, engine: str, features) -> str:
+    names = "+".join(f.name.split(" (")[0].split(":")[-1].strip(" `+") for f in features)
+    return f"{job.name}:{engine}:{names}"
 
 
 def test_the_covering_plans_exist():
-    assert len(PLANS) >= 5  # the pairs left after the equivalence and memory cases, on DDP and FSDP2
+    assert len({job.name for job, _, _ in PLANS}) >= 5  # the jobs' pairs left after their equivalence and memory cases
 
 
-@pytest.mark.parametrize("engine,features", PLANS, ids=[_id(e, f) for e, f in PLANS])
-def test_the_plan_steps_on_fake_tensors(engine, features):
-    plan, train = combined(engine, features)
-    workload = Workload(seq_len=32, global_batch_size=8, method=train.method, mixed_precision=train.mixed_precision)
-    peak = simulate(GEN.MODEL, plan, workload)
+@pytest.mark.parametrize("job,engine,features", PLANS, ids=[_id(*p) for p in PLANS])
+def test_the_plan_steps_on_fake_tensors(job, engine, features):
+    plan, train = combined(engine, features, job)
+    peak = simulate(job.model, plan, workload_of(job, train))
     assert peak["Total"] > 0 and peak["Total"] >= peak.get("Parameter", 0)

@@ -15,7 +15,7 @@ import pytest
 from helpers import REPO, recipe_dict, save_rows, write_recipe
 
 HERE = Path(__file__).parent
-RECORD_LINE = '    "vision_language",\n'  # the last record's line: the toy's goes after it
+RECORD_LINE = '    "freeze",\n'  # the last record's line: the toy's goes after it
 
 
 @pytest.fixture(scope="module")

@@ -22,8 +22,8 @@ REFUSED = {
     **{("long_context_8b_128k", target): "parallel.cp=2 cannot be exported" for target in TARGETS},
     ("tp_fsdp", "deepspeed"): "parallel.tp=2 cannot be exported",
 }
-# Plans of classifiers and vision-language models are not exported (the exports write the settings of causal-LM
-# trainers): refused in one line that says so (docs/vision.md, docs/vision-language.md)
+# every task's plan exports (the classifiers' and the vision-language model's recipes with the causal LMs'); these
+# recipes' worlds are the --gpus given
 CLASSIFIERS = ("image_classifier", "resnet50_imagefolder", "text_classifier", "vit_finetune", "vlm_lora")
 
 
@@ -67,18 +67,14 @@ def test_every_recipe_exports_to_each_target_or_names_what_it_cannot(cli_in_proc
         for target in TARGETS:
             out = tmp_path / f"{name}.{target}"
             proc = cli_in_process(["export", f"recipes/{name}.yaml", "--to", target, "-o", str(out), *args])
-            if name in CLASSIFIERS:
-                refused = "plan exports (accelerate, DeepSpeed, HF Trainer configs) model causal LMs only"
-                assert proc.returncode == 2 and refused in proc.stderr, proc.stderr
-                assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
-            elif (name, target) in REFUSED:
+            if (name, target) in REFUSED:
                 assert proc.returncode == 2, proc.stderr
                 assert REFUSED[name, target] in proc.stderr and "--to " + target in proc.stderr, proc.stderr
                 assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
             else:
                 assert proc.returncode == 0, proc.stderr
                 written[name, target] = out, world
-    assert len(written) == (len(RECIPES) - len(CLASSIFIERS)) * len(TARGETS) - len(REFUSED)
+    assert len(written) == len(RECIPES) * len(TARGETS) - len(REFUSED)
 
     items = [f"{target}:{world}:{path}" for (_, target), (path, world) in written.items()]
     proc = subprocess.run(
@@ -109,6 +105,11 @@ def test_every_recipe_exports_to_each_target_or_names_what_it_cannot(cli_in_proc
     assert fsdp["fsdp"] and fsdp["fsdp_plugin_args"]["fsdp_version"] == 2
     assert fsdp["fsdp_plugin_args"]["reshard_after_forward"] is True
     assert read["tp_fsdp.hf-trainer"]["tp_size"] == 2
+    # the other tasks: BERT lists no block class of its own (_no_split_modules is empty): the blocks bigtrain shards
+    text = read["text_classifier.hf-trainer"]["fsdp_plugin_args"]
+    assert "BertLayer" in text["transformer_cls_names_to_wrap"].split(",")
+    assert "global batch 32 images" in written["image_classifier", "accelerate"][0].read_text()
+    assert read["vlm_lora.deepspeed"]["world_size"] == 2
 
 
 def test_notes_say_what_a_translation_changes(cli_in_process, tmp_path):

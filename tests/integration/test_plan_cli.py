@@ -309,12 +309,15 @@ def test_a_vision_language_plan_counts_each_row_s_image_tokens(plan_cli):
 
 
 def test_a_classifier_plan_shows_the_speed_up_from_one_gpu(plan_cli):
-    """docs/vision.md's command: the backends' rows, the choice, and the scaling table from 1 GPU to 8."""
+    """docs/vision.md's command: the LM table's layout (the backends' rows, the choice, the near ties said once), and
+    the scaling view from 1 GPU to 8 with what it leaves out."""
     for command in docs_commands("vision-plan"):
         proc = plan_cli(shlex.split(command)[1:], timeout=120)
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.startswith("model: resnet image-classification (3x224x224 px per example): 25.56M params")
-        assert "chosen: ddp nhwc, micro-batch 256 x 1 steps" in proc.stdout
+        assert proc.stdout.startswith("model resnet image-classification (3x224x224 px per example): 25.56M params")
+        assert "\n* ddp dp=8 tp=1 pp=1 ac=none mb=256 channels_last=True " in proc.stdout
+        assert proc.stdout.count("  near tie: within 2% of the fastest step") == 1
+        assert "not modelled: the input pipeline" in proc.stdout
         rows = re.findall(r"^\s+(\d+)\s+([\d,]+)\s+([\d.]+)x\s+(\d+)%", proc.stdout, re.MULTILINE)
         assert [int(r[0]) for r in rows] == [1, 2, 4, 8] and float(rows[-1][2]) > 7
         assert not proc.stderr.strip(), proc.stderr
@@ -324,8 +327,10 @@ def test_a_classifier_recipe_s_written_plan_is_predicted_first(plan_cli):
     proc = plan_cli(["plan", "recipes/image_classifier.yaml", "--gpus", "2", "--gpu", "H100"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     first = proc.stdout.splitlines()[0]
-    assert first.startswith("the recipe's own plan (what bigtrain train runs): ddp, micro-batch 16 x 1 steps: ")
-    assert first.endswith("it fits") and "images/s" in first
+    own = "the recipe's own plan (what bigtrain train runs): ddp dp=2 tp=1 pp=1 ac=none mb=16 sync_batchnorm=True: "
+    assert first.startswith(own + "peak 2.8 MiB per GPU, ")
+    assert first.endswith("the planner's choice below is as fast") and "-0.0%" not in proc.stdout
+    assert proc.stdout.splitlines()[1].startswith("model resnet image-classification (3x32x32 px per example)")
 
 
 def test_an_lm_recipe_s_written_plan_is_predicted_first_then_the_choice(plan_cli):

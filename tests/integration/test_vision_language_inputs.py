@@ -53,24 +53,28 @@ def test_labels_are_the_assistant_turns_and_never_image_tokens(qwen):
     assert int((batch.input_ids == image_id).sum()) == 16 * int(batch.inputs["image_grid_thw"].shape[0])
 
 
-def test_image_tokens_in_the_loss_would_be_caught(qwen):
-    """What the numerics tests would see if image tokens leaked into the labels: a loss ≥ 10x their tolerance off."""
-    from transformers import AutoModelForImageTextToText
+def test_image_tokens_are_never_labels_even_inside_the_assistant_s_turn(qwen, tmp_path):
+    """The real data path (chat template, Qwen2.5-VL processor, ``load_image_chats``, ``micro_batch``) on a record
+    whose user *and* assistant turns each hold the 24 x 24 picture. Counted by hand: 24 px / 4-pixel patches = 6 x 6
+    patches, merged 2 x 2 = 9 image tokens per picture; the assistant's turn is <|vision_start|>, 9 x <|image_pad|>,
+    <|vision_end|>, "A cat." (6 bytes of the byte tokenizer), <|im_end|>, "\\n": 19 tokens, of which the 9 image
+    tokens must not be predicted. So 10 labelled positions, the loss's token count, and no label is an image token."""
+    from bigtrain.data.labels import IGNORE_INDEX, labelled_positions
 
-    from bigtrain.data.labels import next_token_labels
-
-    data = chats(qwen)
-    batch = data.micro_batch(np.arange(4))
-    model = AutoModelForImageTextToText.from_pretrained(qwen)
-    with torch.no_grad():
-        logits = model(**batch.model_inputs()).logits
-    leaked = next_token_labels(batch.input_ids).masked_fill(batch.inputs["attention_mask"] == 0, -100)
-
-    def mean_loss(labels):
-        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100).item()
-
-    right, wrong = mean_loss(batch.labels), mean_loss(leaked)
-    assert abs(wrong - right) / right > 10 * 1e-5, (right, wrong)
+    record = _chat(["cat.png"], 1)
+    record["messages"][1]["content"] = [{"type": "image", "image": "cat.png"}, {"type": "text", "text": "A cat."}]
+    data = chats(qwen, data_path=_jsonl(tmp_path, [record]))
+    batch = data.micro_batch(np.arange(1))
+    image_id = data.processor.image_token_id
+    ids, labels = batch.input_ids[0], batch.labels[0]
+    assert int((ids == image_id).sum()) == 2 * 9  # the processor made what the hand count says
+    assert not (labels == image_id).any()
+    assert labelled_positions(batch.labels) == 10
+    decode = data.processor.tokenizer.decode
+    assert decode(labels[labels != IGNORE_INDEX]) == "<|vision_start|><|vision_end|>A cat.<|im_end|>\n"
+    # the positions whose next token is an image token predict nothing: their cross-entropy terms are absent
+    before_image = torch.nn.functional.pad(ids[1:] == image_id, (0, 1), value=False)
+    assert (labels[before_image] == IGNORE_INDEX).all() and int(before_image.sum()) == 18
 
 
 def test_a_pixel_budget_resizes_and_is_said(qwen):

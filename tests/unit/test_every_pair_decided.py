@@ -1,7 +1,8 @@
-"""Every pair of capabilities on every engine is decided: refused by a row of the table, run by an equivalence case,
-or stepped by the simulator (``tests/pairs.py`` says how each is decided). The pairs nothing decides yet are listed in
-``tests/undecided_pairs.txt``: the list may only shrink, and a capability that adds an undecided pair fails here until
-a row, a case or the simulator decides it (or the list names it, in review's sight)."""
+"""Every capability and every pair of capabilities, on every engine, for every job (task and objective), is decided:
+refused by a row of the table with the job's own model facts, run by an equivalence case of that job, or stepped by
+the simulator (``tests/pairs.py`` says how each is decided). What nothing decides yet is listed in
+``tests/undecided_pairs.txt``: the list may only shrink, and a capability, task or objective that adds an undecided
+pair fails here until a row, a case or the simulator decides it (or the list names it, in review's sight)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, when run as a script to rewrite the list
 from helpers import REPO  # noqa: E402
 from ledger import Ran  # noqa: E402
-from pairs import FEATURES, Feature, decisions, holds, pairs  # noqa: E402
+from pairs import FEATURES, JOBS, NONE, Feature, decisions, holds, pairs  # noqa: E402
 
 UNDECIDED = REPO / "tests" / "undecided_pairs.txt"
 
 
-def listed() -> set[tuple[str, str, str]]:
+def listed() -> set[tuple[str, str, str, str]]:
     rows = [line.split(" | ") for line in UNDECIDED.read_text().splitlines() if line and not line.startswith("#")]
-    return {(e, a, b) for e, a, b in rows}
+    return {(j, e, a, "" if b == "alone" else b) for j, e, a, b in rows}
 
 
-def render(undecided: list[tuple[str, str, str]]) -> str:
-    head = "# engine | capability | capability: pairs no row refuses and no equivalence case or simulation runs\n"
-    return head + "".join(" | ".join(key) + "\n" for key in sorted(undecided))
+def render(undecided: list[tuple[str, str, str, str]]) -> str:
+    head = (
+        "# job | engine | capability | capability (alone: the first by itself with the job): what no row refuses\n"
+        "# and no equivalence case or simulation of the job runs\n"
+    )
+    return head + "".join(" | ".join((j, e, a, b or "alone")) + "\n" for j, e, a, b in sorted(undecided))
 
 
 def test_every_pair_is_decided_or_listed():
@@ -40,13 +44,27 @@ def test_every_pair_is_decided_or_listed():
     assert counts["row"] > 0 and counts["equivalence"] > 0 and counts["simulator"] > 0, counts
 
 
-def test_the_pairs_are_every_two_capabilities_on_every_engine():
+def test_the_pairs_are_every_two_capabilities_on_every_engine_for_every_job():
     assert len(FEATURES) >= 18  # the capability matrix's rows but accumulation
-    assert len(pairs()) > 400
-    names = {(a.name, b.name) for _, a, b in pairs()}
+    jobs = {j.name for j in JOBS}
+    assert {"causal-lm/sft", "causal-lm/dpo", "image-classification/classification", "image-text-to-text/sft"} <= jobs
+    assert len(pairs()) > 400 * len(jobs)
+    names = {(a.name, b.name) for _, _, a, b in pairs()}
     assert any(a == "tensor parallel (tp)" and b.startswith("pipeline parallel") for a, b in names)
+    assert {(f.name, NONE.name) for f in FEATURES} <= names  # tasks x objectives x capabilities: each one alone
     # two values of one setting are not a pair
     assert not any({a, b} == {"LoRA (`train.method: lora`)", "QLoRA (`train.method: qlora`, bf16)"} for a, b in names)
+
+
+def test_batch_norm_pairs_are_judged_with_a_model_that_has_batch_norm():
+    """The teeth of the jobs' own facts: on the causal LM's Llama, a BatchNorm pair is refused by the row that says
+    there is no BatchNorm; on the image classifier's ResNet it is a pair like any other, which a case must run."""
+    how = decisions()
+    sync, channels_last = "`parallel.sync_batchnorm`", "`parallel.channels_last`"
+    assert how[("causal-lm/sft", "DDP", sync, channels_last)] == "row: sync_batchnorm_without_batchnorm"
+    on_resnet = how[("image-classification/classification", "DDP", sync, "")]
+    assert on_resnet.startswith("equivalence: test_classification::resnet-"), on_resnet
+    assert not how[("image-classification/classification", "FSDP2", sync, channels_last)].startswith("row")
 
 
 def test_holding_a_capability_reads_degrees_and_values():
