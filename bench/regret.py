@@ -44,7 +44,8 @@ def main() -> int:
     from bigtrain.planner.hardware import Cluster, parse_memory
     from bigtrain.planner.model_stats import ModelStats
     from bigtrain.planner.profile import gpu_from_profile, load_profile
-    from bigtrain.planner.search import _rank, search
+    from bigtrain.planner.ranking import rank as _rank
+    from bigtrain.planner.search import search
 
     stats = ModelStats.from_config(MODEL)
     gpu = gpu_from_profile(load_profile(args.profile), replace(CPU, memory_bytes=parse_memory(args.gpu_memory)))

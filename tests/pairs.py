@@ -77,12 +77,18 @@ class JobCase:
 
 
 def _jobs() -> tuple[JobCase, ...]:
-    from bigtrain.job import every_job
+    from bigtrain.config.schema import ModelConfig, RecipeConfig
+    from bigtrain.job import every_job, resolve_job
+    from bigtrain.models.build import load_hf_config
 
     out = []
     for job in every_job():
         facts, resolved = GEN._job_of(job.task, job.objective.name)
-        out.append(JobCase(f"{job.task.name}/{job.objective.name}", dict(job.task.example), facts, resolved.facts))
+        # the example as start-up resolves it: its config names the task's class (what the simulator reads)
+        cfg = RecipeConfig(model=ModelConfig(config=dict(job.task.example), task=job.task.name))
+        _, hf_config = resolve_job(cfg, load_hf_config(cfg.model))
+        model = {**hf_config.to_dict(), "model_type": hf_config.model_type}
+        out.append(JobCase(f"{job.task.name}/{job.objective.name}", model, facts, resolved.facts))
     return tuple(out)
 
 

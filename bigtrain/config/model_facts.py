@@ -34,11 +34,14 @@ class ModelFacts:
     ep_layout: bool = False  # transformers' base_model_ep_plan dispatches the experts (ep_dispatch_experts)
     batch_norm: bool = False  # the model normalises with BatchNorm (its statistics depend on how a batch is split)
     convolutional: bool = False  # the model has 2-D convolutions (what parallel.channels_last lays out)
+    block_linears: bool = True  # its repeated blocks hold linear layers (what LoRA adapts; a CNN's are convolutions)
 
     @classmethod
-    def of(cls, hf_config: Any, batch_norm: bool = False, convolutional: bool = False) -> ModelFacts:
-        """The facts of a model's config; what only its built model shows (BatchNorm, convolutions) as its task's
-        spec measures it (``TaskSpec.model_facts``)."""
+    def of(
+        cls, hf_config: Any, batch_norm: bool = False, convolutional: bool = False, block_linears: bool = True
+    ) -> ModelFacts:
+        """The facts of a model's config; what only its built model shows (BatchNorm, convolutions, linears in its
+        blocks) as its task's spec measures it (``TaskSpec.model_facts``)."""
         from bigtrain.config.model_parts import language_config
 
         # a classifier may have no attention, layers or vocabulary (a CNN): 0 where the config has none; a
@@ -64,4 +67,5 @@ class ModelFacts:
             ep_layout="ep_dispatch_experts" in (getattr(hf_config, "base_model_ep_plan", None) or {}).values(),
             batch_norm=batch_norm,
             convolutional=convolutional,
+            block_linears=block_linears,
         )

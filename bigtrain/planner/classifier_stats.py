@@ -108,7 +108,10 @@ def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str, tas
         adapted=_adapted(meta),
         head_params=sum(p.numel() for name in _head(meta, hf_config) for p in meta.get_submodule(name).parameters()),
         facts=ModelFacts.of(
-            hf_config, batch_norm=batch_norm, convolutional=any(isinstance(m, nn.Conv2d) for m in meta.modules())
+            hf_config,
+            batch_norm=batch_norm,
+            convolutional=any(isinstance(m, nn.Conv2d) for m in meta.modules()),
+            block_linears=bool(_adapted(meta)),
         ),
     )
 

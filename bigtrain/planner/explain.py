@@ -17,8 +17,9 @@ from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.names import describe
 from bigtrain.planner.planned import PlannedModel, planned
 from bigtrain.planner.preference import batch_words
+from bigtrain.planner.ranking import NEAR_TIE
 from bigtrain.planner.replica_sync_time import WAIT_SHARE
-from bigtrain.planner.search import COMPETITIVE, NEAR_TIE, Candidate
+from bigtrain.planner.search import COMPETITIVE, Candidate
 from bigtrain.planner.vision_stats import image_size_of
 
 SHOWN_FITTING = 8

@@ -38,8 +38,6 @@ from bigtrain.config.capabilities import (
     problems,
     with_job,
 )
-from bigtrain.config.capabilities.reference import REFERENCE
-from bigtrain.config.capabilities.replica_sync import settings_of
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, ZERO_STAGES, Plan
 from bigtrain.config.resolve import parallel_of, resolve_plan
 from bigtrain.config.schema import BACKENDS, CHECKPOINTING, GRAD_REDUCE
@@ -50,10 +48,8 @@ from bigtrain.planner.cost import TimeEstimate
 from bigtrain.planner.hardware import Cluster, size, sizes_apart
 from bigtrain.planner.memory_terms import MemoryEstimate
 from bigtrain.planner.planned import LM_MICRO_BATCHES, PlannedModel, planned
-from bigtrain.planner.replica_sync_time import WAIT_SHARE
+from bigtrain.planner.ranking import rank
 
-NEAR_TIE = 0.02
-SAME_TIME = 0.001  # steps predicted this close (a share of the fastest) take the same time
 AUTO_METHODS = ("full", "lora", "qlora")  # train.method auto: the order of preference
 COMPETITIVE = 2.0  # full fine-tuning is preferred while its step takes at most this many times an adapter plan's
 # rows at least this long get context-parallel plans weighed (shorter ones fit without; the search stays small)
@@ -129,20 +125,6 @@ class Candidate:
             "fits": fits,
             "rejected_because": reason,
         }
-
-
-def complexity(plan: Plan) -> int:
-    """How many moving parts a plan has; breaks near ties in favour of the simpler plan."""
-    score = {"ddp": 0, "fsdp2": 1, "deepspeed": 2}[plan.backend] + (plan.zero_stage == 3)
-    score += 2 * (plan.tp > 1) + 2 * (plan.pp > 1) + 2 * (plan.cp > 1) + 2 * (plan.ep > 1)
-    score += plan.dp_replicate > 1 and plan.backend == "fsdp2"
-    score += {"none": 0, "selective": 1, "full": 2}[plan.activation_checkpointing] + (plan.loss_chunk_tokens > 0)
-    # semi-synchronous training: two parts (the outer step, and a final model no every-step run gives); streaming
-    # adds none that a user tunes (a near tie goes to the shortest period instead, ``_rank``)
-    score += 2 * settings_of(plan).semi_synchronous
-    # a precomputed reference: a pass before the first step and a file beside the run; an offloaded one: PCIe copies
-    score += {"precomputed": 1, "offloaded": 3}.get(REFERENCE.of(plan), 0)
-    return score + 3 * (plan.offload_params or plan.offload_optimizer) + 2 * plan.offload_activations
 
 
 def _divisors(n: int) -> list[int]:
@@ -279,7 +261,7 @@ def search(
     With ``workload.method`` auto, every method's candidates, the preferred method's best first (``rank_methods``).
     ``model``: the job's ``PlannedModel`` (a causal LM's ``ModelStats`` is taken as its)."""
     stats = planned(model)
-    rank_apart = _rank if predict_unrunnable else list
+    rank_apart = rank if predict_unrunnable else list
     if workload.method == "auto":
         per_method, refused = [], []
         for method in AUTO_METHODS:  # a method the table refuses outright (qlora without bf16) is not a choice
@@ -292,9 +274,9 @@ def search(
         return rank_methods(per_method, rank_apart)
     if workload.compile == "auto" or workload.fp8 == "auto":
         every = [c for w in speed_workloads(workload, cluster) for c in _search_method(stats, cluster, w, fixed or {})]
-        return _rank([c for c in every if c.runnable]) + rank_apart([c for c in every if not c.runnable])
+        return rank([c for c in every if c.runnable]) + rank_apart([c for c in every if not c.runnable])
     every = _search_method(stats, cluster, workload, fixed or {})
-    return _rank([c for c in every if c.runnable]) + rank_apart([c for c in every if not c.runnable])
+    return rank([c for c in every if c.runnable]) + rank_apart([c for c in every if not c.runnable])
 
 
 def speed_workloads(workload: Workload, cluster: Cluster) -> list[Workload]:
@@ -317,7 +299,7 @@ def rank_methods(
     method of AUTO_METHODS whose best plan fits, full fine-tuning only while its step is at most COMPETITIVE times
     an adapter plan's (it trains every weight, for about 1.5x the FLOPs), LoRA before QLoRA (an exact base). When
     only offloading plans fit, the fastest of them (QLoRA's 4-bit base also moves a quarter of LoRA's bytes over
-    PCIe and keeps a quarter in host memory). The rest follow, ranked as ``_rank`` does across methods."""
+    PCIe and keeps a quarter in host memory). The rest follow, ranked as ``ranking.rank`` does across methods."""
     every = [c for ranked in per_method for c in ranked]
 
     def best(method: str, offload: bool) -> Candidate | None:
@@ -331,8 +313,8 @@ def rank_methods(
         chosen = next(c for c in in_memory if c.time.step_s <= COMPETITIVE * fastest)
     elif offloading:
         chosen = min(offloading, key=lambda c: c.time.step_s)
-    rest = _rank([c for c in every if c.runnable and c is not chosen])
-    return ([chosen] if chosen else []) + rest + (rank_apart or _rank)([c for c in every if not c.runnable])
+    rest = rank([c for c in every if c.runnable and c is not chosen])
+    return ([chosen] if chosen else []) + rest + (rank_apart or rank)([c for c in every if not c.runnable])
 
 
 def candidate(model: PlannedModel | Any, plan: Plan, cluster: Cluster, workload: Workload) -> Candidate:
@@ -434,9 +416,16 @@ def _search_method(
     out = [c for c in judged if c is not None]
     if not out:
         pins = ", ".join(f"{k}={v}" for k, v in fixed.items()) or "none"
-        if fixed:  # pins that contradict each other, the batch or the model: the words a recipe would get
+        # the words a recipe would get: pins that contradict each other, the batch or the model, or a job whose own
+        # settings every plan contradicts (LoRA on a CNN)
+        try:
             plan = resolve_plan(parallel_of(fixed), cluster.num_gpus, train)
-            check(judge_plan._setup(plan))
+        except ConfigError:
+            if fixed:
+                raise
+        else:
+            check(judge_plan._setup(plan), ALL_KINDS if fixed else ("invalid",), judge_plan.table)
+        if fixed:
             raise ConfigError(
                 f"the pins ({pins}) make a plan bigtrain train runs, but not one the planner searches: it weighs "
                 f"pp_schedule {' or '.join(PLANNED_SCHEDULES)} with one stage per rank, micro-batches "
@@ -448,53 +437,3 @@ def _search_method(
             "use a global batch that is a multiple of the GPU count, or fewer pins"
         )
     return out
-
-
-def _rejection_order(c: Candidate) -> tuple[int, int]:
-    if c.structural is not None:
-        return 2, 0
-    return ("budget" not in (c.rejected_because or "")), c.memory.budget_bytes
-
-
-def _synchronous_unless_waiting(fitting: list[Candidate]) -> list[Candidate]:
-    """The plans the choice is made among: the every-step ones, unless the fastest of them waits on the slow link
-    between replica groups for more than WAIT_SHARE of its step (``replica_sync_time``)."""
-    synchronous = [c for c in fitting if not settings_of(c.plan).semi_synchronous]
-    if not synchronous or len(synchronous) == len(fitting):
-        return fitting
-    best = synchronous[0]
-    return fitting if best.time.link_wait_s > WAIT_SHARE * best.time.step_s else synchronous
-
-
-def _rank(candidates: list[Candidate]) -> list[Candidate]:
-    """Fitting plans by predicted time (the simplest first among near ties), then the rest. Plans that offload
-    activations come after every fitting plan that does not: their PCIe copies are timed by assumption (overlap with
-    compute at the datasheet's PCIe rate), not yet measured on a GPU, so they are chosen where they make a job fit."""
-    fitting = sorted((c for c in candidates if c.fits), key=lambda c: (c.plan.offload_activations, c.time.step_s))
-    pool = _synchronous_unless_waiting(fitting)
-    if pool:
-        limit = pool[0].time.step_s * (1 + NEAR_TIE)
-        near = [
-            c for c in pool if c.time.step_s <= limit and c.plan.offload_activations == pool[0].plan.offload_activations
-        ]
-        # compile and FP8 count as moving parts too: chosen where they are faster, not on a near tie; among
-        # semi-synchronous plans of a tie, the shortest period (the closest to synchronous training); steps the
-        # model predicts as long to within SAME_TIME (a classifier's micro-batches, whose time model has no
-        # per-kernel efficiency term) go to the larger micro-batch: fewer, larger kernels
-        fastest = pool[0].time.step_s
-        best = min(
-            near,
-            key=lambda c: (
-                complexity(c.plan) + c.compile + 2 * (c.fp8 != "none"),
-                settings_of(c.plan).every if settings_of(c.plan).semi_synchronous else 0,
-                round(c.time.step_s / fastest / SAME_TIME),
-                -c.plan.micro_batch_size,
-                c.time.step_s,
-            ),
-        )
-        fitting.remove(best)
-        fitting.insert(0, best)
-    # rejected: those that only lack GPU memory first, smallest need first; then those short of host memory, the
-    # same way; then those that cannot work here whatever the memory, in the order searched (not predicted for it)
-    rejected = sorted((c for c in candidates if not c.fits), key=_rejection_order)
-    return fitting + rejected

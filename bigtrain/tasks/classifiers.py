@@ -93,16 +93,19 @@ def head_modules(hf_config: Any) -> list[str]:
 
 
 def layer_facts(hf_config: Any) -> dict[str, bool]:
-    """Whether the classifier has BatchNorm (its statistics depend on how a batch is split) and 2-D convolutions
-    (what channels-last lays out), from its model on meta."""
+    """Whether the classifier has BatchNorm (its statistics depend on how a batch is split), 2-D convolutions (what
+    channels-last lays out) and linear layers in its blocks (what LoRA adapts), from its model on meta."""
     import torch
 
+    from bigtrain.config.hf import linear_names
     from bigtrain.models.build import build_meta_model
 
-    modules = list(build_meta_model(hf_config, "auto").modules())
+    model = build_meta_model(hf_config, "auto")
+    modules = list(model.modules())
     return {
         "batch_norm": any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in modules),
         "convolutional": any(isinstance(m, torch.nn.Conv2d) for m in modules),
+        "block_linears": bool(linear_names(model)[0]),
     }
 
 
@@ -131,13 +134,7 @@ def planner(model_config: dict[str, Any], workload: Any) -> Any:
     classifier's memory and time terms (``planner/classifier_plan.py``)."""
     from bigtrain.planner.classifier_plan import classifier_model
 
-    model = classifier_model(model_config, workload)
-    if workload.method == "lora" and not model.stats.adapted:
-        raise ConfigError(
-            f"train.method=lora: {model.stats.model_type}'s blocks hold no linear layer (a CNN's are convolutions), "
-            "and LoRA here adapts linears; plan it with method full"
-        )
-    return model
+    return classifier_model(model_config, workload)
 
 
 def classifier_with_model_parallelism(s: Setup) -> str | None:

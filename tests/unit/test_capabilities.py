@@ -128,6 +128,7 @@ EXAMPLES: dict[str, Example] = {
         2, dict(dp_shard=2, ep=2, activation_checkpointing="selective"), CONVERTED_FAMILIES["deepseek_v3"]
     ),
     "qlora_computes_in_bf16": Example(2, dict(dp_shard=2), method="qlora"),
+    "adapters_without_block_linears": Example(2, dict(dp_shard=2), RESNET, images=True, method="lora"),
     "adapters_with_tp": Example(2, dict(tp=2), method="lora"),
     "adapters_with_pp": Example(2, PP2, UNTIED_4, method="lora"),
     "qlora_fsdp2_shards": Example(2, dict(dp_replicate=2), method="qlora", precision="bf16"),

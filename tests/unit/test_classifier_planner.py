@@ -134,7 +134,7 @@ def test_plan_auto_chooses_for_a_classifier_on_the_job_s_devices():
     ("kwargs", "message"),
     [
         ({"model": "resnet-50", "gpus": 3, "global_batch_size": 100}, "global_batch_size=100 does not divide over 3"),
-        ({"model": "resnet-50", "gpus": 2, "method": "lora"}, "blocks hold no linear layer"),
+        ({"model": "resnet-50", "gpus": 2, "method": "lora"}, "resnet has no linear layer in its blocks"),
         ({"model": "vit-base", "gpus": 2, "method": "qlora"}, "train.method=qlora with model.task=image-classif"),
         ({"model": "bert-base", "gpus": 2, "image_size": 224}, "image_size is for image models"),
         ({"model": "llama-3-8b", "gpus": 2, "image_size": 224}, "image_size is for image classifiers"),

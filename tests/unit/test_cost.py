@@ -15,7 +15,8 @@ from bigtrain.config.workload import Workload
 from bigtrain.planner.cost import CPU_ADAM_PARAMS_PER_S, estimate_time, model_flops_per_token
 from bigtrain.planner.hardware import GPU, Cluster
 from bigtrain.planner.model_stats import ModelStats, load_model_config
-from bigtrain.planner.search import NEAR_TIE, _rank
+from bigtrain.planner.ranking import NEAR_TIE
+from bigtrain.planner.ranking import rank as _rank
 
 GPT2 = ModelStats.from_config(load_model_config("gpt2"))
 PSI = 124_439_808  # GPT-2's parameters (tied head), the model card's 124M

@@ -17,7 +17,8 @@ from bigtrain.planner.explain import describe
 from bigtrain.planner.hardware import GiB, lookup_gpu, make_cluster, parse_memory
 from bigtrain.planner.memory import estimate_memory
 from bigtrain.planner.model_stats import ModelStats, lm_preset_names, load_model_config
-from bigtrain.planner.search import NEAR_TIE, search
+from bigtrain.planner.ranking import NEAR_TIE
+from bigtrain.planner.search import search
 
 
 def stats(name: str) -> ModelStats:

@@ -15,7 +15,8 @@ from bigtrain.planner.explain import render_table
 from bigtrain.planner.hardware import GiB, make_cluster
 from bigtrain.planner.memory_terms import host_offload_bytes
 from bigtrain.planner.model_stats import ModelStats, load_model_config
-from bigtrain.planner.search import NEAR_TIE, search
+from bigtrain.planner.ranking import NEAR_TIE
+from bigtrain.planner.search import search
 
 BUDGETS_GIB = (12, 16, 24, 32, 40, 48, 64, 80, 96, 141)
 

@@ -17,6 +17,15 @@ def qlora_computes_in_bf16(s: Setup) -> str | None:
     return None
 
 
+def adapters_without_block_linears(s: Setup) -> str | None:
+    if s.train.method in ADAPTER_METHODS and s.model is not None and not s.model.block_linears:
+        return (
+            f"train.method={s.train.method}: {s.model.model_type} has no linear layer in its blocks (a CNN's are "
+            "convolutions), and LoRA here adapts linears; train it with train.method=full"
+        )
+    return None
+
+
 def adapters_with_tp(s: Setup) -> str | None:
     if s.train.method in ADAPTER_METHODS and s.plan.tp > 1:
         return (
@@ -59,6 +68,7 @@ CAPABILITY = Capability(
     keys=("train.method", "lora.r", "lora.alpha", "lora.dropout", "lora.target_modules", "lora.modules_to_save"),
     rules=(
         row(qlora_computes_in_bf16, "invalid"),
+        row(adapters_without_block_linears, "invalid", reads_model=True),
         row(adapters_with_tp, "not_built"),
         row(adapters_with_pp, "not_built"),
         row(qlora_with_deepspeed, "not_built"),
