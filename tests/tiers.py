@@ -45,6 +45,9 @@ FULL = (
     "tests/integration/test_api_routes.py",
     "tests/integration/test_trl_dpo.py::test_the_trl_dpo_route_runs_the_plan",
     "tests/distributed/test_pair_simulation.py",
+    # bigtrain train --nproc's own check of output_dir, before any worker (a recipe that leaves train.objective out
+    # was once refused as "another recipe" on resume)
+    "tests/integration/test_checkpoint_errors.py::test_a_finished_run_started_again_says_so_and_exits_0",
 )
 
 EXTENDED = (
@@ -147,7 +150,6 @@ EXTENDED = (
     "tests/integration/test_checkpoint_export.py::test_final_model_and_export_give_the_trained_logits[qwen2-untied-fsdp2]",
     "tests/integration/test_checkpoint_export.py::test_final_model_and_export_give_the_trained_logits[llama-tp2-loss_parallel]",
     "tests/integration/test_deepspeed.py::test_the_docs_deepspeed_command_runs_as_written",
-    "tests/integration/test_checkpoint_errors.py::test_a_finished_run_started_again_says_so_and_exits_0",
     "tests/integration/test_export.py::test_the_docs_export_commands_run_as_written",
     "tests/integration/test_replica_failures.py::test_replica_groups_started_by_torchrun_as_the_docs_say",
     "tests/unit/test_planner_properties.py::test_more_memory_never_gives_a_slower_pick[llama-3-8b-64-8192-512]",

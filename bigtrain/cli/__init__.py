@@ -319,11 +319,13 @@ def _train(args: argparse.Namespace, cfg: RecipeConfig, env: LaunchEnv) -> int:
         from bigtrain.checkpoint.run_dir import plan_start
         from bigtrain.cli.launch import launch_local
         from bigtrain.config.resolve import resolve_plan
+        from bigtrain.train.start_up import resolve
 
         plan = None
         if cfg.parallel.plan != "auto":  # fail here, before starting workers
             plan = resolve_plan(cfg.parallel, job_world(args.nproc, group), cfg.train)
-        plan_start(cfg)  # a finished run (RunFinished) starts no workers
+        # a finished run (RunFinished) starts no workers; compared as the workers will, its objective resolved
+        plan_start(resolve(cfg).cfg)
         sets = [a for o in args.overrides for a in ("--set", o)]
         if group is None and plan is not None and survives_failures(plan):  # a job per replica group
             from bigtrain.cli.launch import launch_replica_groups
