@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from bigtrain.config.capabilities.reference import ROLE
 from bigtrain.config.capabilities.replica_sync import settings_of
 from bigtrain.config.capabilities.table import row, split_settings
-from bigtrain.config.setup import Setup
+from bigtrain.config.setup import TOKEN_ROWS, Setup
 from bigtrain.errors import ConfigError
 
 ROWS_PER_PAIR = 2  # its chosen and its rejected answer, each a row of its own (``data/batch.PairBatch``)
@@ -114,3 +115,37 @@ def without_log_probabilities(objective: str) -> Any:
 
 
 RULES = (row(preference_with_model_parallelism, "not_built", reads_job=True),)
+
+
+def on_pairs(objective: str) -> dict[str, Any]:
+    """The spec fields every objective on pairs shares: it reads token rows; its data are pairs, two rows each, and
+    the global batch counts pairs; its rows; its refusal of a model without log-probabilities."""
+    return dict(
+        reads=TOKEN_ROWS,
+        rows_per_example=ROWS_PER_PAIR,
+        batch_noun="pairs",
+        read_data=read_pairs,
+        synthetic=synthetic_pairs,
+        count=count_pairs,
+        rules=RULES,
+        refusal=without_log_probabilities(objective),
+    )
+
+
+def attach_reference(engine: Any, options: Any, train: Any) -> None:
+    from bigtrain.roles.reference import attach_reference as attach
+
+    attach(engine, options, train)
+
+
+def precompute_reference(*args: Any) -> None:
+    from bigtrain.roles.reference_pass import attach_precomputed
+
+    attach_precomputed(*args)
+
+
+def with_reference() -> dict[str, Any]:
+    """The spec fields of an objective measured against a reference model: the role the plan places
+    (``parallel.reference``), attached to the engine once it is built, or its log-probabilities computed in a pass
+    before the first step."""
+    return dict(roles=(ROLE,), attach=attach_reference, before_training=precompute_reference)
