@@ -1,5 +1,5 @@
 """The command line: ``bigtrain train RECIPE [--set a.b=v ...] [--nproc N]``, ``bigtrain plan ...``,
-``bigtrain export RECIPE --to accelerate|deepspeed|hf-trainer -o FILE``,
+``bigtrain prepare RECIPE``, ``bigtrain export RECIPE --to accelerate|deepspeed|hf-trainer -o FILE``,
 ``bigtrain export-model CHECKPOINT -o HF_DIR``, ``bigtrain probe [-o FILE] [--nproc N]``,
 ``bigtrain report OUTPUT_DIR`` and ``bigtrain generate OUTPUT_DIR [--prompt TEXT] [--chat]`` (also as
 ``python -m bigtrain``). Turns every ConfigError into one
@@ -28,6 +28,7 @@ from bigtrain.cli.failures import (
 )
 from bigtrain.cli.generate import add_generate_arguments, run_generate_command
 from bigtrain.cli.plan import add_plan_arguments, run_plan_command
+from bigtrain.cli.prepare import add_prepare_arguments, run_prepare_command
 from bigtrain.cli.quiet import quiet_libraries
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.errors import CheckpointNotWritten, ConfigError, RunFinished, TrainingDiverged
@@ -114,6 +115,9 @@ def _parser() -> argparse.ArgumentParser:
         help="check recipe, data, model and plan (for --nproc N ranks, else 1), print the resolved recipe and the "
         "plan, train nothing",
     )
+    add_prepare_arguments(
+        sub.add_parser("prepare", help="tokenise and pack a recipe's data into the data cache ahead of training")
+    )
     add_generate_arguments(
         sub.add_parser("generate", help="generate text with a trained model (a run's output_dir, a model or adapter)")
     )
@@ -178,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = _recipe(args)
             output_dir, timeout_s = cfg.output_dir, cfg.train.collective_timeout_s
             return _train(args, cfg, env)
+        if args.command == "prepare":
+            return run_prepare_command(args)
         if args.command == "plan":
             return run_plan_command(args)
         if args.command == "export":

@@ -86,7 +86,8 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     path: str = doc(
-        "Tokenised .npy [num_sequences, seq_len], .jsonl (one record per line), .txt, a local HF dataset (a "
+        "Tokenised .npy [num_sequences, seq_len], token .bin (flat ids of data.token_dtype, or Megatron's .bin with "
+        "its .idx), .jsonl (one record per line), .txt, a local HF dataset (a "
         "save_to_disk folder, .parquet/.arrow/.json files, a folder of them or a glob), or 'builtin:stories' "
         "(generated, no download).",
         default="builtin:stories",
@@ -130,6 +131,17 @@ class DataConfig:
         default=None,
     )
     text_field: str = doc("Field of each .jsonl object that holds the text.", default="text")
+    token_dtype: Literal["uint16", "uint32", "int32", "int64"] = doc(
+        "A flat token file (a .bin without Megatron's .idx beside it: every document's ids one after another, as "
+        "nanoGPT writes them): the dtype of its ids (a Megatron .idx names its own).",
+        default="uint16",
+    )
+    cache_dir: str | None = doc(
+        "Where records are kept tokenised and packed (built once, keyed by a fingerprint of the data files, the "
+        "tokenizer, format, packing and seq_len; every rank, restart and later run maps the same files); unset: "
+        "HF datasets' cache (HF_DATASETS_CACHE, else HF_HOME/datasets), in a bigtrain folder.",
+        default=None,
+    )
     workers: int = doc(
         "DataLoader worker processes that read (decode, tokenise, augment) the next steps' micro-batches while the "
         "current one trains, per rank; 0: read in the training process when the step asks. The order and the "

@@ -26,7 +26,10 @@ def is_glob(path: str) -> bool:
 
 
 def describe_sources() -> str:
-    return "a .npy, .jsonl, .txt, .parquet, .arrow or .json file, a folder of them, a save_to_disk folder or a glob"
+    return (
+        "a .npy, .bin (token ids; Megatron's with its .idx), .jsonl, .txt, .parquet, .arrow or .json file, a folder "
+        "of them, a save_to_disk folder or a glob"
+    )
 
 
 def check_records_path(key: str, path: str) -> None:

@@ -1,61 +1,25 @@
 """Data sources: everything becomes token rows ``[num_sequences, seq_len]``, with what each row trains on.
 
 A tokenised ``.npy`` is used as it is (memory-mapped): every next token is a target. Records (``.jsonl``, ``.txt``,
-local HF datasets, built-in) are tokenised by format (data/formats.py: text, chat, instruction) and packed into rows
-(data/packing.py: stream, documents, pad).
+local HF datasets, built-in) are read as a stream, tokenised by format (data/formats.py: text, chat, instruction) and
+packed into rows (data/packing.py: stream, documents, pad) written once into the data cache (data/cache.py), whose
+files every rank, restart and later run maps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
-from itertools import chain
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
-import torch
 
 from bigtrain.config.schema import DataConfig
-from bigtrain.data.batch import MicroBatch
 from bigtrain.data.builtin import builtin_records
-from bigtrain.data.formats import detect_format, examples
-from bigtrain.data.labels import masked_next_token_labels, next_token_labels
-from bigtrain.data.packing import pack
-from bigtrain.data.records import Record, check_records_path, describe_sources, is_glob, read_records
-from bigtrain.data.tokenizer import load_tokenizer
+from bigtrain.data.records import check_records_path, describe_sources, is_glob
+from bigtrain.data.row_cache import BUILTIN_PREFIX, megatron_rows, records_rows
+from bigtrain.data.rows import TokenRows
+from bigtrain.data.token_files import index_of, is_token_file, stream_rows
 from bigtrain.errors import ConfigError
-
-BUILTIN_PREFIX = "builtin:"
-
-
-@dataclass
-class TokenRows:
-    """Token rows plus what they train on and what they were made with (for vocabulary checks and logs)."""
-
-    rows: np.ndarray  # [num_sequences, seq_len], integer ids (a .npy stays memory-mapped)
-    vocab_size: int | None  # tokenizer vocabulary, None for pre-tokenised .npy
-    description: str
-    targets: np.ndarray | None = None  # [num_sequences, seq_len] bool, which tokens are predicted; None: all
-    positions: np.ndarray | None = None  # [num_sequences, seq_len] position ids restarting per packed document
-    index: np.ndarray | None = None  # the rows of ``rows`` these are (a split of them), in order; None: all
-    truncated: int = 0  # records longer than seq_len, cut (packing documents or pad)
-    examples: int = 0  # records read (0 for a tokenised .npy)
-
-    @property
-    def seq_len(self) -> int:
-        return int(self.rows.shape[1])
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.rows) if self.index is None else len(self.index)
-
-    def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> MicroBatch:
-        """Rows ``rows`` (0-based among these) as a host micro-batch with their labels (and position ids when
-        documents are packed); ``seen`` (where the rows sit in the global order) changes nothing in token rows."""
-        at = rows if self.index is None else self.index[rows]
-        ids = torch.from_numpy(np.asarray(self.rows[at], dtype=np.int64))
-        labels = next_token_labels(ids) if self.targets is None else masked_next_token_labels(ids, self.targets[at])
-        pos = None if self.positions is None else torch.from_numpy(np.asarray(self.positions[at], dtype=np.int64))
-        return MicroBatch(ids, labels, pos)
 
 
 def held_out_rows(num_rows: int, fraction: float, seed: int, noun: str = "rows") -> tuple[np.ndarray, np.ndarray]:
@@ -80,67 +44,51 @@ def hold_out(data: TokenRows, fraction: float, seed: int) -> tuple[TokenRows, To
 def check_data_config(cfg: DataConfig, key: str = "data.path", path: str | None = None) -> None:
     """Fail early, on every rank, for a data path that cannot work."""
     path = cfg.path if path is None else path
+    tokens = is_token_file(path) and not is_glob(path)
     if path.startswith(BUILTIN_PREFIX):
         builtin_records(path.removeprefix(BUILTIN_PREFIX), num_records=0)
+    elif tokens:
+        if not Path(path).is_file():
+            raise ConfigError(f"{key}={path!r} does not exist; give a token file (.bin) or {describe_sources()}")
     else:
         check_records_path(key, path)
     is_npy = path.endswith(".npy") and not is_glob(path)
     if not is_npy and cfg.seq_len is None:
-        raise ConfigError("data.seq_len is required for text, chat and instruction data; e.g. data.seq_len=128")
-    if is_npy and cfg.format not in ("auto", "text"):
+        what = "token files" if tokens else "text, chat and instruction data"
+        raise ConfigError(f"data.seq_len is required for {what}; e.g. data.seq_len=128")
+    if (is_npy or tokens) and cfg.format not in ("auto", "text"):
         raise ConfigError(f"{key}={path!r} is tokenised already; data.format={cfg.format} applies to records only")
     if cfg.seq_len is not None and cfg.seq_len < 2:
         raise ConfigError(f"data.seq_len={cfg.seq_len} must be at least 2 (one input and one predicted token)")
 
 
 def load_token_rows(cfg: DataConfig, key: str = "data.path", path: str | None = None) -> TokenRows:
-    """``data.path`` (or another path of the same recipe, e.g. ``data.eval_path``) as token rows."""
+    """``data.path`` (or another path of the same recipe, e.g. ``data.eval_path``) as token rows: a tokenised
+    ``.npy`` mapped as it is, records through the data cache (tokenised and packed once, then mapped)."""
     path = cfg.path if path is None else path
     check_data_config(cfg, key, path)
     if path.endswith(".npy") and not is_glob(path):
         return _load_npy(cfg, key, path)
-    tokenizer = load_tokenizer(cfg.tokenizer)
-    records: Iterable[Record]
-    if path.startswith(BUILTIN_PREFIX):
-        built = builtin_records(path.removeprefix(BUILTIN_PREFIX))
-        text = cfg.text_field  # the stories' text goes where the recipe reads text from
-        records = ((f"record {i}", {text: r["text"]} if "text" in r else r) for i, r in enumerate(built))
-    else:
-        records = read_records(key, path, cfg.text_field, cfg.split)
-    first = next(iter(records), None)
-    if first is None:
-        raise ConfigError(f"{key}={path!r} holds no records; give {describe_sources()}")
-    fmt = detect_format(first[1]) if cfg.format == "auto" else cfg.format
-    mode = cfg.packing or ("stream" if fmt == "text" else "documents")
+    if is_token_file(path) and not is_glob(path):
+        return _load_token_file(cfg, key, path)
+    return records_rows(cfg, key, path)
+
+
+def _load_token_file(cfg: DataConfig, key: str, path: str) -> TokenRows:
+    """A flat token file or a Megatron pair (data/token_files.py): stream rows are a view of the file; a Megatron
+    pair's documents packed whole are built once into the data cache."""
     assert cfg.seq_len is not None
-    packed = pack(
-        examples(chain([first], records), fmt, tokenizer, cfg.text_field, key), cfg.seq_len, mode, tokenizer.eos_id
-    )
-    num_rows = len(packed.rows)
-    if num_rows == 0:
+    mode = cfg.packing or "stream"
+    if mode == "stream":
+        rows = stream_rows(key, path, cfg.token_dtype, cfg.seq_len)
+        kind = "Megatron indexed" if index_of(path).is_file() else f"flat {cfg.token_dtype} tokens"
+        return TokenRows(rows, None, f"{path} ({kind}, {len(rows)} stream-packed rows of {cfg.seq_len})")
+    if not index_of(path).is_file():
         raise ConfigError(
-            f"{key}={path!r} gives fewer tokens than one sequence of data.seq_len={cfg.seq_len}; "
-            "use more data or a shorter data.seq_len"
+            f"{key}={path!r} is a flat token file (no {index_of(path).name} beside it): it has no document "
+            f"boundaries to pack by; use data.packing=stream, or Megatron's .bin/.idx pair for data.packing={mode}"
         )
-    if packed.targets is not None and not packed.targets[:, 1:].any():
-        raise ConfigError(
-            f"{key}={path!r}: no {fmt} example has a token to train on within data.seq_len={cfg.seq_len} (chat: no "
-            "assistant turn; instruction: empty completions, or prompts longer than seq_len); check the data or "
-            "raise data.seq_len"
-        )
-    which = f"tokenizer {cfg.tokenizer}" if cfg.tokenizer else "the built-in byte tokenizer (257 ids)"
-    cut = f", {packed.truncated} truncated to seq_len" if packed.truncated else ""
-    rows = f"{num_rows} {mode}-packed rows of {cfg.seq_len}{cut}"
-    description = f"{path} ({fmt}: {packed.examples} examples, {rows}, {which})"
-    return TokenRows(
-        packed.rows,
-        tokenizer.vocab_size,
-        description,
-        packed.targets,
-        packed.positions,
-        truncated=packed.truncated,
-        examples=packed.examples,
-    )
+    return megatron_rows(cfg, key, path, mode)
 
 
 def _load_npy(cfg: DataConfig, key: str, path: str) -> TokenRows:

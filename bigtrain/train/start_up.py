@@ -119,6 +119,8 @@ def read(resolved: Resolved, is_main: bool) -> WithData:
     if task.check is not None:
         notes += task.check(prepared.cfg, prepared.hf_config, data, resolved.attention, is_main)
     for key, part in (("data.path", data), ("data.eval_path", held_out if cfg.data.eval_path else None)):
+        if getattr(part, "cache_note", None):
+            notes.append(part.cache_note)
         if part is not None and part.truncated:
             notes.append(
                 f"{key}: {part.truncated} of {part.examples} records are longer than data.seq_len="

@@ -1,0 +1,193 @@
+"""Start-up and memory against the data's size: bigtrain (its data cache) beside TRL's ``SFTTrainer`` (its
+``datasets`` cache), on the same chat records, model and batch.
+
+    python bench/data_scale.py                          # 2k, 20k, 200k records (~25 min on 2 CPU cores)
+    python bench/data_scale.py --sizes 2000,1000000     # and the million (~1 h more)
+    python bench/data_scale.py --no-trl                 # bigtrain alone
+
+Each size: the chat demo's 2,000 conversations (``recipes/make_chat_demo.py``) repeated to N records in a ``.jsonl``,
+then for each trainer a first start (an empty cache) and a second start (the cache the first left), each a fresh
+2-process job on this machine training 2 steps of ``recipes/chat_finetune.yaml``'s shape (a tiny Llama, rows of 512
+tokens, global batch 8 = micro 2 x 2 ranks x accumulation 2): the launch-to-exit wall time, and the largest peak
+resident set of its two ranks. bigtrain runs ``bigtrain train --nproc 2`` with ``data.cache_dir`` in the bench's
+folder; TRL runs under ``torchrun --nproc-per-node 2`` with ``HF_DATASETS_CACHE`` there (its tokenised ``map`` is
+cached by ``datasets``, the main process first). Prints a Markdown table; ``--out FILE`` writes it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS, SEQ = 2, 512
+
+
+def trl_worker(data: str, model: str, out: str) -> None:
+    """One rank of TRL's SFTTrainer on the chat records (run under torchrun); rank 0 prints the ranks' peak RSS."""
+    import torch.distributed as dist
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    args = SFTConfig(
+        output_dir=out,
+        max_steps=STEPS,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_length=SEQ,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        use_cpu=True,
+        ddp_backend="gloo",
+        disable_tqdm=True,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    trainer = SFTTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model),
+        args=args,
+        train_dataset=load_dataset("json", data_files=data, split="train"),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    peak = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024]
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, peak[0])
+    if dist.get_rank() == 0:
+        print("PEAK_RSS_MIB", max(gathered), flush=True)
+
+
+def chat_records(folder: Path, n: int) -> Path:
+    """The demo's conversations repeated to ``n`` lines."""
+    lines = (folder / "demo" / "train.jsonl").read_text().splitlines()
+    path = folder / f"chat_{n}.jsonl"
+    if not path.exists():
+        with path.open("w") as f:
+            for i in range(n):
+                f.write(lines[i % len(lines)] + "\n")
+    return path
+
+
+def run_bigtrain(folder: Path, data: Path, tag: str) -> dict:
+    recipe = REPO / "recipes" / "chat_finetune.yaml"
+    sets = {
+        "model.name_or_path": folder / "demo" / "base",
+        "data.path": data,
+        "data.eval_path": "null",
+        "data.cache_dir": folder / "cache",
+        "train.steps": STEPS,
+        "train.log_to": "[]",
+        "train.eval_every": 0,
+        "checkpoint.every": 0,
+        "checkpoint.save_final_model": "false",
+        "output_dir": folder / f"run_{tag}",
+    }
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "bigtrain", "train", str(recipe), *args, "--nproc", "2"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+    )
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"bigtrain failed ({tag}):\n{proc.stderr[-3000:]}")
+    peaks = re.search(r"peak RSS per rank: ([\d, MiB]+);", proc.stderr)
+    built = re.search(r"data\.path: data cache \S+ \((built in [\d.]+ s|read)\)", proc.stderr)
+    mib = max(int(p.replace(",", "")) for p in re.findall(r"([\d,]+) MiB", peaks.group(1))) if peaks else None
+    return {"seconds": seconds, "peak_mib": mib, "cache": built.group(1) if built else "?"}
+
+
+def run_trl(folder: Path, data: Path, tag: str) -> dict:
+    env = {**os.environ, "HF_DATASETS_CACHE": str(folder / "hf_datasets"), "OMP_NUM_THREADS": "1"}
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            "29533",
+            __file__,
+            "--trl-worker",
+            str(data),
+            str(folder / "demo" / "base"),
+            str(folder / f"trl_{tag}"),
+        ],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"TRL failed ({tag}):\n{proc.stderr[-3000:]}")
+    peak = re.search(r"PEAK_RSS_MIB (\d+)", proc.stdout)
+    return {"seconds": seconds, "peak_mib": int(peak.group(1)) if peak else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="2000,20000,200000")
+    parser.add_argument("--no-trl", action="store_true")
+    parser.add_argument("--out", help="also write the table here")
+    parser.add_argument("--trl-worker", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.trl_worker:
+        trl_worker(*args.trl_worker)
+        return
+    with tempfile.TemporaryDirectory(prefix="data_scale_") as tmp:
+        folder = Path(tmp)
+        subprocess.run([sys.executable, str(REPO / "recipes" / "make_chat_demo.py"), "demo"], cwd=folder, check=True,
+                       capture_output=True)  # fmt: skip
+        rows = []
+        for n in [int(s) for s in args.sizes.split(",")]:
+            data = chat_records(folder, n)
+            size = data.stat().st_size / 2**20
+            row = {"records": n, "MB": size}
+            row["bigtrain first"] = run_bigtrain(folder, data, f"{n}_first")
+            row["bigtrain second"] = run_bigtrain(folder, data, f"{n}_second")
+            if not args.no_trl:
+                row["trl first"] = run_trl(folder, data, f"{n}_first")
+                row["trl second"] = run_trl(folder, data, f"{n}_second")
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    table = [
+        "| records (.jsonl) | bigtrain first start | bigtrain second start | bigtrain peak RSS per rank (first, second) "
+        "| TRL first start | TRL second start | TRL peak RSS per rank (first, second) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        b1, b2 = row["bigtrain first"], row["bigtrain second"]
+        cells = [
+            f"{row['records']:,} ({row['MB']:.1f} MB)",
+            f"{b1['seconds']:.1f} s (cache {b1['cache']})",
+            f"{b2['seconds']:.1f} s (cache {b2['cache']})",
+            f"{b1['peak_mib']:,}, {b2['peak_mib']:,} MiB",
+        ]
+        if "trl first" in row:
+            t1, t2 = row["trl first"], row["trl second"]
+            cells += [f"{t1['seconds']:.1f} s", f"{t2['seconds']:.1f} s", f"{t1['peak_mib']:,}, {t2['peak_mib']:,} MiB"]
+        else:
+            cells += ["–", "–", "–"]
+        table.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(table)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
