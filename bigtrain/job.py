@@ -46,6 +46,13 @@ class Job:
         return self.objective.batch_noun or ("sequences" if self.task.unit == "tokens" else self.task.unit)
 
     @property
+    def shown_metrics(self) -> tuple[str, ...]:
+        """What the progress bar and the last line show beside the loss: the objective's step metrics, their held-out
+        values, then the task's evaluation metrics (each once a step's record holds it)."""
+        shown = self.objective.shown
+        return (*shown, *(f"eval_{name}" for name in shown), *self.task.metrics)
+
+    @property
     def own_data(self) -> bool:
         """The objective reads data of its own (pairs) instead of the task's."""
         return self.objective.read_data is not None

@@ -26,6 +26,23 @@ class IndexedExamples:
     def examples(self) -> int:
         return self.num_rows
 
+    def in_classes(self, names: list[str], key: str) -> Any:
+        """These examples with their labels as indices of ``names`` (the training data's classes), which may be
+        more than theirs: a held-out set often lacks a rare class. A class of theirs outside ``names`` is refused
+        (the model has no output for it)."""
+        from dataclasses import replace
+
+        mine: list[str] = self.class_names  # type: ignore[attr-defined]
+        unknown = [name for name in mine if name not in names]
+        if unknown:
+            raise ConfigError(
+                f"{key} has the classes {unknown} that data.path has not ({names}); the model has no output for "
+                "them: evaluate on the classes trained on"
+            )
+        index = {name: i for i, name in enumerate(names)}
+        mapping = np.array([index[name] for name in mine], dtype=np.int64)
+        return replace(self, labels=mapping[self.labels], class_names=list(names))  # type: ignore[type-var]
+
     def at(self, rows: np.ndarray) -> np.ndarray:
         """The examples' own indices of ``rows`` (0-based among these)."""
         return rows if self.index is None else self.index[rows]

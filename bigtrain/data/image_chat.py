@@ -28,6 +28,7 @@ from bigtrain.config.schema import DataConfig
 from bigtrain.data.batch import ImageChatBatch
 from bigtrain.data.indexed_rows import IndexedRows
 from bigtrain.data.labels import masked_next_token_labels
+from bigtrain.data.pixels import rgb
 from bigtrain.data.processor import image_token_ids, pixel_budget, placeholder_token
 from bigtrain.data.records import check_records_path, read_records
 from bigtrain.data.tokenizer import assistant_spans, targets_in
@@ -222,13 +223,13 @@ def _opened(pictures: list[Any], root: Path | None = None, where: str = "") -> l
                 raise ConfigError(f"{where} names the image {str(picture)!r}, which does not exist ({file})")
             try:
                 with PILImage.open(file) as image:
-                    opened.append(image.convert("RGB"))
+                    opened.append(rgb(image))
             except (OSError, PILImage.DecompressionBombError) as e:
                 raise ConfigError(f"{where}: the image {str(picture)!r} cannot be read ({e})") from e
         elif isinstance(picture, dict) and "path" in picture:  # a HF Image column not decoded
             opened += _opened([picture["path"]], root, where)
         else:
-            opened.append(picture.convert("RGB") if hasattr(picture, "convert") else picture)
+            opened.append(rgb(picture) if hasattr(picture, "convert") else picture)
     return opened
 
 

@@ -24,6 +24,7 @@ import torch
 from bigtrain.config.schema import DataConfig
 from bigtrain.data.batch import ExampleBatch
 from bigtrain.data.examples import IndexedExamples, label_indices
+from bigtrain.data.pixels import rgb_array
 from bigtrain.data.synthetic_images import CLASSES, shapes
 from bigtrain.errors import ConfigError
 
@@ -240,7 +241,7 @@ def _decode(path: Path) -> np.ndarray:
     from PIL import Image
 
     with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"))
+        return rgb_array(image)
 
 
 def _hf_images(cfg: DataConfig, key: str, folder: Path, preprocessing: Preprocessing, seed: int) -> ImageExamples:
@@ -268,5 +269,5 @@ def _hf_images(cfg: DataConfig, key: str, folder: Path, preprocessing: Preproces
     images = data.select_columns([cfg.image_field])
     field = cfg.image_field
     where = f"{folder} ({len(labels)} images, {len(classes)} classes)"
-    return ImageExamples(lambda i: np.asarray(images[i][field].convert("RGB")), labels, classes, preprocessing, where,
+    return ImageExamples(lambda i: rgb_array(images[i][field]), labels, classes, preprocessing, where,
                          seed=seed)  # fmt: skip

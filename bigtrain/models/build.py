@@ -29,9 +29,14 @@ def load_hf_config(cfg: ModelConfig) -> Any:
     if cfg.name_or_path is not None:
         path = Path(cfg.name_or_path)
         if not (path / "config.json").is_file():
+            todo = "save one with model.save_pretrained(PATH) or use model.config"
+            if path.name == "model":  # where a run writes its final model: a step of a walk-through not run yet
+                todo = (
+                    f"a run writes its final model to output_dir/model: first train the recipe whose output_dir is "
+                    f"{str(path.parent)!r} (or save a model there with model.save_pretrained(PATH))"
+                )
             raise ConfigError(
-                f"model.name_or_path={cfg.name_or_path!r} is not a local HF model folder (no config.json); "
-                "save one with model.save_pretrained(PATH) or use model.config"
+                f"model.name_or_path={cfg.name_or_path!r} is not a local HF model folder (no config.json); {todo}"
             )
         key = f"model.name_or_path={cfg.name_or_path!r}"
         config = _read_config(path, key, cfg.trust_remote_code)

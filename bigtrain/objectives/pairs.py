@@ -124,6 +124,7 @@ def on_pairs(objective: str) -> dict[str, Any]:
         reads=TOKEN_ROWS,
         rows_per_example=ROWS_PER_PAIR,
         batch_noun="pairs",
+        shown=("rewards/accuracies", "rewards/margins"),
         read_data=read_pairs,
         synthetic=synthetic_pairs,
         count=count_pairs,

@@ -53,6 +53,8 @@ class ObjectiveSpec:
     rules: tuple[Any, ...] = ()
     refusal: Callable[[str], str] | None = None  # what a task whose model gives other outputs is told
     batch_noun: str = ""  # what the global batch counts where the objective's data says (pairs); "": the task's
+    # step metrics the progress bar and the last line show (with their eval_ values once evaluated), in order
+    shown: tuple[str, ...] = ()
     # the objective as TRL's DPOTrainer runs it: its DPOConfig loss_type for the recipe's train section (None: none)
     trl_dpo_loss: Callable[[Any], str] | None = None
 

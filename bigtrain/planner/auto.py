@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
-from bigtrain.planner.hardware import GPU, Cluster, GiB, lookup_gpu
+from bigtrain.planner.hardware import GPU, Cluster, lookup_gpu, size
 from bigtrain.planner.planned import PlannedModel, planned
 from bigtrain.planner.profile import gpu_from_profile
 
@@ -96,7 +96,7 @@ def predict(model: PlannedModel, plan: Plan, cluster: Cluster, workload: Workloa
     per device, and on GPUs its step time (the time model has no numbers for CPU processes)."""
     model = planned(model)
     peak = model.estimate_memory(plan, workload).total_bytes
-    words = f"predicted peak {peak / GiB:.2f} GiB per device"
+    words = f"predicted peak {size(peak, digits=2)} per device"  # a tiny run reads in MiB, not "0.00 GiB"
     if cluster.gpu.name == CPU.name:
         return words
     step_s = model.estimate_time(plan, cluster, workload).step_s

@@ -83,12 +83,9 @@ KNOWN_GPUS: dict[str, GPU] = {
 ALIASES = {"H100-80GB": "H100", "H100-SXM": "H100", "A100": "A100-80GB", "V100": "V100-32GB", "4090": "RTX4090"}
 
 
-def size(n: float) -> str:
-    """Bytes in binary units a person reads: 79.3 GiB, 512 MiB, 3.0 KiB."""
-    for unit, scale in (("TiB", 1024**4), ("GiB", GiB), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
+def size(n: float, digits: int = 1) -> str:
+    """Bytes in binary units a person reads: 79.3 GiB, 512.0 MiB, 3.0 KiB (``digits`` after the point)."""
+    return _size(n, digits)
 
 
 def sizes_apart(a: float, b: float) -> tuple[str, str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,8 @@ from bigtrain.config.schema import RecipeConfig
 from bigtrain.config.setup import Setup
 from bigtrain.errors import ConfigError
 from bigtrain.tasks.spec import Prepared
+
+log = logging.getLogger(__name__)
 
 
 def read_examples(cfg: RecipeConfig, hf_config: Any, read: Any) -> tuple[Any, Any]:
@@ -36,10 +39,16 @@ def read_examples(cfg: RecipeConfig, hf_config: Any, read: Any) -> tuple[Any, An
     held = None
     if data_cfg.eval_path is not None:
         held = read("data.eval_path", data_cfg.eval_path)
-        if held.class_names != data.class_names:
-            raise ConfigError(
-                f"data.eval_path={data_cfg.eval_path!r} has the classes {held.class_names} but data.path "
-                f"{data.class_names}; evaluate on the classes trained on"
+        missing = [name for name in data.class_names if name not in held.class_names]
+        held = held.in_classes(data.class_names, f"data.eval_path={data_cfg.eval_path!r}")
+        if missing:
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            log.info(
+                "data.eval_path has no example of %d of the %d training classes (%s): it is evaluated as it is "
+                "(macro-F1 over the classes its labels or the model's predictions hold)",
+                len(missing),
+                len(data.class_names),
+                shown,
             )
     elif data_cfg.eval_fraction > 0:
         kept, chosen = held_out_rows(data.num_rows, data_cfg.eval_fraction, cfg.train.seed, "examples")

@@ -12,7 +12,7 @@ import logging
 import math
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -43,6 +43,7 @@ class TrainResult:
     stopped: signal.Signals | None  # the signal (SIGTERM, Ctrl-C's SIGINT) that ended the run early, after a checkpoint
     checkpoint: Path | None  # the last checkpoint published (rank 0; None on other ranks)
     data_seconds: float = 0.0  # of ``seconds``, rank 0's steps waiting for their data (data.workers reads ahead)
+    metrics: dict[str, float] = field(default_factory=dict)  # the latest value of each shown metric (rank 0)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class TrainLoop:
         eval_loader: EvalLoader | None = None,
         unit: str = "tokens",
         rows_per_example: int = 1,
+        shown: tuple[str, ...] = (),
     ) -> None:
         self.cfg = cfg
         self.plan = plan
@@ -97,6 +99,7 @@ class TrainLoop:
         self.eval_loader = eval_loader
         self.unit = unit  # what throughput counts (the task's): tokens, images or examples per second
         self.rows_per_example = rows_per_example  # rows a counted example takes (the objective's: a pair is 2)
+        self.shown = shown  # metrics the bar and the last line show (Job.shown_metrics)
         self.is_main = dist.get_rank() == 0
 
     def run_step(self, step: int) -> dict:
@@ -161,7 +164,7 @@ class TrainLoop:
             else None,
         )
         writer.write_plan(self.plan)
-        progress = Progress(total, self.start.step, enabled=self.is_main, unit=self.unit)
+        progress = Progress(total, self.start.step, enabled=self.is_main, unit=self.unit, shown=self.shown)
         step, tokens = self.start.step, self.start.tokens
         stopped: signal.Signals | None = None
         data_seconds = 0.0
@@ -188,7 +191,7 @@ class TrainLoop:
                     data_seconds += record["data_s"]
                     writer.log_step(record)
                     check_finite(record, cfg.train.lr)
-                    progress.update(record["loss"], record[f"{self.unit}_per_s"], record.get("eval_loss"))
+                    progress.update(record)
                     checkpointer.poll()
                     stopped = stop.requested()
                     if stopped or step == total or checkpointer.due(step):
@@ -222,4 +225,5 @@ class TrainLoop:
             stopped,
             checkpointer.last_published,
             data_seconds,
+            progress.latest,
         )

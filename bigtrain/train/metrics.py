@@ -82,16 +82,27 @@ def _records_through(path: Path, step: int) -> list[str]:
 
 
 class Progress:
-    """A tqdm bar on rank 0 with step, loss, throughput (tokens/s, images/s or examples/s: ``unit``) and ETA (tqdm
-    computes the ETA from the step rate)."""
+    """A tqdm bar on rank 0 with step, loss, throughput (tokens/s, images/s or examples/s: ``unit``), the latest
+    evaluation loss and the job's ``shown`` metrics (``Job.shown_metrics``: a classifier's accuracy and macro-F1, a
+    preference objective's reward accuracy and margins), and ETA (tqdm computes the ETA from the step rate)."""
 
-    def __init__(self, total: int, initial: int, enabled: bool, unit: str = "tokens") -> None:
+    def __init__(
+        self, total: int, initial: int, enabled: bool, unit: str = "tokens", shown: tuple[str, ...] = ()
+    ) -> None:
         self._bar = None
+        self._unit = unit
         self._rate = {"tokens": "tok_s", "images": "img_s", "examples": "ex_s"}.get(unit, f"{unit}_s")
-        self._eval: str | None = None
+        self._shown = ("eval_loss", *shown)
+        # each shown metric's latest value: an evaluation stays in view until the next
+        self.latest: dict[str, float] = {}
+        self._lines: Any = None
         if enabled:
             from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
+            # lines logged while the bar shows (a checkpoint saved, an evaluation) go above it, not into it
+            self._lines = logging_redirect_tqdm()
+            self._lines.__enter__()
             self._bar = tqdm(
                 total=total,
                 initial=initial,
@@ -102,19 +113,21 @@ class Progress:
                 dynamic_ncols=True,
             )
 
-    def update(self, loss: float, per_s: float, eval_loss: float | None = None) -> None:
+    def update(self, record: dict[str, Any]) -> None:
+        """One step's record (what metrics.jsonl gets)."""
+        self.latest.update({k: float(record[k]) for k in self._shown if isinstance(record.get(k), int | float)})
         if self._bar is not None:
-            if eval_loss is not None:
-                self._eval = f"{eval_loss:.4f}"
-            shown = {"loss": f"{loss:.4f}", self._rate: f"{per_s:,.0f}"}
-            if self._eval is not None:  # the latest evaluation stays in view until the next
-                shown["eval_loss"] = self._eval
+            shown = {"loss": f"{record['loss']:.4f}", self._rate: f"{record[f'{self._unit}_per_s']:,.0f}"}
+            shown.update({name: f"{value:.4g}" for name, value in self.latest.items()})
             self._bar.set_postfix(shown, refresh=False)
             self._bar.update(1)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+        if self._lines is not None:
+            self._lines.__exit__(None, None, None)
+            self._lines = None
 
 
 def format_bytes(n: int) -> str:

@@ -294,6 +294,7 @@ class TrainingJob:
             evaluation,
             unit=self.job.task.unit,
             rows_per_example=self.job.objective.rows_per_example,
+            shown=self.job.shown_metrics,
         )
         result = loop.run()
         if self.env.rank == 0:
@@ -312,7 +313,8 @@ class TrainingJob:
             f"{result.tokens / result.seconds:,.0f}",
             unit,
             result.peak_mem_kind,
-            ", ".join(format_bytes(p) for p in result.peak_mem_bytes),
+            ", ".join(format_bytes(p) for p in result.peak_mem_bytes)
+            + (f"; {shown}" if (shown := ", ".join(f"{k} {v:.4g}" for k, v in result.metrics.items())) else ""),
             cfg.output_dir,
         )
         share = result.data_seconds / max(result.seconds, 1e-9)

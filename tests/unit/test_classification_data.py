@@ -4,6 +4,7 @@ for every plan, and the bad inputs that must be one line each."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -100,6 +101,54 @@ def test_an_image_folder_reads_its_classes_in_sorted_order(tmp_path):
     data = load_image_examples(DataConfig(path=str(tmp_path)), "data.path", str(tmp_path), Preprocessing(8), 0)
     assert data.class_names == ["cat", "zebra"] and list(data.labels) == [0, 0, 1]
     assert data.micro_batch(np.array([2])).inputs["pixel_values"].shape == (1, 3, 8, 8)
+
+
+def test_a_16_bit_image_is_scaled_not_clipped_and_reading_warns_nothing(tmp_path):
+    """A 16-bit grayscale PNG (a full-range ramp) reaches the model as the same ramp in 8 bits: PIL's own
+    convert("RGB") would clip it at 255, 99% white."""
+    ramp = np.linspace(0, 65535, 64 * 64).astype(np.uint16).reshape(64, 64)
+    (tmp_path / "ramp").mkdir()
+    Image.fromarray(ramp).save(tmp_path / "ramp" / "a.png")
+    _png(tmp_path / "plain" / "b.png", 10)
+    data = load_image_examples(DataConfig(path=str(tmp_path)), "data.path", str(tmp_path), Preprocessing(64), 0)
+    ramp_row = data.class_names.index("ramp")
+    pixels = np.asarray(data.read(int(np.flatnonzero(data.labels == ramp_row)[0])))
+    assert pixels.shape == (64, 64, 3) and pixels.dtype == np.uint8
+    assert (pixels == 255).mean() < 0.01 and abs(pixels.mean() - 127.5) < 1.0
+    with warnings.catch_warnings(record=True) as said:  # torch's "non-writable NumPy array", once per rank
+        warnings.simplefilter("always")
+        data.micro_batch(np.array([0, 1]))
+    assert [str(w.message) for w in said] == []
+
+
+def test_an_evaluation_folder_lacking_a_class_evaluates_and_one_with_an_unknown_class_is_one_line(tmp_path, caplog):
+    """A held-out folder without one of the training classes is common (a rare class): it is read with the training
+    classes' indices, said once; a held-out class the model has no output for is refused."""
+    import logging
+
+    from bigtrain.tasks.image_classification import read_images
+
+    for name, colour in (("ant", 10), ("bee", 120), ("cat", 240)):
+        _png(tmp_path / "train" / name / "a.png", colour)
+        _png(tmp_path / "train" / name / "b.png", colour)
+    _png(tmp_path / "eval" / "ant" / "a.png", 10)
+    _png(tmp_path / "eval" / "cat" / "a.png", 240)
+    cfg = RecipeConfig(
+        model=ModelConfig(task="image-classification", config={"model_type": "resnet"}),
+        data=DataConfig(path=str(tmp_path / "train"), eval_path=str(tmp_path / "eval"), image_size=8),
+    )
+    with caplog.at_level(logging.INFO, logger="bigtrain"):
+        data, held = read_images(cfg, None)
+    assert held.class_names == data.class_names == ["ant", "bee", "cat"]
+    assert list(held.labels) == [0, 2]  # ant and cat, as the model's outputs number them
+    said = [r.getMessage() for r in caplog.records if "no example of" in r.getMessage()]
+    assert said == [
+        "data.eval_path has no example of 1 of the 3 training classes (bee): it is evaluated as it is (macro-F1 over "
+        "the classes its labels or the model's predictions hold)"
+    ]
+    _png(tmp_path / "eval" / "dog" / "a.png", 60)
+    with pytest.raises(ConfigError, match=r"has the classes \['dog'\] that data.path has not"):
+        read_images(cfg, None)
 
 
 def test_an_image_folder_with_one_class_or_a_broken_image_is_one_line(tmp_path):
@@ -216,10 +265,13 @@ def test_synchronised_batchnorm_matches_torch_s_far_from_zero(tmp_path):
         for _ in range(2):
             x = (30 + 0.1 * torch.randn(4, 3, 5, 5)).requires_grad_()
             y = x.detach().clone().requires_grad_()
-            a, b = plain(x), synced(y)
-            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-3)
-            a.square().sum().backward()
-            b.square().sum().backward()
+            with warnings.catch_warnings(record=True) as said:  # once a deprecation warning per rank and call
+                warnings.simplefilter("always")
+                a, b = plain(x), synced(y)
+                torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-3)
+                a.square().sum().backward()
+                b.square().sum().backward()
+            assert [str(w.message) for w in said] == []
             torch.testing.assert_close(y.grad, x.grad, rtol=1e-3, atol=1e-2)
         torch.testing.assert_close(synced.running_var, plain.running_var, rtol=1e-3, atol=1e-7)
         torch.testing.assert_close(synced.running_mean, plain.running_mean)

@@ -65,6 +65,21 @@ def test_missing_recipe_file(tmp_path):
 
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO / "recipes").glob("*.yaml")))
+def test_no_shipped_recipe_needs_what_the_readme_s_install_leaves_out(recipe):
+    """The README's install (``pip install -e .``) runs every shipped recipe: a tracker (``train.log_to``) is an
+    extra a user adds with ``--set``, not a step of a walk-through that then fails on a fresh machine."""
+    import tomllib
+
+    from bigtrain.train.trackers import PACKAGES
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    base = {re.split(r"[<>=!~\[ ]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
+    log_to = load_recipe(REPO / "recipes" / recipe).train.log_to  # jsonl: metrics.jsonl alone, no package
+    needs = PACKAGES[log_to][1].split() if log_to in PACKAGES else []
+    assert all(n in base for n in needs), f"{recipe}: train.log_to={log_to} needs {needs}, an extra"
+
+
+@pytest.mark.parametrize("recipe", sorted(p.name for p in (REPO / "recipes").glob("*.yaml")))
 def test_every_shipped_recipe_resolves_for_the_workers_its_header_names(recipe):
     """Each recipe's header says how to run it (``--nproc N``); its plan must resolve for N ranks and split its
     model (tensor parallelism) as written."""

@@ -47,3 +47,15 @@ def test_trust_remote_code_runs_the_folder_s_code_and_still_refuses_to_train_it(
     with pytest.raises(ConfigError, match="is the folder's own code \\(auto_map\\), not a family transformers ships"):
         load_hf_config(ModelConfig(name_or_path=str(own_code), trust_remote_code=True))
     assert (own_code / "ran").exists()
+
+
+def test_a_run_s_final_model_not_trained_yet_says_which_run_to_train_first():
+    """docs/preference.md's DPO step reads the SFT step's final model (chat_demo/run/model): skipped, or failed, it
+    is not a bare "not a local HF model folder" but which run writes it."""
+    with pytest.raises(ConfigError) as e:
+        load_hf_config(ModelConfig(name_or_path="chat_demo/run/model"))
+    assert str(e.value) == (
+        "model.name_or_path='chat_demo/run/model' is not a local HF model folder (no config.json); a run writes its "
+        "final model to output_dir/model: first train the recipe whose output_dir is 'chat_demo/run' (or save a "
+        "model there with model.save_pretrained(PATH))"
+    )

@@ -46,3 +46,12 @@ def test_the_line_s_peak_is_the_hand_counted_model_states_where_they_are_the_pea
     words = predict(LLAMA, ddp, local_cluster(8, 8, None, 64 * GiB), short)
     assert 20 * LLAMA_3_8B_PARAMS == 160_605_224_960
     assert words == "predicted peak 149.58 GiB per device"
+
+
+def test_a_small_run_s_peak_reads_in_mib_not_zero_gib():
+    tiny = lm_model({"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2})  # fmt: skip
+    one = PLAN.but(dp_shard=1, activation_checkpointing="none")
+    words = predict(tiny, one, local_cluster(1, 1, None, 64 * GiB), Workload(seq_len=128, global_batch_size=4))
+    found = re.fullmatch(r"predicted peak ([\d.]+) MiB per device", words)
+    assert found and 0.5 < float(found[1]) < 1024, words

@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
 import torch.nn.functional as F
 from torch import nn
 
@@ -83,11 +82,11 @@ class DataParallelBatchNorm(nn.modules.batchnorm._BatchNorm):
         # two passes, as torch's own batch norm: the mean over every rank's images, then the sum of squared
         # deviations from it (E[x²] - E[x]² in fp32 would lose the variance of inputs far from zero)
         count = torch.tensor([x.numel() // channels], dtype=torch.float32, device=x.device)
-        sums = dist_fn.all_reduce(torch.cat([xf.sum(dims), count]), group=self.group)  # backward: all-reduced too
+        sums = _summed(torch.cat([xf.sum(dims), count]), self.group)  # backward: all-reduced too
         total = sums[-1]
         mean = sums[:channels] / total
         d = xf - mean.view(shape)
-        var = dist_fn.all_reduce((d * d).sum(dims), group=self.group) / total  # biased, what is normalised by
+        var = _summed((d * d).sum(dims), self.group) / total  # biased, what is normalised by
         if self.track_running_stats and self.running_mean is not None:
             with torch.no_grad():
                 momentum = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked + 1)
@@ -168,3 +167,26 @@ def keep_statistics_fp32(model: nn.Module) -> None:
             buffer = getattr(module, name)
             if buffer is not None and buffer.dtype != torch.float32:
                 setattr(module, name, buffer.float())
+
+
+class _Summed(torch.autograd.Function):
+    """The sum over ``group``'s ranks of a tensor, whose gradient is the sum of the ranks' gradients (every rank's
+    loss depends on every rank's statistics). torch's own ``torch.distributed.nn.functional.all_reduce`` does this
+    but warns on every call that it is deprecated, and its functional replacement has no backward."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        out = tensor.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        out = grad.contiguous().clone()
+        dist.all_reduce(out, group=ctx.group)
+        return out, None
+
+
+def _summed(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+    return _Summed.apply(tensor, group)
