@@ -165,8 +165,8 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     table = [
-        "| records (.jsonl) | bigtrain first start | bigtrain second start | bigtrain peak RSS per rank (first, second) "
-        "| TRL first start | TRL second start | TRL peak RSS per rank (first, second) |",
+        "| records (.jsonl) | bigtrain first start | bigtrain second start | bigtrain peak RSS per rank (first, "
+        "second) | TRL first start | TRL second start | TRL peak RSS per rank (first, second) |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:

@@ -102,7 +102,9 @@ class DataConfig:
     packing: Packing | None = doc(
         "How records become rows of seq_len: stream (concatenate and cut; documents see each other, the pre-training "
         "convention), documents (whole records packed into rows, attention kept inside each record, longer records "
-        "truncated) or pad (one record per row, padded). Unset: stream for text, documents for chat/instruction.",
+        "truncated) or pad (one record per row, padded: each micro-batch only to its longest row, a multiple of 8, "
+        "as the HF Trainer's collators do; to seq_len under pp, cp, compile or a mixture's router loss, which need "
+        "one length). Unset: stream for text, documents for chat/instruction.",
         default=None,
     )
     split: str = doc("The split of a HF dataset with several (a DatasetDict folder).", default="train")

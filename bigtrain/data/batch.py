@@ -61,6 +61,19 @@ class MicroBatch:
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.input_ids, self.labels, self.position_ids) if t is not None]
 
+    def trimmed(self, multiple: int) -> MicroBatch:
+        """The columns up to the last one that predicts a token, rounded up to ``multiple`` (at most the rows'
+        length): right padding beyond every row's last target changes no earlier position of a causal model (what
+        the HF Trainer's and TRL's collators do by padding to the longest row)."""
+        width = self.input_ids.shape[1]
+        predicting = (self.labels != IGNORE_INDEX).any(0).nonzero()
+        last = int(predicting[-1]) + 1 if len(predicting) else 1
+        keep = min(width, -(-last // multiple) * multiple)
+        if keep == width:
+            return self
+        positions = None if self.position_ids is None else self.position_ids[:, :keep]
+        return MicroBatch(self.input_ids[:, :keep], self.labels[:, :keep], positions)
+
     def without_labels(self, rows: torch.Tensor) -> MicroBatch:
         """The rows where ``rows`` ([micro_batch_size] bool) is set predict nothing (evaluation fillers)."""
         return replace(self, labels=self.labels.masked_fill(rows[:, None], IGNORE_INDEX))

@@ -37,6 +37,9 @@ class RankReader:
     cp_size: int = field(default=1, kw_only=True)
     # what the objective normalises by in a micro-batch's labels (the engine's objective.count), counted on the host
     count: Callable[[torch.Tensor], int] = field(default=labelled_positions, kw_only=True)
+    # right-padded rows (data.packing: pad): each micro-batch cut after its last predicted position, to a multiple of
+    # this (train/padding.py decides it from the plan); 0: the rows' full length
+    trim_to: int = field(default=0, kw_only=True)
 
     def _read(self, index: np.ndarray, filler: np.ndarray | None = None, seen: np.ndarray | None = None) -> StepBatch:
         return self._to_device(*self._host(index, filler, seen))
@@ -58,6 +61,8 @@ class RankReader:
             batch = self.data.micro_batch(rows, None if seen is None else seen[i])
             if filler is not None and filler[i].any():
                 batch = batch.without_labels(torch.from_numpy(filler[i]))
+            if self.trim_to:
+                batch = batch.trimmed(self.trim_to)
             if self.cp_size > 1:
                 batch = batch.sequence_slice(self.cp_rank, self.cp_size)
             micro.append(batch)

@@ -76,6 +76,7 @@ def _cached(
         truncated=meta["truncated"],
         examples=meta["examples"],
         cache_note=f"{key}: data cache {found.folder} ({how})",
+        padded=meta["mode"] == "pad",
     )
 
 

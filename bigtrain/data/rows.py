@@ -25,6 +25,7 @@ class TokenRows:
     truncated: int = 0  # records longer than seq_len, cut (packing documents or pad)
     examples: int = 0  # records read (0 for a tokenised .npy)
     cache_note: str | None = None  # where the data cache entry is and whether this start built it
+    padded: bool = False  # one example per row, right-padded (data.packing: pad): a micro-batch may be trimmed
 
     @property
     def seq_len(self) -> int:

@@ -58,6 +58,7 @@ from bigtrain.train.checks import check_offload_host_memory
 from bigtrain.train.loop import StartPoint, TrainLoop, TrainResult
 from bigtrain.train.metrics import format_bytes
 from bigtrain.train.optim import build_optimizer, build_scheduler
+from bigtrain.train.padding import trim_multiple
 from bigtrain.train.replica_groups import ReplicaGroup, job_world
 
 log = logging.getLogger("bigtrain")
@@ -258,6 +259,7 @@ class TrainingJob:
         engine, micro = self.engine, self.plan.micro_batch_size
         cp_rank, cp_size = engine.sequence_slice
         slices = dict(cp_rank=cp_rank, cp_size=cp_size)
+        trim = dict(trim_to=trim_multiple(self.data, self.plan, cfg.train, self.hf_config))
         loader = StepLoader(
             self.data,
             engine.dp_rank,
@@ -269,6 +271,7 @@ class TrainingJob:
             workers=cfg.data.workers,
             steps=cfg.train.steps,
             **slices,
+            **trim,
         )
         evaluation = None
         if self.eval_data is not None:
@@ -281,6 +284,7 @@ class TrainingJob:
                 global_batch_size=self._batch,
                 count=engine.objective.count,
                 **slices,
+                **trim,
             )
         loop = TrainLoop(
             cfg,

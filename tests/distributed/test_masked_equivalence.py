@@ -55,7 +55,8 @@ def setup(tmp_path_factory):
         (root / f"{name}.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
         encoded[name] = [hf_assistant_mask(tok, c) for c in convs]
         assert all(len(ids) == CONV_TOKENS for ids, _ in encoded[name])
-    return root, model_dir, encoded["chat"], reference_run(model_dir, encoded["chat"], encoded["eval"])
+    padded = reference_run(model_dir, encoded["chat"], encoded["eval"], per_row=1)
+    return root, model_dir, encoded["chat"], reference_run(model_dir, encoded["chat"], encoded["eval"]), padded
 
 
 def assistant_loss_sum(model, ids, mask) -> tuple[torch.Tensor, int]:
@@ -66,20 +67,20 @@ def assistant_loss_sum(model, ids, mask) -> tuple[torch.Tensor, int]:
     return loss, int(keep.sum())
 
 
-def reference_run(model_dir, encoded, held_out=()):
+def reference_run(model_dir, encoded, held_out=(), per_row=2):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.0)
-    rows = len(encoded) // 2
+    rows = len(encoded) // per_row
     metrics = []
     for step in range(STEPS):
         total = torch.zeros(())
         count = 0
         for position in range(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH):
             row = position % rows  # data.shuffle: false, file order
-            for ids, mask in encoded[2 * row : 2 * row + 2]:
+            for ids, mask in encoded[per_row * row : per_row * (row + 1)]:
                 loss, n = assistant_loss_sum(model, ids, mask)
                 total, count = total + loss, count + n
         loss = total / count
@@ -102,15 +103,19 @@ PLANS = {
     "fsdp2-2ranks-accum2": (2, dict(backend="fsdp2", micro_batch_size=2)),
     "pp2-1f1b-accum4": (2, dict(backend="fsdp2", pp=2, pp_schedule="1f1b", micro_batch_size=2)),
     "deepspeed-zero2-accum2": (2, dict(backend="deepspeed", zero_stage=2, micro_batch_size=2)),
+    # data.packing: pad, one conversation per row of 80, each micro-batch cut to its longest row (40 tokens)
+    "pad-fsdp2-2ranks-accum2": (2, dict(backend="fsdp2", micro_batch_size=2)),
 }
+PADDED = {"pad-fsdp2-2ranks-accum2"}
 
 
-def chat_recipe(root: Path, model_dir: Path, parallel: dict, out: Path) -> dict:
+def chat_recipe(root: Path, model_dir: Path, parallel: dict, out: Path, packing: str = "documents") -> dict:
+    data = {"eval_path": str(root / "eval.jsonl"), "seq_len": 2 * CONV_TOKENS, "shuffle": False, "packing": packing}
     return recipe_dict(
         out,
         root / "chat.jsonl",
         model_dir,
-        data={"eval_path": str(root / "eval.jsonl"), "seq_len": 2 * CONV_TOKENS, "shuffle": False},
+        data=data,
         train={
             "steps": STEPS,
             "global_batch_size": GLOBAL_BATCH,
@@ -128,11 +133,15 @@ def chat_recipe(root: Path, model_dir: Path, parallel: dict, out: Path) -> dict:
 @pytest.fixture(scope="module")
 def launches(setup, tmp_path_factory, request):
     """``launches(name)``: the launch that trained the plan (shared_launch.py: one per world size and engine)."""
-    root, model_dir, _, _ = setup
+    root, model_dir, _, _, _ = setup
     shared = SharedLaunches(tmp_path_factory, "chat")
     chosen = selected(request.session, "test_chat_plan_matches_assistant_only_loop", "name")
     cases = {
-        n: (launch_key(*PLANS[n]), lambda out, n=n: chat_recipe(root, model_dir, PLANS[n][1], out)) for n in chosen
+        n: (
+            launch_key(*PLANS[n]),
+            lambda out, n=n: chat_recipe(root, model_dir, PLANS[n][1], out, "pad" if n in PADDED else "documents"),
+        )
+        for n in chosen
     }
     return lambda name: shared.get(name, cases)
 
@@ -141,7 +150,9 @@ def launches(setup, tmp_path_factory, request):
     "name", [pytest.param(n, marks=pytest.mark.full) if n.startswith("deepspeed") else n for n in PLANS]
 )
 def test_chat_plan_matches_assistant_only_loop(name, setup, launches):
-    _, _, _, (reference, reference_params) = setup
+    _, _, _, (reference, reference_params), padded = setup
+    if name in PADDED:  # rows of one conversation: another global batch, so another reference
+        reference, reference_params = padded
     launched = launches(name)
     launched.check_finished()
     got = read_metrics(launched.output_dir)
@@ -159,7 +170,7 @@ def test_chat_plan_matches_assistant_only_loop(name, setup, launches):
 
 def test_the_reference_sees_a_prompt_token_in_the_loss(setup):
     """The check's power: counting one more (prompt) token per conversation moves the first loss far beyond 1e-6."""
-    _, model_dir, encoded, (reference, _) = setup
+    _, model_dir, encoded, (reference, _), _ = setup
     widened = [(ids, [1 if i == mask.index(1) - 1 else m for i, m in enumerate(mask)]) for ids, mask in encoded]
     metrics, _ = reference_run(model_dir, widened)
     assert abs(metrics[0]["loss"] / reference[0]["loss"] - 1) > 100 * LOSS_RTOL
