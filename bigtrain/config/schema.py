@@ -108,6 +108,13 @@ class DataConfig:
         default=None,
     )
     split: str = doc("The split of a HF dataset with several (a DatasetDict folder).", default="train")
+    sources: list[dict] = doc(
+        "Several sources blended by weight into one global order (instead of data.path), each a mapping: path (any "
+        "form data.path takes), and weight (shares, normalised) or epochs (how often it is seen per blended epoch; "
+        "default 1: the sources in proportion to their rows). The order is the same at any world size and resumes "
+        "at once; e.g. [{path: web.bin, weight: 0.7}, {path: code.jsonl, weight: 0.3}].",
+        default_factory=list,
+    )
     eval_path: str | None = doc(
         "Held-out data for evaluation, in any form data.path takes (same format, tokenizer and seq_len).",
         default=None,

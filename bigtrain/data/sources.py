@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from bigtrain.config.schema import DataConfig
+from bigtrain.data.blend import BlendedRows, blend, check_sources
 from bigtrain.data.builtin import builtin_records
 from bigtrain.data.records import check_records_path, describe_sources, is_glob
 from bigtrain.data.row_cache import BUILTIN_PREFIX, megatron_rows, records_rows
@@ -39,6 +40,30 @@ def hold_out(data: TokenRows, fraction: float, seed: int) -> tuple[TokenRows, To
     kept, held = held_out_rows(data.num_rows, fraction, seed)
     train = replace(data, description=f"{data.description}, {len(kept)} for training", index=kept)
     return train, replace(data, description=f"{len(held)} held-out rows", index=held)
+
+
+def load_training_rows(cfg: DataConfig, seed: int) -> TokenRows | BlendedRows:
+    """``data.path``'s rows, or the blend of ``data.sources`` (data/blend.py)."""
+    if not cfg.sources:
+        return load_token_rows(cfg)
+    check_sources(cfg.sources)
+    if cfg.path != DataConfig.path:  # type: ignore[comparison-overlap]
+        raise ConfigError(f"data.path={cfg.path!r} and data.sources are both set; give one (a source per path)")
+    if cfg.eval_fraction > 0:
+        raise ConfigError("data.eval_fraction holds out rows of one source; with data.sources give data.eval_path")
+    keys = [f"data.sources[{i}].path" for i in range(len(cfg.sources))]
+    parts = [load_token_rows(cfg, key, source["path"]) for key, source in zip(keys, cfg.sources, strict=True)]
+    names = [source["path"] for source in cfg.sources]
+    return blend(parts, names, cfg.sources, cfg.shuffle, seed)
+
+
+def parts_of(data: TokenRows | BlendedRows, cfg: DataConfig) -> list[tuple[TokenRows, str, str]]:
+    """(rows, path, key) of each source of ``data``: itself, or a blend's sources."""
+    if isinstance(data, BlendedRows):
+        return [
+            (s, n, f"data.sources[{i}].path") for i, (s, n) in enumerate(zip(data.sources, data.names, strict=True))
+        ]
+    return [(data, cfg.path, "data.path")]
 
 
 def check_data_config(cfg: DataConfig, key: str = "data.path", path: str | None = None) -> None:

@@ -255,7 +255,8 @@ class TrainingJob:
         assert self.engine is not None and self.plan is not None, "use TrainingJob as a context manager"
         cfg = self.cfg
         costs = getattr(self.data, "row_costs", None)  # rows of unequal cost (images) are dealt, not sliced
-        order = GlobalOrder(self.data.num_rows, self._batch, cfg.data.shuffle, cfg.train.seed, costs)
+        shuffle = cfg.data.shuffle and not getattr(self.data, "self_ordered", False)  # a blend orders itself
+        order = GlobalOrder(self.data.num_rows, self._batch, shuffle, cfg.train.seed, costs)
         engine, micro = self.engine, self.plan.micro_batch_size
         cp_rank, cp_size = engine.sequence_slice
         slices = dict(cp_rank=cp_rank, cp_size=cp_size)

@@ -113,6 +113,11 @@ def read(resolved: Resolved, is_main: bool) -> WithData:
     output_dir, the tracker)."""
     cfg, hf_config, job = resolved.cfg, resolved.hf_config, resolved.job
     data, held_out = job.read_data(cfg, hf_config)
+    if cfg.data.sources and not getattr(data, "self_ordered", False):  # a reader that does not blend
+        raise ConfigError(
+            f"data.sources blends token rows (a causal LM's text, chat or instruction data); this job "
+            f"(model.task {job.task.name}, train.objective {job.objective.name}) reads one source: use data.path"
+        )
     task = job.task
     prepared = task.prepare(cfg, hf_config, data) if task.prepare is not None else Prepared(cfg, hf_config)
     notes = list(prepared.notes)
