@@ -53,6 +53,11 @@ def default_cache_dir() -> Path:
     return Path(home).expanduser() / "datasets" / "bigtrain"
 
 
+def cache_dir_of(data_cfg: Any) -> Path:
+    """``data.cache_dir``, or the default (HF datasets' cache)."""
+    return Path(data_cfg.cache_dir).expanduser() if data_cfg.cache_dir else default_cache_dir()
+
+
 def files_identity(paths: list[Path]) -> list[list[Any]]:
     """Each file by its resolved path, size and modification time (what changes when a file is written again),
     without reading it: a source of a million records is fingerprinted at once."""

@@ -23,7 +23,9 @@ import torch
 
 from bigtrain.config.schema import DataConfig
 from bigtrain.data.batch import ExampleBatch
+from bigtrain.data.cache import cache_dir_of
 from bigtrain.data.examples import IndexedExamples, label_indices
+from bigtrain.data.image_index import folder_index
 from bigtrain.data.pixels import rgb_array
 from bigtrain.data.synthetic_images import CLASSES, shapes
 from bigtrain.errors import ConfigError
@@ -87,6 +89,7 @@ class ImageExamples(IndexedExamples):
     augment: bool = False
     seed: int = 0
     index: np.ndarray | None = None  # the examples these are (a split), in order; None: all
+    cache_note: str | None = None  # an image folder's index: where in the data cache, and whether built now
 
     truncated = 0
 
@@ -198,10 +201,21 @@ def load_image_examples(cfg: DataConfig, key: str, path: str, preprocessing: Pre
         )
     if (folder / "dataset_info.json").is_file() or (folder / "dataset_dict.json").is_file():
         return _hf_images(cfg, key, folder, preprocessing, seed)
-    return _image_folder(key, folder, preprocessing, seed)
+    return _image_folder(cfg, key, folder, preprocessing, seed)
 
 
-def _image_folder(key: str, folder: Path, preprocessing: Preprocessing, seed: int) -> ImageExamples:
+def _image_folder(cfg: DataConfig, key: str, folder: Path, preprocessing: Preprocessing, seed: int) -> ImageExamples:
+    """The folder's index from the data cache (data/image_index.py): listed and checked once."""
+    index = folder_index(cache_dir_of(cfg), key, folder, lambda: _list_images(key, folder))
+    where = f"{folder} ({len(index)} images, {len(index.classes)} classes)"
+    return ImageExamples(
+        lambda i: _decode(index.path(i)), index.labels, index.classes, preprocessing, where, seed=seed,
+        cache_note=index.note,
+    )  # fmt: skip
+
+
+def _list_images(key: str, folder: Path) -> tuple[list[str], list[Path], np.ndarray]:
+    """The classes (sub-folders with images, sorted), every image's path and label, each file's header checked."""
     classes = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
     files = {c: sorted(f for f in (folder / c).rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES) for c in classes}
     nested = [c for c in classes if files[c] and not any(f.parent == folder / c for f in files[c])]
@@ -223,8 +237,7 @@ def _image_folder(key: str, folder: Path, preprocessing: Preprocessing, seed: in
     labels = np.array([i for i, c in enumerate(classes) for _ in files[c]], dtype=np.int64)
     for f in paths:  # headers only: a file that is no image fails now, named, not hours into the run
         _check_image(key, f)
-    where = f"{folder} ({len(paths)} images, {len(classes)} classes)"
-    return ImageExamples(lambda i: _decode(paths[i]), labels, classes, preprocessing, where, seed=seed)
+    return classes, paths, labels
 
 
 def _check_image(key: str, path: Path) -> None:

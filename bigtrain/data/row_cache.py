@@ -59,7 +59,7 @@ def megatron_rows(cfg: DataConfig, key: str, path: str, mode: str) -> TokenRows:
 def _cached(
     cfg: DataConfig, key: str, path: str, parts: dict[str, Any], build: Callable[[Path], dict[str, Any]], which: str
 ) -> TokenRows:
-    cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else cache.default_cache_dir()
+    cache_dir = cache.cache_dir_of(cfg)
     parts = {**parts, **{name: getattr(cfg, name) for name in ROW_KEYS}}
     found = cache.entry(cache_dir, "rows", key, parts, build)
     meta = found.meta

@@ -151,6 +151,33 @@ def test_an_evaluation_folder_lacking_a_class_evaluates_and_one_with_an_unknown_
         read_images(cfg, None)
 
 
+def test_an_image_folder_s_index_is_built_once_and_rebuilt_when_an_image_comes(tmp_path, monkeypatch):
+    """Every image is listed and its header checked once, into the data cache; a later start maps the index and
+    opens no image until a step decodes it; an image added (its folder's time changes) builds the index again."""
+    import bigtrain.data.images as images
+
+    for name, colour in (("ant", 10), ("bee", 120)):
+        for k in range(3):
+            _png(tmp_path / "data" / name / f"{k}.png", colour + k)
+    checked = []
+    real_check = images._check_image
+    monkeypatch.setattr(images, "_check_image", lambda key, path: checked.append(path) or real_check(key, path))
+    cfg = DataConfig(path=str(tmp_path / "data"), cache_dir=str(tmp_path / "cache"))
+
+    def load():
+        return load_image_examples(cfg, "data.path", cfg.path, Preprocessing(8), 0)
+
+    first = load()
+    assert len(checked) == 6 and "(built in" in first.cache_note
+    second = load()
+    assert len(checked) == 6 and second.cache_note.endswith("(read)")
+    assert second.class_names == ["ant", "bee"] and list(second.labels) == [0, 0, 0, 1, 1, 1]
+    assert np.array_equal(second.read(4), first.read(4)) and second.read(4)[0, 0, 0] == 121
+    _png(tmp_path / "data" / "bee" / "3.png", 200)
+    third = load()
+    assert len(checked) == 13 and "(built in" in third.cache_note and list(third.labels) == [0, 0, 0, 1, 1, 1, 1]
+
+
 def test_an_image_folder_with_one_class_or_a_broken_image_is_one_line(tmp_path):
     _png(tmp_path / "only" / "a.png", 10)
     key = "data.path"
