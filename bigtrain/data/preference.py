@@ -14,17 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from bigtrain.config.schema import DataConfig
+from bigtrain.data import cache
 from bigtrain.data.batch import PairBatch
 from bigtrain.data.builtin import builtin_records
 from bigtrain.data.indexed_rows import IndexedRows
 from bigtrain.data.labels import masked_next_token_labels
 from bigtrain.data.records import Record, check_records_path, describe_sources, read_records
+from bigtrain.data.row_files import RowWriter, open_rows
 from bigtrain.data.tokenizer import load_tokenizer
 from bigtrain.errors import ConfigError
 
@@ -36,7 +39,7 @@ BUILTIN_PREFIX = "builtin:"
 class PreferencePairs(IndexedRows):
     """Pairs as two token arrays of one row each, what each row trains on, and the reference's log-probabilities."""
 
-    ids: np.ndarray  # [pairs, 2, seq_len] int32: chosen, rejected
+    ids: np.ndarray  # [pairs, 2, seq_len] integer ids (mapped from the data cache): chosen, rejected
     targets: np.ndarray  # [pairs, 2, seq_len] bool: the answer's tokens
     vocab_size: int
     description: str
@@ -46,6 +49,7 @@ class PreferencePairs(IndexedRows):
     truncated: int = 0  # pairs with an answer or a prompt cut
     examples: int = 0
     positions: None = None  # never packed
+    cache_note: str | None = None  # where in the data cache, and whether this start built it
 
     @property
     def seq_len(self) -> int:
@@ -136,9 +140,44 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
             f"data.packing={cfg.packing}: preference pairs are not packed (each side is one padded row, both in one "
             "micro-batch); unset data.packing"
         )
+    if path.startswith(BUILTIN_PREFIX):
+        from bigtrain.data import builtin
+
+        source: Any = ["builtin", path, cache.files_identity([Path(builtin.__file__)])]
+    else:
+        source = cache.files_identity(cache.source_files(path))
+    parts = {
+        "kind": "preference pairs",
+        "source": source,
+        "tokenizer": cache.tokenizer_identity(cfg.tokenizer),
+        **{name: getattr(cfg, name) for name in ("seq_len", "max_prompt_length", "split")},
+    }
+    found = cache.entry(cache.cache_dir_of(cfg), "pairs", key, parts, lambda out: _build(cfg, key, path, records, out))
+    meta = found.meta
+    rows = open_rows(found.folder, 2 * meta["pairs"], cfg.seq_len, meta["dtypes"])
+    shape = (meta["pairs"], 2, cfg.seq_len)
+    which = f"tokenizer {cfg.tokenizer}" if cfg.tokenizer else "the built-in byte tokenizer (257 ids)"
+    note = f", {meta['truncated']} truncated" if meta["truncated"] else ""
+    description = f"{path} (preference: {meta['pairs']} pairs, rows of {cfg.seq_len}{note}, {which})"
+    how = f"built in {found.seconds:.1f} s" if found.built else "read"
+    return PreferencePairs(
+        rows["rows"].reshape(shape),  # type: ignore[union-attr]
+        rows["targets"].reshape(shape),  # type: ignore[union-attr]
+        meta["vocab_size"],
+        description,
+        truncated=meta["truncated"],
+        examples=meta["pairs"],
+        cache_note=f"{key}: data cache {found.folder} ({how})",
+    )
+
+
+def _build(cfg: DataConfig, key: str, path: str, records: Iterable[Record], out: Path) -> dict[str, Any]:
+    """The pairs tokenised (each side one row: the chosen, then the rejected) into row files in ``out``."""
+    assert cfg.seq_len is not None
     tokenizer = load_tokenizer(cfg.tokenizer)
     seq_len, keep_prompt = cfg.seq_len, cfg.max_prompt_length
-    ids, targets, truncated, differ = [], [], 0, 0
+    writer = RowWriter(out, seq_len, tokenizer.vocab_size, targets=True, positions=False)
+    pairs, truncated, differ = 0, 0, 0
     for line, record in records:
         where = f"{key}={path!r} {line}"
         prompt, chosen, rejected = _split_prompt(where, record)
@@ -154,35 +193,24 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
                 f"data.seq_len={seq_len}; raise data.seq_len, set data.max_prompt_length (e.g. {seq_len // 2}), or "
                 "drop the record"
             )
-        pair_ids, pair_targets = [], []
+        sides = []
         for answer in answers:
             row = (prompt_ids + answer)[:seq_len]
             cut = cut or len(prompt_ids) + len(answer) > seq_len
-            padded = np.full(seq_len, tokenizer.eos_id, dtype=np.int32)
-            padded[: len(row)] = row
-            target = np.zeros(seq_len, dtype=bool)
-            target[len(prompt_ids) : len(row)] = True
-            pair_ids.append(padded)
-            pair_targets.append(target)
-        differ += not np.array_equal(pair_ids[0], pair_ids[1])
+            fill = seq_len - len(row)
+            target = [False] * len(prompt_ids) + [True] * (len(row) - len(prompt_ids)) + [False] * fill
+            sides.append((row + [tokenizer.eos_id] * fill, target))
+        for ids, target in sides:
+            writer.add(ids, target, None)
+        differ += sides[0][0] != sides[1][0]
         truncated += cut
-        ids.append(pair_ids)
-        targets.append(pair_targets)
-    if not ids:
+        pairs += 1
+    dtypes = writer.close()
+    if not pairs:
         raise ConfigError(f"{key}={path!r} holds no records; give {describe_sources()} of preference pairs")
     if differ == 0:
         raise ConfigError(
             f"{key}={path!r}: in every pair the chosen and the rejected answer are the same tokens (within "
             f"data.seq_len={seq_len}); nothing to prefer: check the data's chosen and rejected fields"
         )
-    which = f"tokenizer {cfg.tokenizer}" if cfg.tokenizer else "the built-in byte tokenizer (257 ids)"
-    note = f", {truncated} truncated" if truncated else ""
-    description = f"{path} (preference: {len(ids)} pairs, rows of {seq_len}{note}, {which})"
-    return PreferencePairs(
-        np.asarray(ids, dtype=np.int32),
-        np.asarray(targets, dtype=bool),
-        tokenizer.vocab_size,
-        description,
-        truncated=truncated,
-        examples=len(ids),
-    )
+    return {"pairs": pairs, "truncated": truncated, "vocab_size": tokenizer.vocab_size, "dtypes": dtypes}

@@ -222,3 +222,23 @@ def test_a_build_killed_half_way_is_never_read(tmp_path):
     data = load_token_rows(config(path, None, cache))
     assert "(built in" in data.cache_note and data.examples == 400_000
     assert not list(cache.glob(".*.partial"))
+
+
+def test_preference_pairs_are_built_once_then_read(tmp_path, tokenizer):
+    """Pairs: each side one row, in the cache; the second read maps what the first built (the same ids, the answer
+    alone labelled)."""
+    from bigtrain.data.preference import load_preference_pairs
+
+    path = tmp_path / "pairs.jsonl"
+    with path.open("w") as f:
+        for i in range(20):
+            f.write(json.dumps({"prompt": f"q{i} ", "chosen": "yes " * (i % 3 + 1), "rejected": "no"}) + "\n")
+    cfg = DataConfig(path=str(path), tokenizer=tokenizer, seq_len=24, cache_dir=str(tmp_path / "cache"))
+    built, read = load_preference_pairs(cfg), load_preference_pairs(cfg)
+    assert "(built in" in built.cache_note and read.cache_note.endswith("(read)")
+    assert built.ids.shape == read.ids.shape == (20, 2, 24) and np.array_equal(built.ids, read.ids)
+    batch = read.micro_batch(np.array([1]))
+    chosen = batch.input_ids[0].tolist()
+    prompt = len(load_tokenizer(tokenizer).encode_prompt("q1 "))
+    assert bytes(chosen[prompt : prompt + 8]).decode() == "yes yes "
+    assert read.targets[1, 0, :prompt].sum() == 0 and read.targets[1, 0, prompt : prompt + 9].all()
