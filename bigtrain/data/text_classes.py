@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from bigtrain.config.schema import DataConfig
+from bigtrain.data import cache
 from bigtrain.data.batch import ExampleBatch
 from bigtrain.data.builtin import ANIMALS, builtin_records
 from bigtrain.data.examples import IndexedExamples, label_indices
@@ -28,7 +29,7 @@ TEXT_PAIR_FIELD = "text_pair"
 
 @dataclass
 class TextExamples(IndexedExamples):
-    ids: list[np.ndarray]  # each example's token ids, cut at seq_len
+    ids: Any  # each example's token ids, cut at seq_len (``ids[i]``: data/text_classes.Ragged, mapped)
     labels: np.ndarray  # [num_examples] int64
     class_names: list[str]
     pad_id: int
@@ -36,6 +37,7 @@ class TextExamples(IndexedExamples):
     description: str
     index: np.ndarray | None = None
     was_cut: np.ndarray | None = None  # [num_examples] bool: the example was longer than seq_len
+    cache_note: str | None = None  # where in the data cache, and whether this start built it
 
     @property
     def truncated(self) -> int:
@@ -104,23 +106,75 @@ def load_text_examples(cfg: DataConfig, key: str, path: str, tokenizer: str | No
     else:
         check_records_path(key, path)
         records = read_records(key, path, cfg.text_field, cfg.split)
+    if path == BUILTIN_STORY_ANIMALS:
+        from bigtrain.data import builtin
+
+        source: Any = ["builtin", path, cache.files_identity([Path(builtin.__file__)])]
+    else:
+        source = cache.files_identity(cache.source_files(path))
+    parts = {
+        "kind": "text examples",
+        "source": source,
+        "tokenizer": cache.tokenizer_identity(tokenizer),
+        **{name: getattr(cfg, name) for name in ("seq_len", "text_field", "label_field", "split")},
+    }
+    build = lambda out: _build(cfg, key, path, records, tokenizer, out)  # noqa: E731
+    found = cache.entry(cache.cache_dir_of(cfg), "texts", key, parts, build)
+    meta, folder = found.meta, found.folder
+    n = meta["examples"]
+    offsets = np.memmap(folder / OFFSETS, dtype=np.int64, mode="r", shape=(n + 1,))
+    flat = np.memmap(folder / IDS, dtype=np.dtype(meta["dtype"]), mode="r") if offsets[-1] else np.zeros(0, np.int64)
+    was_cut = np.memmap(folder / CUT, dtype=np.bool_, mode="r", shape=(n,))
+    labels = np.memmap(folder / LABELS, dtype=np.int64, mode="r", shape=(n,))
+    cut = f", {int(was_cut.sum())} cut at data.seq_len={cfg.seq_len}" if was_cut.any() else ""
+    where = f"{path} ({n} examples, {len(meta['classes'])} classes{cut}, {meta['which']})"
+    how = f"built in {found.seconds:.1f} s" if found.built else "read"
+    return TextExamples(
+        Ragged(flat, offsets), labels, list(meta["classes"]), meta["pad"], meta["vocab"], where, was_cut=was_cut,
+        cache_note=f"{key}: data cache {folder} ({how})",
+    )  # fmt: skip
+
+
+IDS, OFFSETS, LABELS, CUT = "ids.bin", "offsets.bin", "labels.bin", "cut.bin"
+
+
+class Ragged:
+    """Examples of different lengths: example i is ``flat[offsets[i]:offsets[i + 1]]`` (mapped), read as int64."""
+
+    def __init__(self, flat: np.ndarray, offsets: np.ndarray) -> None:
+        self.flat, self.offsets = flat, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.asarray(self.flat[int(self.offsets[i]) : int(self.offsets[i + 1])], dtype=np.int64)
+
+
+def _build(cfg: DataConfig, key: str, path: str, records: Any, tokenizer: str | None, out: Path) -> dict[str, Any]:
+    """The records tokenised (cut at data.seq_len) into flat files in ``out``; the labels as class indices."""
+    assert cfg.seq_len is not None
     encode, pad, vocab, which = _encoder(tokenizer)
-    ids, raw, cut_at = [], [], []
-    for where, record in records:
-        for field in (cfg.text_field, cfg.label_field):
-            if field not in record:
-                raise ConfigError(f"{key}={path!r}, {where}: no {field!r} field; it has {sorted(record)}")
-        tokens = encode(str(record[cfg.text_field]), record.get(TEXT_PAIR_FIELD))
-        cut_at.append(len(tokens) > cfg.seq_len)
-        ids.append(np.asarray(tokens[: cfg.seq_len], dtype=np.int64))
-        raw.append(record[cfg.label_field])
-    if not ids:
+    dtype = np.dtype(np.uint16) if vocab <= 2**16 else np.dtype(np.uint32)
+    lengths, raw, cut_at = [0], [], []
+    with (out / IDS).open("wb") as f:
+        for where, record in records:
+            for field in (cfg.text_field, cfg.label_field):
+                if field not in record:
+                    raise ConfigError(f"{key}={path!r}, {where}: no {field!r} field; it has {sorted(record)}")
+            tokens = encode(str(record[cfg.text_field]), record.get(TEXT_PAIR_FIELD))
+            cut_at.append(len(tokens) > cfg.seq_len)
+            kept = np.asarray(tokens[: cfg.seq_len], dtype=dtype)
+            f.write(kept.tobytes())
+            lengths.append(len(kept))
+            raw.append(record[cfg.label_field])
+    if not raw:
         raise ConfigError(f"{key}={path!r} holds no records")
     classes, labels = label_indices(raw, key, cfg.label_field)
-    was_cut = np.array(cut_at, dtype=bool)
-    cut = f", {was_cut.sum()} cut at data.seq_len={cfg.seq_len}" if was_cut.any() else ""
-    where = f"{path} ({len(ids)} examples, {len(classes)} classes{cut}, {which})"
-    return TextExamples(ids, labels, classes, pad, vocab, where, was_cut=was_cut)
+    np.cumsum(np.asarray(lengths, dtype=np.int64)).tofile(out / OFFSETS)
+    np.asarray(labels, dtype=np.int64).tofile(out / LABELS)
+    np.asarray(cut_at, dtype=np.bool_).tofile(out / CUT)
+    return {"examples": len(raw), "classes": classes, "pad": pad, "vocab": vocab, "which": which, "dtype": dtype.str}
 
 
 def _animal(text: str) -> str:

@@ -242,3 +242,22 @@ def test_preference_pairs_are_built_once_then_read(tmp_path, tokenizer):
     prompt = len(load_tokenizer(tokenizer).encode_prompt("q1 "))
     assert bytes(chosen[prompt : prompt + 8]).decode() == "yes yes "
     assert read.targets[1, 0, :prompt].sum() == 0 and read.targets[1, 0, prompt : prompt + 9].all()
+
+
+def test_classifier_texts_are_built_once_then_read(tmp_path):
+    """Texts with labels: tokenised once into flat files (examples of any length), the same examples read back."""
+    from bigtrain.data.text_classes import load_text_examples
+
+    path = tmp_path / "texts.jsonl"
+    with path.open("w") as f:
+        for i in range(30):
+            f.write(json.dumps({"text": "word " * (i % 7), "label": ["neg", "pos"][i % 2]}) + "\n")
+    cfg = DataConfig(path=str(path), seq_len=16, cache_dir=str(tmp_path / "cache"))
+    built = load_text_examples(cfg, "data.path", str(path), None)
+    read = load_text_examples(cfg, "data.path", str(path), None)
+    assert "(built in" in built.cache_note and read.cache_note.endswith("(read)")
+    assert read.class_names == ["neg", "pos"] and list(read.labels[:4]) == [0, 1, 0, 1]
+    assert [len(read.ids[i]) for i in range(8)] == [0, 5, 10, 15, 16, 16, 16, 0]  # cut at seq_len
+    assert int(read.was_cut.sum()) == sum(len("word " * (i % 7)) > 16 for i in range(30))
+    batch = read.micro_batch(np.array([1, 2]))
+    assert batch.inputs["input_ids"].shape == (2, 10) and bytes(read.ids[1].tolist()) == b"word "
