@@ -68,6 +68,16 @@ def files_identity(paths: list[Path]) -> list[list[Any]]:
     return out
 
 
+def source_identity(path: str) -> list[Any]:
+    """What a data path's entry is keyed by: its files' identity, or for a built-in corpus (``builtin:NAME``,
+    generated) the generator's own file."""
+    if path.startswith("builtin:"):
+        from bigtrain.data import builtin
+
+        return ["builtin", path, files_identity([Path(builtin.__file__)])]
+    return files_identity(source_files(path))
+
+
 def source_files(path: str) -> list[Path]:
     """The files a data path reads: the file, a folder's files (recursively: a saved dataset), or a glob's."""
     import glob

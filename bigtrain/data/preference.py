@@ -140,15 +140,9 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
             f"data.packing={cfg.packing}: preference pairs are not packed (each side is one padded row, both in one "
             "micro-batch); unset data.packing"
         )
-    if path.startswith(BUILTIN_PREFIX):
-        from bigtrain.data import builtin
-
-        source: Any = ["builtin", path, cache.files_identity([Path(builtin.__file__)])]
-    else:
-        source = cache.files_identity(cache.source_files(path))
     parts = {
         "kind": "preference pairs",
-        "source": source,
+        "source": cache.source_identity(path),
         "tokenizer": cache.tokenizer_identity(cfg.tokenizer),
         **{name: getattr(cfg, name) for name in ("seq_len", "max_prompt_length", "split")},
     }

@@ -36,16 +36,12 @@ ROW_KEYS = ("format", "packing", "seq_len", "text_field", "split")
 
 def records_rows(cfg: DataConfig, key: str, path: str) -> TokenRows:
     """Records (``.jsonl``, ``.txt``, a local HF dataset, a built-in corpus) tokenised by format and packed."""
-    if path.startswith(BUILTIN_PREFIX):
-        from bigtrain import __version__
-        from bigtrain.data import builtin
-
-        # generated: the generator's code decides the records
-        source: Any = ["builtin", path, __version__, cache.files_identity([Path(builtin.__file__)])]
-    else:
-        source = cache.files_identity(cache.source_files(path))
     which = f"tokenizer {cfg.tokenizer}" if cfg.tokenizer else "the built-in byte tokenizer (257 ids)"
-    parts = {"kind": "token rows", "source": source, "tokenizer": cache.tokenizer_identity(cfg.tokenizer)}
+    parts = {
+        "kind": "token rows",
+        "source": cache.source_identity(path),
+        "tokenizer": cache.tokenizer_identity(cfg.tokenizer),
+    }
     return _cached(cfg, key, path, parts, lambda folder: _build_records(cfg, key, path, folder), which)
 
 

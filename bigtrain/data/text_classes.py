@@ -106,15 +106,9 @@ def load_text_examples(cfg: DataConfig, key: str, path: str, tokenizer: str | No
     else:
         check_records_path(key, path)
         records = read_records(key, path, cfg.text_field, cfg.split)
-    if path == BUILTIN_STORY_ANIMALS:
-        from bigtrain.data import builtin
-
-        source: Any = ["builtin", path, cache.files_identity([Path(builtin.__file__)])]
-    else:
-        source = cache.files_identity(cache.source_files(path))
     parts = {
         "kind": "text examples",
-        "source": source,
+        "source": cache.source_identity(path),
         "tokenizer": cache.tokenizer_identity(tokenizer),
         **{name: getattr(cfg, name) for name in ("seq_len", "text_field", "label_field", "split")},
     }
