@@ -82,3 +82,24 @@ def test_npy_width_must_match_seq_len(tmp_path):
     save_rows(tmp_path / "f.npy", np.zeros((4, 9), dtype=np.float32))
     with pytest.raises(ConfigError, match="must be integer ids"):
         load_token_rows(DataConfig(path=str(tmp_path / "f.npy")))
+
+
+def test_a_resume_onto_another_world_size_mid_epoch_reads_every_row_once(tmp_path):
+    """Steps 0-4 on 2 ranks (micro-batch 2, accumulation 2), then a resume at step 5 on 4 ranks (micro-batch 1, no
+    accumulation), shuffled: the epoch's rows are each read exactly once."""
+    import torch
+
+    from bigtrain.data.loader import StepLoader
+
+    rows = 96
+    ids = np.repeat(np.arange(rows, dtype=np.int64)[:, None], 4, axis=1)
+    np.save(tmp_path / "rows.npy", ids)
+    data = load_token_rows(DataConfig(path=str(tmp_path / "rows.npy")))
+    order = GlobalOrder(rows, 8, shuffle=True, seed=5)
+    seen = []
+    for step in range(12):  # 12 steps of 8 rows: one epoch
+        ranks, micro = (2, 2) if step < 5 else (4, 1)
+        for rank in range(ranks):
+            loader = StepLoader(data, rank, ranks, micro, torch.device("cpu"), order=order)
+            seen += [int(r) for m in loader(step).micro_batches for r in m.input_ids[:, 0]]
+    assert sorted(seen) == list(range(rows))
