@@ -4,6 +4,7 @@
     python bench/data_scale.py                          # 2k, 20k, 200k records (~25 min on 2 CPU cores)
     python bench/data_scale.py --sizes 2000,1000000     # and the million (~1 h more)
     python bench/data_scale.py --no-trl                 # bigtrain alone
+    python bench/data_scale.py --prepare                # and the cache build alone, on 1 CPU and on all
 
 Each size: the chat demo's 2,000 conversations (``recipes/make_chat_demo.py``) repeated to N records in a ``.jsonl``,
 then for each trainer a first start (an empty cache) and a second start (the cache the first left), each a fresh
@@ -85,7 +86,7 @@ def run_bigtrain(folder: Path, data: Path, tag: str) -> dict:
         "data.eval_path": "null",
         "data.cache_dir": folder / "cache",
         "train.steps": STEPS,
-        "train.log_to": "[]",
+        "train.log_to": "jsonl",
         "train.eval_every": 0,
         "checkpoint.every": 0,
         "checkpoint.save_final_model": "false",
@@ -106,6 +107,22 @@ def run_bigtrain(folder: Path, data: Path, tag: str) -> dict:
     built = re.search(r"data\.path: data cache \S+ \((built in [\d.]+ s|read)\)", proc.stderr)
     mib = max(int(p.replace(",", "")) for p in re.findall(r"([\d,]+) MiB", peaks.group(1))) if peaks else None
     return {"seconds": seconds, "peak_mib": mib, "cache": built.group(1) if built else "?"}
+
+
+def run_prepare(folder: Path, data: Path, tag: str, cpus: str | None) -> float:
+    """``bigtrain prepare`` into an empty cache, on the CPUs ``cpus`` (taskset's list; None: every one)."""
+    recipe = REPO / "recipes" / "chat_finetune.yaml"
+    sets = {"model.name_or_path": folder / "demo" / "base", "data.path": data, "data.eval_path": "null",
+            "data.cache_dir": folder / f"prepare_{tag}", "train.eval_every": 0}  # fmt: skip
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    command = [sys.executable, "-m", "bigtrain", "prepare", str(recipe), *args]
+    start = time.perf_counter()
+    proc = subprocess.run(
+        (["taskset", "-c", cpus] if cpus else []) + command, cwd=folder, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"bigtrain prepare failed ({tag}):\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - start
 
 
 def run_trl(folder: Path, data: Path, tag: str) -> dict:
@@ -142,6 +159,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="2000,20000,200000")
     parser.add_argument("--no-trl", action="store_true")
+    parser.add_argument("--prepare", action="store_true", help="also time bigtrain prepare on 1 CPU and on all")
     parser.add_argument("--out", help="also write the table here")
     parser.add_argument("--trl-worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -157,6 +175,9 @@ def main() -> None:
             data = chat_records(folder, n)
             size = data.stat().st_size / 2**20
             row = {"records": n, "MB": size}
+            if args.prepare:  # the build alone: one CPU against every CPU of the machine
+                row["prepare 1 cpu"] = run_prepare(folder, data, f"{n}_1cpu", "0")
+                row["prepare all cpus"] = run_prepare(folder, data, f"{n}_all", None)
             row["bigtrain first"] = run_bigtrain(folder, data, f"{n}_first")
             row["bigtrain second"] = run_bigtrain(folder, data, f"{n}_second")
             if not args.no_trl:
@@ -183,6 +204,9 @@ def main() -> None:
         else:
             cells += ["–", "–", "–"]
         table.append("| " + " | ".join(cells) + " |")
+    if args.prepare:
+        table += ["", "| records | bigtrain prepare, 1 CPU | bigtrain prepare, every CPU |", "|---|---|---|"]
+        table += [f"| {r['records']:,} | {r['prepare 1 cpu']:.1f} s | {r['prepare all cpus']:.1f} s |" for r in rows]
     text = "\n".join(table)
     print(text)
     if args.out:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from bigtrain.errors import ConfigError
+
+log = logging.getLogger(__name__)  # said by rank 0 (the CLI's logging), once
 
 # bump when what a build writes changes (files, dtypes, packing rules): older entries are then never read
 DATA_FORMAT_VERSION = 1
@@ -115,6 +117,12 @@ class Entry:
     built: bool  # built by this process now (False: it was there, or another process built it while we waited)
     seconds: float  # spent building or waiting
 
+    def said(self) -> str:
+        """How this start came by it, for the start-up's line."""
+        if self.built:
+            return f"built in {self.seconds:.1f} s"
+        return f"built by another process, waited {self.seconds:.1f} s" if self.seconds else "read"
+
 
 def entry(
     cache_dir: Path, kind: str, key: str, parts: dict[str, Any], build: Callable[[Path], dict[str, Any]]
@@ -171,7 +179,7 @@ def _locked(path: Path, key: str) -> Iterator[None]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"bigtrain: {key}: waiting for another process building its data cache", file=sys.stderr)
+            log.info("%s: waiting for another process building its data cache", key)
             fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

@@ -73,12 +73,11 @@ def folder_index(
     n = found.meta["images"]
     blob_size = (found.folder / PATHS).stat().st_size
     blob = np.memmap(found.folder / PATHS, dtype=np.uint8, mode="r") if blob_size else np.zeros(0, np.uint8)
-    how = f"built in {found.seconds:.1f} s" if found.built else "read"
     return FolderIndex(
         folder,
         list(found.meta["classes"]),
         np.memmap(found.folder / LABELS, dtype=np.int64, mode="r", shape=(n,)),
         blob,
         np.memmap(found.folder / OFFSETS, dtype=np.int64, mode="r", shape=(n + 1,)),
-        f"{key}: data cache {found.folder} ({how})",
+        f"{key}: data cache {found.folder} ({found.said()})",
     )

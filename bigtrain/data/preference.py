@@ -153,7 +153,6 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
     which = f"tokenizer {cfg.tokenizer}" if cfg.tokenizer else "the built-in byte tokenizer (257 ids)"
     note = f", {meta['truncated']} truncated" if meta["truncated"] else ""
     description = f"{path} (preference: {meta['pairs']} pairs, rows of {cfg.seq_len}{note}, {which})"
-    how = f"built in {found.seconds:.1f} s" if found.built else "read"
     return PreferencePairs(
         rows["rows"].reshape(shape),  # type: ignore[union-attr]
         rows["targets"].reshape(shape),  # type: ignore[union-attr]
@@ -161,7 +160,7 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
         description,
         truncated=meta["truncated"],
         examples=meta["pairs"],
-        cache_note=f"{key}: data cache {found.folder} ({how})",
+        cache_note=f"{key}: data cache {found.folder} ({found.said()})",
     )
 
 

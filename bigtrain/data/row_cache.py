@@ -62,7 +62,6 @@ def _cached(
     arrays = open_rows(found.folder, meta["num_rows"], meta["seq_len"], meta["dtypes"])
     cut = f", {meta['truncated']} truncated to seq_len" if meta["truncated"] else ""
     rows = f"{meta['num_rows']} {meta['mode']}-packed rows of {meta['seq_len']}{cut}"
-    how = f"built in {found.seconds:.1f} s" if found.built else "read"
     return TokenRows(
         arrays["rows"],  # type: ignore[arg-type]
         meta["vocab_size"],
@@ -71,7 +70,7 @@ def _cached(
         arrays["positions"],
         truncated=meta["truncated"],
         examples=meta["examples"],
-        cache_note=f"{key}: data cache {found.folder} ({how})",
+        cache_note=f"{key}: data cache {found.folder} ({found.said()})",
         padded=meta["mode"] == "pad",
     )
 

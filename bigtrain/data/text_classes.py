@@ -122,10 +122,9 @@ def load_text_examples(cfg: DataConfig, key: str, path: str, tokenizer: str | No
     labels = np.memmap(folder / LABELS, dtype=np.int64, mode="r", shape=(n,))
     cut = f", {int(was_cut.sum())} cut at data.seq_len={cfg.seq_len}" if was_cut.any() else ""
     where = f"{path} ({n} examples, {len(meta['classes'])} classes{cut}, {meta['which']})"
-    how = f"built in {found.seconds:.1f} s" if found.built else "read"
     return TextExamples(
         Ragged(flat, offsets), labels, list(meta["classes"]), meta["pad"], meta["vocab"], where, was_cut=was_cut,
-        cache_note=f"{key}: data cache {folder} ({how})",
+        cache_note=f"{key}: data cache {folder} ({found.said()})",
     )  # fmt: skip
 
 
