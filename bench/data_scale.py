@@ -5,6 +5,7 @@
     python bench/data_scale.py --sizes 2000,1000000     # and the million (~1 h more)
     python bench/data_scale.py --no-trl                 # bigtrain alone
     python bench/data_scale.py --prepare                # and the cache build alone, on 1 CPU and on all
+    python bench/data_scale.py --sizes '' --images 2000,200000 --corpus 2000,1000000   # image folders, corpora
 
 Each size: the chat demo's 2,000 conversations (``recipes/make_chat_demo.py``) repeated to N records in a ``.jsonl``,
 then for each trainer a first start (an empty cache) and a second start (the cache the first left), each a fresh
@@ -79,15 +80,23 @@ def chat_records(folder: Path, n: int) -> Path:
 
 
 def run_bigtrain(folder: Path, data: Path, tag: str) -> dict:
-    recipe = REPO / "recipes" / "chat_finetune.yaml"
     sets = {
         "model.name_or_path": folder / "demo" / "base",
         "data.path": data,
         "data.eval_path": "null",
         "data.cache_dir": folder / "cache",
+        "train.eval_every": 0,
+    }
+    return run_recipe(folder, REPO / "recipes" / "chat_finetune.yaml", sets, tag)
+
+
+def run_recipe(folder: Path, recipe: Path, sets: dict, tag: str) -> dict:
+    """``bigtrain train RECIPE --nproc 2`` for STEPS steps, nothing saved: wall time, the ranks' largest peak RSS,
+    and how the start came by data.path's cache entry."""
+    sets = {
+        **sets,
         "train.steps": STEPS,
         "train.log_to": "jsonl",
-        "train.eval_every": 0,
         "checkpoint.every": 0,
         "checkpoint.save_final_model": "false",
         "output_dir": folder / f"run_{tag}",
@@ -104,9 +113,46 @@ def run_bigtrain(folder: Path, data: Path, tag: str) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"bigtrain failed ({tag}):\n{proc.stderr[-3000:]}")
     peaks = re.search(r"peak RSS per rank: ([\d, MiB]+);", proc.stderr)
-    built = re.search(r"data\.path: data cache \S+ \((built in [\d.]+ s|read)\)", proc.stderr)
+    built = re.search(r"data(?:\.path|\.sources\[0\]\.path): data cache \S+ \(([^)]*)\)", proc.stderr)
     mib = max(int(p.replace(",", "")) for p in re.findall(r"([\d,]+) MiB", peaks.group(1))) if peaks else None
-    return {"seconds": seconds, "peak_mib": mib, "cache": built.group(1) if built else "?"}
+    return {"seconds": seconds, "peak_mib": mib, "cache": built.group(1) if built else "none: mapped as it is"}
+
+
+def image_folder(folder: Path, n: int) -> Path:
+    """``n`` small PNGs (32 px, a colour per class) in 10 class folders."""
+    from PIL import Image
+
+    root = folder / f"images_{n}"
+    for i in range(n):
+        path = root / f"class_{i % 10}" / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (32, 32), (25 * (i % 10), 7 * (i % 37), 3 * (i % 83))).save(path)
+    return root
+
+
+def run_images(folder: Path, n: int) -> dict:
+    root = image_folder(folder, n)
+    sets = {"data.path": root, "data.eval_fraction": 0.0, "train.eval_every": 0, "data.cache_dir": folder / "cache"}
+    recipe = REPO / "recipes" / "image_classifier.yaml"
+    first = run_recipe(folder, recipe, sets, f"images_{n}_first")
+    return {"images": n, "first": first, "second": run_recipe(folder, recipe, sets, f"images_{n}_second")}
+
+
+def run_corpus(folder: Path, n: int) -> dict:
+    """A pre-training corpus of ``n`` rows of 128 tokens in two flat uint16 token files (70% and 30% of the rows),
+    blended by those weights, trained on the quick start's model."""
+    import numpy as np
+
+    paths = []
+    for name, share in (("web", 0.7), ("code", 0.3)):
+        rows = max(1, round(share * n))
+        path = folder / f"{name}_{n}.bin"
+        np.random.default_rng(rows).integers(0, 257, size=rows * 128, dtype=np.uint16).tofile(path)
+        paths.append(f"{{path: {path}, weight: {share}}}")
+    sets = {"data.sources": f"[{', '.join(paths)}]", "data.seq_len": 128, "data.cache_dir": folder / "cache"}
+    recipe = REPO / "recipes" / "quickstart.yaml"
+    first = run_recipe(folder, recipe, sets, f"corpus_{n}_first")
+    return {"rows": n, "first": first, "second": run_recipe(folder, recipe, sets, f"corpus_{n}_second")}
 
 
 def run_prepare(folder: Path, data: Path, tag: str, cpus: str | None) -> float:
@@ -160,6 +206,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="2000,20000,200000")
     parser.add_argument("--no-trl", action="store_true")
     parser.add_argument("--prepare", action="store_true", help="also time bigtrain prepare on 1 CPU and on all")
+    parser.add_argument("--images", default="", help="image folders of these many PNGs, e.g. 2000,200000")
+    parser.add_argument("--corpus", default="", help="blended token corpora of these many rows, e.g. 2000,1000000")
     parser.add_argument("--out", help="also write the table here")
     parser.add_argument("--trl-worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -170,8 +218,14 @@ def main() -> None:
         folder = Path(tmp)
         subprocess.run([sys.executable, str(REPO / "recipes" / "make_chat_demo.py"), "demo"], cwd=folder, check=True,
                        capture_output=True)  # fmt: skip
-        rows = []
-        for n in [int(s) for s in args.sizes.split(",")]:
+        rows, images, corpora = [], [], []
+        for n in [int(s) for s in args.images.split(",") if s]:
+            images.append(run_images(folder, n))
+            print(json.dumps(images[-1]), flush=True)
+        for n in [int(s) for s in args.corpus.split(",") if s]:
+            corpora.append(run_corpus(folder, n))
+            print(json.dumps(corpora[-1]), flush=True)
+        for n in [int(s) for s in args.sizes.split(",") if s]:
             data = chat_records(folder, n)
             size = data.stat().st_size / 2**20
             row = {"records": n, "MB": size}
@@ -185,11 +239,15 @@ def main() -> None:
                 row["trl second"] = run_trl(folder, data, f"{n}_second")
             rows.append(row)
             print(json.dumps(row), flush=True)
-    table = [
-        "| records (.jsonl) | bigtrain first start | bigtrain second start | bigtrain peak RSS per rank (first, "
-        "second) | TRL first start | TRL second start | TRL peak RSS per rank (first, second) |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    table = (
+        []
+        if not rows
+        else [
+            "| records (.jsonl) | bigtrain first start | bigtrain second start | bigtrain peak RSS per rank (first, "
+            "second) | TRL first start | TRL second start | TRL peak RSS per rank (first, second) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+    )
     for row in rows:
         b1, b2 = row["bigtrain first"], row["bigtrain second"]
         cells = [
@@ -204,6 +262,19 @@ def main() -> None:
         else:
             cells += ["–", "–", "–"]
         table.append("| " + " | ".join(cells) + " |")
+    for title, found, what in (
+        ("images (PNG folder)", images, "images"),
+        ("rows of 128 tokens, 2 sources", corpora, "rows"),
+    ):
+        if found:
+            table += ["", f"| {title} | first start | second start | peak RSS per rank (first, second) |"]
+            table += ["|---|---|---|---|"]
+            for r in found:
+                a, b = r["first"], r["second"]
+                table.append(
+                    f"| {r[what]:,} | {a['seconds']:.1f} s (cache {a['cache']}) | {b['seconds']:.1f} s (cache "
+                    f"{b['cache']}) | {a['peak_mib']:,}, {b['peak_mib']:,} MiB |"
+                )
     if args.prepare:
         table += ["", "| records | bigtrain prepare, 1 CPU | bigtrain prepare, every CPU |", "|---|---|---|"]
         table += [f"| {r['records']:,} | {r['prepare 1 cpu']:.1f} s | {r['prepare all cpus']:.1f} s |" for r in rows]

@@ -80,8 +80,8 @@ def test_accelerate_launch_with_an_exported_config(nproc_run, tmp_path):
 
 @pytest.mark.full  # 40 s: the README's main job as written; the default tier runs its launch paths on short recipes
 def test_quickstart_loss_falls_fast_on_two_workers(tmp_path):
-    """The README's quick start as it is written (after the installs CI does): FSDP2 on 2 CPU workers, loss down well
-    over 20% in under 3 minutes."""
+    """The README's quick start as it is written (after the installs CI does): FSDP2 on 2 CPU workers, the loss the
+    README says (5.8 -> about 0.4: 0.36-0.42 measured over seeds 0-3 and with 2% held out) in under 3 minutes."""
     assert shutil.which("bigtrain"), "the bigtrain console script is installed"
     install, train = docs_commands("quickstart")[0].rsplit(" && ", 1)
     assert install == "pip install torch==2.13.0 && pip install -c constraints.txt -e ."
@@ -92,7 +92,7 @@ def test_quickstart_loss_falls_fast_on_two_workers(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = read_metrics(tmp_path / "qs")
     first, last = metrics[0]["loss"], metrics[-1]["loss"]
-    assert last < 0.5 * first, (first, last)
+    assert first > 5.5 and last < 0.5, (first, last)
     assert elapsed < 180, f"quickstart took {elapsed:.0f}s"
     for key in ("step", "loss", "grad_norm", "lr", "tokens_per_s", "peak_mem_bytes"):
         assert key in metrics[-1]
