@@ -60,6 +60,8 @@ def _cp_attention(s: Setup) -> str | None:
 
 CAPABILITY = Capability(
     name="context_parallel",
+    # each row is split in equal slices over the cp ranks
+    one_length=lambda plan, train, hf_config: plan.cp > 1,
     summary="context parallelism: each row's sequence split over cp ranks, all-to-all around the attention",
     keys=("parallel.cp",),
     rules=(

@@ -35,6 +35,8 @@ def fp8_with_adapters(s: Setup) -> str | None:
 
 CAPABILITY = Capability(
     name="fp8",
+    # FP8 matmuls want dimensions divisible by 16
+    length_multiple=lambda plan, train: 16 if train.fp8 not in ("none", "auto") else 1,
     summary="FP8 linears (torchao float8 training, tensorwise or rowwise), FP8 all-gather under FSDP2",
     keys=("train.fp8",),
     rules=(

@@ -135,6 +135,8 @@ def _pp_enough_micro_batches(s: Setup) -> str | None:
 
 CAPABILITY = Capability(
     name="pipeline",
+    # its stages' shapes are fixed at the first step
+    one_length=lambda plan, train, hf_config: plan.pp > 1,
     summary="pipeline parallelism from transformers' base_model_pp_plan: GPipe, 1F1B, interleaved 1F1B, looped BFS",
     keys=("parallel.pp", "parallel.pp_schedule", "parallel.pp_virtual_stages"),
     rules=(

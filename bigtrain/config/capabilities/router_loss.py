@@ -19,6 +19,8 @@ def router_loss_with_pp_or_cp(s: Setup) -> str | None:
 
 CAPABILITY = Capability(
     name="router_loss",
+    # a mean over a forward's tokens, padding included, as transformers computes it: a cut would change it
+    one_length=lambda plan, train, hf_config: bool(getattr(hf_config, "output_router_logits", False)),
     summary="the router's load-balancing loss of a mixture of experts (output_router_logits)",
     keys=("model.config.output_router_logits",),
     rules=(row(router_loss_with_pp_or_cp, "not_built", reads_model=True),),

@@ -170,7 +170,10 @@ class Capability:
     - ``engine``: the module whose ``wrap(engine, options, train)`` wraps the engine a plan of it runs on (replica
       groups that synchronise every H steps), as ``ModelStep.code`` names code of a higher layer;
     - ``export_note``: given an export target and the plan, the line that says what the target cannot express of it
-      (appended to the export's notes), or None.
+      (appended to the export's notes), or None;
+    - ``one_length``: given the plan, the recipe's train section and the model's config, whether it needs every
+      micro-batch of one length (right-padded rows are then not cut to their longest: ``train/padding.py``);
+    - ``length_multiple``: given the plan and the train section, the multiple a cut micro-batch's length must be.
     """
 
     name: str
@@ -187,6 +190,8 @@ class Capability:
     explain: Callable[[Any, list[Any], Any], list[str]] | None = None
     engine: str | None = None
     export_note: Callable[[str, Plan], str | None] | None = None
+    one_length: Callable[[Plan, Any, Any], bool] | None = None
+    length_multiple: Callable[[Plan, Any], int] | None = None
 
 
 def split_settings(plan: Plan) -> tuple[tuple[str, Any, Any], ...]:

@@ -142,6 +142,8 @@ def _companions(plans: list[Plan], space: SearchSpace) -> list[Plan]:
 
 CAPABILITY = Capability(
     name="tensor_parallel",
+    # sequence parallelism splits the sequence over the tp ranks
+    length_multiple=lambda plan, train: plan.tp if plan.sequence_parallel else 1,
     summary="tensor parallelism from transformers' base_model_tp_plan, with vocabulary-parallel loss and sequence "
     "parallelism",
     keys=("parallel.tp", "parallel.loss_parallel", "parallel.sequence_parallel"),

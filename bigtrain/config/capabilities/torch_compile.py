@@ -17,6 +17,8 @@ def compile_with_deepspeed(s: Setup) -> str | None:
 
 CAPABILITY = Capability(
     name="compile",
+    # a new length would compile again
+    one_length=lambda plan, train, hf_config: train.compile is True,
     summary="torch.compile of the decoder blocks and the loss",
     keys=("train.compile",),
     rules=(row(compile_with_deepspeed, "not_built"),),
