@@ -24,6 +24,7 @@ from bigtrain.data import TokenRows, load_token_rows
 from bigtrain.data.labels import IGNORE_INDEX
 from bigtrain.data.order import GlobalOrder
 from bigtrain.data.sources import hold_out
+from bigtrain.errors import ConfigError
 from bigtrain.runtime import finish_collectives
 from bigtrain.train.optim import build_scheduler
 
@@ -37,6 +38,11 @@ def step_order(num_rows: int, cfg: RecipeConfig) -> np.ndarray:
 
 def training_rows(cfg: RecipeConfig) -> TokenRows:
     """The recipe's training rows as bigtrain reads them (its held-out fraction left out)."""
+    if cfg.data.sources:
+        raise ConfigError(
+            "data.sources blends its sources in bigtrain train's own order; the HF Trainer, TRL and accelerate routes "
+            "read one source in row order: give data.path (or train with bigtrain train)"
+        )
     data = load_token_rows(cfg.data)
     if cfg.data.eval_path is None and cfg.data.eval_fraction > 0:
         data, _ = hold_out(data, cfg.data.eval_fraction, cfg.train.seed)

@@ -138,3 +138,14 @@ def test_a_recipe_with_sources_trains_and_says_the_blend(tmp_path, three):
     proc = run_cli(["train", str(write_recipe(tmp_path / "r.yaml", recipe))], timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "a blend of 2 sources" in proc.stderr and "25.0% (" in proc.stderr
+
+
+def test_the_api_routes_refuse_a_blend_in_one_line(three):
+    """The HF Trainer / TRL / accelerate routes read one source in row order (api/same_run.py): a blend is refused,
+    not silently replaced by data.path."""
+    from bigtrain.api.same_run import training_rows
+    from bigtrain.config.schema import RecipeConfig
+
+    cfg = RecipeConfig(data=DataConfig(sources=[{"path": three[0]}], seq_len=SEQ, token_dtype="uint32"))
+    with pytest.raises(ConfigError, match="the HF Trainer, TRL and accelerate routes read one source"):
+        training_rows(cfg)
