@@ -147,13 +147,48 @@ def _load_npy(cfg: DataConfig, key: str, path: str) -> TokenRows:
 
 
 CHECK_CHUNK_ROWS = 1 << 16  # rows scanned at a time: bounded memory for any file size
+READ_CHUNK_IDS = 1 << 24  # ids read at a time when a file's id range is found
 
 
-def check_vocabulary(data: TokenRows, vocab_size: int, data_path: str, key: str = "data.path") -> None:
+def id_range(rows: np.ndarray, key: str, cache_dir: Path | None = None) -> tuple[int, int] | None:
+    """(smallest, largest) id of rows mapped from a file (a .npy, a token .bin), from the data cache or by reading
+    the file once; None for rows held in memory."""
+    from bigtrain.data import cache
+
+    filename = getattr(rows, "filename", None)
+    if filename is None:
+        return None
+    offset, dtype, count = int(rows.offset), rows.dtype, int(rows.size)
+    parts = {"kind": "id range", "source": cache.files_identity([Path(filename)]), "offset": offset,
+             "dtype": dtype.str, "count": count}  # fmt: skip
+
+    def scan(out: Path) -> dict[str, int]:
+        low, high = None, None
+        with open(filename, "rb") as f:
+            f.seek(offset)
+            left = count
+            while left:
+                chunk = np.fromfile(f, dtype=dtype, count=min(left, READ_CHUNK_IDS))
+                if not len(chunk):
+                    break
+                left -= len(chunk)
+                low = int(chunk.min()) if low is None else min(low, int(chunk.min()))
+                high = int(chunk.max()) if high is None else max(high, int(chunk.max()))
+        return {"min": low if low is not None else 0, "max": high if high is not None else 0}
+
+    found = cache.entry(cache_dir or cache.default_cache_dir(), "ids", key, parts, scan)
+    return found.meta["min"], found.meta["max"]
+
+
+def check_vocabulary(
+    data: TokenRows, vocab_size: int, data_path: str, key: str = "data.path", cache_dir: Path | None = None
+) -> None:
     """Every token id must index the model's embedding: checked once, before training, on every rank.
 
-    Text was tokenised by a tokenizer of known size; a tokenised .npy is scanned whole (memory-mapped, a chunk of
-    rows at a time), so a bad id fails now rather than when its batch comes up, hours into a run.
+    Text was tokenised by a tokenizer of known size; a pre-tokenised file's smallest and largest ids are found by
+    reading it once (plain reads a chunk at a time: its pages are not mapped into the rank, whose memory stays flat)
+    and kept in the data cache, so a restart reads nothing; only a file with a bad id is scanned for the first one,
+    so a bad id fails now, named, rather than when its batch comes up, hours into a run.
     """
     if data.vocab_size is not None:
         if data.vocab_size > vocab_size:
@@ -161,6 +196,9 @@ def check_vocabulary(data: TokenRows, vocab_size: int, data_path: str, key: str 
                 f"the tokenizer has {data.vocab_size} ids but the model's vocab_size is {vocab_size}; "
                 f"set model.config.vocab_size >= {data.vocab_size} or use a matching data.tokenizer"
             )
+        return
+    ids = id_range(data.rows, key, cache_dir)
+    if ids is not None and 0 <= ids[0] and ids[1] < vocab_size:
         return
     rows = data.rows
     for start in range(0, rows.shape[0], CHECK_CHUNK_ROWS):

@@ -33,17 +33,18 @@ def accepts(hf_config: Any, model_cfg: Any) -> None:
 def read_rows(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
     """Token rows of ``data.path`` (tokenised and packed by its format, or a tokenised ``.npy``) and the held-out
     rows, of the training rows' length."""
+    from bigtrain.data.cache import cache_dir_of
     from bigtrain.data.held_out import require_held_out
     from bigtrain.data.sources import check_vocabulary, hold_out, load_token_rows, load_training_rows, parts_of
 
     data_cfg, vocab = cfg.data, hf_config.vocab_size
     data = load_training_rows(data_cfg, cfg.train.seed)
     for part, path, key in parts_of(data, data_cfg):
-        check_vocabulary(part, vocab, path, key)
+        check_vocabulary(part, vocab, path, key, cache_dir_of(data_cfg))
     held = None
     if data_cfg.eval_path is not None:
         held = load_token_rows(data_cfg, "data.eval_path", data_cfg.eval_path)
-        check_vocabulary(held, vocab, data_cfg.eval_path, key="data.eval_path")
+        check_vocabulary(held, vocab, data_cfg.eval_path, "data.eval_path", cache_dir_of(data_cfg))
         if held.seq_len != data.seq_len:
             raise ConfigError(
                 f"data.eval_path={data_cfg.eval_path!r} has rows of {held.seq_len} tokens but data.path of "

@@ -102,3 +102,24 @@ def test_a_bin_whose_idx_is_not_megatron_s_is_one_line(tmp_path):
     (tmp_path / "x.idx").write_bytes(b"not an index at all, really")
     with pytest.raises(ConfigError, match=r"x.idx is not a Megatron index \(no MMIDIDX header\)"):
         load_token_rows(DataConfig(path=str(tmp_path / "x.bin"), seq_len=4))
+
+
+def test_a_token_file_s_id_range_is_read_once_then_kept(tmp_path, monkeypatch):
+    """The vocabulary check reads a pre-tokenised file once (plain reads, not mapped into the rank) and keeps its
+    smallest and largest id in the data cache: a restart reads nothing; a file rewritten is read again."""
+    import bigtrain.data.sources as sources
+
+    path = tmp_path / "corpus.bin"
+    np.arange(4096, dtype=np.uint16).tofile(path)
+    cache = tmp_path / "cache"
+    reads = []
+    real = np.fromfile
+    monkeypatch.setattr(sources.np, "fromfile", lambda *a, **k: reads.append(1) or real(*a, **k))
+    data = load_token_rows(DataConfig(path=str(path), seq_len=64))
+    check_vocabulary(data, 5000, str(path), cache_dir=cache)
+    assert reads and [p.name.split("-")[0] for p in cache.iterdir() if not p.name.startswith(".")] == ["ids"]
+    reads.clear()
+    check_vocabulary(data, 5000, str(path), cache_dir=cache)
+    assert reads == []
+    with pytest.raises(ConfigError, match=r"token id 4000 \(row 62, position 32\) outside the model's vocabulary"):
+        check_vocabulary(data, 4000, str(path), cache_dir=cache)
