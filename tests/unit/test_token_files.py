@@ -42,8 +42,10 @@ def test_a_flat_token_file_is_its_ids_cut_into_rows_without_a_copy(tmp_path):
     data = load_token_rows(DataConfig(path=str(tmp_path / "train.bin"), seq_len=16))
     assert isinstance(data.rows.base, np.memmap) or isinstance(data.rows, np.memmap)
     assert data.rows.shape == (10, 16) and np.array_equal(data.rows, ids[:160].reshape(10, 16))
-    assert data.targets is None and data.positions is None and "flat uint16 tokens, 10 stream-packed rows" in (
-        data.description
+    assert (
+        data.targets is None
+        and data.positions is None
+        and "flat uint16 tokens, 10 stream-packed rows" in (data.description)
     )
     wide = np.arange(64, dtype=np.uint32) + 70_000
     wide.tofile(tmp_path / "wide.bin")
