@@ -79,6 +79,16 @@ def chat_records(folder: Path, n: int) -> Path:
     return path
 
 
+def timed(command: list[str], folder: Path, what: str, env: dict | None = None) -> tuple[float, str, str]:
+    """``command`` run in ``folder`` to its exit: (wall seconds, stdout, stderr); a failure stops the bench."""
+    start = time.perf_counter()
+    proc = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{proc.stderr[-3000:]}")
+    return seconds, proc.stdout, proc.stderr
+
+
 def run_bigtrain(folder: Path, data: Path, tag: str) -> dict:
     sets = {
         "model.name_or_path": folder / "demo" / "base",
@@ -102,18 +112,10 @@ def run_recipe(folder: Path, recipe: Path, sets: dict, tag: str) -> dict:
         "output_dir": folder / f"run_{tag}",
     }
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "bigtrain", "train", str(recipe), *args, "--nproc", "2"],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-    )
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"bigtrain failed ({tag}):\n{proc.stderr[-3000:]}")
-    peaks = re.search(r"peak RSS per rank: ([\d, MiB]+);", proc.stderr)
-    built = re.search(r"data(?:\.path|\.sources\[0\]\.path): data cache \S+ \(([^)]*)\)", proc.stderr)
+    command = [sys.executable, "-m", "bigtrain", "train", str(recipe), *args, "--nproc", "2"]
+    seconds, _, stderr = timed(command, folder, f"bigtrain ({tag})")
+    peaks = re.search(r"peak RSS per rank: ([\d, MiB]+);", stderr)
+    built = re.search(r"data(?:\.path|\.sources\[0\]\.path): data cache \S+ \(([^)]*)\)", stderr)
     mib = max(int(p.replace(",", "")) for p in re.findall(r"([\d,]+) MiB", peaks.group(1))) if peaks else None
     return {"seconds": seconds, "peak_mib": mib, "cache": built.group(1) if built else "none: mapped as it is"}
 
@@ -162,42 +164,15 @@ def run_prepare(folder: Path, data: Path, tag: str, cpus: str | None) -> float:
             "data.cache_dir": folder / f"prepare_{tag}", "train.eval_every": 0}  # fmt: skip
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     command = [sys.executable, "-m", "bigtrain", "prepare", str(recipe), *args]
-    start = time.perf_counter()
-    proc = subprocess.run(
-        (["taskset", "-c", cpus] if cpus else []) + command, cwd=folder, capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"bigtrain prepare failed ({tag}):\n{proc.stderr[-3000:]}")
-    return time.perf_counter() - start
+    return timed((["taskset", "-c", cpus] if cpus else []) + command, folder, f"bigtrain prepare ({tag})")[0]
 
 
 def run_trl(folder: Path, data: Path, tag: str) -> dict:
     env = {**os.environ, "HF_DATASETS_CACHE": str(folder / "hf_datasets"), "OMP_NUM_THREADS": "1"}
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-port",
-            "29533",
-            __file__,
-            "--trl-worker",
-            str(data),
-            str(folder / "demo" / "base"),
-            str(folder / f"trl_{tag}"),
-        ],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"TRL failed ({tag}):\n{proc.stderr[-3000:]}")
-    peak = re.search(r"PEAK_RSS_MIB (\d+)", proc.stdout)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533"]
+    worker = [__file__, "--trl-worker", str(data), str(folder / "demo" / "base"), str(folder / f"trl_{tag}")]
+    seconds, stdout, _ = timed(launch + worker, folder, f"TRL ({tag})", env)
+    peak = re.search(r"PEAK_RSS_MIB (\d+)", stdout)
     return {"seconds": seconds, "peak_mib": int(peak.group(1)) if peak else None}
 
 

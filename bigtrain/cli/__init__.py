@@ -30,6 +30,7 @@ from bigtrain.cli.generate import add_generate_arguments, run_generate_command
 from bigtrain.cli.plan import add_plan_arguments, run_plan_command
 from bigtrain.cli.prepare import add_prepare_arguments, run_prepare_command
 from bigtrain.cli.quiet import quiet_libraries
+from bigtrain.cli.recipe_args import add_overrides
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.errors import CheckpointNotWritten, ConfigError, RunFinished, TrainingDiverged
 from bigtrain.runtime import LaunchEnv, die_with_parent, read_launch_env
@@ -88,14 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train with a recipe (this rank under torchrun/accelerate, or --nproc N)")
     train.add_argument("recipe", help="YAML recipe, e.g. recipes/quickstart.yaml")
-    train.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a recipe key, e.g. --set train.steps=20 (repeatable)",
-    )
+    add_overrides(train, "override a recipe key, e.g. --set train.steps=20 (repeatable)")
     train.add_argument(
         "--nproc", type=int, default=None, help="start N local worker processes with torch's elastic launcher"
     )

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bigtrain.cli.recipe_args import add_overrides
 from bigtrain.config.load import load_recipe
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import RecipeConfig
@@ -30,9 +31,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", help="YAML recipe, e.g. recipes/quickstart.yaml")
     parser.add_argument("--to", required=True, choices=TARGETS, help="the tool the file is for")
     parser.add_argument("-o", "--output", required=True, help="the file to write (YAML for accelerate, else JSON)")
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key"
-    )
+    add_overrides(parser)
     parser.add_argument("--gpus", type=int, help="GPUs of the job (default: the plan's degrees, or detected)")
     parser.add_argument("--gpus-per-node", type=int, help="GPUs per machine (default: min(gpus, 8))")
     parser.add_argument("--gpu", help="plan: auto: GPU type, e.g. H100, A100-40GB (default: detected, else H100)")

@@ -8,16 +8,13 @@ import argparse
 import sys
 import time
 
+from bigtrain.cli.recipe_args import add_overrides
+
 
 def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", help="YAML recipe whose data.path (and data.eval_path) to tokenise and pack")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a recipe key as bigtrain train would, e.g. --set data.cache_dir=/shared/cache (repeatable)",
+    add_overrides(
+        parser, "override a recipe key as bigtrain train would, e.g. --set data.cache_dir=/shared/cache (repeatable)"
     )
 
 

@@ -123,6 +123,10 @@ class Entry:
             return f"built in {self.seconds:.1f} s"
         return f"built by another process, waited {self.seconds:.1f} s" if self.seconds else "read"
 
+    def note(self, key: str) -> str:
+        """The start-up's line for the source ``key`` (e.g. ``data.path``): where the entry is and how it came."""
+        return f"{key}: data cache {self.folder} ({self.said()})"
+
 
 def entry(
     cache_dir: Path, kind: str, key: str, parts: dict[str, Any], build: Callable[[Path], dict[str, Any]]

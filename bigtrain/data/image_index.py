@@ -79,5 +79,5 @@ def folder_index(
         np.memmap(found.folder / LABELS, dtype=np.int64, mode="r", shape=(n,)),
         blob,
         np.memmap(found.folder / OFFSETS, dtype=np.int64, mode="r", shape=(n + 1,)),
-        f"{key}: data cache {found.folder} ({found.said()})",
+        found.note(key),
     )

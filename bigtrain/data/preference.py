@@ -160,7 +160,7 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
         description,
         truncated=meta["truncated"],
         examples=meta["pairs"],
-        cache_note=f"{key}: data cache {found.folder} ({found.said()})",
+        cache_note=found.note(key),
     )
 
 

@@ -70,7 +70,7 @@ def _cached(
         arrays["positions"],
         truncated=meta["truncated"],
         examples=meta["examples"],
-        cache_note=f"{key}: data cache {found.folder} ({found.said()})",
+        cache_note=found.note(key),
         padded=meta["mode"] == "pad",
     )
 

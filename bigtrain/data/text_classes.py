@@ -20,6 +20,7 @@ from bigtrain.data.batch import ExampleBatch
 from bigtrain.data.builtin import ANIMALS, builtin_records
 from bigtrain.data.examples import IndexedExamples, label_indices
 from bigtrain.data.records import check_records_path, read_records
+from bigtrain.data.row_files import id_dtype
 from bigtrain.data.tokenizer import ByteTokenizer, has_tokenizer
 from bigtrain.errors import ConfigError
 
@@ -124,7 +125,7 @@ def load_text_examples(cfg: DataConfig, key: str, path: str, tokenizer: str | No
     where = f"{path} ({n} examples, {len(meta['classes'])} classes{cut}, {meta['which']})"
     return TextExamples(
         Ragged(flat, offsets), labels, list(meta["classes"]), meta["pad"], meta["vocab"], where, was_cut=was_cut,
-        cache_note=f"{key}: data cache {folder} ({found.said()})",
+        cache_note=found.note(key),
     )  # fmt: skip
 
 
@@ -148,7 +149,7 @@ def _build(cfg: DataConfig, key: str, path: str, records: Any, tokenizer: str | 
     """The records tokenised (cut at data.seq_len) into flat files in ``out``; the labels as class indices."""
     assert cfg.seq_len is not None
     encode, pad, vocab, which = _encoder(tokenizer)
-    dtype = np.dtype(np.uint16) if vocab <= 2**16 else np.dtype(np.uint32)
+    dtype = id_dtype(vocab - 1)
     lengths, raw, cut_at = [0], [], []
     with (out / IDS).open("wb") as f:
         for where, record in records:
