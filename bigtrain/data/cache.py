@@ -17,9 +17,10 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,6 +167,20 @@ def entry(
         finally:
             shutil.rmtree(partial, ignore_errors=True)
     return Entry(final, meta, True, time.perf_counter() - start)
+
+
+def counted(items: Iterable[Any], key: str, doing: str, unit: str = "records") -> Iterator[Any]:
+    """``items`` as a build reads them, with a progress bar (``unit``/s) on this process's terminal once the build
+    takes more than two seconds: a long build is never silent, a short one prints nothing."""
+    from tqdm import tqdm
+
+    bar = tqdm(desc=f"{key}: {doing}", unit=f" {unit}", file=sys.stderr, mininterval=0.5, delay=2.0, leave=False)
+    try:
+        for item in items:
+            bar.update(1)
+            yield item
+    finally:
+        bar.close()
 
 
 def _read_meta(folder: Path) -> dict[str, Any] | None:

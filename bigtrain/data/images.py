@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from bigtrain.config.schema import DataConfig
+from bigtrain.data import cache
 from bigtrain.data.batch import ExampleBatch
 from bigtrain.data.cache import cache_dir_of
 from bigtrain.data.examples import IndexedExamples, label_indices
@@ -235,7 +236,8 @@ def _list_images(key: str, folder: Path) -> tuple[list[str], list[Path], np.ndar
         )
     paths = [f for c in classes for f in files[c]]
     labels = np.array([i for i, c in enumerate(classes) for _ in files[c]], dtype=np.int64)
-    for f in paths:  # headers only: a file that is no image fails now, named, not hours into the run
+    # headers only: a file that is no image fails now, named, not hours into the run
+    for f in cache.counted(paths, key, "checking", "images"):
         _check_image(key, f)
     return classes, paths, labels
 

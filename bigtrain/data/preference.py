@@ -171,7 +171,7 @@ def _build(cfg: DataConfig, key: str, path: str, records: Iterable[Record], out:
     seq_len, keep_prompt = cfg.seq_len, cfg.max_prompt_length
     writer = RowWriter(out, seq_len, tokenizer.vocab_size, targets=True, positions=False)
     pairs, truncated, differ = 0, 0, 0
-    for line, record in records:
+    for line, record in cache.counted(records, key, "tokenising"):
         where = f"{key}={path!r} {line}"
         prompt, chosen, rejected = _split_prompt(where, record)
         prompt_ids, answers = _tokenise(tokenizer, where, prompt, (chosen, rejected))

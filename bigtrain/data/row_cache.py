@@ -7,7 +7,6 @@ keys that change the rows (format, packing, seq_len, text field, split); its ``m
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from pathlib import Path
@@ -124,20 +123,15 @@ def _write(
     pad_id: int,
     tokenizer: bool = True,
 ) -> dict[str, Any]:
-    """Items (records or documents) made examples and packed into row files, with a progress bar (items/s) on
-    this process's terminal once the build takes more than two seconds."""
-    from tqdm import tqdm
-
+    """Items (records or documents) made examples and packed into row files, with the cache's progress bar."""
     assert cfg.seq_len is not None
     with_targets, with_positions = layout(mode, masked=fmt != "text")
     writer = RowWriter(folder, cfg.seq_len, vocab, with_targets, with_positions)
-    what = "tokenising" if tokenizer else "packing"
-    bar = tqdm(desc=f"{key}: {what}", unit=" records", file=sys.stderr, mininterval=0.5, delay=2.0, leave=False)
+    doing = "tokenising" if tokenizer else "packing"
     counts: PackCounts
     try:
-        counts = pack(examples(_counted(items, bar)), cfg.seq_len, mode, pad_id, writer)
+        counts = pack(examples(cache.counted(items, key, doing)), cfg.seq_len, mode, pad_id, writer)
     finally:
-        bar.close()
         dtypes = writer.close()
     if writer.num_rows == 0:
         raise ConfigError(
@@ -160,9 +154,3 @@ def _write(
         "examples": counts.examples,
         "truncated": counts.truncated,
     }
-
-
-def _counted(items: Iterable[Any], bar: Any) -> Iterator[Any]:
-    for item in items:
-        bar.update(1)
-        yield item

@@ -152,7 +152,7 @@ def _build(cfg: DataConfig, key: str, path: str, records: Any, tokenizer: str | 
     dtype = id_dtype(vocab - 1)
     lengths, raw, cut_at = [0], [], []
     with (out / IDS).open("wb") as f:
-        for where, record in records:
+        for where, record in cache.counted(records, key, "tokenising"):
             for field in (cfg.text_field, cfg.label_field):
                 if field not in record:
                     raise ConfigError(f"{key}={path!r}, {where}: no {field!r} field; it has {sorted(record)}")
