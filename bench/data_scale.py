@@ -6,6 +6,7 @@
     python bench/data_scale.py --no-trl                 # bigtrain alone
     python bench/data_scale.py --prepare                # and the cache build alone, on 1 CPU and on all
     python bench/data_scale.py --sizes '' --images 2000,200000 --corpus 2000,1000000   # image folders, corpora
+    python bench/data_scale.py --sizes '' --stream 2000,1000000     # the chat records streamed (data.streaming)
 
 Each size: the chat demo's 2,000 conversations (``recipes/make_chat_demo.py``) repeated to N records in a ``.jsonl``,
 then for each trainer a first start (an empty cache) and a second start (the cache the first left), each a fresh
@@ -157,6 +158,19 @@ def run_corpus(folder: Path, n: int) -> dict:
     return {"rows": n, "first": first, "second": run_recipe(folder, recipe, sets, f"corpus_{n}_second")}
 
 
+def run_stream(folder: Path, n: int) -> dict:
+    """The chat records read as a stream (``data.streaming``): nothing built ahead, the first rows read at the first
+    step, whatever the file's size."""
+    sets = {
+        "model.name_or_path": folder / "demo" / "base",
+        "data.path": chat_records(folder, n),
+        "data.streaming": "true",
+        "data.eval_path": "null",
+        "train.eval_every": 0,
+    }
+    return {"records": n, **run_recipe(folder, REPO / "recipes" / "chat_finetune.yaml", sets, f"stream_{n}")}
+
+
 def run_prepare(folder: Path, data: Path, tag: str, cpus: str | None) -> float:
     """``bigtrain prepare`` into an empty cache, on the CPUs ``cpus`` (taskset's list; None: every one)."""
     recipe = REPO / "recipes" / "chat_finetune.yaml"
@@ -183,6 +197,7 @@ def main() -> None:
     parser.add_argument("--prepare", action="store_true", help="also time bigtrain prepare on 1 CPU and on all")
     parser.add_argument("--images", default="", help="image folders of these many PNGs, e.g. 2000,200000")
     parser.add_argument("--corpus", default="", help="blended token corpora of these many rows, e.g. 2000,1000000")
+    parser.add_argument("--stream", default="", help="chat records streamed (data.streaming), e.g. 2000,1000000")
     parser.add_argument("--out", help="also write the table here")
     parser.add_argument("--trl-worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -193,13 +208,16 @@ def main() -> None:
         folder = Path(tmp)
         subprocess.run([sys.executable, str(REPO / "recipes" / "make_chat_demo.py"), "demo"], cwd=folder, check=True,
                        capture_output=True)  # fmt: skip
-        rows, images, corpora = [], [], []
+        rows, images, corpora, streams = [], [], [], []
         for n in [int(s) for s in args.images.split(",") if s]:
             images.append(run_images(folder, n))
             print(json.dumps(images[-1]), flush=True)
         for n in [int(s) for s in args.corpus.split(",") if s]:
             corpora.append(run_corpus(folder, n))
             print(json.dumps(corpora[-1]), flush=True)
+        for n in [int(s) for s in args.stream.split(",") if s]:
+            streams.append(run_stream(folder, n))
+            print(json.dumps(streams[-1]), flush=True)
         for n in [int(s) for s in args.sizes.split(",") if s]:
             data = chat_records(folder, n)
             size = data.stat().st_size / 2**20
@@ -250,6 +268,9 @@ def main() -> None:
                     f"| {r[what]:,} | {a['seconds']:.1f} s (cache {a['cache']}) | {b['seconds']:.1f} s (cache "
                     f"{b['cache']}) | {a['peak_mib']:,}, {b['peak_mib']:,} MiB |"
                 )
+    if streams:
+        table += ["", "| records streamed (.jsonl) | start to done | peak RSS per rank |", "|---|---|---|"]
+        table += [f"| {r['records']:,} | {r['seconds']:.1f} s | {r['peak_mib']:,} MiB |" for r in streams]
     if args.prepare:
         table += ["", "| records | bigtrain prepare, 1 CPU | bigtrain prepare, every CPU |", "|---|---|---|"]
         table += [f"| {r['records']:,} | {r['prepare 1 cpu']:.1f} s | {r['prepare all cpus']:.1f} s |" for r in rows]

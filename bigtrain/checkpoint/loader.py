@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from bigtrain.checkpoint.layout import Manifest, check_files
 from bigtrain.checkpoint.reader import MODEL_PREFIX, load_into, read_metadata
-from bigtrain.checkpoint.state import TRAINER, rng_key, rng_state, set_rng_state
+from bigtrain.checkpoint.state import STREAM, TRAINER, rng_key, rng_state, set_rng_state
 from bigtrain.engine.base import REPLICA_STATE, Engine
 from bigtrain.errors import ConfigError
 
@@ -29,6 +29,7 @@ class Resumed:
     folder: Path
     manifest: Manifest
     rng_restored: bool
+    stream: str | None = None  # a stream's position (data.streaming), when the checkpoint holds one
 
 
 def load_checkpoint(
@@ -49,6 +50,8 @@ def load_checkpoint(
     same_world = manifest.world_size == dist.get_world_size()
     restore_rng = same_world and f"{TRAINER}.{key}.cpu" in metadata.state_dict_metadata
     state[TRAINER] = {"step": -1, "tokens": -1, **({key: rng_state(device)} if restore_rng else {})}
+    if f"{TRAINER}.{STREAM}" in metadata.state_dict_metadata:
+        state[TRAINER][STREAM] = ""
     # every-step training resuming replica groups' checkpoint: its optimizer state is group 0's
     saved = metadata.state_dict_metadata
     from_groups = "optimizer" in state and not any(k.startswith("optimizer.") for k in saved)
@@ -64,7 +67,7 @@ def load_checkpoint(
     engine.load_state_dict(state)
     if restore_rng:
         set_rng_state(state[TRAINER][key], device)
-    return Resumed(folder, manifest, restore_rng)
+    return Resumed(folder, manifest, restore_rng, state[TRAINER].get(STREAM))
 
 
 def check_same_model(ours: dict[str, tuple[int, ...]], saved: dict[str, Any], folder: Path) -> None:

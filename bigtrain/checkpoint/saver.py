@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,9 +68,11 @@ class Checkpointer:
         data_info: dict[str, Any],
         device: torch.device,
         files: HfFiles,
+        stream_position: Callable[[int], str] | None = None,
     ) -> None:
         """``files``: what the run's task keeps beside the weights (its tokenizer, image processor or processor),
-        written into every checkpoint's ``hf/`` folder and so into the final model."""
+        written into every checkpoint's ``hf/`` folder and so into the final model; ``stream_position``: a streamed
+        source's position after a step (data/stream.py), saved with it."""
         self.cfg = cfg
         self.files = files
         self.plan = plan
@@ -77,6 +80,7 @@ class Checkpointer:
         self.engine = engine
         self.data_info = data_info
         self.device = device
+        self.stream_position = stream_position
         self.rank = dist.get_rank()
         self.root = checkpoints_dir(cfg.output_dir)
         # Created on every rank now (creating a group is collective); used only by the background writer.
@@ -95,7 +99,8 @@ class Checkpointer:
     def save(self, step: int, tokens: int) -> None:
         """Save the state after ``step`` optimizer steps (collective: every rank, same step)."""
         self.wait()
-        state = capture(self.engine, step, tokens, self.rank, self.device)
+        stream = self.stream_position(step) if self.stream_position is not None else None
+        state = capture(self.engine, step, tokens, self.rank, self.device, stream)
         partial = partial_dir(self.root, step)
         self.saved_step = step
         try:

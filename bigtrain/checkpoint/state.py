@@ -3,7 +3,8 @@
 The engine state is sharded as trained and keyed by parameter name (model and optimizer), so DCP can hand it to
 another world size or plan. The RNG state is per rank (dropout draws differ between ranks), so it is keyed by rank
 and restored only when the world size is unchanged; the data position needs no state of its own, because the
-loader's rows are a pure function of the step (see data/order.py).
+loader's rows are a pure function of the step (see data/order.py), except in a stream (``data.streaming``), whose
+position (the same on every rank) is saved as text under ``trainer.stream``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from bigtrain.engine.base import Engine
 
 TRAINER = "trainer"
+STREAM = "stream"
 
 
 def rng_key(rank: int) -> str:
@@ -34,8 +36,12 @@ def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def capture(engine: Engine, step: int, tokens: int, rank: int, device: torch.device) -> dict[str, Any]:
-    """The state this rank saves after ``step`` optimizer steps."""
+def capture(
+    engine: Engine, step: int, tokens: int, rank: int, device: torch.device, stream: str | None = None
+) -> dict[str, Any]:
+    """The state this rank saves after ``step`` optimizer steps (``stream``: a stream's position for step + 1)."""
     state = engine.state_dict()
     state[TRAINER] = {"step": step, "tokens": tokens, rng_key(rank): rng_state(device)}
+    if stream is not None:
+        state[TRAINER][STREAM] = stream
     return state

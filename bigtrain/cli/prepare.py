@@ -30,6 +30,8 @@ def run_prepare_command(args: argparse.Namespace) -> int:
             continue
         note = getattr(part, "cache_note", None)
         said = note if note is not None else f"{key}: read (this task's data has no cache yet; read at each start)"
+        if getattr(part, "streamed", False):
+            said = f"{key}: streamed (data.streaming), read as training goes: nothing to build ahead"
         print(f"bigtrain: {said} | {part.description}", file=sys.stderr)
     print(f"bigtrain: data prepared in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return 0

@@ -115,6 +115,14 @@ class DataConfig:
         "at once; e.g. [{path: web.bin, weight: 0.7}, {path: code.jsonl, weight: 0.3}].",
         default_factory=list,
     )
+    streaming: bool = doc(
+        "Read data.path as a HF dataset in streaming mode (local files, a folder, a glob, a save_to_disk folder, or a "
+        "dataset name or URL datasets.load_dataset streams from): records are tokenised and packed as training goes, "
+        "in the stream's order (data.shuffle does not apply), by every rank, so the order is the same at any world "
+        "size; the position in the stream is saved in each checkpoint and a resume opens the stream there. For a "
+        "corpus not on local disk in full; a local one is faster through the data cache (bigtrain prepare).",
+        default=False,
+    )
     eval_path: str | None = doc(
         "Held-out data for evaluation, in any form data.path takes (same format, tokenizer and seq_len).",
         default=None,

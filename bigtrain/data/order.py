@@ -32,8 +32,6 @@ class GlobalOrder:
         self._dealt: tuple[tuple[int, int], list[np.ndarray]] | None = None  # the last step's bins (rows, positions)
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(self.num_rows)
         if epoch not in self._perms:
             self._perms = {epoch: np.random.default_rng(self.seed + epoch).permutation(self.num_rows)}
         return self._perms[epoch]
@@ -42,6 +40,8 @@ class GlobalOrder:
         """Row indices of optimizer step ``step`` (0-based), length B."""
         positions = np.arange(step * self.global_batch_size, (step + 1) * self.global_batch_size)
         epochs, within = np.divmod(positions, self.num_rows)
+        if not self.shuffle:  # file order: the row is where the position falls in its epoch (no order array kept)
+            return within
         out = np.empty_like(positions)
         for epoch in np.unique(epochs):
             mask = epochs == epoch

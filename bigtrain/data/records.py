@@ -145,3 +145,33 @@ def _read_jsonl(key: str, path: Path) -> Iterator[Record]:
     except UnicodeDecodeError:
         _read_utf8(key, path)  # raises with the byte and line of the first bad character
         raise
+
+
+def open_stream(key: str, path: str, split: str) -> Any:
+    """``path`` as a HF ``IterableDataset`` (``data.streaming``): local data files, a folder or glob of them, a
+    ``save_to_disk`` folder, or else what ``datasets.load_dataset`` streams by name or URL. Its ``state_dict`` is the
+    position after the last record it gave."""
+    import datasets
+
+    p = Path(path)
+    local = is_glob(path) or p.exists()
+    try:
+        if local and not is_glob(path) and p.is_dir() and _is_saved_dataset(p):
+            data = datasets.load_from_disk(path)
+            if isinstance(data, datasets.DatasetDict):
+                if split not in data:
+                    raise ConfigError(f"{key}={path!r} has splits {', '.join(data)} but not data.split={split!r}")
+                data = data[split]
+            return data.to_iterable_dataset()
+        if local:
+            if not is_glob(path) and p.is_file() and p.suffix not in DATASET_SUFFIXES:
+                raise ConfigError(
+                    f"{key}={path!r} cannot be streamed (data.streaming); give .parquet, .arrow, .json or .jsonl "
+                    "files, a folder or glob of them, a save_to_disk folder or a dataset name"
+                )
+            builder, files = _data_files(key, path)
+            return datasets.load_dataset(builder, data_files=files, split="train", streaming=True)
+        return datasets.load_dataset(path, split=split, streaming=True)
+    except (OSError, ValueError, datasets.exceptions.DatasetGenerationError) as e:  # type: ignore[attr-defined]
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"{key}={path!r} could not be opened as a streamed HF dataset ({first})") from e

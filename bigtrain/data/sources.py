@@ -19,6 +19,7 @@ from bigtrain.data.builtin import builtin_records
 from bigtrain.data.records import check_records_path, describe_sources, is_glob
 from bigtrain.data.row_cache import BUILTIN_PREFIX, megatron_rows, records_rows
 from bigtrain.data.rows import TokenRows
+from bigtrain.data.stream import StreamedRows
 from bigtrain.data.token_files import index_of, is_token_file, stream_rows
 from bigtrain.errors import ConfigError
 
@@ -42,8 +43,10 @@ def hold_out(data: TokenRows, fraction: float, seed: int) -> tuple[TokenRows, To
     return train, replace(data, description=f"{len(held)} held-out rows", index=held)
 
 
-def load_training_rows(cfg: DataConfig, seed: int) -> TokenRows | BlendedRows:
-    """``data.path``'s rows, or the blend of ``data.sources`` (data/blend.py)."""
+def load_training_rows(cfg: DataConfig, seed: int) -> TokenRows | BlendedRows | StreamedRows:
+    """``data.path``'s rows, streamed (data/stream.py), or the blend of ``data.sources`` (data/blend.py)."""
+    if cfg.streaming:
+        return streamed_rows(cfg)
     if not cfg.sources:
         return load_token_rows(cfg)
     check_sources(cfg.sources)
@@ -55,6 +58,21 @@ def load_training_rows(cfg: DataConfig, seed: int) -> TokenRows | BlendedRows:
     parts = [load_token_rows(cfg, key, source["path"]) for key, source in zip(keys, cfg.sources, strict=True)]
     names = [source["path"] for source in cfg.sources]
     return blend(parts, names, cfg.sources, cfg.shuffle, seed)
+
+
+def streamed_rows(cfg: DataConfig) -> StreamedRows:
+    """``data.streaming``: what a stream cannot do is refused before it is opened."""
+    refused = [
+        (bool(cfg.sources), "data.sources blends indexed sources; stream one source through data.path"),
+        (cfg.eval_fraction > 0, "data.eval_fraction holds rows out of an indexed source; give data.eval_path"),
+        (cfg.path.startswith(BUILTIN_PREFIX), f"data.path={cfg.path!r} is generated, not a dataset to stream"),
+        (cfg.seq_len is None, "data.seq_len is required; e.g. data.seq_len=2048"),
+        (cfg.workers > 0, "data.workers reads indexed rows ahead; a stream is read in the training process: set 0"),
+    ]
+    for wrong, why in refused:
+        if wrong:
+            raise ConfigError(f"data.streaming: {why}")
+    return StreamedRows(cfg, "data.path", cfg.path)
 
 
 def parts_of(data: TokenRows | BlendedRows, cfg: DataConfig) -> list[tuple[TokenRows, str, str]]:

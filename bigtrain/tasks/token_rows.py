@@ -46,8 +46,8 @@ def packing_note(hf_config: Any, data: Any, attention: str) -> str | None:
 
 
 def packed(data: Any) -> bool:
-    """Whether rows hold packed documents (position ids restarting per document)."""
-    return getattr(data, "positions", None) is not None
+    """Whether rows hold packed documents (position ids restarting per document; a stream's rows are made later)."""
+    return getattr(data, "packed_documents", False) or getattr(data, "positions", None) is not None
 
 
 def text_files(cfg: RecipeConfig, hf_config: Any, data: Any) -> Any:

@@ -198,15 +198,19 @@ class TrainingJob:
                 objective=objective.make,
                 roles=objective.attach,
             )
-            data_info = {"path": self.cfg.data.path, "rows": self.data.num_rows, "seq_len": self.data.seq_len}
+            streamed = getattr(self.data, "streamed", False)
+            rows = "streamed" if streamed else self.data.num_rows
+            data_info = {"path": self.cfg.data.path, "rows": rows, "seq_len": self.data.seq_len}
             data_info.update(shuffle=self.cfg.data.shuffle, seed=train.seed)
             if objective.before_training is not None:  # a precomputed reference: before any resume
                 datasets = [self.data, self.eval_data]
                 resuming = self.start.resume_from is not None
                 objective.before_training(self.cfg, self.plan, self.engine, datasets, resuming, self.device)
             files = task.export_files(self.cfg, self.hf_config, self.data) if task.export_files else HfFiles()
+            # a stream's position after step k is where step k + 1's rows begin
+            position = (lambda step: self.data.state_at(step * self._batch)) if streamed else None
             self.checkpointer = Checkpointer(
-                self.cfg, self.plan, self.hf_config, self.engine, data_info, self.device, files
+                self.cfg, self.plan, self.hf_config, self.engine, data_info, self.device, files, position
             )
             if self.start.resume_from is not None:
                 self._resume(self.start.resume_from, data_info)
@@ -331,6 +335,15 @@ class TrainingJob:
                 cfg.data.workers,
             )
 
+    def _resume_stream(self, saved: str | None, step: int) -> tuple[bool, str]:
+        """The stream opened at the checkpoint's position: whether it applied, and the line that says so."""
+        position = step * self._batch
+        if saved is None:  # a checkpoint of indexed data: the stream is read from its start up to the step
+            return False, (
+                f"the checkpoint holds no stream position: the stream is read from its start to row {position}"
+            )
+        return self.data.restore(saved, position)
+
     def _resume(self, folder: Path, data_info: dict[str, Any]) -> None:
         attn = self.cfg.model.attn_implementation
         if self.cfg.train.method in ADAPTER_METHODS:
@@ -340,6 +353,8 @@ class TrainingJob:
         resumed = load_checkpoint(self.engine, folder, self.device, shapes)
         saved = resumed.manifest
         self.start_point = StartPoint(saved.step, saved.tokens)
+        # a stream is opened where the checkpoint's next step begins (every rank); its line follows the resume's
+        stream_line = self._resume_stream(resumed.stream, saved.step) if getattr(self.data, "streamed", False) else None
         if self.env.rank != 0:
             return
         rng = "restored" if resumed.rng_restored else f"not restored (saved by {saved.world_size} ranks)"
@@ -357,6 +372,8 @@ class TrainingJob:
                 "the data changed since the checkpoint (%s): the steps after it read another order than the saved run",
                 ", ".join(f"{k} {saved.data.get(k)} -> {data_info[k]}" for k in changed),
             )
+        if stream_line is not None:
+            log.log(logging.INFO if stream_line[0] else logging.WARNING, "%s", stream_line[1])
 
     def _auto_plan(self, free: int) -> Plan:
         """Plan from the hardware this job really has (``free``: the most constrained rank's free memory); every

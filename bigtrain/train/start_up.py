@@ -29,6 +29,7 @@ from bigtrain.errors import ConfigError
 from bigtrain.job import Job, resolve_job
 from bigtrain.models.build import load_hf_config
 from bigtrain.tasks.spec import Prepared
+from bigtrain.tasks.token_rows import packed
 from bigtrain.train.checks import check_enough_rows, check_writable
 from bigtrain.train.trackers import check_tracker
 
@@ -90,7 +91,7 @@ class WithData:
     @property
     def packed(self) -> bool:
         """Rows of packed documents (position ids restarting per document), training or held out."""
-        return any(getattr(d, "positions", None) is not None for d in (self.data, self.held_out))
+        return any(packed(d) for d in (self.data, self.held_out))
 
     def workload(self) -> Workload:
         """What one step processes, as the planner and the capability table's data rows read it."""
