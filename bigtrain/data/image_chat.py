@@ -11,12 +11,14 @@ Image tokens are never labels.
 
 Every conversation is processed once when the data is read, so a missing image, a placeholder count that does not
 match the images, or a row longer than ``data.seq_len`` is said before training starts; its token row and labels are
-kept, its images are processed again whenever a micro-batch holds it (with ``data.workers``, ahead of the step).
+kept (in the data cache when its images are files: data/image_chat_cache.py), its images are processed again
+whenever a micro-batch holds it (with ``data.workers``, ahead of the step).
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,14 +45,15 @@ class ImageChats(IndexedRows):
     """Conversations with images, as expanded token rows, their targets, and the images to process again."""
 
     processor: Any
-    texts: list[str]  # each conversation through the chat template (image placeholders not expanded)
-    images: list[list[Image | str]]  # each conversation's images in placeholder order (paths read when used)
-    ids: np.ndarray  # [conversations, seq_len] int32, image tokens expanded, right-padded
+    texts: Sequence[str]  # each conversation through the chat template (image placeholders not expanded)
+    images: Sequence[list[Image | str]]  # each conversation's images in placeholder order (paths read when used)
+    ids: np.ndarray  # [conversations, seq_len] int32 (or mapped from the cache), image tokens expanded, right-padded
     targets: np.ndarray  # [conversations, seq_len] bool: the assistant's tokens
     vocab_size: int
     description: str
     index: np.ndarray | None = None  # the conversations of ``ids`` these are, in order; None: all
     image_tokens: int = 0  # over every conversation (the planner's and the table's unit)
+    image_count: int = 0  # images over every conversation
     resized: int = 0  # images outside the processor's pixel budget, resized into it
     # [conversations] each one's images' pixels as the processor sizes them (within its budget): what its tower work
     # grows with, and (over all of them) what the planner reads
@@ -58,6 +61,7 @@ class ImageChats(IndexedRows):
     truncated: int = 0  # never: a longer conversation is refused
     examples: int = 0
     positions: None = None  # never packed
+    cache_note: str | None = None  # where the data cache entry is and whether this start built it
 
     @property
     def seq_len(self) -> int:
@@ -65,7 +69,7 @@ class ImageChats(IndexedRows):
 
     @property
     def images_per_row(self) -> float:
-        return sum(map(len, self.images)) / max(len(self.images), 1)
+        return self.image_count / max(len(self.ids), 1)
 
     @property
     def row_costs(self) -> np.ndarray | None:
@@ -75,7 +79,7 @@ class ImageChats(IndexedRows):
     @property
     def image_side(self) -> int:
         """The side of a square image of the mean size (pixels), as the planner models images."""
-        count = sum(map(len, self.images))
+        count = self.image_count
         pixels = 0 if self.row_pixels is None else int(self.row_pixels.sum())
         return round((pixels / count) ** 0.5) if count else 0
 
@@ -85,29 +89,46 @@ class ImageChats(IndexedRows):
         out = _process(self.processor, [self.texts[i] for i in at], [_opened(self.images[i]) for i in at], self.seq_len)
         ids = out.pop("input_ids")
         if not torch.equal(ids, torch.from_numpy(self.ids[at].astype(np.int64))):
-            raise RuntimeError("the processor expanded a conversation's images into other tokens than when it was read")
+            changed = f" (an image rewritten since {self.cache_note}? remove that entry)" if self.cache_note else ""
+            raise RuntimeError(
+                f"the processor expanded a conversation's images into other tokens than when it was read{changed}"
+            )
         return ImageChatBatch(ids, masked_next_token_labels(ids, self.targets[at]), dict(out))
 
 
-def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, seed: int) -> ImageChats:
-    """The conversations at ``path`` (or the built-in set), processed and checked (see the module's docstring)."""
+@dataclass
+class Processed:
+    """One conversation as read: its rendered text, images (as named: paths resolved against the data's folder),
+    expanded ids (not padded) and which are the assistant's, its images' pixels in the processor's budget."""
+
+    where: str
+    text: str
+    images: list[Any]
+    ids: list[int]
+    targets: list[bool]
+    pixels: int
+    resized: int  # its images outside the processor's pixel budget
+
+
+def records_of(data_cfg: DataConfig, key: str, path: str, seed: int) -> tuple[Any, Path]:
+    """The records at ``path`` (or the built-in set, generated with ``seed``) and the folder image paths are
+    relative to."""
     if path.startswith(BUILTIN_PREFIX):
         from bigtrain.data.builtin_images import image_chat_records
 
-        records, root = image_chat_records(path[len(BUILTIN_PREFIX) :], seed=seed), Path.cwd()
-    else:
-        check_records_path(key, path)
-        records = read_records(key, path, data_cfg.text_field, data_cfg.split)
-        root = Path(path).parent if Path(path).is_file() else Path(path)
-    if data_cfg.seq_len is None:
-        raise ConfigError(f"{key}: image-text-to-text rows need data.seq_len (tokens per row, image tokens included)")
-    seq_len = data_cfg.seq_len
+        return image_chat_records(path[len(BUILTIN_PREFIX) :], seed=seed), Path.cwd()
+    check_records_path(key, path)
+    root = Path(path).parent if Path(path).is_file() else Path(path)
+    return read_records(key, path, data_cfg.text_field, data_cfg.split), root
+
+
+def processed(
+    data_cfg: DataConfig, key: str, path: str, records: Iterable[Any], root: Path, processor: Any
+) -> Iterator[Processed]:
+    """Each record rendered, its images opened and checked, expanded by the processor (see the module's docstring)."""
     placeholder = placeholder_token(processor)
     never = image_token_ids(processor)
     budget = pixel_budget(processor.image_processor)
-    texts, images, rows, targets, image_tokens, resized = [], [], [], [], 0, 0
-    row_pixels: list[int] = []
-    too_long: list[tuple[str, int]] = []
     for where, record in records:
         messages, pictures = _conversation(key, path, where, record, data_cfg.image_field)
         text, spans = assistant_spans(_renderer(processor), messages)
@@ -117,30 +138,64 @@ def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, 
                 f"({placeholder}) in its rendered text; each image item of the messages is one placeholder"
             )
         opened = _opened(pictures, root, f"{key}={path!r} {where}")
-        own = 0
+        pixels = resized = 0
         for image in opened:
             budgeted = _budgeted_pixels(budget, image)
             resized += budgeted != image.size[0] * image.size[1]
-            own += budgeted
+            pixels += budgeted
         ids = _process(processor, [text], [opened], None)["input_ids"][0].tolist()
-        if len(ids) > seq_len:
-            too_long.append((where, len(ids)))
-            continue
         marked = _expanded_targets(processor.tokenizer, text, spans, ids, where)
         marked = [m and i not in never for m, i in zip(marked, ids, strict=True)]
-        image_tokens += ids.count(processor.image_token_id)
-        row_pixels.append(own)
-        texts.append(text)
-        images.append([_resolved(p, root) for p in pictures])  # read again from any working directory
-        rows.append(ids + [processor.tokenizer.pad_token_id] * (seq_len - len(ids)))
-        targets.append(marked + [False] * (seq_len - len(ids)))
+        # read again from any working directory
+        yield Processed(where, text, [_resolved(p, root) for p in pictures], ids, marked, pixels, resized)
+
+
+def too_long_error(key: str, path: str, too_long: list[tuple[str, int]], seq_len: int) -> ConfigError:
+    where, longest = max(too_long, key=lambda t: t[1])
+    return ConfigError(
+        f"{key}={path!r}: {len(too_long)} conversations are longer than data.seq_len={seq_len} with their image "
+        f"tokens (the longest, {where}, {longest}); raise data.seq_len to {longest} or shrink the images "
+        "(data.max_pixels where the family has a pixel budget)"
+    )
+
+
+def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, seed: int) -> ImageChats:
+    """The conversations at ``path`` (or the built-in set), processed and checked, through the data cache when
+    their images are files (data/image_chat_cache.py), else held in memory."""
+    if data_cfg.seq_len is None:
+        raise ConfigError(f"{key}: image-text-to-text rows need data.seq_len (tokens per row, image tokens included)")
+    if not path.startswith(BUILTIN_PREFIX):
+        from bigtrain.data.image_chat_cache import cached_image_chats
+
+        cached = cached_image_chats(data_cfg, key, path, processor)
+        if cached is not None:
+            return cached
+    records, root = records_of(data_cfg, key, path, seed)
+    return in_memory(data_cfg, key, path, processor, records, root)
+
+
+def in_memory(
+    data_cfg: DataConfig, key: str, path: str, processor: Any, records: Iterable[Any], root: Path
+) -> ImageChats:
+    """The conversations processed and held in this process (the built-in set's, or a dataset's own images)."""
+    assert data_cfg.seq_len is not None
+    seq_len, pad = data_cfg.seq_len, processor.tokenizer.pad_token_id
+    texts, images, rows, targets, image_tokens, resized = [], [], [], [], 0, 0
+    row_pixels: list[int] = []
+    too_long: list[tuple[str, int]] = []
+    for one in processed(data_cfg, key, path, records, root, processor):
+        if len(one.ids) > seq_len:
+            too_long.append((one.where, len(one.ids)))
+            continue
+        image_tokens += one.ids.count(processor.image_token_id)
+        resized += one.resized
+        row_pixels.append(one.pixels)
+        texts.append(one.text)
+        images.append(one.images)
+        rows.append(one.ids + [pad] * (seq_len - len(one.ids)))
+        targets.append(one.targets + [False] * (seq_len - len(one.ids)))
     if too_long:
-        where, longest = max(too_long, key=lambda t: t[1])
-        raise ConfigError(
-            f"{key}={path!r}: {len(too_long)} conversations are longer than data.seq_len={seq_len} with their image "
-            f"tokens (the longest, {where}, {longest}); raise data.seq_len to {longest} or shrink the images "
-            "(data.max_pixels where the family has a pixel budget)"
-        )
+        raise too_long_error(key, path, too_long, seq_len)
     if not texts:
         raise ConfigError(f"{key}={path!r} holds no conversation")
     count = len(texts)
@@ -151,12 +206,17 @@ def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, 
         ids=np.asarray(rows, dtype=np.int32),
         targets=np.asarray(targets, dtype=bool),
         vocab_size=len(processor.tokenizer),
-        description=f"{path} ({count} conversations, {sum(map(len, images))} images, {image_tokens} image tokens)",
+        description=described(path, count, sum(map(len, images)), image_tokens),
         image_tokens=image_tokens,
+        image_count=sum(map(len, images)),
         resized=resized,
         row_pixels=np.asarray(row_pixels, dtype=np.int64),
         examples=count,
     )
+
+
+def described(path: str, count: int, images: int, image_tokens: int) -> str:
+    return f"{path} ({count} conversations, {images} images, {image_tokens} image tokens)"
 
 
 def _conversation(key: str, path: str, where: str, record: dict[str, Any], image_field: str) -> tuple[list, list]:
