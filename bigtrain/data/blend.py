@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from bigtrain.data.batch import MicroBatch, concat
+from bigtrain.data.order import permutation
 from bigtrain.errors import ConfigError
 
 CYCLE = 10_000  # slots per cycle: weights are kept to 0.01%
@@ -143,7 +144,7 @@ class BlendedRows:
             if len(self._perms) > 2 * len(self.sources):  # a few epochs per source in reach: bounded memory
                 self._perms.clear()
             rng = np.random.default_rng([self.seed, source, epoch])
-            self._perms[key] = rng.permutation(self.sources[source].num_rows)
+            self._perms[key] = permutation(rng, self.sources[source].num_rows)
         return int(self._perms[key][within])
 
     def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> MicroBatch:

@@ -103,3 +103,23 @@ def test_a_resume_onto_another_world_size_mid_epoch_reads_every_row_once(tmp_pat
             loader = StepLoader(data, rank, ranks, micro, torch.device("cpu"), order=order)
             seen += [int(r) for m in loader(step).micro_batches for r in m.input_ids[:, 0]]
     assert sorted(seen) == list(range(rows))
+
+
+def test_the_shuffled_order_is_numpy_s_permutation_held_in_four_bytes_a_row():
+    """The epoch's permutation is the one ``Generator.permutation`` draws (runs and checkpoints keep their order),
+    held as int32 (4 bytes a row per rank, not 8); file order keeps no array at all."""
+    import numpy as np
+
+    from bigtrain.data.order import GlobalOrder
+
+    rows, batch = 100_003, 64
+    order = GlobalOrder(rows, batch, shuffle=True, seed=11)
+    step = 1_570  # crosses into epoch 1
+    positions = np.arange(step * batch, (step + 1) * batch)
+    epochs, within = np.divmod(positions, rows)
+    want = np.array([np.random.default_rng(11 + e).permutation(rows)[w] for e, w in zip(epochs, within, strict=True)])
+    np.testing.assert_array_equal(order.global_batch(step), want)
+    assert all(p.dtype == np.int32 for p in order._perms.values())
+    plain = GlobalOrder(rows, batch, shuffle=False, seed=11)
+    np.testing.assert_array_equal(plain.global_batch(step), within)
+    assert not plain._perms
