@@ -130,7 +130,7 @@ def processed(
     never = image_token_ids(processor)
     budget = pixel_budget(processor.image_processor)
     for where, record in records:
-        messages, pictures = _conversation(key, path, where, record, data_cfg.image_field)
+        messages, pictures = conversation_of(key, path, where, record, data_cfg.image_field)
         text, spans = assistant_spans(_renderer(processor), messages)
         if text.count(placeholder) != len(pictures):
             raise ConfigError(
@@ -219,7 +219,7 @@ def described(path: str, count: int, images: int, image_tokens: int) -> str:
     return f"{path} ({count} conversations, {images} images, {image_tokens} image tokens)"
 
 
-def _conversation(key: str, path: str, where: str, record: dict[str, Any], image_field: str) -> tuple[list, list]:
+def conversation_of(key: str, path: str, where: str, record: dict[str, Any], image_field: str) -> tuple[list, list]:
     """The record's messages with each image item as a bare placeholder (what chat templates render), and its
     images in placeholder order: an item's own ``image``/``path``, else the next of the record's image list."""
     messages = record.get("messages")

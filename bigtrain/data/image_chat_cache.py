@@ -4,12 +4,14 @@ checked and expanded by the processor once, into files every rank, restart and l
 An entry holds the expanded rows and their targets (``rows.bin``, ``targets.bin``: data/row_files.py), each
 conversation's rendered text and image paths (``texts.bin``/``images.bin``, UTF-8 one after another, with their
 offsets), and its images' pixels in the processor's budget (``pixels.npy``). It is keyed by the data files, the
-processor's files (tokenizer, chat template, image processor), the pixel budget and the keys that change the rows;
-an image rewritten in place under the same name is not seen (the images are not read to fingerprint them: a
-micro-batch whose image then expands into other tokens stops the run, naming the entry to remove).
+processor's files (tokenizer, chat template, image processor), the image processor's settings, the transformers
+version (which renders and expands) and the keys that change the rows; an image rewritten in place under the same
+name is not seen (the images are not read to fingerprint them: a micro-batch whose image then expands into other
+tokens stops the run, naming the entry to remove).
 
-Only conversations whose images are files are cached; a dataset holding the images themselves (a HF image column)
-is processed in memory at each start (data/image_chat.py).
+Only conversations whose images are files are cached, as the first conversation shows; a dataset holding the images
+themselves (a HF image column) is processed in memory at each start (data/image_chat.py), as is one whose later
+conversation holds an image (the build stops there).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import numpy as np
 
 from bigtrain.config.schema import DataConfig
 from bigtrain.data import cache
-from bigtrain.data.image_chat import ImageChats, described, processed, records_of, too_long_error
+from bigtrain.data.image_chat import ImageChats, conversation_of, described, processed, records_of, too_long_error
+from bigtrain.data.records import check_records_path
 from bigtrain.data.row_files import RowWriter, open_rows
 from bigtrain.errors import ConfigError
 
@@ -38,11 +41,21 @@ class NotFiles(Exception):
 def cached_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any) -> ImageChats | None:
     """The conversations at ``path`` from the data cache (built now if no process has), or None when their images
     are not files."""
+    import transformers
+
+    check_records_path(key, path)
+    records, root = records_of(data_cfg, key, path, seed=0)
+    first = next(iter(records), None)
+    if first is None or not _all_files(key, path, first, data_cfg.image_field):
+        return None  # the first conversation's images are not files: the dataset holds its images
     folder = getattr(processor.tokenizer, "name_or_path", None)
     parts = {
         "kind": "image chats",
         "source": cache.source_identity(path),
         "processor": processor_identity(folder),
+        # what renders and expands a conversation besides the folder's files
+        "image_processor": processor.image_processor.to_json_string(),
+        "transformers": transformers.__version__,
         **{name: getattr(data_cfg, name) for name in ROW_KEYS},
     }
     try:
@@ -79,6 +92,12 @@ def processor_identity(folder: str | None) -> str | None:
         if f.is_file() and not f.name.endswith(WEIGHTS) and not f.name.startswith("."):
             digest.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def _all_files(key: str, path: str, first: Any, image_field: str) -> bool:
+    """Whether the first record's images are named files (a jsonl's paths), not images held in the dataset."""
+    _, pictures = conversation_of(key, path, first[0], first[1], image_field)
+    return all(isinstance(p, str) or (isinstance(p, dict) and isinstance(p.get("path"), str)) for p in pictures)
 
 
 class Strings:

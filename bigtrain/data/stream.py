@@ -14,18 +14,22 @@ rows before the step's: at most a row's worth of records is tokenised again.
 
 from __future__ import annotations
 
+import bisect
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bigtrain.config.schema import DataConfig
+from bigtrain.data import cache
 from bigtrain.data.batch import MicroBatch
 from bigtrain.data.formats import detect_format, examples
 from bigtrain.data.packing import Packer, layout
-from bigtrain.data.records import open_stream
+from bigtrain.data.records import is_glob, open_stream
 from bigtrain.data.rows import TokenRows
 from bigtrain.data.tokenizer import load_tokenizer
 from bigtrain.errors import ConfigError
@@ -58,6 +62,7 @@ class StreamedRows:
         assert cfg.seq_len is not None
         self.key, self.path, self.split, self.text_field = key, path, cfg.split, cfg.text_field
         self.tokenizer = load_tokenizer(cfg.tokenizer)
+        self._tokenizer_files = cache.tokenizer_identity(cfg.tokenizer)
         self.vocab_size: int | None = self.tokenizer.vocab_size
         first = next(iter(open_stream(key, path, cfg.split)), None)
         if first is None:
@@ -83,9 +88,13 @@ class StreamedRows:
         return self.with_positions
 
     def identity(self) -> dict[str, Any]:
-        """What a saved position belongs to: another source or packing makes it meaningless."""
+        """What a saved position belongs to: other files (a shard added, one rewritten), another tokenizer, format
+        or packing make it meaningless (a dataset streamed by name is known by its name and split)."""
+        local = is_glob(self.path) or Path(self.path).exists()
+        files = cache.source_identity(self.path) if local else None
+        digest = hashlib.sha256(json.dumps([files, self._tokenizer_files]).encode()).hexdigest()[:20]
         return {"path": self.path, "split": self.split, "format": self.format, "mode": self.mode,
-                "seq_len": self.seq_len}  # fmt: skip
+                "seq_len": self.seq_len, "text_field": self.text_field, "files_and_tokenizer": digest}  # fmt: skip
 
     # -- reading -------------------------------------------------------------------------------------------------
 
@@ -95,12 +104,11 @@ class StreamedRows:
         low, high = int(rows.min()), int(rows.max())
         if low < self._first:  # an earlier position than the rows kept: go back to the last mark before it
             self._open(self._mark_at(low))
-        self._advance(high + 1)
-        self._drop_below(low)
+        self._advance(high + 1, keep_from=low)
         kept = [self._rows[int(p) - self._first] for p in np.asarray(rows).reshape(-1)]
-        ids = np.array([r[0] for r in kept], dtype=np.int64)
-        targets = np.array([r[1] for r in kept], dtype=bool) if self.with_targets else None
-        positions = np.array([r[2] for r in kept], dtype=np.int64) if self.with_positions else None
+        ids = np.stack([r[0] for r in kept]).astype(np.int64)
+        targets = np.stack([r[1] for r in kept]) if self.with_targets else None
+        positions = np.stack([r[2] for r in kept]).astype(np.int64) if self.with_positions else None
         block = TokenRows(ids, self.vocab_size, self.description, targets, positions)
         return block.micro_batch(np.arange(len(kept)))
 
@@ -111,7 +119,8 @@ class StreamedRows:
         for the checkpoint."""
         if position < self._first:
             self._open(self._mark_at(position))
-        self._advance(position + 1)  # the record that finishes row ``position`` is read: its mark is the one
+        # the record that finishes row ``position`` is read: the last mark before it is the one
+        self._advance(position + 1, keep_from=position)
         mark = self._mark_at(position)
         return json.dumps({"position": position, "source": self.identity(), "mark": asdict(mark)})
 
@@ -119,13 +128,15 @@ class StreamedRows:
         """Go on from a checkpoint's position (``state_at``'s text), whose next row is ``position``: whether it
         applies, and the line that says where the stream goes on."""
         state = json.loads(saved)
-        if state["source"] != self.identity() or state["position"] != position:
+        mark = Mark(**state["mark"])
+        if state["source"] != self.identity() or mark.next_row > position:
             self._open(None)
+            why = "other data" if state["source"] != self.identity() else f"row {state['position']}"
             return False, (
-                f"the checkpoint's stream position is for {state['source']} at row {state['position']}, not this "
-                f"recipe's data at row {position}: the stream is read from its start up to row {position}"
+                f"the checkpoint's stream position is for {why}, not this recipe's data at row {position}: the "
+                f"stream is read from its start up to row {position}"
             )
-        self._open(Mark(**state["mark"]))
+        self._open(mark)  # a mark before the position (another global batch size) reads on to it
         return True, f"{self.key}: the stream goes on at row {position} (epoch {self._epoch}, record {self._record})"
 
     # -- the stream ----------------------------------------------------------------------------------------------
@@ -145,17 +156,22 @@ class StreamedRows:
         self._record = 0 if mark is None else mark.record
         self._made = 0 if mark is None else mark.next_row  # rows finished so far (the next one's position)
         self._first = self._made  # the position of self._rows[0]
-        self._rows: list[tuple[list[int], Any, Any]] = []
+        self._rows: list[tuple[np.ndarray, Any, Any]] = []
         self._marks: list[Mark] = []
 
     def add(self, ids: list[int], targets: list[bool] | None, positions: list[int] | None) -> None:
-        """The packer's finished row (this object is its sink)."""
-        self._rows.append((ids, targets, positions))
+        """The packer's finished row (this object is its sink), kept as arrays (a list of ints is 7x larger)."""
+        row = np.asarray(ids, dtype=np.int32)
+        marks = None if targets is None else np.asarray(targets, dtype=bool)
+        self._rows.append((row, marks, None if positions is None else np.asarray(positions, dtype=np.int32)))
         self._made += 1
 
-    def _advance(self, end: int) -> None:
-        """Read records until rows up to position ``end`` (excluded) are made."""
+    def _advance(self, end: int, keep_from: int) -> None:
+        """Read records until rows up to position ``end`` (excluded) are made, forgetting those before
+        ``keep_from`` as they come (a stream read from its start to a far position holds a row or so)."""
         while self._made < end:
+            if self._made <= keep_from:
+                self._drop_below(min(keep_from, self._made))
             if not self._marks or self._marks[-1].next_row != self._made:  # one mark per row made is enough
                 state = self._loaded if self._loaded is not None else self._dataset.state_dict()
                 self._marks.append(Mark(self._made, self._epoch, self._record, state, self._packer.carry()))
@@ -173,17 +189,18 @@ class StreamedRows:
             for example in examples([(where, record)], self.format, self.tokenizer, self.text_field, self.key):
                 self._packer.add(example)
             self._record += 1
+        self._drop_below(keep_from)
 
     def _mark_at(self, position: int) -> Mark | None:
         """The last mark from which row ``position`` is still to come (None: only the stream's start)."""
-        before = [m for m in self._marks if m.next_row <= position]
-        return before[-1] if before else None
+        after = bisect.bisect_right(self._marks, position, key=lambda m: m.next_row)
+        return self._marks[after - 1] if after else None
 
     def _drop_below(self, position: int) -> None:
         """Forget rows before ``position`` and every mark but the last one before it (positions only grow)."""
         if position > self._first:
             del self._rows[: position - self._first]
             self._first = position
-        keep = [i for i, m in enumerate(self._marks) if m.next_row <= position]
-        if len(keep) > 1:
-            del self._marks[: keep[-1]]
+        after = bisect.bisect_right(self._marks, position, key=lambda m: m.next_row)  # marks grow in next_row
+        if after > 1:
+            del self._marks[: after - 1]

@@ -119,6 +119,11 @@ def read(resolved: Resolved, is_main: bool) -> WithData:
             f"data.sources blends token rows (a causal LM's text, chat or instruction data); this job "
             f"(model.task {job.task.name}, train.objective {job.objective.name}) reads one source: use data.path"
         )
+    if cfg.data.streaming and not getattr(data, "streamed", False):  # a reader that does not stream
+        raise ConfigError(
+            f"data.streaming reads a causal LM's text, chat or instruction records; this job (model.task "
+            f"{job.task.name}, train.objective {job.objective.name}) reads its data whole: set data.streaming=false"
+        )
     task = job.task
     prepared = task.prepare(cfg, hf_config, data) if task.prepare is not None else Prepared(cfg, hf_config)
     notes = list(prepared.notes)

@@ -95,6 +95,17 @@ CASES = {
         "this one has none (its values are drawn from train.seed); save the model first (model.save_pretrained(FOLDER)) "
         "and set model.name_or_path, or set checkpoint.save_final_model=false",
     ),
+    "a token file streamed": (
+        lambda r: r["data"].update(streaming=True, seq_len=SEQ),
+        "cannot be streamed (data.streaming); give .parquet, .arrow, .json or .jsonl files",
+    ),
+    "a classifier's data streamed": (
+        lambda r: r["data"].update(streaming=True, path="builtin:shapes", image_size=32)
+        or r["model"].update(config=dict(model_type="resnet", embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                                         layer_type="basic")),  # fmt: skip
+        "data.streaming reads a causal LM's text, chat or instruction records; this job (model.task "
+        "image-classification",
+    ),
     "degrees mismatch": (
         lambda r: r["parallel"].update(dp_replicate=2, dp_shard=2),
         "dp_replicate=2 x dp_shard=2 x tp=1 x pp=1 = 4 do not match the world size 2",

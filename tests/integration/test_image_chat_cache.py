@@ -97,3 +97,23 @@ def test_a_conversation_too_long_is_refused_by_the_build(processor, tmp_path):
         with pytest.raises(ConfigError, match="conversations are longer than data.seq_len=20"):
             load(path, processor, tmp_path / "cache", seq_len=20)
     assert not list((tmp_path / "cache").glob("chats-*"))
+
+
+def test_the_processor_s_pixel_budget_is_part_of_the_key(processor, tmp_path):
+    """Another image processor setting (here a smaller pixel budget) builds another entry: its images expand into
+    other tokens."""
+    from bigtrain.data.processor import load_processor
+
+    path = conversations(tmp_path, 6)
+    first = load(path, processor, tmp_path / "cache")
+    folder = processor.tokenizer.name_or_path
+    smaller = load_processor(folder, "model.name_or_path", None, 16 * 16)
+    again = load(path, smaller, tmp_path / "cache")
+    assert again.cache_note is not None and "built in" in again.cache_note
+    assert again.cache_note.split(" (")[0] != first.cache_note.split(" (")[0]
+    assert again.image_tokens < first.image_tokens
+
+
+def test_a_missing_data_path_is_one_line(processor, tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(str(tmp_path / "nowhere.jsonl"), processor, tmp_path / "cache")
