@@ -28,6 +28,14 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS, SEQ = 30, 512
 
 
+def peer_arguments(out: str) -> dict:
+    """The HF Trainer's arguments both peers run with: the job's batch shape on CPU, DDP over gloo, nothing saved,
+    no bar; the last incomplete batch dropped as bigtrain's global order never makes one."""
+    return dict(output_dir=out, max_steps=STEPS, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                report_to="none", save_strategy="no", logging_steps=STEPS, use_cpu=True, ddp_backend="gloo",
+                disable_tqdm=True, dataloader_drop_last=True)  # fmt: skip
+
+
 def trl_worker(data: str, model: str, out: str) -> None:
     """One rank of TRL's SFTTrainer (under torchrun); rank 0 prints its step times as JSON."""
     import torch.distributed as dist
@@ -41,20 +49,7 @@ def trl_worker(data: str, model: str, out: str) -> None:
         def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003, ANN201
             ends.append(time.perf_counter())
 
-    args = SFTConfig(
-        output_dir=out,
-        max_steps=STEPS,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
-        max_length=SEQ,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=STEPS,
-        use_cpu=True,
-        ddp_backend="gloo",
-        disable_tqdm=True,
-        dataloader_drop_last=True,
-    )
+    args = SFTConfig(**peer_arguments(out), max_length=SEQ)
     trainer = SFTTrainer(
         model=AutoModelForCausalLM.from_pretrained(model),
         args=args,
@@ -94,19 +89,7 @@ def hf_worker(data: str, model: str, out: str) -> None:
         return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": list(ids)}
 
     train = load_dataset("json", data_files=data, split="train").map(tokenised, remove_columns=["messages"])
-    args = TrainingArguments(
-        output_dir=out,
-        max_steps=STEPS,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=STEPS,
-        use_cpu=True,
-        ddp_backend="gloo",
-        disable_tqdm=True,
-        dataloader_drop_last=True,
-    )
+    args = TrainingArguments(**peer_arguments(out))
     collator = DataCollatorForSeq2Seq(tokenizer, padding="longest")
     model_ = AutoModelForCausalLM.from_pretrained(model)
     trainer = Trainer(model=model_, args=args, train_dataset=train, data_collator=collator, callbacks=[StepEnds()])
