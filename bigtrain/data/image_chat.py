@@ -159,21 +159,6 @@ def too_long_error(key: str, path: str, too_long: list[tuple[str, int]], seq_len
     )
 
 
-def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, seed: int) -> ImageChats:
-    """The conversations at ``path`` (or the built-in set), processed and checked, through the data cache when
-    their images are files (data/image_chat_cache.py), else held in memory."""
-    if data_cfg.seq_len is None:
-        raise ConfigError(f"{key}: image-text-to-text rows need data.seq_len (tokens per row, image tokens included)")
-    if not path.startswith(BUILTIN_PREFIX):
-        from bigtrain.data.image_chat_cache import cached_image_chats
-
-        cached = cached_image_chats(data_cfg, key, path, processor)
-        if cached is not None:
-            return cached
-    records, root = records_of(data_cfg, key, path, seed)
-    return in_memory(data_cfg, key, path, processor, records, root)
-
-
 def in_memory(
     data_cfg: DataConfig, key: str, path: str, processor: Any, records: Iterable[Any], root: Path
 ) -> ImageChats:

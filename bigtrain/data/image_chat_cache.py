@@ -25,7 +25,16 @@ import numpy as np
 
 from bigtrain.config.schema import DataConfig
 from bigtrain.data import cache
-from bigtrain.data.image_chat import ImageChats, conversation_of, described, processed, records_of, too_long_error
+from bigtrain.data.image_chat import (
+    BUILTIN_PREFIX,
+    ImageChats,
+    conversation_of,
+    described,
+    in_memory,
+    processed,
+    records_of,
+    too_long_error,
+)
 from bigtrain.data.records import check_records_path
 from bigtrain.data.row_files import RowWriter, open_rows
 from bigtrain.errors import ConfigError
@@ -36,6 +45,19 @@ WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".
 
 class NotFiles(Exception):
     """A conversation's image is not a file (a dataset holding images): the conversations cannot be cached."""
+
+
+def load_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any, seed: int) -> ImageChats:
+    """The conversations at ``path`` (or the built-in set), processed and checked, through the data cache when
+    their images are files (below), else held in memory (data/image_chat.in_memory)."""
+    if data_cfg.seq_len is None:
+        raise ConfigError(f"{key}: image-text-to-text rows need data.seq_len (tokens per row, image tokens included)")
+    if not path.startswith(BUILTIN_PREFIX):
+        cached = cached_image_chats(data_cfg, key, path, processor)
+        if cached is not None:
+            return cached
+    records, root = records_of(data_cfg, key, path, seed)
+    return in_memory(data_cfg, key, path, processor, records, root)
 
 
 def cached_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any) -> ImageChats | None:

@@ -27,7 +27,7 @@ def read_chats(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
     """Conversations with images through the model's processor (``data.processor``, else the model's folder), and
     the held-out ones."""
     from bigtrain.data.held_out import with_held_out
-    from bigtrain.data.image_chat import load_image_chats
+    from bigtrain.data.image_chat_cache import load_image_chats
     from bigtrain.data.processor import load_processor
 
     data_cfg = cfg.data

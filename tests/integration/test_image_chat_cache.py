@@ -46,7 +46,7 @@ def conversations(folder, count: int) -> str:
 
 
 def load(path: str, processor, cache_dir, seq_len: int = SEQ_LEN):
-    from bigtrain.data.image_chat import load_image_chats
+    from bigtrain.data.image_chat_cache import load_image_chats
 
     cfg = DataConfig(path=path, seq_len=seq_len, cache_dir=str(cache_dir))
     return load_image_chats(cfg, "data.path", path, processor, 0)

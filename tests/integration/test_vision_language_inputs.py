@@ -31,7 +31,7 @@ def llava(tmp_path_factory):
 
 def chats(folder, data_path="builtin:image_chat", **data):
     from bigtrain.config.schema import DataConfig
-    from bigtrain.data.image_chat import load_image_chats
+    from bigtrain.data.image_chat_cache import load_image_chats
     from bigtrain.data.processor import load_processor
 
     processor = load_processor(str(folder), "model.name_or_path", data.get("min_pixels"), data.get("max_pixels"))
