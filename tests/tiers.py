@@ -54,6 +54,14 @@ FULL = (
     "tests/unit/test_classifier_planner.py::test_the_planner_s_own_count_is_the_published_one[bert-base]",
     "tests/unit/test_known_configs.py::test_a_recorded_preset_is_what_transformers_gives[bert-large]",
     "tests/unit/test_stream.py::test_a_saved_position_reads_on_exactly_across_epochs[chat-documents]",
+    # and the default tier measured 12 min 41 s from a clean clone with nothing beside it (2026-11-28, the machine
+    # slower than the day before: the same launches took 10-20% longer): these run once in CI's second step instead,
+    # each the only case of its kind (convnext's count beside resnet-50's and the ViTs', the first plan: auto seed,
+    # the toy capability through every consumer, a save killed half-way and the straight run it needs)
+    "tests/unit/test_classifier_planner.py::test_the_planner_s_own_count_is_the_published_one[convnext-base]",
+    "tests/unit/test_auto_passes_start_up.py::test_plan_auto_chooses_what_start_up_accepts[0]",
+    "tests/integration/test_a_capability_is_one_file.py::test_every_consumer_sees_the_toy",
+    "tests/integration/test_crash_safety.py::test_a_save_killed_half_way_leaves_the_previous_checkpoint_in_charge",
 )
 
 EXTENDED = (
