@@ -27,7 +27,7 @@ def one_start(folder: Path, n: int) -> None:
     import time
 
     from bigtrain.config.schema import DataConfig
-    from bigtrain.data.image_chat import load_image_chats
+    from bigtrain.data.image_chat_cache import load_image_chats
     from bigtrain.data.processor import load_processor
 
     path = folder / f"chats_{n}.jsonl"

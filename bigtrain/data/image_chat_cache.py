@@ -35,6 +35,7 @@ from bigtrain.data.image_chat import (
     records_of,
     too_long_error,
 )
+from bigtrain.data.parallel_examples import build_processes, in_order
 from bigtrain.data.records import check_records_path
 from bigtrain.data.row_files import RowWriter, open_rows
 from bigtrain.errors import ConfigError
@@ -165,7 +166,10 @@ def _build(data_cfg: DataConfig, key: str, path: str, processor: Any, out: Path)
     too_long: list[tuple[str, int]] = []
     image_tokens = resized = count = 0
     try:
-        for one in processed(data_cfg, key, path, cache.counted(records, key, "processing"), root, processor):
+        def work(chunk: list[Any]) -> list[Any]:
+            return list(processed(data_cfg, key, path, chunk, root, processor))
+
+        for one in in_order(cache.counted(records, key, "processing"), work, build_processes()):
             if not all(isinstance(image, str) for image in one.images):
                 raise NotFiles(one.where)
             if len(one.ids) > seq_len:
