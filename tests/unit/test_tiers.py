@@ -16,7 +16,8 @@ def test_an_entry_names_its_test_its_cases_or_its_module_and_nothing_else():
         tier_of("tests/unit/test_auto_passes_start_up.py::test_plan_auto_chooses_what_start_up_accepts[3]")
         == "extended"
     )
-    assert tier_of("tests/unit/test_auto_passes_start_up.py::test_plan_auto_chooses_what_start_up_accepts[0]") is None
+    assert tier_of("tests/unit/test_auto_passes_start_up.py::test_plan_auto_chooses_what_start_up_accepts[0]") == "full"
+    assert tier_of("tests/unit/test_auto_passes_start_up.py::test_plan_auto_chooses_what_start_up_accepts[10]") is None
     assert tier_of("tests/distributed/test_pipeline_memory.py::test_anything[x]") == "full"  # a module: all its tests
     assert tier_of("tests/distributed/test_pipeline_memory.pyc::test_anything") is None
     whole = "tests/distributed/test_replica_sync.py::test_a_checkpoint_resumes_on_another_number_of_replica_groups"
