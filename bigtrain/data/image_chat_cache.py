@@ -36,7 +36,6 @@ from bigtrain.data.image_chat import (
     too_long_error,
 )
 from bigtrain.data.parallel_examples import build_processes, in_order
-from bigtrain.data.records import check_records_path
 from bigtrain.data.row_files import RowWriter, open_rows
 from bigtrain.errors import ConfigError
 
@@ -66,8 +65,7 @@ def cached_image_chats(data_cfg: DataConfig, key: str, path: str, processor: Any
     are not files."""
     import transformers
 
-    check_records_path(key, path)
-    records, root = records_of(data_cfg, key, path, seed=0)
+    records, root = records_of(data_cfg, key, path, seed=0)  # checks the path first
     first = next(iter(records), None)
     if first is None or not _all_files(key, path, first, data_cfg.image_field):
         return None  # the first conversation's images are not files: the dataset holds its images

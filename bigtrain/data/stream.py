@@ -62,7 +62,6 @@ class StreamedRows:
         assert cfg.seq_len is not None
         self.key, self.path, self.split, self.text_field = key, path, cfg.split, cfg.text_field
         self.tokenizer = load_tokenizer(cfg.tokenizer)
-        self._tokenizer_files = cache.tokenizer_identity(cfg.tokenizer)
         self.vocab_size: int | None = self.tokenizer.vocab_size
         first = next(iter(open_stream(key, path, cfg.split)), None)
         if first is None:
@@ -77,6 +76,7 @@ class StreamedRows:
             f"{path} (streamed: {self.format}, {self.mode}-packed rows of {self.seq_len} made as training goes, in "
             f"the stream's order; {which})"
         )
+        self._identity = self._source_identity(cache.tokenizer_identity(cfg.tokenizer))
         self._open(None)
 
     @property
@@ -88,11 +88,15 @@ class StreamedRows:
         return self.with_positions
 
     def identity(self) -> dict[str, Any]:
-        """What a saved position belongs to: other files (a shard added, one rewritten), another tokenizer, format
-        or packing make it meaningless (a dataset streamed by name is known by its name and split)."""
+        """What a saved position belongs to (found once, at the start: the files this run reads)."""
+        return self._identity
+
+    def _source_identity(self, tokenizer_files: str | None) -> dict[str, Any]:
+        """Other files (a shard added, one rewritten), another tokenizer, format or packing make a saved position
+        meaningless (a dataset streamed by name is known by its name and split)."""
         local = is_glob(self.path) or Path(self.path).exists()
         files = cache.source_identity(self.path) if local else None
-        digest = hashlib.sha256(json.dumps([files, self._tokenizer_files]).encode()).hexdigest()[:20]
+        digest = hashlib.sha256(json.dumps([files, tokenizer_files]).encode()).hexdigest()[:20]
         return {"path": self.path, "split": self.split, "format": self.format, "mode": self.mode,
                 "seq_len": self.seq_len, "text_field": self.text_field, "files_and_tokenizer": digest}  # fmt: skip
 
