@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 from bigtrain import __version__
@@ -38,6 +39,9 @@ from bigtrain.runtime import LaunchEnv, die_with_parent, read_launch_env
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 4  # the loss or gradient norm became NaN or infinite (3 is bigtrain plan's "nothing fits")
 EXIT_CHECKPOINT_NOT_WRITTEN = 5  # a checkpoint (or the final model) could not be written, e.g. the disk is full
+# how long a rank above 0 that failed on bad input waits before it exits under --nproc: the lowest rank's line is
+# the one said, and rank 0 usually meets the same input within a second (a lone higher rank's error costs this much)
+LOWER_RANK_GRACE_S = 3.0
 EXIT_CODES = {
     ConfigError: EXIT_BAD_INPUT,
     TrainingDiverged: EXIT_DIVERGED,
@@ -198,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, TrainingDiverged, CheckpointNotWritten) as e:
         code = next(code for kind, code in EXIT_CODES.items() if isinstance(e, kind))
         say(f"error{rank_tag(env)}: {e}", env, quiet, code)
+        if quiet and env.rank > 0:
+            # every rank meets the same bad input; the launcher says the lowest rank's line, so a higher rank that got
+            # there first gives rank 0 a moment to write its own (the agent's SIGTERM ends this wait when it does)
+            time.sleep(LOWER_RANK_GRACE_S)
         return code
     except BrokenPipeError:  # the reader of our output went away (bigtrain plan ... | head): nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush then succeeds
