@@ -19,7 +19,7 @@ from bigtrain.errors import ConfigError
 from bigtrain.objectives import AUTO as AUTO_OBJECTIVE
 from bigtrain.objectives import OBJECTIVES, ObjectiveSpec, objective
 from bigtrain.tasks import AUTO as AUTO_TASK
-from bigtrain.tasks import TASKS, TaskSpec, resolve, task
+from bigtrain.tasks import TASKS, TaskSpec, detect, resolve, task
 
 
 @dataclass(frozen=True)
@@ -102,13 +102,28 @@ def resolve_job(cfg: RecipeConfig, hf_config: Any) -> tuple[Job, Any]:
     objective ``train.objective`` asks for (``auto``: the task's own), checked against each other and against the
     objective's own numbers; and a copy of the config that names the task's class (``architectures``)."""
     hf_config = copy.deepcopy(hf_config)
-    spec = resolve(hf_config, cfg.model.task, _key(cfg))
+    asked = cfg.model.task
+    if asked == AUTO_TASK:  # an objective that is one task's own (a reward model's) names it
+        asked = getattr(objective_s_task(detect(hf_config), cfg.train.objective, hf_config), "name", asked)
+    spec = resolve(hf_config, asked, _key(cfg))
     if spec.accepts is not None:
         spec.accepts(hf_config, cfg.model)
     job = pair(spec, cfg.train.objective)
     if job.objective.check is not None:
         job.objective.check(cfg)
     return job, hf_config
+
+
+def objective_s_task(detected: TaskSpec, objective_name: str, hf_config: Any) -> TaskSpec:
+    """With ``model.task: auto``, the task a model is trained for: the one detected, unless the objective asked reads
+    other outputs and is the own objective of one task that serves the family (``train.objective: reward`` on a
+    causal LM's folder: a reward model of it)."""
+    if objective_name == AUTO_OBJECTIVE or objective_name not in OBJECTIVES:
+        return detected
+    if OBJECTIVES[objective_name].reads == detected.outputs:
+        return detected
+    own = [t for t in TASKS.values() if t.default_objective == objective_name and t.serves(hf_config.model_type)]
+    return own[0] if len(own) == 1 else detected
 
 
 def _key(cfg: RecipeConfig) -> str:

@@ -65,9 +65,11 @@ def equivalence_cases() -> list[Ran]:
 
 
 def _other_jobs_equivalence() -> list[Ran]:
-    """The classifiers', the preference objectives' and the vision-language models' equivalence cases."""
+    """The classifiers', the preference objectives', the reward model's and the vision-language models' equivalence
+    cases."""
     import test_classification
     import test_preference
+    import test_reward_model
     import test_vision_language
 
     ran = []
@@ -81,6 +83,10 @@ def _other_jobs_equivalence() -> list[Ran]:
     for name, (objective, method, parallel) in test_preference.CASES.items():
         where = f"test_preference::{name}"
         ran.append(Ran(where, "equivalence", dict(parallel), {"method": method}, f"causal-lm/{objective}"))
+    for name, (_, method, parallel) in test_reward_model.CASES.items():
+        ran.append(
+            Ran(f"test_reward_model::{name}", "equivalence", dict(parallel), {"method": method}, "reward-model/reward")
+        )
     for name, (_, _, parallel, train, _) in test_vision_language.CASES.items():
         ran.append(
             Ran(f"test_vision_language::{name}", "equivalence", dict(parallel), dict(train), "image-text-to-text/sft")

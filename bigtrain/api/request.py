@@ -24,7 +24,7 @@ from bigtrain.config.resolve import recipe_data_facts
 from bigtrain.config.schema import FP8_CHOICES, METHODS, PRECISIONS, ParallelConfig, RecipeConfig
 from bigtrain.config.workload import Workload
 from bigtrain.errors import ConfigError
-from bigtrain.job import OBJECTIVES, Job, pair
+from bigtrain.job import OBJECTIVES, Job, objective_s_task, pair
 from bigtrain.objectives import AUTO as AUTO_OBJECTIVE
 from bigtrain.planner.hardware import GPU, Cluster, detect_local, lookup_gpu, parse_memory, replica_link_of
 from bigtrain.planner.model_stats import load_model_config
@@ -357,6 +357,8 @@ def job_of(model_config: dict[str, Any], cfg: RecipeConfig | None, objective: st
     asked = objective or (cfg.train.objective if cfg else AUTO_OBJECTIVE)
     if asked != AUTO_OBJECTIVE and asked not in OBJECTIVES:
         raise ConfigError(f"{spell.value('objective', asked)} is not an objective; use auto, {', '.join(OBJECTIVES)}")
+    if cfg is None or cfg.model.task == AUTO_TASK:
+        spec = objective_s_task(spec, asked, model_config_object(dict(model_config)))
     return pair(spec, asked, key="train.objective" if objective is None else spell("objective"))
 
 

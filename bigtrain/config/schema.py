@@ -238,8 +238,8 @@ class TrainConfig:
         "classification for a classifier), sft (next-token cross-entropy on the labelled tokens), classification "
         "(cross-entropy over examples), or a preference objective on prompt/chosen/rejected pairs "
         "(docs/preference.md): dpo, ipo (both measured against a reference model, parallel.reference), orpo or simpo "
-        "(reference-free). train.global_batch_size then counts pairs, and the loss is the mean over the global "
-        "batch's pairs.",
+        "(reference-free), or reward (a reward model's Bradley-Terry loss, model.task reward-model). "
+        "train.global_batch_size then counts pairs, and the loss is the mean over the global batch's pairs.",
         default="auto",
     )
     beta: float = doc(
@@ -252,6 +252,11 @@ class TrainConfig:
         default="sigmoid",
     )
     simpo_gamma: float = doc("simpo: the target reward margin gamma (TRL's simpo_gamma).", default=0.5)
+    center_rewards_coefficient: float = doc(
+        "reward (model.task reward-model): the weight of (r_chosen + r_rejected)^2 beside the Bradley-Terry loss, "
+        "which keeps rewards centred on 0 (TRL's center_rewards_coefficient; 0: off, 0.01 suggested).",
+        default=0.0,
+    )
     seed: int = doc("Seed of the data order and of from-scratch initialisation.", default=0)
     compile: bool | Literal["auto"] = doc(
         "torch.compile each decoder block (after tp and activation checkpointing, before FSDP2, as torchtitan does) "

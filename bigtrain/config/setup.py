@@ -24,6 +24,7 @@ class DataFacts:
 # ``ObjectiveSpec.reads``)
 TOKEN_ROWS = "token rows"  # logits over the vocabulary at every position of a row (causal LMs, VLMs)
 EXAMPLES = "examples"  # one output vector per example (classifiers, regressors)
+SCORES = "scores"  # one number per row, compared across the rows of an example (a reward model's pairs)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ from bigtrain.data.tokenizer import load_tokenizer
 from bigtrain.errors import ConfigError
 
 SIDES = ("chosen", "rejected")
+MARGIN_FIELD = "margin"  # TRL's: how far the chosen answer's reward should lead the rejected one's (reward models)
+MARGINS_FILE = "margins.npy"
 BUILTIN_PREFIX = "builtin:"
 
 
@@ -50,6 +52,10 @@ class PreferencePairs(IndexedRows):
     examples: int = 0
     positions: None = None  # never packed
     cache_note: str | None = None  # where in the data cache, and whether this start built it
+    # [pairs] fp32: each record's ``margin`` field where the data has one (0 where a record has none); None: no
+    # record has one
+    margins: np.ndarray | None = None
+    pad_id: int = 0  # the tokenizer's pad id (else its eos id): what a score head's rows are padded with
 
     @property
     def seq_len(self) -> int:
@@ -145,6 +151,7 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
         "source": cache.source_identity(path),
         "tokenizer": cache.tokenizer_identity(cfg.tokenizer),
         **{name: getattr(cfg, name) for name in ("seq_len", "max_prompt_length", "split")},
+        "margin_field": MARGIN_FIELD,  # entries built before margins were kept are not read
     }
     found = cache.entry(cache.cache_dir_of(cfg), "pairs", key, parts, lambda out: _build(cfg, key, path, records, out))
     meta = found.meta
@@ -153,6 +160,7 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
     which = f"tokenizer {cfg.tokenizer}" if cfg.tokenizer else "the built-in byte tokenizer (257 ids)"
     note = f", {meta['truncated']} truncated" if meta["truncated"] else ""
     description = f"{path} (preference: {meta['pairs']} pairs, rows of {cfg.seq_len}{note}, {which})"
+    margins = np.load(found.folder / MARGINS_FILE, mmap_mode="r") if meta.get("margins") else None
     return PreferencePairs(
         rows["rows"].reshape(shape),  # type: ignore[union-attr]
         rows["targets"].reshape(shape),  # type: ignore[union-attr]
@@ -161,7 +169,23 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
         truncated=meta["truncated"],
         examples=meta["pairs"],
         cache_note=found.note(key),
+        margins=margins,
+        pad_id=meta.get("pad_id", 0),
     )
+
+
+def read_pairs_and_held_out(cfg: Any, hf_config: Any) -> tuple[PreferencePairs, PreferencePairs | None]:
+    """Pairs of ``data.path`` and the held-out ones (``data.eval_path`` or ``data.eval_fraction``), their ids checked
+    against the model's vocabulary."""
+    from bigtrain.data.held_out import with_held_out
+    from bigtrain.data.sources import check_vocabulary
+
+    def read(key: str, path: str) -> PreferencePairs:
+        pairs = load_preference_pairs(cfg.data, key, path)
+        check_vocabulary(pairs, hf_config.vocab_size, path, key=key)
+        return pairs
+
+    return with_held_out(cfg, read("data.path", cfg.data.path), read, "pairs")
 
 
 def _build(cfg: DataConfig, key: str, path: str, records: Iterable[Record], out: Path) -> dict[str, Any]:
@@ -171,9 +195,11 @@ def _build(cfg: DataConfig, key: str, path: str, records: Iterable[Record], out:
     seq_len, keep_prompt = cfg.seq_len, cfg.max_prompt_length
     writer = RowWriter(out, seq_len, tokenizer.vocab_size, targets=True, positions=False)
     pairs, truncated, differ = 0, 0, 0
+    margins: list[float] = []
     for line, record in cache.counted(records, key, "tokenising"):
         where = f"{key}={path!r} {line}"
         prompt, chosen, rejected = _split_prompt(where, record)
+        margins.append(_margin(where, record))
         prompt_ids, answers = _tokenise(tokenizer, where, prompt, (chosen, rejected))
         if not prompt_ids:  # the answer's first token is predicted from the prompt's last: there must be one
             raise ConfigError(f"{where}: the prompt is empty; every pair needs a prompt its answers follow")
@@ -206,4 +232,24 @@ def _build(cfg: DataConfig, key: str, path: str, records: Iterable[Record], out:
             f"{key}={path!r}: in every pair the chosen and the rejected answer are the same tokens (within "
             f"data.seq_len={seq_len}); nothing to prefer: check the data's chosen and rejected fields"
         )
-    return {"pairs": pairs, "truncated": truncated, "vocab_size": tokenizer.vocab_size, "dtypes": dtypes}
+    has_margins = any(m != 0 for m in margins)
+    if has_margins:
+        np.save(out / MARGINS_FILE, np.asarray(margins, dtype=np.float32))
+    return {
+        "pairs": pairs,
+        "truncated": truncated,
+        "vocab_size": tokenizer.vocab_size,
+        "dtypes": dtypes,
+        "margins": has_margins,
+        "pad_id": tokenizer.pad_id,
+    }
+
+
+def _margin(where: str, record: dict[str, Any]) -> float:
+    """A record's ``margin`` (0 without one); anything but a finite number is an error naming the record."""
+    value = record.get(MARGIN_FIELD)
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise ConfigError(f"{where}: {MARGIN_FIELD!r} is {value!r}; give a finite number (or leave the field out)")
+    return float(value)

@@ -13,6 +13,7 @@ from bigtrain.errors import ConfigError
 class Tokenizer(Protocol):
     vocab_size: int
     eos_id: int
+    pad_id: int  # what rows are padded with where padding is read (a score head's last token): its pad, else eos
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -34,6 +35,7 @@ class ByteTokenizer:
 
     vocab_size = 257
     eos_id = 256
+    pad_id = 256
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -72,6 +74,8 @@ class HFTokenizer:
             raise ConfigError(f"data.tokenizer={path!r} has no eos token to separate packed documents")
         self.path = path
         self.eos_id = int(self._tok.eos_token_id)
+        pad = self._tok.pad_token_id  # TRL's reward trainer pads with the pad token, else the eos token
+        self.pad_id = self.eos_id if pad is None else int(pad)
         self.vocab_size = len(self._tok)
 
     def encode(self, text: str) -> list[int]:

@@ -160,10 +160,13 @@ def full_values(
     module at a time: read from ``checkpoint`` (a HF folder), or HF's own initialisation under ``seed`` when there is
     none. Each value is valid until the next one is asked for; the whole model is walked in a fixed order, so every
     plan gets the same values. ``new_head``: a checkpoint value of another shape than the model's is initialised
-    instead (the head of a classifier given another number of labels), each such name logged once.
+    instead (the head of a classifier given another number of labels), and so is one the checkpoint lacks outside
+    the base model (a reward model's head on a causal LM's folder), each such name logged once.
     """
     reader = ConvertedCheckpoint(checkpoint, meta_twin) if checkpoint else None
     loaded, missing, replaced = 0, [], []
+    base = getattr(meta_twin, "base_model_prefix", "")
+    in_base = lambda fqn: bool(base) and fqn.startswith(f"{base}.")  # noqa: E731
     torch.manual_seed(seed)
     owners = _initialisers(meta_twin)
     for mod_name, mod in meta_twin.named_modules():
@@ -174,7 +177,13 @@ def full_values(
             continue
         from_ckpt = {n: reader.get(f) for n, f in wanted_here.items()} if reader else {}
         if new_head:
-            shaped = {n: v for n, v in from_ckpt.items() if v is not None and v.shape != getattr(mod, n).shape}
+            # the head's values: of another shape, or absent (a causal LM's folder made a reward model: its head lies
+            # outside the base model, as transformers' task classes place it)
+            shaped = {
+                n: v
+                for n, v in from_ckpt.items()
+                if (v is not None and v.shape != getattr(mod, n).shape) or (v is None and not in_base(fqns[n]))
+            }
             for n in shaped:
                 from_ckpt[n] = None
                 replaced.append(fqns[n])

@@ -18,6 +18,7 @@ RECORDS = (
     "ipo",
     "orpo",
     "simpo",
+    "reward",
 )
 OBJECTIVES: dict[str, ObjectiveSpec] = {
     spec.name: spec for spec in (import_module(f"{__name__}.{name}").OBJECTIVE for name in RECORDS)

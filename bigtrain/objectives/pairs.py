@@ -19,16 +19,9 @@ KEYS = ("train.beta", "data.max_prompt_length", "data.prompt_field", "data.chose
 
 def read_pairs(cfg: Any, hf_config: Any) -> tuple[Any, Any]:
     """Pairs of ``data.path`` (text or chat records) and the held-out ones, tokenised by the recipe's tokenizer."""
-    from bigtrain.data.held_out import with_held_out
-    from bigtrain.data.preference import load_preference_pairs
-    from bigtrain.data.sources import check_vocabulary
+    from bigtrain.data.preference import read_pairs_and_held_out
 
-    def read(key: str, path: str) -> Any:
-        pairs = load_preference_pairs(cfg.data, key, path)
-        check_vocabulary(pairs, hf_config.vocab_size, path, key=key)
-        return pairs
-
-    return with_held_out(cfg, read("data.path", cfg.data.path), read, "pairs")
+    return read_pairs_and_held_out(cfg, hf_config)
 
 
 def make(pair_loss: str, needs_reference: bool, averaged: bool) -> Any:

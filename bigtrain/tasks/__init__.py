@@ -19,6 +19,7 @@ RECORDS = (
     "causal_lm",
     "image_classification",
     "sequence_classification",
+    "reward_model",  # named only (model.task: reward-model): a one-output sequence classifier
 )
 TASKS: dict[str, TaskSpec] = {
     spec.name: spec for spec in (import_module(f"{__name__}.{name}").TASK for name in RECORDS)
