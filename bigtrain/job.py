@@ -19,7 +19,7 @@ from bigtrain.errors import ConfigError
 from bigtrain.objectives import AUTO as AUTO_OBJECTIVE
 from bigtrain.objectives import OBJECTIVES, ObjectiveSpec, objective
 from bigtrain.tasks import AUTO as AUTO_TASK
-from bigtrain.tasks import TASKS, TaskSpec, detect, resolve, task
+from bigtrain.tasks import TASKS, TaskSpec, detect, resolve, task, task_of_objective
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def resolve_job(cfg: RecipeConfig, hf_config: Any) -> tuple[Job, Any]:
     hf_config = copy.deepcopy(hf_config)
     asked = cfg.model.task
     if asked == AUTO_TASK:  # an objective that is one task's own (a reward model's) names it
-        asked = getattr(objective_s_task(detect(hf_config), cfg.train.objective, hf_config), "name", asked)
+        asked = objective_s_task(detect(hf_config), cfg.train.objective, hf_config.model_type).name
     spec = resolve(hf_config, asked, _key(cfg))
     if spec.accepts is not None:
         spec.accepts(hf_config, cfg.model)
@@ -114,16 +114,12 @@ def resolve_job(cfg: RecipeConfig, hf_config: Any) -> tuple[Job, Any]:
     return job, hf_config
 
 
-def objective_s_task(detected: TaskSpec, objective_name: str, hf_config: Any) -> TaskSpec:
-    """With ``model.task: auto``, the task a model is trained for: the one detected, unless the objective asked reads
-    other outputs and is the own objective of one task that serves the family (``train.objective: reward`` on a
-    causal LM's folder: a reward model of it)."""
-    if objective_name == AUTO_OBJECTIVE or objective_name not in OBJECTIVES:
-        return detected
-    if OBJECTIVES[objective_name].reads == detected.outputs:
-        return detected
-    own = [t for t in TASKS.values() if t.default_objective == objective_name and t.serves(hf_config.model_type)]
-    return own[0] if len(own) == 1 else detected
+def objective_s_task(detected: TaskSpec, objective_name: str, model_type: str) -> TaskSpec:
+    """With ``model.task: auto``, the task a model is trained for: the one detected, unless the objective asked is
+    one task's own and reads other outputs (``train.objective: reward`` on a causal LM's folder: a reward model of
+    it; ``tasks.task_of_objective``)."""
+    spec = OBJECTIVES.get(objective_name)  # None: auto, or a name the pairing refuses in its own words
+    return task_of_objective(detected, objective_name, getattr(spec, "reads", detected.outputs), model_type)
 
 
 def _key(cfg: RecipeConfig) -> str:

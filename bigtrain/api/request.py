@@ -358,7 +358,7 @@ def job_of(model_config: dict[str, Any], cfg: RecipeConfig | None, objective: st
     if asked != AUTO_OBJECTIVE and asked not in OBJECTIVES:
         raise ConfigError(f"{spell.value('objective', asked)} is not an objective; use auto, {', '.join(OBJECTIVES)}")
     if cfg is None or cfg.model.task == AUTO_TASK:
-        spec = objective_s_task(spec, asked, model_config_object(dict(model_config)))
+        spec = objective_s_task(spec, asked, model_config["model_type"])
     return pair(spec, asked, key="train.objective" if objective is None else spell("objective"))
 
 

@@ -155,8 +155,9 @@ class PlanResult:
         )
 
     def _rows_per_count(self) -> int:
-        """What one counted example of the global batch is in the task's unit (a token row: its tokens)."""
-        return self.workload.seq_len if self.workload.job.unit == "tokens" else 1
+        """What one counted example of the global batch is in the task's unit (a token row: its tokens; a reward
+        model's pair: its two answers)."""
+        return self.workload.seq_len if self.workload.job.unit == "tokens" else self.workload.job.rows_per_example
 
     def scaling(self) -> list[ScalingRow]:
         """The chosen plan's kind from one GPU (or its model-parallel group) to the asked count (``scaling.py``)."""

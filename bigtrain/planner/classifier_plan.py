@@ -86,14 +86,26 @@ def estimate_memory(stats: ClassifierStats, plan: Plan, workload: Workload) -> M
     if plan.backend == "ddp":
         return _with_margin(weights, 4 * t, 8 * t, acts, 0)
     if plan.backend == "fsdp2":
-        gathered = a * psi if plan.zero_stage == 2 else 2 * a * stats.largest_unit
-        # a unit's unsharded fp32 gradient, being reduced (its trained share)
-        reduce = int(4 * stats.largest_unit * t / psi) if not fp32 else 0
+        root, block = stats.largest_unit, stats.largest_block or stats.largest_unit
+        # in backward: every parameter gathered (zero2), or two units (the one computing, the next prefetched), or,
+        # where the root's own outweigh a block (a large vocabulary's embedding), the root (gathered from forward
+        # to the end of backward) beside two blocks; and a unit's unsharded fp32 gradient being reduced (its trained
+        # share): the root's comes last, when the activations are gone
+        if plan.zero_stage == 2:
+            gathered, reduced = a * psi, root
+        elif root > block:
+            gathered, reduced = a * (root + 2 * block), block
+        else:
+            gathered, reduced = 2 * a * root, root
+        reduce = int(4 * reduced * t / psi) if not fp32 else 0
         kept = 4 * t // n if accum > 1 else 0
         backward = acts + gathered + reduce + kept
+        last = a * root + (int(4 * root * t / psi) if not fp32 else 0) + kept  # the root's gradient, at the end
         step = 8 * t // n
-        if backward >= step:
+        if backward >= max(step, last):
             return _with_margin(weights // n, kept, 8 * t // n, acts, gathered + reduce)
+        if last >= step:
+            return _with_margin(weights // n, kept, 8 * t // n, 0, last - kept)
         return _with_margin(weights // n, 4 * t // n, 8 * t // n, 0, 4 * t // n)
     optim = 12 * t // n
     if plan.zero_stage == 3:

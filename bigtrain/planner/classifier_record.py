@@ -33,6 +33,9 @@ class ClassifierStats:
     # fully); empty: LoRA does not apply (a CNN's blocks hold convolutions)
     adapted: tuple[tuple[int, int], ...] = ()
     head_params: int = 0
+    # parameters of the largest repeated block; where the root's own (an embedding of a large vocabulary) outweigh
+    # it, FSDP2 holds the root gathered beside the blocks (0: not recorded, taken as largest_unit)
+    largest_block: int = 0
     facts: ModelFacts | None = None  # what the capability table reads of the model (which plans may run)
 
     def lora_params(self, rank: int) -> int:

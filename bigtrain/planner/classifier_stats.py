@@ -97,6 +97,7 @@ def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str, tas
         unit=unit,
         params=params,
         largest_unit=max([*units, params - sum(units)]),
+        largest_block=max(units, default=0),
         blocks=len(units),
         convolutional=sum(isinstance(m, nn.Conv2d) for m in meta.modules()) > 2,
         batch_norm=batch_norm,

@@ -26,7 +26,19 @@ TASKS: dict[str, TaskSpec] = {
 }
 AUTO = "auto"
 
-__all__ = ["AUTO", "EXAMPLES", "TASKS", "TOKEN_ROWS", "Prepared", "TaskSpec", "detect", "named", "resolve", "task"]
+__all__ = [
+    "AUTO",
+    "EXAMPLES",
+    "TASKS",
+    "TOKEN_ROWS",
+    "Prepared",
+    "TaskSpec",
+    "detect",
+    "named",
+    "resolve",
+    "task",
+    "task_of_objective",
+]
 
 
 def task(name: str, key: str = "model.task") -> TaskSpec:
@@ -65,6 +77,15 @@ def detect(hf_config: Any) -> TaskSpec:
         f"model_type {hf_config.model_type!r} serves several tasks ({', '.join(t.name for t in left)}); say which "
         "with model.task"
     )
+
+
+def task_of_objective(detected: TaskSpec, objective: str, reads: str, model_type: str) -> TaskSpec:
+    """The task ``detected`` unless ``objective`` reads other outputs than its model gives and is the own objective
+    of exactly one task that serves ``model_type`` (a reward model's objective on a causal LM's family)."""
+    if reads == detected.outputs:
+        return detected
+    own = [spec for spec in TASKS.values() if spec.default_objective == objective and spec.serves(model_type)]
+    return own[0] if len(own) == 1 else detected
 
 
 def _claims(spec: TaskSpec, hf_config: Any) -> bool:

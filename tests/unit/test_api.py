@@ -43,8 +43,8 @@ def recipe_world(tmp_path, monkeypatch):
             from make_vlm_demo import save_tiny_vlm
 
             save_tiny_vlm(tmp_path / folder)
-        elif preset is None:
-            save_tiny_model(tmp_path / folder, vocab_size=259)
+        elif preset is None:  # the demos' models hold 512 positions (a reward model's rows are checked against them)
+            save_tiny_model(tmp_path / folder, vocab_size=259, max_position_embeddings=512)
         else:
             (tmp_path / folder).mkdir(parents=True)
             (tmp_path / folder / "config.json").write_text(json.dumps(load_model_config(preset)))
