@@ -12,9 +12,8 @@ from helpers import REPO
 sys.path.insert(0, str(REPO / "bench"))
 from reward_memory import CASES, run_case  # noqa: E402
 
-# CI's case (the default tier): Llama-3-8B's width, whose 128k-token embedding outweighs a block; the rest in the full
-# tier
-TIERED = [pytest.param(c, id=c.name, marks=() if i == 0 else pytest.mark.full) for i, c in enumerate(CASES)]
+pytestmark = pytest.mark.full  # the first case is Llama-3-8B's width, whose 128k-token embedding outweighs a block
+TIERED = [pytest.param(c, id=c.name) for c in CASES]
 
 
 @pytest.mark.parametrize("case", TIERED)

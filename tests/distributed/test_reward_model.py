@@ -213,6 +213,7 @@ def test_the_loop_learns_and_clips(loops):
     assert sum(r["grad_norm"] > CLIP for r in reference) >= 2  # clipping is active
 
 
+@pytest.mark.full  # two more runs of the loop
 @pytest.mark.parametrize("mistake", ["swap", "no_margin"])
 def test_a_split_pair_or_a_lost_margin_is_caught(mistake, inputs, loops):
     _, model_dir, data = inputs

@@ -77,6 +77,7 @@ def test_a_margin_that_is_not_a_number_is_named_by_its_line(tmp_path, model_dir)
     assert "line 3: 'margin' is 'big'; give a finite number" in message
 
 
+@pytest.mark.full  # three runs
 def test_a_resumed_run_equals_the_run_that_never_stopped(tmp_path, model_dir):
     data = _write(tmp_path / "pairs.jsonl", PAIRS)
     straight = _recipe(tmp_path / "straight", model_dir, data, task=None, objective="reward")  # names the task
