@@ -57,6 +57,8 @@ def recipe_args(name: str, tmp_path: Path) -> tuple[list[str], int]:
         return ["--set", f"model.name_or_path={save_tiny_model(tmp_path / name)}"], 8
     if name in ("finetune_local", "chat_finetune", "lora_chat", "dpo_full", "dpo_lora"):  # the walk-throughs' folders
         args += ["--set", f"model.name_or_path={save_tiny_model(tmp_path / name)}"]
+    if name == "reward_model":  # the chat walk-through's SFT model, of 512 positions (its rows are checked against them)
+        args += ["--set", f"model.name_or_path={save_tiny_model(tmp_path / name, max_position_embeddings=512)}"]
     return args, 4
 
 
