@@ -18,6 +18,7 @@ from bigtrain.config.schema import RecipeConfig
 from bigtrain.config.setup import SCORES
 from bigtrain.tasks import classifiers
 from bigtrain.tasks.spec import Prepared, TaskSpec
+from bigtrain.tasks.token_rows import text_files
 
 LABEL = "LABEL_0"  # transformers' name of a one-output head's output (TRL's reward models carry it)
 
@@ -69,13 +70,6 @@ def planner(model_config: dict[str, Any], workload: Any) -> Any:
     )
 
 
-def files(cfg: RecipeConfig, hf_config: Any, data: Any) -> Any:
-    """The tokenizer the pairs were read with (data.tokenizer, or the built-in byte tokenizer)."""
-    from bigtrain.tasks.token_rows import text_files
-
-    return text_files(cfg, hf_config, data)
-
-
 TASK = TaskSpec(
     name="reward-model",
     summary="reward models: a one-output score head trained on preference pairs (Bradley-Terry)",
@@ -96,7 +90,7 @@ TASK = TaskSpec(
     sizes=lambda ask: classifiers.sizes(ask, images=False),
     synthetic=lambda *args: None,  # the objective's (its pairs)
     count=lambda *args: 0.0,
-    export_files=files,
+    export_files=text_files,  # the tokenizer the pairs were read with (data.tokenizer, or the built-in bytes)
     peft_task_type="SEQ_CLS",
     keys=("data.path", "data.eval_path", "data.eval_fraction", "data.tokenizer", "data.seq_len"),
     rules=classifiers.RULES,
