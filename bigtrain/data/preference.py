@@ -160,7 +160,7 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
     which = f"tokenizer {cfg.tokenizer}" if cfg.tokenizer else "the built-in byte tokenizer (257 ids)"
     note = f", {meta['truncated']} truncated" if meta["truncated"] else ""
     description = f"{path} (preference: {meta['pairs']} pairs, rows of {cfg.seq_len}{note}, {which})"
-    margins = np.load(found.folder / MARGINS_FILE, mmap_mode="r") if meta.get("margins") else None
+    margins = np.load(found.folder / MARGINS_FILE, mmap_mode="r") if meta["margins"] else None
     return PreferencePairs(
         rows["rows"].reshape(shape),  # type: ignore[union-attr]
         rows["targets"].reshape(shape),  # type: ignore[union-attr]
@@ -170,7 +170,7 @@ def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | N
         examples=meta["pairs"],
         cache_note=found.note(key),
         margins=margins,
-        pad_id=meta.get("pad_id", 0),
+        pad_id=meta["pad_id"],
     )
 
 

@@ -10,7 +10,7 @@ attended to). A micro-batch of m pairs is 2m rows, the m chosen then the m rejec
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -48,45 +48,29 @@ class RewardBatch:
 
 
 @dataclass
-class RewardPairs:
-    """``PreferencePairs`` read as ``RewardBatch``es; a split of them is a split of the pairs."""
+class RewardPairs(PreferencePairs):
+    """``PreferencePairs`` read as ``RewardBatch``es (a split of them, ``subset``, stays one)."""
 
-    pairs: PreferencePairs
-    lengths: np.ndarray = field(init=False)  # [pairs, 2]: each row's length (through its answer's last token)
-
-    def __post_init__(self) -> None:
-        targets = np.asarray(self.pairs.targets)
-        self.lengths = targets.shape[2] - np.argmax(targets[:, :, ::-1], axis=2)
-
-    # what the loaders, the held-out split and the start-up lines read of a dataset, as the pairs have it
-    def __getattr__(self, name: str) -> Any:
-        if name == "pairs":  # not yet set (copying): never the pairs' own
-            raise AttributeError(name)
-        return getattr(self.pairs, name)
-
-    @property
-    def num_rows(self) -> int:
-        return self.pairs.num_rows
+    @classmethod
+    def of(cls, pairs: PreferencePairs) -> RewardPairs:
+        return cls(**{f.name: getattr(pairs, f.name) for f in fields(pairs)})
 
     @property
     def seq_len(self) -> int:
         """One answer per row counted (throughput counts answers scored; rows are as long as their longest answer)."""
         return 1
 
-    def subset(self, index: np.ndarray, description: str) -> RewardPairs:
-        return RewardPairs(self.pairs.subset(index, description))
-
     def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> RewardBatch:
-        """Pairs ``rows``: their chosen rows, then their rejected rows, padded after each answer with the pad id to
-        the longest of them."""
-        at = self.pairs.at(rows)
-        lengths = np.concatenate([self.lengths[at, 0], self.lengths[at, 1]])
+        """Pairs ``rows``: their chosen rows, then their rejected rows, each through its answer's last token, padded
+        after it with the pad id to the longest of them."""
+        at = self.at(rows)
+        targets = np.concatenate([self.targets[at, 0], self.targets[at, 1]])
+        lengths = targets.shape[1] - np.argmax(targets[:, ::-1], axis=1)
         width = int(lengths.max())
-        ids = np.concatenate([self.pairs.ids[at, 0, :width], self.pairs.ids[at, 1, :width]]).astype(np.int64)
+        ids = np.concatenate([self.ids[at, 0, :width], self.ids[at, 1, :width]]).astype(np.int64)
         mask = np.arange(width)[None, :] < lengths[:, None]
-        ids[~mask] = self.pairs.pad_id
-        margins = self.pairs.margins
-        margin = np.zeros(len(at), np.float32) if margins is None else np.asarray(margins[at], np.float32)
+        ids[~mask] = self.pad_id
+        margin = np.zeros(len(at), np.float32) if self.margins is None else np.asarray(self.margins[at], np.float32)
         return RewardBatch(
             torch.from_numpy(ids),
             torch.from_numpy(mask.astype(np.int64)),
@@ -101,4 +85,4 @@ def read_reward_pairs(cfg: Any, hf_config: Any) -> tuple[RewardPairs, RewardPair
     from bigtrain.data.preference import read_pairs_and_held_out
 
     data, held = read_pairs_and_held_out(cfg, hf_config)
-    return RewardPairs(data), None if held is None else RewardPairs(held)
+    return RewardPairs.of(data), None if held is None else RewardPairs.of(held)

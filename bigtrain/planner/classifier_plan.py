@@ -46,6 +46,7 @@ from bigtrain.planner.deepspeed_memory import DEEPSPEED_MAX_LIVE_PARAMETERS
 from bigtrain.planner.hardware import Cluster, count, link_bandwidth, ring_share
 from bigtrain.planner.memory_terms import MARGIN_FIXED, MARGIN_FRACTION, MemoryEstimate
 from bigtrain.planner.planned import PlannedModel
+from bigtrain.planner.preference import as_rows
 
 if TYPE_CHECKING:  # measured with torch (fake tensors): planning a causal LM imports no torch
     from bigtrain.planner.classifier_record import ClassifierStats
@@ -72,6 +73,7 @@ def trained_and_frozen(stats: ClassifierStats, workload: Workload) -> tuple[int,
 
 
 def estimate_memory(stats: ClassifierStats, plan: Plan, workload: Workload) -> MemoryEstimate:
+    plan, workload = as_rows(plan, workload)  # a reward model's pair: two rows
     # the ranks the states are sharded over: FSDP2's dp_shard (HSDP replicates over dp_replicate), DeepSpeed's dp
     n = plan.dp_shard if plan.backend == "fsdp2" else plan.dp
     psi, a, b = stats.params, workload.dtype_bytes, plan.micro_batch_size
@@ -86,21 +88,21 @@ def estimate_memory(stats: ClassifierStats, plan: Plan, workload: Workload) -> M
     if plan.backend == "ddp":
         return _with_margin(weights, 4 * t, 8 * t, acts, 0)
     if plan.backend == "fsdp2":
-        root, block = stats.largest_unit, stats.largest_block or stats.largest_unit
+        largest, block = stats.largest_unit, stats.largest_block or stats.largest_unit
         # in backward: every parameter gathered (zero2), or two units (the one computing, the next prefetched), or,
-        # where the root's own outweigh a block (a large vocabulary's embedding), the root (gathered from forward
-        # to the end of backward) beside two blocks; and a unit's unsharded fp32 gradient being reduced (its trained
-        # share): the root's comes last, when the activations are gone
+        # where the largest unit is the root's own (a large vocabulary's embedding outweighs a block), the root
+        # (gathered from forward to the end of backward) beside two blocks; and a unit's unsharded fp32 gradient
+        # being reduced (its trained share): the largest unit's comes last, when the activations are gone
         if plan.zero_stage == 2:
-            gathered, reduced = a * psi, root
-        elif root > block:
-            gathered, reduced = a * (root + 2 * block), block
+            gathered, reduced = a * psi, largest
+        elif largest > block:
+            gathered, reduced = a * (largest + 2 * block), block
         else:
-            gathered, reduced = 2 * a * root, root
+            gathered, reduced = 2 * a * largest, largest
         reduce = int(4 * reduced * t / psi) if not fp32 else 0
         kept = 4 * t // n if accum > 1 else 0
         backward = acts + gathered + reduce + kept
-        last = a * root + (int(4 * root * t / psi) if not fp32 else 0) + kept  # the root's gradient, at the end
+        last = a * largest + (int(4 * largest * t / psi) if not fp32 else 0) + kept  # its gradient, at the end
         step = 8 * t // n
         if backward >= max(step, last):
             return _with_margin(weights // n, kept, 8 * t // n, acts, gathered + reduce)
@@ -130,6 +132,7 @@ def _with_margin(params: float, grads: float, optim: float, acts: float, other: 
 
 
 def estimate_time(stats: ClassifierStats, plan: Plan, cluster: Cluster, workload: Workload) -> ClassifierTime:
+    plan, workload = as_rows(plan, workload)  # a reward model's pair: two rows (its answers per second)
     n, psi, a = plan.dp, stats.params, workload.dtype_bytes
     t, frozen = trained_and_frozen(stats, workload)
     accum = plan.grad_accum_steps(workload.global_batch_size)

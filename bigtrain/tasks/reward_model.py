@@ -53,21 +53,13 @@ def prepare(cfg: RecipeConfig, hf_config: Any, data: Any) -> Prepared:
 
 
 def planner(model_config: dict[str, Any], workload: Any) -> Any:
-    """A classifier's statistics and terms, a pair computing as two rows (``planner/preference.as_rows``)."""
-    from bigtrain.planner.preference import as_rows
-
-    # a causal LM's folder or preset, planned as the one-output classifier start-up builds of it
+    """A classifier's statistics and terms (which compute a pair as its two rows) of the one-output classifier
+    start-up builds of a causal LM's folder or preset."""
     name = TASK.class_name(model_config["model_type"])
     model_config = {**model_config, "architectures": [name], "id2label": {"0": LABEL}, "label2id": {LABEL: 0}}
     if model_config.get("pad_token_id") is None:  # the head reads up to the pad id: any id plans the same
         model_config["pad_token_id"] = 0
-    planned = classifiers.planner(model_config, workload)
-    memory, time = planned.memory, planned.time
-    return dataclasses.replace(
-        planned,
-        memory=lambda stats, plan, w: memory(stats, *as_rows(plan, w)),
-        time=lambda stats, plan, cluster, w: time(stats, as_rows(plan, w)[0], cluster, as_rows(plan, w)[1]),
-    )
+    return classifiers.planner(model_config, workload)
 
 
 TASK = TaskSpec(
