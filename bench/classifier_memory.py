@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bigtrain.config.capabilities import option_defaults
 from bigtrain.config.plan import DEFAULT_GRAD_REDUCE, Plan
@@ -95,11 +96,13 @@ def run_case(case: Case) -> tuple[int, int]:
     return predicted, simulate(config, plan, workload)["Total"]
 
 
-def main() -> None:
+def write_comparison(cases: Any, run: Any, results: Path, heading: list[str]) -> None:
+    """Each case's (predicted, simulated) peak from ``run(case)``, printed as it comes, then the table with the
+    largest and median error written to ``results`` under ``heading`` (its title and how it was run)."""
     rows, errors = [], []
-    for case in CASES:
+    for case in cases:
         start = time.perf_counter()
-        predicted, simulated = run_case(case)
+        predicted, simulated = run(case)
         error = predicted / simulated - 1
         errors.append(abs(error))
         rows.append(
@@ -109,20 +112,31 @@ def main() -> None:
         print(rows[-1], flush=True)
     text = "\n".join(
         [
-            "# Classifier planner: predicted vs simulated peak (rank 0, bf16)",
-            "",
-            "`python bench/classifier_memory.py` (this machine: 2 CPU cores; fake tensors, fake process group).",
+            *heading,
             "",
             "| case | predicted GiB | simulated GiB | error | time |",
             "|---|---|---|---|---|",
             *rows,
             "",
-            f"largest error {max(errors):.1%}, median {statistics.median(errors):.1%} ({len(CASES)} cases).",
+            f"largest error {max(errors):.1%}, median {statistics.median(errors):.1%} ({len(cases)} cases).",
             "",
         ]
     )
-    RESULTS.write_text(text)
+    results.write_text(text)
     print(text.splitlines()[-1])
+
+
+def main() -> None:
+    write_comparison(
+        CASES,
+        run_case,
+        RESULTS,
+        [
+            "# Classifier planner: predicted vs simulated peak (rank 0, bf16)",
+            "",
+            "`python bench/classifier_memory.py` (this machine: 2 CPU cores; fake tensors, fake process group).",
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -10,13 +10,10 @@ then holds it gathered beside the blocks, which the classifier's terms model.
 
 from __future__ import annotations
 
-import statistics
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from classifier_memory import classifier_plan
+from classifier_memory import classifier_plan, write_comparison
 
 from bigtrain.config.workload import Workload
 from bigtrain.job import job_facts
@@ -77,34 +74,17 @@ def run_case(case: Case) -> tuple[int, int]:
 
 
 def main() -> None:
-    rows, errors = [], []
-    for case in CASES:
-        start = time.perf_counter()
-        predicted, simulated = run_case(case)
-        error = predicted / simulated - 1
-        errors.append(abs(error))
-        rows.append(
-            f"| {case.name} | {predicted / 2**30:.2f} | {simulated / 2**30:.2f} | {error:+.1%} | "
-            f"{time.perf_counter() - start:.0f} s |"
-        )
-        print(rows[-1], flush=True)
-    text = "\n".join(
+    write_comparison(
+        CASES,
+        run_case,
+        RESULTS,
         [
             "# Reward model: planned vs simulated peak (rank 0, bf16)",
             "",
             "`python bench/reward_memory.py` (this machine: 2 CPU cores; fake tensors, fake process group). mb counts",
             "pairs (two rows each).",
-            "",
-            "| case | predicted GiB | simulated GiB | error | time |",
-            "|---|---|---|---|---|",
-            *rows,
-            "",
-            f"largest error {max(errors):.1%}, median {statistics.median(errors):.1%} ({len(CASES)} cases).",
-            "",
-        ]
+        ],
     )
-    RESULTS.write_text(text)
-    print(f"wrote {RESULTS}", file=sys.stderr)
 
 
 if __name__ == "__main__":
