@@ -37,7 +37,7 @@ from bigtrain.config.plan import Plan  # noqa: E402
 from bigtrain.config.schema import RecipeConfig, TrainConfig, recipe_key  # noqa: E402
 from bigtrain.config.workload import Workload  # noqa: E402
 
-SECTIONS = ("model", "data", "train", "parallel", "checkpoint", "lora")
+SECTIONS = ("model", "data", "train", "parallel", "checkpoint", "lora", "rollout")
 
 
 def _default(f: dataclasses.Field) -> str:
@@ -164,9 +164,11 @@ def _job_of(task: Any, objective: str = "auto") -> tuple[ModelFacts, Any]:
     from bigtrain.config.schema import ModelConfig
     from bigtrain.job import resolve_job
     from bigtrain.models.build import load_hf_config
+    from bigtrain.objectives import OBJECTIVES
 
     model = ModelConfig(config=dict(task.example), task=task.name)
-    cfg = RecipeConfig(model=model, train=TrainConfig(objective=objective))
+    example = dict(OBJECTIVES[objective].example_train) if objective in OBJECTIVES else {}
+    cfg = RecipeConfig(model=model, train=TrainConfig(objective=objective, **example))
     job, hf_config = resolve_job(cfg, load_hf_config(cfg.model))
     extra = job.task.model_facts(hf_config) if job.task.model_facts is not None else {}
     return ModelFacts.of(hf_config, **extra), job

@@ -23,6 +23,7 @@ from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
 from bigtrain.errors import ConfigError
 from bigtrain.integrations import TARGETS, Export, dropped_memory_options, speed_notes
 from bigtrain.job import OBJECTIVES, resolve_job
+from bigtrain.objectives.pairs import beta_of
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
@@ -163,7 +164,7 @@ def to_dpo_config(cfg: RecipeConfig, plan: Plan, model_config: dict[str, Any], o
     loss = spec.trl_dpo_loss(train)
     overrides = {
         "max_length": cfg.data.seq_len,
-        "beta": train.beta,
+        "beta": beta_of(train),
         "loss_type": [loss],
         "precompute_ref_log_probs": reference == "precomputed",
         **overrides,

@@ -101,7 +101,7 @@ def yaml_problem(e: yaml.YAMLError) -> str:
 
 def check_ranges(cfg: RecipeConfig) -> None:
     """Numbers that parse but cannot work (0 steps, negative warmup, NaN) fail here with the key's name."""
-    for section in ("train", "data", "parallel", "checkpoint", "lora"):
+    for section in ("train", "data", "parallel", "checkpoint", "lora", "rollout"):
         for f in dataclasses.fields(getattr(cfg, section)):
             value = getattr(getattr(cfg, section), f.name)
             if isinstance(value, float) and not math.isfinite(value):

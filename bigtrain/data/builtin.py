@@ -113,21 +113,29 @@ def _preference(rng: random.Random) -> dict[str, list[dict[str, str]]]:
 UNHELPFUL = ["I do not know.", "Why do you ask?", "That is not a good question.", "Read the story yourself."]
 
 
-BUILTIN = ("stories", "chat", "preferences")
+BUILTIN = ("stories", "chat", "preferences", "sums")
+
+
+def _sum(rng: random.Random) -> dict[str, str]:
+    """A prompt whose answer a reward function can check exactly (grpo's toy task): "12+7=" and its answer "19"."""
+    a, b = rng.randint(0, 9), rng.randint(0, 9)
+    return {"prompt": f"{a}+{b}=", "answer": str(a + b)}
 
 
 def builtin_records(name: str, num_records: int = 20000, seed: int = 1234) -> list[dict]:
     """The records of built-in corpus ``name``, deterministic for a given seed: 'stories' (text), 'chat' (a story
     and questions about it, as ``messages``) or 'preferences' (a story and a question, its right and a wrong answer:
-    chat preference pairs)."""
+    chat preference pairs) or 'sums' (prompts "a+b=" with their ``answer``: grpo's verifiable toy task)."""
     if name not in BUILTIN:
         from bigtrain.errors import ConfigError
 
         raise ConfigError(
-            f"data.path=builtin:{name} is not a built-in corpus; use builtin:stories, builtin:chat or "
-            "builtin:preferences"
+            f"data.path=builtin:{name} is not a built-in corpus; use builtin:stories, builtin:chat, "
+            "builtin:preferences or builtin:sums"
         )
     rng = random.Random(seed)
+    if name == "sums":
+        return [_sum(rng) for _ in range(num_records)]
     if name == "preferences":
         return [_preference(rng) for _ in range(num_records)]
     if name == "chat":

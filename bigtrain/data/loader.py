@@ -21,6 +21,8 @@ from bigtrain.data.sources import TokenRows
 class StepBatch:
     micro_batches: list[MicroBatch]  # on the device
     tokens: int  # what the objective counts in them, labelled positions for a causal LM (on the host: no sync)
+    # the step's metrics made with its data, the same on every rank (grpo's rewards of the generated completions)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

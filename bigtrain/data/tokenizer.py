@@ -23,6 +23,8 @@ class Tokenizer(Protocol):
 
     def chat_ids(self, messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]: ...
 
+    def decode(self, ids: list[int]) -> str: ...
+
 
 NO_TEMPLATE = (
     "chat data is rendered with the tokenizer's chat template, and the built-in byte tokenizer has none; set "
@@ -48,6 +50,10 @@ class ByteTokenizer:
 
     def chat_ids(self, messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
         raise ConfigError(NO_TEMPLATE)
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids``, the end-of-document id dropped (a generated completion's text)."""
+        return bytes(i for i in ids if i < self.eos_id).decode("utf-8", errors="replace")
 
 
 class HFTokenizer:
@@ -120,6 +126,10 @@ class HFTokenizer:
             messages, tokenize=True, return_dict=True, add_generation_prompt=generation_prompt
         )
         return list(out["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids`` without special tokens (a generated completion's text, as TRL decodes it)."""
+        return self._tok.decode(ids, skip_special_tokens=True)
 
     @staticmethod
     def _render_chat(tok: Any, messages: list[dict[str, Any]]) -> tuple[list[int], list[bool]]:

@@ -82,6 +82,12 @@ class Engine(ABC):
         to a schedule (pipelines) have none."""
         raise NotImplementedError(f"{type(self).__name__} runs no single forward outside its schedule")
 
+    def generate(self, **kwargs: Any) -> torch.Tensor:
+        """transformers' ``generate`` on the model as it trains (its current weights, adapters applied, gathered by
+        its own hooks where sharded), in eval mode and the step's precision: online RL's rollouts. Every rank of a
+        sharded model calls it together (``synced_gpus``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not generate yet")
+
     def with_reference(self, micro_batches: list[Any]) -> list[Any]:
         """The micro-batches with what the reference gives them (all of a step's first: its forwards need no graph,
         and the policy's forwards then run back to back with their backwards)."""

@@ -105,6 +105,12 @@ class TorchNativeEngine(Engine):
         with self._autocast():
             return self.built.forward_module(**batch.model_inputs())
 
+    def generate(self, **kwargs: Any) -> torch.Tensor:
+        # the HF model itself (not the DDP wrapper: generation syncs no gradients); FSDP2's hooks on it gather each
+        # unit's parameters for every forward of the generation loop
+        with evaluating(self.parts), self._autocast():
+            return self.built.parts[0].generate(**kwargs)
+
     def _forward_loss(self, batch: MicroBatch) -> Terms:
         """The objective's terms of one micro-batch: its summed loss (a DTensor under loss_parallel), the router's
         load-balancing loss where the model computes one, the step metrics' sums. The compute-dtype logits are not

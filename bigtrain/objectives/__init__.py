@@ -19,6 +19,7 @@ RECORDS = (
     "orpo",
     "simpo",
     "reward",
+    "grpo",
 )
 OBJECTIVES: dict[str, ObjectiveSpec] = {
     spec.name: spec for spec in (import_module(f"{__name__}.{name}").OBJECTIVE for name in RECORDS)

@@ -24,7 +24,7 @@ OBJECTIVE = ObjectiveSpec(
     make=pairs.make("dpo_loss", needs_reference=True, averaged=False),
     check=check,
     keys=(*pairs.KEYS, "train.loss_type", "train.label_smoothing", "parallel.reference"),
-    trl_dpo_loss=lambda train: train.loss_type,
+    trl_dpo_loss=pairs.loss_type_of,
     **pairs.on_pairs("dpo"),
     **pairs.with_reference(),
 )

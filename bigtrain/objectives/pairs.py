@@ -14,6 +14,8 @@ from bigtrain.config.setup import TOKEN_ROWS, Setup
 from bigtrain.errors import ConfigError
 
 ROWS_PER_PAIR = 2  # its chosen and its rejected answer, each a row of its own (``data/batch.PairBatch``)
+BETA = 0.1  # TRL's DPOConfig/ORPOConfig/CPOConfig beta, where train.beta is unset
+DPO_LOSSES = ("sigmoid", "hinge")
 KEYS = ("train.beta", "data.max_prompt_length", "data.prompt_field", "data.chosen_field", "data.rejected_field")
 
 
@@ -35,8 +37,8 @@ def make(pair_loss: str, needs_reference: bool, averaged: bool) -> Any:
             getattr(preference, pair_loss),
             needs_reference,
             averaged,
-            train.beta,
-            train.loss_type,
+            beta_of(train),
+            loss_type_of(train),
             train.label_smoothing,
             train.simpo_gamma,
         )
@@ -45,13 +47,28 @@ def make(pair_loss: str, needs_reference: bool, averaged: bool) -> Any:
     return made
 
 
+def beta_of(train: Any) -> float:
+    """train.beta, or TRL's default for the preference objectives where it is unset."""
+    return BETA if train.beta is None else train.beta
+
+
+def loss_type_of(train: Any) -> str:
+    """train.loss_type, or dpo's default (TRL's sigmoid) where it is unset."""
+    return DPO_LOSSES[0] if train.loss_type is None else train.loss_type
+
+
 def check_numbers(cfg: Any, objective: str, smoothing: bool = False) -> None:
-    """beta must train something; label smoothing only where the objective has it (dpo's sigmoid: conservative DPO)
-    and below 0.5 (above, most preferences flip)."""
+    """beta must train something; the loss type one of dpo's; label smoothing only where the objective has it
+    (dpo's sigmoid: conservative DPO) and below 0.5 (above, most preferences flip)."""
     train = cfg.train
-    if train.beta == 0:
+    if beta_of(train) == 0:
         raise ConfigError(f"train.beta=0 with train.objective={objective} trains nothing; use e.g. 0.1")
-    if train.label_smoothing and not (smoothing and train.loss_type == "sigmoid"):
+    if train.loss_type is not None and train.loss_type not in DPO_LOSSES:
+        raise ConfigError(
+            f"train.loss_type={train.loss_type} is grpo's; train.objective={objective} takes "
+            f"{' or '.join(DPO_LOSSES)} (dpo) or none"
+        )
+    if train.label_smoothing and not (smoothing and loss_type_of(train) == "sigmoid"):
         raise ConfigError(
             f"train.label_smoothing={train.label_smoothing} applies to dpo with loss_type sigmoid (conservative DPO); "
             f"train.objective={objective} has none: set train.label_smoothing=0"

@@ -34,6 +34,9 @@ class ObjectiveSpec:
     - ``attach(engine, options, train)``: its roles onto the engine (a live reference), after the engine is built;
     - ``before_training(cfg, plan, engine, datasets, resuming, device)``: a pass before the first step (the
       precomputed reference);
+    - ``step_source(cfg, plan, engine, data, device)``: where each step's micro-batches come from when they are
+      made during training (online RL's rollouts, a callable of the step like the data's ``StepLoader``); None: read
+      from the data;
     - ``keys``, ``rules``: the recipe keys it reads and its own rows of what runs together.
     """
 
@@ -49,6 +52,9 @@ class ObjectiveSpec:
     check: Callable[[Any], None] | None = None
     attach: Callable[[Any, Any, Any], None] | None = None
     before_training: Callable[..., None] | None = None
+    step_source: Callable[..., Any] | None = None
+    # train keys an example recipe of the objective must set (docs/generate.py's jobs; grpo's reward functions)
+    example_train: tuple[tuple[str, Any], ...] = ()
     keys: tuple[str, ...] = ()
     rules: tuple[Any, ...] = ()
     refusal: Callable[[str], str] | None = None  # what a task whose model gives other outputs is told

@@ -117,6 +117,7 @@ class TrainLoop:
             "lr": result.lr,
             "data_s": waited,
             **self.engine.objective.step_metrics(sums[1:], global_tokens),
+            **batch.metrics,
         }
         if result.loss_scale is not None:
             record.update(loss_scale=result.loss_scale, skipped=result.skipped)

@@ -258,26 +258,9 @@ class TrainingJob:
     def fit(self) -> TrainResult:
         assert self.engine is not None and self.plan is not None, "use TrainingJob as a context manager"
         cfg = self.cfg
-        costs = getattr(self.data, "row_costs", None)  # rows of unequal cost (images) are dealt, not sliced
-        shuffle = cfg.data.shuffle and not getattr(self.data, "self_ordered", False)  # a blend orders itself
-        order = GlobalOrder(self.data.num_rows, self._batch, shuffle, cfg.train.seed, costs)
         engine, micro = self.engine, self.plan.micro_batch_size
-        cp_rank, cp_size = engine.sequence_slice
-        slices = dict(cp_rank=cp_rank, cp_size=cp_size)
-        trim = dict(trim_to=trim_multiple(self.data, self.plan, cfg.train, self.hf_config))
-        loader = StepLoader(
-            self.data,
-            engine.dp_rank,
-            engine.dp_size,
-            micro,
-            self.device,
-            order=order,
-            count=engine.objective.count,
-            workers=cfg.data.workers,
-            steps=cfg.train.steps,
-            **slices,
-            **trim,
-        )
+        made = self.job.objective.step_source
+        loader = made(cfg, self.plan, engine, self.data, self.device) if made else self._step_loader(engine, micro)
         evaluation = None
         if self.eval_data is not None:
             evaluation = EvalLoader(
@@ -288,8 +271,7 @@ class TrainingJob:
                 self.device,
                 global_batch_size=self._batch,
                 count=engine.objective.count,
-                **slices,
-                **trim,
+                **self._reading(engine),
             )
         loop = TrainLoop(
             cfg,
@@ -309,6 +291,31 @@ class TrainingJob:
         if self.env.rank == 0:
             self._log_done(result)
         return result
+
+    def _step_loader(self, engine: Engine, micro: int) -> StepLoader:
+        """Each step's micro-batches of this rank, read from the data in the global order."""
+        cfg = self.cfg
+        costs = getattr(self.data, "row_costs", None)  # rows of unequal cost (images) are dealt, not sliced
+        shuffle = cfg.data.shuffle and not getattr(self.data, "self_ordered", False)  # a blend orders itself
+        order = GlobalOrder(self.data.num_rows, self._batch, shuffle, cfg.train.seed, costs)
+        return StepLoader(
+            self.data,
+            engine.dp_rank,
+            engine.dp_size,
+            micro,
+            self.device,
+            order=order,
+            count=engine.objective.count,
+            workers=cfg.data.workers,
+            steps=cfg.train.steps,
+            **self._reading(engine),
+        )
+
+    def _reading(self, engine: Engine) -> dict[str, int]:
+        """How this rank cuts the rows it reads: its context-parallel slice of each, and the padding trimmed."""
+        cp_rank, cp_size = engine.sequence_slice
+        trim = trim_multiple(self.data, self.plan, self.cfg.train, self.hf_config)
+        return dict(cp_rank=cp_rank, cp_size=cp_size, trim_to=trim)
 
     def _log_done(self, result: TrainResult) -> None:
         unit, cfg = self.job.task.unit, self.cfg

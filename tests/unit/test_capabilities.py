@@ -60,6 +60,12 @@ class Example:
     images: bool = False  # an image classifier's example: the built-in shapes as data (recipe plans, plan exports
     # and the LM planner's statistics refuse the model before any row, which the test checks instead)
     vlm: bool = False  # a vision-language model's: the tiny LLaVA of recipes/make_vlm_demo.py on builtin:image_chat
+    train: dict[str, Any] = field(default_factory=dict)  # other train keys (beyond what its objective's example sets)
+
+    def train_keys(self) -> dict[str, Any]:
+        """The train keys beyond the fields above: its objective's example's (grpo's reward functions), its own."""
+        spec = OBJECTIVES.get(self.objective)
+        return {**(dict(spec.example_train) if spec is not None else {}), **self.train}
 
 
 EXAMPLES: dict[str, Example] = {
@@ -168,6 +174,8 @@ EXAMPLES: dict[str, Example] = {
     "reference_without_its_objective": Example(2, dict(dp_shard=2, reference="sharded"), objective="orpo"),
     "reference_against_the_method": Example(2, dict(dp_shard=2, reference="adapter_disabled"), objective="dpo"),
     "preference_with_model_parallelism": Example(2, dict(tp=2), objective="dpo"),
+    "online_rl_with_model_parallelism": Example(2, dict(tp=2), objective="grpo"),
+    "precomputed_reference": Example(2, dict(dp_shard=2, reference="precomputed"), objective="grpo", train={"beta": 0.04}),
     "vision_language_with_model_parallelism": Example(4, dict(pp=2, dp_shard=2), vlm=True),
     "vision_language_with_untested_options": Example(2, dict(dp_shard=2), vlm=True, compile=True),
     "offloaded_reference_engines": Example(
@@ -223,6 +231,7 @@ def train_of(ex: Example) -> TrainConfig:
         mixed_precision=ex.precision,
         fp8=ex.fp8,
         objective=ex.objective,
+        **ex.train_keys(),
     )
 
 
@@ -255,6 +264,7 @@ def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
             "fp8": ex.fp8,
             "mixed_precision": ex.precision,
             "objective": ex.objective,
+            **ex.train_keys(),
         },
         parallel=make_plan(**ex.plan).to_dict(),
     )

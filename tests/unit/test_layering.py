@@ -23,6 +23,7 @@ LAYERS = {
     "planner": 2,
     "data": 2,
     "models": 2,
+    "rewards": 2,  # reward functions shipped for grpo recipes: user-level code, importing nothing of bigtrain
     "runtime": 2,
     "parallel": 3,
     "losses": 3,  # what a step minimises: below the engines that drive it

@@ -1,0 +1,104 @@
+"""Prompts for online RL (``train.objective: grpo``): records with a ``prompt`` (text, or chat ``messages``) and any
+other fields a reward function reads, each prompt tokenised once at start.
+
+A text prompt is tokenised as the start of an example (the tokenizer's leading special tokens, e.g. Llama's BOS); a
+chat prompt through the chat template with the assistant's opening (``add_generation_prompt``), as TRL does. A prompt
+longer than ``data.max_prompt_length`` keeps its end (TRL's rule). A row of a rollout is its prompt then its
+completion: ``seq_len`` is the longest prompt plus ``train.max_completion_length``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bigtrain.data.builtin import builtin_records
+from bigtrain.data.records import Record, check_records_path, describe_sources, read_records
+from bigtrain.data.tokenizer import Tokenizer, load_tokenizer
+from bigtrain.errors import ConfigError
+
+BUILTIN_PREFIX = "builtin:"
+PROMPT_FIELD = "prompt"  # TRL's: text, or a list of chat messages
+
+
+@dataclass
+class Prompts:
+    """The prompts of a run, in record order: ``ids[i]`` the tokens of prompt i, ``prompts[i]`` its text or messages
+    as the reward functions receive it, ``fields[i]`` the record's other fields."""
+
+    ids: list[np.ndarray]
+    prompts: list[Any]
+    fields: list[dict[str, Any]]
+    seq_len: int
+    vocab_size: int
+    tokenizer: Tokenizer
+    description: str
+    truncated: int = 0
+    cache_note: str | None = field(default=None)
+    streamed = False
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.ids)
+
+
+def _is_chat(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value)
+
+
+def _records(key: str, path: str, split: str) -> Iterable[Record]:
+    if path.startswith(BUILTIN_PREFIX):
+        name = path.removeprefix(BUILTIN_PREFIX)
+        if name != "sums":
+            raise ConfigError(
+                f"{key}={path!r}: grpo trains on prompts; use builtin:sums (a verifiable toy task), or give "
+                f"{describe_sources()} of records with a prompt field"
+            )
+        return ((f"record {i}", r) for i, r in enumerate(builtin_records(name, 2000)))
+    check_records_path(key, path)
+    return read_records(key, path, "prompt", split)
+
+
+def read_prompts(cfg: Any, max_completion_length: int) -> Prompts:
+    """``data.path``'s prompts, tokenised with the recipe's tokenizer (``data.tokenizer``; the byte tokenizer
+    without one)."""
+    data = cfg.data
+    key, name = "data.path", PROMPT_FIELD
+    tokenizer = load_tokenizer(data.tokenizer)
+    ids, prompts, fields_of = [], [], []
+    truncated = 0
+    for where, record in _records(key, data.path, data.split):
+        if name not in record:
+            raise ConfigError(
+                f"{key}: {where} has no {name!r} field (its fields: {', '.join(record) or 'none'}); grpo reads a "
+                f"prompt per record (text or chat messages) under {name!r}, TRL's field"
+            )
+        prompt = record[name]
+        if _is_chat(prompt):
+            tokens = tokenizer.chat_ids(prompt, generation_prompt=True)
+        elif isinstance(prompt, str):
+            tokens = tokenizer.encode_prompt(prompt)
+        else:
+            raise ConfigError(
+                f"{key}: {where}'s {name!r} is neither text nor chat messages ([{{role, content}}, ...]); give one"
+            )
+        if data.max_prompt_length is not None and len(tokens) > data.max_prompt_length:
+            tokens, truncated = tokens[-data.max_prompt_length :], truncated + 1
+        if not tokens:
+            raise ConfigError(f"{key}: {where}'s prompt is empty; every prompt needs at least one token")
+        ids.append(np.asarray(tokens, dtype=np.int64))
+        prompts.append(prompt)
+        fields_of.append({k: v for k, v in record.items() if k != name})
+    if not ids:
+        raise ConfigError(f"{key}={data.path!r} holds no records; grpo needs prompts")
+    longest = max(len(t) for t in ids)
+    which = f"tokenizer {data.tokenizer}" if data.tokenizer else "the built-in byte tokenizer (257 ids)"
+    note = f", {truncated} cut to data.max_prompt_length" if truncated else ""
+    description = f"{data.path} (prompts: {len(ids)}, up to {longest} tokens{note}, {which})"
+    return Prompts(
+        ids, prompts, fields_of, longest + max_completion_length, tokenizer.vocab_size, tokenizer, description,
+        truncated,
+    )  # fmt: skip

@@ -1,0 +1,136 @@
+"""grpo's reward functions (``train.reward_functions``): Python callables named by import path, ``module:function``,
+with TRL's signature ``f(prompts, completions, completion_ids, **fields) -> list[float | None]``: the record's other
+fields arrive as lists, one value per completion. None means "not scored by this function" (TRL's NaN: another
+function scores it; a completion no function scores gets no advantage).
+
+Everything that can be wrong is said in one line naming the function: a path that does not import, a value that is
+not a number, a list of the wrong length, an exception (with the record that raised it, found by scoring the
+completions one by one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+import numbers
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from bigtrain.errors import ConfigError
+
+KEY = "train.reward_functions"
+
+
+@dataclass(frozen=True)
+class RewardFunction:
+    path: str  # as the recipe wrote it, module:function
+    function: Callable[..., Any]
+
+    @property
+    def name(self) -> str:
+        """Its name in the metrics (``rewards/NAME/mean``, TRL's: the function's own name)."""
+        return getattr(self.function, "__name__", self.path.rpartition(":")[2])
+
+
+@contextlib.contextmanager
+def _here_on_path() -> Iterator[None]:
+    """The directory bigtrain starts in on the import path (``python -m`` has it there; a console script or
+    torchrun's workers do not), as a user's reward module beside the recipe expects."""
+    here = os.getcwd()
+    added = here not in sys.path
+    if added:
+        sys.path.append(here)
+    try:
+        yield
+    finally:
+        if added and here in sys.path:
+            sys.path.remove(here)
+
+
+def load_reward_function(path: str, index: int) -> RewardFunction:
+    where = f"{KEY}[{index}]={path!r}"
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigError(f"{where} is not module:function; name a callable by its import path, e.g. my_rewards:exact")
+    try:
+        with _here_on_path():
+            module = importlib.import_module(module_name)
+    except Exception as e:  # its own import error, or an error while the module runs
+        raise ConfigError(
+            f"{where}: module {module_name!r} does not import ({type(e).__name__}: {e}); put it on the Python path "
+            "(PYTHONPATH, or the directory bigtrain is started from)"
+        ) from e
+    function = getattr(module, attribute, None)
+    if function is None or not callable(function):
+        found = "has no" if function is None else "has a non-callable"
+        raise ConfigError(f"{where}: module {module_name!r} {found} {attribute!r}; name a function of it")
+    return RewardFunction(path, function)
+
+
+def load_reward_functions(paths: list[str]) -> list[RewardFunction]:
+    return [load_reward_function(path, i) for i, path in enumerate(paths)]
+
+
+def _values(reward: RewardFunction, out: Any, n: int, where: Callable[[int], str]) -> list[float]:
+    """``out`` as n floats (NaN for None), or the one line that says what is wrong with it."""
+    try:
+        values = list(out)
+    except TypeError:
+        raise ConfigError(
+            f"reward function {reward.path} returned {type(out).__name__}, not a list of {n} numbers (one per "
+            "completion)"
+        ) from None
+    if len(values) != n:
+        raise ConfigError(
+            f"reward function {reward.path} returned {len(values)} values for {n} completions; return one per "
+            "completion (None where it does not score one)"
+        )
+    floats = []
+    for i, v in enumerate(values):
+        if v is None:
+            floats.append(math.nan)
+            continue
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or (isinstance(v, float) and math.isnan(v)):
+            raise ConfigError(
+                f"reward function {reward.path} returned {v!r} for {where(i)}; return a number (or None: not scored)"
+            )
+        floats.append(float(v))
+    return floats
+
+
+def score(
+    reward: RewardFunction,
+    prompts: list[Any],
+    completions: list[Any],
+    completion_ids: list[list[int]],
+    fields: dict[str, list[Any]],
+    where: Callable[[int], str],
+) -> list[float]:
+    """One function's rewards of ``completions`` (NaN: not scored); ``where(i)`` names completion i's record."""
+    n = len(completions)
+
+    def call(rows: range) -> Any:
+        cut = {k: [v[i] for i in rows] for k, v in fields.items()}
+        return reward.function(
+            prompts=[prompts[i] for i in rows],
+            completions=[completions[i] for i in rows],
+            completion_ids=[completion_ids[i] for i in rows],
+            **cut,
+        )
+
+    try:
+        out = call(range(n))
+    except Exception as e:
+        for i in range(n):  # which completion raised: score them one by one
+            try:
+                call(range(i, i + 1))
+            except Exception as one:
+                raise ConfigError(
+                    f"reward function {reward.path} raised {type(one).__name__}: {one} on {where(i)}"
+                ) from one
+        raise ConfigError(f"reward function {reward.path} raised {type(e).__name__}: {e}") from e
+    return _values(reward, out, n, where)
