@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from bigtrain.checkpoint.layout import Manifest, check_files
 from bigtrain.checkpoint.reader import MODEL_PREFIX, load_into, read_metadata
-from bigtrain.checkpoint.state import STREAM, TRAINER, rng_key, rng_state, set_rng_state
+from bigtrain.checkpoint.state import STREAM, TRAINER, rng_key, rng_state, set_rng_state, step_source_key
 from bigtrain.engine.base import REPLICA_STATE, Engine
 from bigtrain.errors import ConfigError
 
@@ -30,6 +30,8 @@ class Resumed:
     manifest: Manifest
     rng_restored: bool
     stream: str | None = None  # a stream's position (data.streaming), when the checkpoint holds one
+    # what this rank's step source kept (grpo's generation in progress), when saved by as many ranks
+    step_source: str | None = None
 
 
 def load_checkpoint(
@@ -52,6 +54,9 @@ def load_checkpoint(
     state[TRAINER] = {"step": -1, "tokens": -1, **({key: rng_state(device)} if restore_rng else {})}
     if f"{TRAINER}.{STREAM}" in metadata.state_dict_metadata:
         state[TRAINER][STREAM] = ""
+    source = step_source_key(rank)
+    if same_world and f"{TRAINER}.{source}" in metadata.state_dict_metadata:
+        state[TRAINER][source] = ""
     # every-step training resuming replica groups' checkpoint: its optimizer state is group 0's
     saved = metadata.state_dict_metadata
     from_groups = "optimizer" in state and not any(k.startswith("optimizer.") for k in saved)
@@ -67,7 +72,7 @@ def load_checkpoint(
     engine.load_state_dict(state)
     if restore_rng:
         set_rng_state(state[TRAINER][key], device)
-    return Resumed(folder, manifest, restore_rng, state[TRAINER].get(STREAM))
+    return Resumed(folder, manifest, restore_rng, state[TRAINER].get(STREAM), state[TRAINER].get(source))
 
 
 def check_same_model(ours: dict[str, tuple[int, ...]], saved: dict[str, Any], folder: Path) -> None:

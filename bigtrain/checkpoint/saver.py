@@ -88,6 +88,8 @@ class Checkpointer:
         self._pending: _Pending | None = None
         self.saved_step = -1  # the last step a save was started for (the same on every rank)
         self.last_published: Path | None = None  # rank 0 only
+        # what a step source that makes the batches (grpo's rollouts) keeps for the steps after a step, per rank
+        self.step_source_state: Callable[[int], str | None] | None = None
         # an adapter run's checkpoints omit the frozen base: they name it and pin its files (rank 0 writes it)
         adapters = cfg.train.method in ADAPTER_METHODS and self.rank == 0
         self.base = base_record(cfg.model.name_or_path) if adapters else None
@@ -100,7 +102,8 @@ class Checkpointer:
         """Save the state after ``step`` optimizer steps (collective: every rank, same step)."""
         self.wait()
         stream = self.stream_position(step) if self.stream_position is not None else None
-        state = capture(self.engine, step, tokens, self.rank, self.device, stream)
+        own = self.step_source_state(step) if self.step_source_state is not None else None
+        state = capture(self.engine, step, tokens, self.rank, self.device, stream, own)
         partial = partial_dir(self.root, step)
         self.saved_step = step
         try:

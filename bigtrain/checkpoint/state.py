@@ -36,12 +36,26 @@ def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def step_source_key(rank: int) -> str:
+    """Where a rank's step source (grpo's rollouts) keeps what the next steps need (its generation's batches)."""
+    return f"step_source_rank{rank}"
+
+
 def capture(
-    engine: Engine, step: int, tokens: int, rank: int, device: torch.device, stream: str | None = None
+    engine: Engine,
+    step: int,
+    tokens: int,
+    rank: int,
+    device: torch.device,
+    stream: str | None = None,
+    step_source: str | None = None,
 ) -> dict[str, Any]:
-    """The state this rank saves after ``step`` optimizer steps (``stream``: a stream's position for step + 1)."""
+    """The state this rank saves after ``step`` optimizer steps (``stream``: a stream's position for step + 1;
+    ``step_source``: what a step source that makes the batches keeps for the steps after it)."""
     state = engine.state_dict()
     state[TRAINER] = {"step": step, "tokens": tokens, rng_key(rank): rng_state(device)}
     if stream is not None:
         state[TRAINER][STREAM] = stream
+    if step_source is not None:
+        state[TRAINER][step_source_key(rank)] = step_source
     return state

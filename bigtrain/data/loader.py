@@ -23,6 +23,9 @@ class StepBatch:
     tokens: int  # what the objective counts in them, labelled positions for a causal LM (on the host: no sync)
     # the step's metrics made with its data, the same on every rank (grpo's rewards of the generated completions)
     metrics: dict[str, float] = field(default_factory=dict)
+    # of the time the step waited for this batch, the seconds it computed rather than read (grpo's generation,
+    # scoring and log-probabilities): not counted as waiting for data
+    computed_s: float = 0.0
 
 
 @dataclass

@@ -27,11 +27,13 @@ PROMPT_FIELD = "prompt"  # TRL's: text, or a list of chat messages
 @dataclass
 class Prompts:
     """The prompts of a run, in record order: ``ids[i]`` the tokens of prompt i, ``prompts[i]`` its text or messages
-    as the reward functions receive it, ``fields[i]`` the record's other fields."""
+    as the reward functions receive it, ``fields[i]`` the record's other fields, ``where[i]`` where it is read from
+    (``line 4``: what a reward function's error names)."""
 
     ids: list[np.ndarray]
     prompts: list[Any]
     fields: list[dict[str, Any]]
+    where: list[str]
     seq_len: int
     vocab_size: int
     tokenizer: Tokenizer
@@ -68,7 +70,7 @@ def read_prompts(cfg: Any, max_completion_length: int) -> Prompts:
     data = cfg.data
     key, name = "data.path", PROMPT_FIELD
     tokenizer = load_tokenizer(data.tokenizer)
-    ids, prompts, fields_of = [], [], []
+    ids, prompts, fields_of, places = [], [], [], []
     truncated = 0
     for where, record in _records(key, data.path, data.split):
         if name not in record:
@@ -92,6 +94,7 @@ def read_prompts(cfg: Any, max_completion_length: int) -> Prompts:
         ids.append(np.asarray(tokens, dtype=np.int64))
         prompts.append(prompt)
         fields_of.append({k: v for k, v in record.items() if k != name})
+        places.append(where)
     if not ids:
         raise ConfigError(f"{key}={data.path!r} holds no records; grpo needs prompts")
     longest = max(len(t) for t in ids)
@@ -99,6 +102,6 @@ def read_prompts(cfg: Any, max_completion_length: int) -> Prompts:
     note = f", {truncated} cut to data.max_prompt_length" if truncated else ""
     description = f"{data.path} (prompts: {len(ids)}, up to {longest} tokens{note}, {which})"
     return Prompts(
-        ids, prompts, fields_of, longest + max_completion_length, tokenizer.vocab_size, tokenizer, description,
+        ids, prompts, fields_of, places, longest + max_completion_length, tokenizer.vocab_size, tokenizer, description,
         truncated,
     )  # fmt: skip

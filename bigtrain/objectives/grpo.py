@@ -179,7 +179,7 @@ def attach(engine: Any, options: Any, train: Any) -> None:
         attach_reference(engine, options, train)
 
 
-def step_source(cfg: Any, plan: Any, engine: Any, data: Any, device: Any) -> Any:
+def step_source(cfg: Any, plan: Any, engine: Any, data: Any, device: Any, resumed: str | None) -> Any:
     """The rollouts that make each step's micro-batches (``roles/rollout.py``)."""
     from bigtrain.data.order import GlobalOrder
     from bigtrain.roles.rewards import load_reward_functions
@@ -203,7 +203,7 @@ def step_source(cfg: Any, plan: Any, engine: Any, data: Any, device: Any) -> Any
         output_dir=cfg.output_dir,
     )
     order = GlobalOrder(data.num_rows, train.global_batch_size // train.num_generations, cfg.data.shuffle, train.seed)
-    return Rollouts(engine, data, functions, s, order, plan.micro_batch_size, device)
+    return Rollouts(engine, data, functions, s, order, plan.micro_batch_size, device, resumed)
 
 
 def online_rl_with_model_parallelism(s: Setup) -> str | None:

@@ -34,9 +34,10 @@ class ObjectiveSpec:
     - ``attach(engine, options, train)``: its roles onto the engine (a live reference), after the engine is built;
     - ``before_training(cfg, plan, engine, datasets, resuming, device)``: a pass before the first step (the
       precomputed reference);
-    - ``step_source(cfg, plan, engine, data, device)``: where each step's micro-batches come from when they are
-      made during training (online RL's rollouts, a callable of the step like the data's ``StepLoader``); None: read
-      from the data;
+    - ``step_source(cfg, plan, engine, data, device, resumed)``: where each step's micro-batches come from when
+      they are made during training (online RL's rollouts: a callable of the step like the data's ``StepLoader``,
+      with ``state(step)``, what a checkpoint after ``step`` keeps of it, and ``resumed`` that state read back);
+      None: read from the data;
     - ``keys``, ``rules``: the recipe keys it reads and its own rows of what runs together.
     """
 

@@ -15,8 +15,11 @@ taken once, right after generation, for the importance ratio of the later steps.
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import math
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,8 @@ from bigtrain.roles.rewards import RewardFunction, score
 
 STD_EPSILON = 1e-4  # TRL's: advantages / (std + 1e-4)
 COMPLETIONS_FILE = "completions.jsonl"
+PHASES = "time/"  # the metrics of a generation's phases, in seconds: time/generate_s, time/reward_s, time/logps_s
+ONCE = (PHASES, "rollout/")  # metrics of the generation itself, said at the step that made it only
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,33 @@ def advantages_of(
     return torch.nan_to_num(advantages, nan=0.0), rewards, std
 
 
+class SampledLogps:
+    """A logits processor that keeps the log-probability of each token generation samples, at the temperature
+    (log_softmax(logits / temperature), the policy's formula), from the raw logits it sees before the sampling
+    warpers: what the generating model believed, to hold against the policy's forward (``rollout/logprob_gap``).
+    Each call sees the token the previous one sampled; only one step's distribution is kept."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.kept: list[torch.Tensor] = []
+        self._last: torch.Tensor | None = None
+
+    def _keep(self, chosen: torch.Tensor) -> None:
+        if self._last is not None:
+            self.kept.append(self._last.gather(1, chosen[:, None]).squeeze(1).cpu())
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._keep(input_ids[:, -1])
+        self._last = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        """[rows, generated] log-probabilities, the last sampled token's included."""
+        self._keep(sequences[:, -1])
+        self._last = None
+        return torch.stack(self.kept, 1) if self.kept else torch.zeros(sequences.shape[0], 0)
+
+
 def cut_completion(ids: list[int], eos: int, limit: int) -> tuple[list[int], bool]:
     """A generated completion up to and including its first eos (the rest is padding), at most ``limit`` tokens;
     whether it was cut by the limit (no eos: TRL's clipped completion)."""
@@ -106,20 +138,48 @@ class Rollouts:
         order: GlobalOrder,
         micro_batch_size: int,
         device: torch.device,
+        resumed: str | None = None,
     ) -> None:
         self.engine, self.prompts, self.rewards, self.s = engine, prompts, rewards, settings
         self.order, self.micro, self.device = order, micro_batch_size, device
         self.per_step = order.global_batch_size * settings.num_generations  # completions of a generation
         self._cached: tuple[int, StepBatch] | None = None
-        self._replay_lines: list[int] | None = None
+        if resumed:
+            self._cached = self._restored(resumed)
+
+    # --- checkpoints: a generation in progress ----------------------------------------------------------------
+    def state(self, step: int) -> str | None:
+        """What a checkpoint after ``step`` steps keeps: the generation in progress when the next step still
+        trains on it (train.num_iterations > 1), so a resume trains on the same completions, advantages and
+        generating log-probabilities (the weights that made them are gone). None at a generation's end."""
+        if (
+            self._cached is None
+            or step % self.s.num_iterations == 0
+            or self._cached[0] != step // self.s.num_iterations
+        ):
+            return None
+        generation, made = self._cached
+        batches = [{k: v.cpu() for k, v in vars(b).items() if isinstance(v, torch.Tensor)} for b in made.micro_batches]
+        kept = {"generation": generation, "batches": batches, "count": made.tokens, "metrics": made.metrics}
+        buffer = io.BytesIO()
+        torch.save(kept, buffer)
+        return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+    def _restored(self, text: str) -> tuple[int, StepBatch]:
+        kept = torch.load(io.BytesIO(base64.b64decode(text)), weights_only=True)
+        batches = [RolloutBatch(temperature=self.s.temperature, **b).to(self.device) for b in kept["batches"]]
+        return kept["generation"], StepBatch(batches, kept["count"], kept["metrics"])
 
     def close(self) -> None:
         self._cached = None
 
     def __call__(self, step: int) -> StepBatch:
         generation = step // self.s.num_iterations
-        if self._cached is None or self._cached[0] != generation:
-            self._cached = (generation, self._make(generation, step))
+        if self._cached is not None and self._cached[0] == generation:  # the generation's later steps: no phases
+            made = self._cached[1]
+            metrics = {k: v for k, v in made.metrics.items() if not k.startswith(ONCE)}
+            return replace(made, metrics=metrics, computed_s=0.0)
+        self._cached = (generation, self._make(generation, step))
         return self._cached[1]
 
     # --- one generation -------------------------------------------------------------------------------------
@@ -131,11 +191,13 @@ class Rollouts:
         prompt_of = np.repeat(self.order.global_batch(generation), self.s.num_generations)
         mine = self._mine()
         rows = [int(prompt_of[j]) for j in mine]
+        sampled, t0 = None, time.perf_counter()
         if self.s.replay is not None:
             completions, clipped = self._replayed(generation, mine)
         else:
-            completions, clipped = self._generated(generation, rows)
-        per_function, error = self._scores(rows, completions, generation)
+            completions, clipped, sampled = self._generated(generation, rows)
+        t1 = time.perf_counter()
+        per_function, error = self._scores(rows, completions, step)
         self._raise_together(error)
         lengths = torch.tensor([len(c) for c in completions], dtype=torch.float32)
         local = torch.cat([per_function, lengths[:, None], torch.tensor(clipped, dtype=torch.float32)[:, None]], 1)
@@ -147,14 +209,35 @@ class Rollouts:
         metrics = self._metrics(everything, rewards, std)
         mine_advantages = advantages[mine.start : mine.stop]
         micro_batches = self._micro_batches(rows, completions, mine_advantages)
+        t2 = time.perf_counter()
         if self.s.num_iterations > 1:
             micro_batches = [self._with_old_logps(b) for b in micro_batches]
+            if sampled is not None:
+                metrics["rollout/logprob_gap"] = self._gap(micro_batches, rows, completions, sampled)
         if self.s.completions_every and step % self.s.completions_every == 0 and dist.get_rank() == 0:
             self._write_completions(step, rows, completions, rewards[mine.start : mine.stop], mine_advantages)
         count = sum(self.engine.objective.count(b.labels) for b in micro_batches)
-        return StepBatch(micro_batches, count, metrics)
+        t3 = time.perf_counter()
+        metrics.update({f"{PHASES}generate_s": t1 - t0, f"{PHASES}reward_s": t2 - t1, f"{PHASES}logps_s": t3 - t2})
+        return StepBatch(micro_batches, count, metrics, computed_s=t3 - t0)
 
-    def _generated(self, generation: int, rows: list[int]) -> tuple[list[list[int]], list[bool]]:
+    def _gap(self, micro_batches: list[RolloutBatch], rows: list[int], completions: list[list[int]],
+             sampled: torch.Tensor) -> float:  # fmt: skip
+        """The largest difference, over every completion token of the global batch, between the log-probability
+        generation sampled it with and the policy's forward of the same row (``old_logps``): 0 up to float noise
+        when generation ran the policy's current weights, as it must. Needs top_p 1 and top_k 0 (a truncated
+        distribution renormalises)."""
+        gap = torch.zeros((), device=self.device)
+        for start, batch in zip(range(0, len(rows), self.micro), micro_batches, strict=True):
+            assert batch.old_logps is not None
+            for i in range(batch.input_ids.shape[0]):
+                prompt, length = len(self.prompts.ids[rows[start + i]]), len(completions[start + i])
+                policy = batch.old_logps[i, prompt - 1 : prompt - 1 + length]
+                gap = torch.maximum(gap, (policy.cpu() - sampled[start + i, :length]).abs().max().to(gap.device))
+        dist.all_reduce(gap, op=dist.ReduceOp.MAX)
+        return float(gap)
+
+    def _generated(self, generation: int, rows: list[int]) -> tuple[list[list[int]], list[bool], torch.Tensor]:
         tok, s = self.prompts.tokenizer, self.s
         prompt_ids = [self.prompts.ids[r] for r in rows]
         width = max(len(p) for p in prompt_ids)
@@ -163,23 +246,32 @@ class Rollouts:
         for i, p in enumerate(prompt_ids):  # left padding: every prompt ends where generation starts
             ids[i, width - len(p) :] = torch.from_numpy(p)
             mask[i, width - len(p) :] = 1
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        # a config of its own: a pretrained folder's generation_config (repetition penalty, ...) is not applied
+        config = GenerationConfig(
+            do_sample=True,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_new_tokens=s.max_completion_length,
+            pad_token_id=tok.pad_id,
+            eos_token_id=tok.eos_id,
+        )
+        kept = SampledLogps(s.temperature)
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(s.seed * 1_000_003 + generation * 7919 + self.engine.dp_rank)
             out = self.engine.generate(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
-                do_sample=True,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                top_k=s.top_k,
-                max_new_tokens=s.max_completion_length,
-                pad_token_id=tok.pad_id,
-                eos_token_id=tok.eos_id,
+                generation_config=config,
+                logits_processor=LogitsProcessorList([kept]),
                 synced_gpus=self.engine.dp_size > 1,
             )
+        sampled = kept.finish(out)
         cut = [cut_completion(row.tolist(), tok.eos_id, s.max_completion_length) for row in out[:, width:].cpu()]
-        return [c for c, _ in cut], [clipped for _, clipped in cut]
+        return [c for c, _ in cut], [clipped for _, clipped in cut], sampled
 
     def _replayed(self, generation: int, mine: range) -> tuple[list[list[int]], list[bool]]:
         path = self.s.replay
@@ -205,7 +297,7 @@ class Rollouts:
         cut = [cut_completion(list(every[j]), eos, limit) for j in mine]
         return [c for c, _ in cut], [clipped for _, clipped in cut]
 
-    def _scores(self, rows: list[int], completions: list[list[int]], generation: int) -> tuple[torch.Tensor, str]:
+    def _scores(self, rows: list[int], completions: list[list[int]], step: int) -> tuple[torch.Tensor, str]:
         """[completions, functions] rewards (NaN: not scored) and the line of what went wrong ("" if nothing)."""
         tok, p = self.prompts.tokenizer, self.prompts
         texts = [tok.decode(c) for c in completions]
@@ -216,7 +308,7 @@ class Rollouts:
         fields = {k: [p.fields[r].get(k) for r in rows] for k in names}
 
         def where(i: int) -> str:
-            return f"record {rows[i]} of data.path (completion {i} of this rank's, generation {generation})"
+            return f"{p.where[rows[i]]} of data.path (a completion made for step {step + 1})"
 
         out = torch.full((len(rows), len(self.rewards)), math.nan)
         try:
@@ -303,4 +395,3 @@ class Rollouts:
                     "advantage": float(adv[i]),
                 }
                 f.write(json.dumps(line) + "\n")
-

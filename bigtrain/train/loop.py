@@ -106,7 +106,7 @@ class TrainLoop:
         """One optimizer step (0-based ``step``); returns its metrics record (``data_s``: the wait for its data)."""
         t0 = time.perf_counter()
         batch = self.loader(step)
-        waited = time.perf_counter() - t0
+        waited = time.perf_counter() - t0 - batch.computed_s
         global_tokens = self.engine.data_parallel_sum(batch.tokens)
         sums, result = train_step(self.engine, batch.micro_batches, global_tokens, self.cfg.train.grad_clip)
         sums = sums.reshape(-1).cpu()  # the loss sum, then the objective's metric sums (preference rewards)

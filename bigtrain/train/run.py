@@ -134,6 +134,7 @@ class TrainingJob:
         self.engine: Engine | None = None
         self.checkpointer: Checkpointer | None = None
         self.start_point = StartPoint()
+        self._resumed_source: str | None = None  # a step source's state from the checkpoint resumed
 
     @property
     def cfg(self) -> RecipeConfig:
@@ -256,11 +257,17 @@ class TrainingJob:
             dist.destroy_process_group()
 
     def fit(self) -> TrainResult:
-        assert self.engine is not None and self.plan is not None, "use TrainingJob as a context manager"
+        assert self.engine is not None and self.plan is not None and self.checkpointer is not None, (
+            "use TrainingJob as a context manager"
+        )
         cfg = self.cfg
         engine, micro = self.engine, self.plan.micro_batch_size
         made = self.job.objective.step_source
-        loader = made(cfg, self.plan, engine, self.data, self.device) if made else self._step_loader(engine, micro)
+        if made is not None:  # batches made during training (rollouts): their state goes into checkpoints
+            loader = made(cfg, self.plan, engine, self.data, self.device, self._resumed_source)
+            self.checkpointer.step_source_state = loader.state
+        else:
+            loader = self._step_loader(engine, micro)
         evaluation = None
         if self.eval_data is not None:
             evaluation = EvalLoader(
@@ -360,6 +367,7 @@ class TrainingJob:
         resumed = load_checkpoint(self.engine, folder, self.device, shapes)
         saved = resumed.manifest
         self.start_point = StartPoint(saved.step, saved.tokens)
+        self._resumed_source = resumed.step_source
         # a stream is opened where the checkpoint's next step begins (every rank); its line follows the resume's
         stream_line = self._resume_stream(resumed.stream, saved.step) if getattr(self.data, "streamed", False) else None
         if self.env.rank != 0:

@@ -57,11 +57,15 @@ CASES = {
     "one-rank-bnpo": (1, "full", DDP, {"loss_type": "bnpo", "epsilon_high": 0.28}),
 }  # fmt: skip
 FULL_ONLY = {"lora-fsdp2", "ddp", "one-rank", "fsdp2-gspo", "one-rank-bnpo"}
+# generation by the policy itself (no replay): name -> (ranks, method, parallel section)
+GENERATING = {"generate-fsdp2": (2, "full", FSDP), "generate-lora-fsdp2": (2, "lora", FSDP)}
+GENERATING_FULL_ONLY = {"generate-lora-fsdp2"}
+GAP = 1e-4  # the generation's log-probabilities against the policy's forward (fp32, CPU)
 
 
-def prompt_records() -> list[dict]:
+def prompt_records(digits: int = 10) -> list[dict]:
     rng = np.random.default_rng(11)
-    return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in rng.integers(0, 10, size=(16, 2))]
+    return [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in rng.integers(0, digits, size=(16, 2))]
 
 
 def replay() -> list[list[list[int]]]:
@@ -215,6 +219,9 @@ def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("grpo")
     records, generations = prompt_records(), replay()
     (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    # prompts of 4 to 8 tokens: generation left-pads them, training right-pads the same rows
+    varied = "".join(json.dumps(r) + "\n" for r in prompt_records(digits=1000))
+    (root / "varied_prompts.jsonl").write_text(varied)
     (root / "replay.jsonl").write_text("".join(json.dumps({"completion_ids": g}) + "\n" for g in generations))
     model_dir = save_tiny_model(root / "model", seed=3, vocab_size=260, tie_word_embeddings=False)
     return root, model_dir, records, generations
@@ -236,6 +243,20 @@ def loops(inputs):
 
 
 def recipe(root, model_dir, name: str):
+    if name in GENERATING:  # the policy generates: prompts of several lengths, no replay
+        ranks, method, parallel = GENERATING[name]
+        replayed = recipe(root, model_dir, "fsdp2")
+
+        def generating(out):
+            made = replayed(out)
+            made["data"]["path"] = str(root / "varied_prompts.jsonl")
+            made["train"].update(method=method, steps=4)
+            if method == "lora":
+                made["lora"] = {"r": R, "alpha": ALPHA, "dropout": 0.0}
+            del made["rollout"]
+            return made
+
+        return generating
     ranks, method, parallel, train = CASES[name]
 
     def make(out):
@@ -273,7 +294,9 @@ def launches(inputs, tmp_path_factory, request):
     root, model_dir, _, _ = inputs
     shared = SharedLaunches(tmp_path_factory, "grpo")
     chosen = selected(request.session, "test_grpo_plan_matches_the_plain_loop", "name")
-    cases = {n: (launch_key(CASES[n][0], CASES[n][2]), recipe(root, model_dir, n)) for n in chosen}
+    chosen += selected(request.session, "test_generation_is_the_policy", "name")
+    shape = {**{n: c[:3] for n, c in CASES.items()}, **GENERATING}
+    cases = {n: (launch_key(shape[n][0], shape[n][2]), recipe(root, model_dir, n)) for n in chosen}
     return lambda name: shared.get(name, cases)
 
 
@@ -294,6 +317,23 @@ def test_grpo_plan_matches_the_plain_loop(name, launches, loops):
     assert set(params) == set(reference_params)
     for key, ref in reference_params.items():
         torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.full) if n in GENERATING_FULL_ONLY else n for n in GENERATING]
+)
+def test_generation_is_the_policy(name, launches):
+    """The policy generates its completions (transformers' generate on the engine's model, FSDP2's units gathered per
+    forward, LoRA applied; prompts left-padded): the log-probability it sampled each token with equals the policy's
+    forward of the training row (right-padded) within GAP, at every generation, after steps have changed the weights
+    (``rollout/logprob_gap``, measured where train.num_iterations > 1)."""
+    launched = launches(name)
+    launched.check_finished()
+    got = read_metrics(launched.output_dir)
+    gaps = [r["rollout/logprob_gap"] for r in got if "rollout/logprob_gap" in r]
+    assert len(gaps) == 2 and all(g < GAP for g in gaps), gaps
+    assert got[-1]["kl"] > 0  # the weights moved away from the reference before the second generation
+    assert len({r["completions/mean_length"] for r in got}) > 1 or got[0]["completions/clipped_ratio"] < 1
 
 
 def test_the_loop_moves_clips_and_penalises(loops):
