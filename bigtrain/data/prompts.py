@@ -38,9 +38,11 @@ class Prompts:
     vocab_size: int
     tokenizer: Tokenizer
     description: str
-    truncated: int = 0
+    cut: int = 0  # prompts cut to data.max_prompt_length
+    examples_per_record: int = 1  # completions of the global batch each prompt makes (train.num_generations)
     cache_note: str | None = field(default=None)
     streamed = False
+    truncated = 0  # no record is cut by data.seq_len (a row is its prompt and completion)
 
     @property
     def num_rows(self) -> int:
@@ -64,9 +66,9 @@ def _records(key: str, path: str, split: str) -> Iterable[Record]:
     return read_records(key, path, "prompt", split)
 
 
-def read_prompts(cfg: Any, max_completion_length: int) -> Prompts:
+def read_prompts(cfg: Any, max_completion_length: int, per_prompt: int) -> Prompts:
     """``data.path``'s prompts, tokenised with the recipe's tokenizer (``data.tokenizer``; the byte tokenizer
-    without one)."""
+    without one); each makes ``per_prompt`` completions of a step."""
     data = cfg.data
     key, name = "data.path", PROMPT_FIELD
     tokenizer = load_tokenizer(data.tokenizer)
@@ -95,13 +97,18 @@ def read_prompts(cfg: Any, max_completion_length: int) -> Prompts:
         prompts.append(prompt)
         fields_of.append({k: v for k, v in record.items() if k != name})
         places.append(where)
-    if not ids:
-        raise ConfigError(f"{key}={data.path!r} holds no records; grpo needs prompts")
+    per_step = cfg.train.global_batch_size // per_prompt
+    if len(ids) < per_step:
+        raise ConfigError(
+            f"{key}={data.path!r} gives {len(ids)} prompt(s), fewer than one step's {per_step} "
+            f"(train.global_batch_size={cfg.train.global_batch_size} / train.num_generations={per_prompt}); use "
+            "more prompts or a smaller global batch"
+        )
     longest = max(len(t) for t in ids)
     which = f"tokenizer {data.tokenizer}" if data.tokenizer else "the built-in byte tokenizer (257 ids)"
     note = f", {truncated} cut to data.max_prompt_length" if truncated else ""
     description = f"{data.path} (prompts: {len(ids)}, up to {longest} tokens{note}, {which})"
     return Prompts(
         ids, prompts, fields_of, places, longest + max_completion_length, tokenizer.vocab_size, tokenizer, description,
-        truncated,
+        truncated, per_prompt,
     )  # fmt: skip

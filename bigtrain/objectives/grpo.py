@@ -142,7 +142,7 @@ def check(cfg: Any) -> None:
 def read_data(cfg: Any, hf_config: Any) -> tuple[Any, Any]:
     from bigtrain.data.prompts import read_prompts
 
-    prompts = read_prompts(cfg, cfg.train.max_completion_length)
+    prompts = read_prompts(cfg, cfg.train.max_completion_length, cfg.train.num_generations)
     if prompts.vocab_size > hf_config.vocab_size:
         raise ConfigError(
             f"data.tokenizer has {prompts.vocab_size} ids and the model's vocabulary {hf_config.vocab_size}; use the "

@@ -338,7 +338,7 @@ class Rollouts:
         lengths, clipped = everything[:, functions], everything[:, functions + 1]
         metrics = {
             "reward": float(torch.nanmean(rewards)),
-            "reward_std": float(torch.nanmean(std)),
+            "reward_std": float(nanstd(rewards)),
             "frac_reward_zero_std": float(torch.isclose(std, torch.zeros_like(std)).float().mean()),
         }
         for f, reward in enumerate(self.rewards):

@@ -137,7 +137,9 @@ def read(resolved: Resolved, is_main: bool) -> WithData:
                 f"{key}: {part.truncated} of {part.examples} records are longer than data.seq_len="
                 f"{cfg.data.seq_len} and were cut; what follows the cut is never trained on (raise data.seq_len)"
             )
-    check_enough_rows(data.num_rows, cfg.train.global_batch_size, cfg.data.path)
+    # a record that makes several of the global batch's examples (a prompt: its group of completions) says how many
+    per_record = getattr(data, "examples_per_record", 1)
+    check_enough_rows(data.num_rows, cfg.train.global_batch_size // per_record, cfg.data.path)
     check_writable(cfg.output_dir)
     check_tracker(cfg.train.log_to)
     return WithData(
