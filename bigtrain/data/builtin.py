@@ -117,9 +117,10 @@ BUILTIN = ("stories", "chat", "preferences", "sums")
 
 
 def _sum(rng: random.Random) -> dict[str, str]:
-    """A prompt whose answer a reward function can check exactly (grpo's toy task): "12+7=" and its answer "19"."""
+    """A prompt whose answer a reward function can check exactly (grpo's toy task): "3+7=" and its ``answer`` "10";
+    the same as the completion of an instruction record (a supervised start)."""
     a, b = rng.randint(0, 9), rng.randint(0, 9)
-    return {"prompt": f"{a}+{b}=", "answer": str(a + b)}
+    return {"prompt": f"{a}+{b}=", "completion": str(a + b), "answer": str(a + b)}
 
 
 def builtin_records(name: str, num_records: int = 20000, seed: int = 1234) -> list[dict]:

@@ -50,6 +50,10 @@ def recipe_args(name: str, tmp_path: Path) -> tuple[list[str], int]:
         return ["--gpus", "2", "--set", f"model.name_or_path={save_tiny_vlm(tmp_path / name)}"], 2
     if name in CLASSIFIERS:  # the world their headers name
         return ["--gpus", "2"], 2
+    if name == "sums_sft":  # one worker, as its header says
+        return ["--gpus", "1"], 1
+    if name in ("grpo_lora", "grpo_full"):  # the grpo walk-through's SFT model, on the 2 workers their headers name
+        return ["--gpus", "2", "--set", f"model.name_or_path={save_tiny_model(tmp_path / name, vocab_size=260)}"], 2
     args = ["--gpus", "4"]
     if name == "qlora_70b_2x24gb":  # its model is a 70B folder this machine does not have; its plan states dp_shard=2
         return ["--set", f"model.name_or_path={save_tiny_model(tmp_path / name)}"], 2

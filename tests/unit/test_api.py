@@ -26,6 +26,7 @@ RECIPE_FOLDERS = {
     "demo/base": None,
     "chat_demo/base": None,
     "chat_demo/run/model": None,  # the chat walk-through's SFT model, which the dpo recipes start from
+    "sums_demo/sft/model": None,  # recipes/sums_sft.yaml's, which the grpo recipes start from
     "models/Meta-Llama-3-8B": "llama-3-8b",
     "models/Meta-Llama-3-70B": "llama-3-70b",
     "models/vit-base-patch16-224": "vit-base",
