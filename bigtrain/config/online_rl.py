@@ -52,7 +52,9 @@ class GrpoKeys:
         "grpo: what scores a completion, each a Python callable by import path, module:function, with TRL's "
         "signature f(prompts, completions, completion_ids, **fields_of_the_record) -> a list of floats (None: not "
         "scored by this function). The module is found on the Python path or in the directory bigtrain starts in; "
-        "bigtrain.rewards has exact_answer and answer_first.",
+        "bigtrain.rewards has exact_answer and answer_first. A local folder of a reward model (a one-output "
+        "sequence classifier, model.task reward-model's export) scores prompt + completion with its head, as TRL "
+        "does; each rank holds a whole copy.",
         default_factory=list,
     )
     reward_weights: list[float] | None = doc(

@@ -186,7 +186,7 @@ def step_source(cfg: Any, plan: Any, engine: Any, data: Any, device: Any, resume
     from bigtrain.roles.rollout import Rollouts, RolloutSettings
 
     train, rollout = cfg.train, cfg.rollout
-    functions = load_reward_functions(train.reward_functions)
+    functions = load_reward_functions(train.reward_functions, device)
     weights = tuple(train.reward_weights or [1.0] * len(functions))
     s = RolloutSettings(
         num_generations=train.num_generations,

@@ -1,7 +1,10 @@
 """grpo's reward functions (``train.reward_functions``): Python callables named by import path, ``module:function``,
 with TRL's signature ``f(prompts, completions, completion_ids, **fields) -> list[float | None]``: the record's other
 fields arrive as lists, one value per completion. None means "not scored by this function" (TRL's NaN: another
-function scores it; a completion no function scores gets no advantage).
+function scores it; a completion no function scores gets no advantage). A local folder of a one-output sequence
+classifier (a reward model, e.g. ``model.task: reward-model``'s export) scores each prompt + completion as TRL's
+GRPOTrainer does: the texts joined (a chat prompt and its completion through the folder's chat template), right-padded
+with its tokenizer, the head's one output.
 
 Everything that can be wrong is said in one line naming the function: a path that does not import, a value that is
 not a number, a list of the wrong length, an exception (with the record that raised it, found by scoring the
@@ -18,6 +21,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bigtrain.errors import ConfigError
@@ -51,8 +55,65 @@ def _here_on_path() -> Iterator[None]:
             sys.path.remove(here)
 
 
-def load_reward_function(path: str, index: int) -> RewardFunction:
+class RewardModel:
+    """A reward-model folder as a reward function: the whole model on each rank's device, in eval mode, fp32."""
+
+    def __init__(self, folder: str, device: Any) -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.__name__ = Path(folder).name
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        if self.tokenizer.pad_token_id is None:  # TRL's rule: pad with eos
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForSequenceClassification.from_pretrained(folder, local_files_only=True)
+        self.model.to(device).eval()
+        self.device = device
+
+    def __call__(self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]],
+                 **fields: Any) -> list[float]:  # fmt: skip
+        import torch
+
+        if isinstance(prompts[0], list):  # chat: the conversation and the assistant's completion, templated
+            texts = [
+                self.tokenizer.apply_chat_template(p + c, tokenize=False)
+                for p, c in zip(prompts, completions, strict=True)
+            ]
+        else:
+            texts = [p + c for p, c in zip(prompts, completions, strict=True)]
+        inputs = self.tokenizer(
+            text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
+        )
+        with torch.inference_mode():
+            scores = self.model(**{k: v.to(self.device) for k, v in inputs.items()}).logits[:, 0]
+        return scores.float().cpu().tolist()
+
+
+def _reward_model(path: str, where: str, device: Any) -> RewardFunction:
+    """A folder as a reward function: refused unless it is a sequence classifier with one output; loaded where
+    ``device`` is given (the run's), only checked otherwise (start-up, before any process group)."""
+    import json
+
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        raise ConfigError(f"{where} is a folder without config.json; give a reward model's folder or module:function")
+    read = json.loads(config.read_text())
+    architectures = read.get("architectures") or []
+    labels = len(read.get("id2label") or {}) or read.get("num_labels", 2)
+    if not any(a.endswith("ForSequenceClassification") for a in architectures) or labels != 1:
+        raise ConfigError(
+            f"{where} is not a reward model (a sequence classifier with one output: its config names "
+            f"{', '.join(architectures) or 'no architecture'} with {labels} labels); train one with model.task: "
+            "reward-model, or give a module:function"
+        )
+    if device is None:
+        return RewardFunction(path, lambda **_: [])
+    return RewardFunction(path, RewardModel(path, device))
+
+
+def load_reward_function(path: str, index: int, device: Any = None) -> RewardFunction:
     where = f"{KEY}[{index}]={path!r}"
+    if Path(path).is_dir():
+        return _reward_model(path, where, device)
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigError(f"{where} is not module:function; name a callable by its import path, e.g. my_rewards:exact")
@@ -71,8 +132,9 @@ def load_reward_function(path: str, index: int) -> RewardFunction:
     return RewardFunction(path, function)
 
 
-def load_reward_functions(paths: list[str]) -> list[RewardFunction]:
-    return [load_reward_function(path, i) for i, path in enumerate(paths)]
+def load_reward_functions(paths: list[str], device: Any = None) -> list[RewardFunction]:
+    """The reward functions of ``paths``; reward-model folders loaded onto ``device`` (None: only checked)."""
+    return [load_reward_function(path, i, device) for i, path in enumerate(paths)]
 
 
 def _values(reward: RewardFunction, out: Any, n: int, where: Callable[[int], str]) -> list[float]:

@@ -49,10 +49,24 @@ def inputs(tmp_path_factory):
     save_byte_tokenizer(model_dir)
     (root / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
     (root / "replay.jsonl").write_text(json.dumps({"completion_ids": completions()}) + "\n")
+    save_reward_model(root / "scorer")
     return root, model_dir
 
 
-def trl_step(root, model_dir, loss_type: str) -> tuple[dict, torch.nn.Module]:
+def save_reward_model(folder):
+    """A tiny one-output Llama classifier with the byte tokenizer: a reward-model folder."""
+    from cases import TINY_LLAMA
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    spec = {**TINY_LLAMA, "vocab_size": 260}
+    config = AutoConfig.for_model(spec.pop("model_type"), **spec, num_labels=1, pad_token_id=EOS)
+    torch.manual_seed(4)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+    save_byte_tokenizer(folder)
+    return folder
+
+
+def trl_step(root, model_dir, loss_type: str, scorer: bool = False) -> tuple[dict, torch.nn.Module]:
     import grpo_rewards
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -73,7 +87,7 @@ def trl_step(root, model_dir, loss_type: str) -> tuple[dict, torch.nn.Module]:
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": [[0.0] * len(c) for c in completion_ids]}  # fmt: skip
 
     args = GRPOConfig(
-        output_dir=str(root / f"trl-{loss_type}"),
+        output_dir=str(root / f"trl-{loss_type}-{scorer}"),
         per_device_train_batch_size=len(PROMPTS) * GENERATIONS,
         num_generations=GENERATIONS,
         max_completion_length=MAX_COMPLETION,
@@ -96,7 +110,7 @@ def trl_step(root, model_dir, loss_type: str) -> tuple[dict, torch.nn.Module]:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=[grpo_rewards.answer_match, grpo_rewards.shorter_text],
+        reward_funcs=[str(root / "scorer") if scorer else grpo_rewards.answer_match, grpo_rewards.shorter_text],
         args=args,
         train_dataset=Dataset.from_list(PROMPTS),
         processing_class=tokenizer,
@@ -107,12 +121,21 @@ def trl_step(root, model_dir, loss_type: str) -> tuple[dict, torch.nn.Module]:
     return logged, trainer.model
 
 
-@pytest.mark.parametrize("loss_type", ["dapo", pytest.param("grpo", marks=pytest.mark.full)])
-def test_grpo_step_equals_trl_s_on_the_same_completions(loss_type, inputs, monkeypatch):
+@pytest.mark.parametrize(
+    "loss_type, scorer",
+    [
+        ("dapo", False),
+        pytest.param("grpo", False, marks=pytest.mark.full),
+        pytest.param("dapo", True, marks=pytest.mark.full),
+    ],
+    ids=["dapo", "grpo", "reward-model"],
+)
+def test_grpo_step_equals_trl_s_on_the_same_completions(loss_type, scorer, inputs, monkeypatch):
+    """``reward-model``: a reward model's folder in place of the first function (TRL loads it from the path too)."""
     root, model_dir = inputs
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func's notice: TRL's own switch for it
     recipe = recipe_dict(
-        root / f"out-{loss_type}",
+        root / f"out-{loss_type}-{scorer}",
         root / "prompts.jsonl",
         model_dir,
         data={"shuffle": False, "tokenizer": str(model_dir)},
@@ -120,15 +143,16 @@ def test_grpo_step_equals_trl_s_on_the_same_completions(loss_type, inputs, monke
             **{"steps": 1, "global_batch_size": len(PROMPTS) * GENERATIONS, "objective": "grpo"},
             **{"lr": LR, "lr_schedule": "constant", "adam_beta2": 0.999, "weight_decay": 0.0, "grad_clip": CLIP},
             **{"num_generations": GENERATIONS, "max_completion_length": MAX_COMPLETION, "beta": BETA},
-            **{"temperature": TEMPERATURE, "loss_type": loss_type, "reward_functions": REWARDS},
+            **{"temperature": TEMPERATURE, "loss_type": loss_type},
+            "reward_functions": [str(root / "scorer"), REWARDS[1]] if scorer else REWARDS,
             "reward_weights": WEIGHTS,
         },
         parallel={"backend": "ddp", "micro_batch_size": 4},
         checkpoint={"save_final_model": False},
     )
     recipe["rollout"] = {"replay": str(root / "replay.jsonl")}
-    ours, params = bigtrain_step(root, recipe, loss_type)
-    theirs, trl_model = trl_step(root, model_dir, loss_type)
+    ours, params = bigtrain_step(root, recipe, f"{loss_type}-{scorer}")
+    theirs, trl_model = trl_step(root, model_dir, loss_type, scorer)
     # the step has something to compare (grpo's loss is 0 on its first step: each completion's ratio is 1 and the
     # advantages of a group sum to 0; its gradient is not)
     assert theirs["grad_norm"] > 1e-3 and (loss_type == "grpo" or abs(theirs["loss"]) > 1e-3)
@@ -139,10 +163,10 @@ def test_grpo_step_equals_trl_s_on_the_same_completions(loss_type, inputs, monke
         torch.testing.assert_close(value, trl_state[name], rtol=0, atol=1e-5, msg=lambda m, k=name: f"{k}: {m}")
 
 
-def bigtrain_step(root, recipe: dict, loss_type: str) -> tuple[dict, dict]:
+def bigtrain_step(root, recipe: dict, name: str) -> tuple[dict, dict]:
     """bigtrain's first step: its metrics, and the weights after it."""
-    cfg = load_recipe(write_recipe(root / f"grpo-{loss_type}.yaml", recipe))
+    cfg = load_recipe(write_recipe(root / f"grpo-{name}.yaml", recipe))
     with TrainingJob(cfg) as job:
         job.fit()
         state = {k: v.detach().clone() for k, v in job.engine.state_dict()["model"].items()}
-    return read_metrics(root / f"out-{loss_type}")[0], state
+    return read_metrics(root / f"out-{name}")[0], state

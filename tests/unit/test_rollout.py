@@ -151,3 +151,17 @@ def test_what_a_reward_function_returns_is_checked(name, completions, message, r
     with pytest.raises(ConfigError) as e:
         _score(rewards_module, name, completions)
     assert message in str(e.value)
+
+
+def test_a_folder_that_is_not_a_reward_model_is_refused(tmp_path):
+    from helpers import save_tiny_model
+
+    folder = save_tiny_model(tmp_path / "lm")  # a causal LM: no one-output head
+    with pytest.raises(ConfigError) as e:
+        load_reward_function(str(folder), 1)
+    assert f"train.reward_functions[1]='{folder}' is not a reward model (a sequence classifier with one output" in str(
+        e.value
+    )
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="is a folder without config.json"):
+        load_reward_function(str(tmp_path / "empty"), 0)
