@@ -26,6 +26,9 @@ class StepBatch:
     # of the time the step waited for this batch, the seconds it computed rather than read (grpo's generation,
     # scoring and log-probabilities): not counted as waiting for data
     computed_s: float = 0.0
+    # tokens the whole global batch trains on where its rows differ in length (grpo's prompts and completions);
+    # 0: global batch x rows per example x row length
+    trained_tokens: int = 0
 
 
 @dataclass

@@ -161,6 +161,7 @@ class Rollouts:
         generation, made = self._cached
         batches = [{k: v.cpu() for k, v in vars(b).items() if isinstance(v, torch.Tensor)} for b in made.micro_batches]
         kept = {"generation": generation, "batches": batches, "count": made.tokens, "metrics": made.metrics}
+        kept["trained"] = made.trained_tokens
         buffer = io.BytesIO()
         torch.save(kept, buffer)
         return base64.b64encode(buffer.getvalue()).decode("ascii")
@@ -168,7 +169,8 @@ class Rollouts:
     def _restored(self, text: str) -> tuple[int, StepBatch]:
         kept = torch.load(io.BytesIO(base64.b64decode(text)), weights_only=True)
         batches = [RolloutBatch(temperature=self.s.temperature, **b).to(self.device) for b in kept["batches"]]
-        return kept["generation"], StepBatch(batches, kept["count"], kept["metrics"])
+        made = StepBatch(batches, kept["count"], kept["metrics"], trained_tokens=kept["trained"])
+        return kept["generation"], made
 
     def close(self) -> None:
         self._cached = None
@@ -207,6 +209,8 @@ class Rollouts:
             everything[:, : len(self.rewards)], weights, self.s.num_generations, self.s.scale_rewards
         )
         metrics = self._metrics(everything, rewards, std)
+        prompt_tokens = sum(len(self.prompts.ids[int(r)]) for r in prompt_of)
+        trained = prompt_tokens + int(everything[:, len(self.rewards)].sum())
         mine_advantages = advantages[mine.start : mine.stop]
         micro_batches = self._micro_batches(rows, completions, mine_advantages)
         t2 = time.perf_counter()
@@ -219,7 +223,7 @@ class Rollouts:
         count = sum(self.engine.objective.count(b.labels) for b in micro_batches)
         t3 = time.perf_counter()
         metrics.update({f"{PHASES}generate_s": t1 - t0, f"{PHASES}reward_s": t2 - t1, f"{PHASES}logps_s": t3 - t2})
-        return StepBatch(micro_batches, count, metrics, computed_s=t3 - t0)
+        return StepBatch(micro_batches, count, metrics, computed_s=t3 - t0, trained_tokens=trained)
 
     def _gap(self, micro_batches: list[RolloutBatch], rows: list[int], completions: list[list[int]],
              sampled: torch.Tensor) -> float:  # fmt: skip

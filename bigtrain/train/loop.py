@@ -119,6 +119,8 @@ class TrainLoop:
             **self.engine.objective.step_metrics(sums[1:], global_tokens),
             **batch.metrics,
         }
+        if batch.trained_tokens:
+            record["_tokens"] = batch.trained_tokens
         if result.loss_scale is not None:
             record.update(loss_scale=result.loss_scale, skipped=result.skipped)
             if result.skipped:
@@ -176,12 +178,13 @@ class TrainLoop:
                     t0 = time.perf_counter()
                     record = self.run_step(step)
                     dt = time.perf_counter() - t0
+                    trained = record.pop("_tokens", tokens_per_step)
                     step = self.engine.position(step + 1)  # a replica group that healed: its peers' step
-                    tokens = tokens + tokens_per_step if step == record["step"] else step * tokens_per_step
+                    tokens = tokens + trained if step == record["step"] else step * tokens_per_step
                     record["step"] = step
                     peak, measures = peak_memory_bytes(self.device)
                     record.update(
-                        {f"{self.unit}_per_s": tokens_per_step / dt},
+                        {f"{self.unit}_per_s": trained / dt},
                         peak_mem_bytes=peak,
                         peak_mem_measures=measures,
                         tokens=tokens,
