@@ -65,9 +65,10 @@ def equivalence_cases() -> list[Ran]:
 
 
 def _other_jobs_equivalence() -> list[Ran]:
-    """The classifiers', the preference objectives', the reward model's and the vision-language models' equivalence
-    cases."""
+    """The classifiers', the preference objectives', the reward model's, grpo's and the vision-language models'
+    equivalence cases."""
     import test_classification
+    import test_grpo
     import test_preference
     import test_reward_model
     import test_vision_language
@@ -87,6 +88,8 @@ def _other_jobs_equivalence() -> list[Ran]:
         ran.append(
             Ran(f"test_reward_model::{name}", "equivalence", dict(parallel), {"method": method}, "reward-model/reward")
         )
+    for name, (_, method, parallel, _) in test_grpo.CASES.items():
+        ran.append(Ran(f"test_grpo::{name}", "equivalence", dict(parallel), {"method": method}, "causal-lm/grpo"))
     for name, (_, _, parallel, train, _) in test_vision_language.CASES.items():
         ran.append(
             Ran(f"test_vision_language::{name}", "equivalence", dict(parallel), dict(train), "image-text-to-text/sft")

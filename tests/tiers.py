@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 FULL = (
+    "tests/integration/test_grpo_runs.py::test_a_reward_function_that_raises_stops_every_rank_with_its_line",
     "tests/distributed/test_checkpoint_resume.py::test_resume_on_the_same_plan_continues_exactly[deepspeed]",
     "tests/integration/test_plan_cli.py::test_recipe_with_plan_auto_trains",
     "tests/integration/test_deepspeed.py::test_a_deepspeed_json_that_contradicts_the_recipe_is_one_line",

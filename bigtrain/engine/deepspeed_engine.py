@@ -90,6 +90,16 @@ class DeepSpeedZeroEngine(Engine):
     def model_output(self, batch: MicroBatch) -> Any:
         return self.ds(**self._inputs(batch))
 
+    def generate(self, **kwargs: Any) -> torch.Tensor:
+        # the engine's module: ZeRO-3's hooks gather each submodule's parameters for every forward of the loop (every
+        # rank generating together, synced_gpus), ZeRO-1/2's whole copy in the dtype DeepSpeed cast it to
+        self.ds.eval()
+        try:
+            with torch.no_grad():
+                return self.ds.module.generate(**kwargs)
+        finally:
+            self.ds.train()
+
     def forward_backward(self, micro_batches: list[MicroBatch], loss_factor: float) -> torch.Tensor:
         factor = loss_factor * self.dp_size  # DeepSpeed averages over the ranks: back to the sum (module docstring)
         # the router loss: its mean over every forward of the global batch (losses/causal_lm.router_loss;

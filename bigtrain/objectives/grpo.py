@@ -208,19 +208,14 @@ def step_source(cfg: Any, plan: Any, engine: Any, data: Any, device: Any, resume
 
 def online_rl_with_model_parallelism(s: Setup) -> str | None:
     """Rollouts generate with the whole model on each data-parallel rank: what splits a row, the vocabulary or the
-    layers, replica groups that train apart, and DeepSpeed (which has no generation here yet) are not built with it."""
+    layers, and replica groups that train apart, are not built with it."""
     assert s.job is not None
-    if s.plan.backend == "deepspeed":
-        return (
-            f"parallel.backend=deepspeed with train.objective={s.job.objective} is not built yet (its rollouts "
-            "generate with the engine's model); use parallel.backend=fsdp2 or ddp"
-        )
     for key, value, default in (*split_settings(s.plan), ("sync", settings_of(s.plan).mode, "every_step")):
         if value != default:
             return (
                 f"parallel.{key}={str(value).lower()} with train.objective={s.job.objective} is not built yet "
                 f"(rollouts generate with the whole model on each data-parallel rank); set parallel.{key}="
-                f"{str(default).lower()} and shard with FSDP2"
+                f"{str(default).lower()} and shard with FSDP2 or ZeRO-3"
             )
     return None
 

@@ -55,11 +55,17 @@ CASES = {
         2, "full", FSDP, {"loss_type": "grpo", "importance_sampling_level": "sequence", "scale_rewards": "batch"}
     ),
     "one-rank-bnpo": (1, "full", DDP, {"loss_type": "bnpo", "epsilon_high": 0.28}),
+    "zero3": (2, "full", dict(backend="deepspeed", zero_stage=3, micro_batch_size=2), {"loss_type": "dapo"}),
 }  # fmt: skip
-FULL_ONLY = {"lora-fsdp2", "ddp", "one-rank", "fsdp2-gspo", "one-rank-bnpo"}
+FULL_ONLY = {"lora-fsdp2", "ddp", "one-rank", "fsdp2-gspo", "one-rank-bnpo", "zero3"}
 # generation by the policy itself (no replay): name -> (ranks, method, parallel section)
-GENERATING = {"generate-fsdp2": (2, "full", FSDP), "generate-lora-fsdp2": (2, "lora", FSDP)}
-GENERATING_FULL_ONLY = {"generate-lora-fsdp2"}
+ZERO3 = dict(backend="deepspeed", zero_stage=3, micro_batch_size=2)
+GENERATING = {
+    "generate-fsdp2": (2, "full", FSDP),
+    "generate-lora-fsdp2": (2, "lora", FSDP),
+    "generate-zero3": (2, "full", ZERO3),
+}
+GENERATING_FULL_ONLY = {"generate-lora-fsdp2", "generate-zero3"}
 GAP = 1e-4  # the generation's log-probabilities against the policy's forward (fp32, CPU)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import read_metrics, recipe_dict, run_cli, save_tiny_model, write_recipe
+from helpers import read_metrics, recipe_dict, run_cli, save_chat_tokenizer, save_tiny_model, write_recipe
 
 from bigtrain.config.load import load_recipe
 from bigtrain.errors import ConfigError
@@ -18,6 +18,9 @@ PROMPTS = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b
 REWARDS = (
     "def first_digit(prompts, completions, completion_ids, answer, **kw):\n"
     "    return [float(c[:1] == a[:1]) + 0.01 * (ids[0] % 7) for c, a, ids in zip(completions, answer, completion_ids)]\n"
+    "def chat_shaped(prompts, completions, completion_ids, answer, **kw):\n"
+    "    assert all(p[-1]['role'] == 'user' and c[0]['role'] == 'assistant' for p, c in zip(prompts, completions))\n"
+    "    return [float(c[0]['content'][:1] == a[:1]) for c, a in zip(completions, answer)]\n"
     "def fussy(prompts, completions, completion_ids, answer, **kw):\n"
     "    if any(a == '3' for a in answer):\n"
     "        raise KeyError('three')\n"
@@ -117,6 +120,18 @@ def test_a_reward_function_that_raises_stops_every_rank_with_its_line(where, mod
     assert proc.returncode != 0
     assert "reward function run_rewards:fussy raised KeyError: 'three' on line 4 of data.path (a completion made for step 3)" in proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_chat_prompts_are_templated_and_their_completions_are_assistant_messages(where, model_dir):
+    """Prompts as chat messages: rendered with the tokenizer's chat template and the assistant's opening, each
+    completion handed to the reward function as TRL does, [{"role": "assistant", "content": text}]."""
+    chats = [{"prompt": [{"role": "user", "content": p["prompt"]}], "answer": p["answer"]} for p in PROMPTS]
+    (where / "prompts.jsonl").write_text("".join(json.dumps(c) + "\n" for c in chats))
+    recipe = _recipe(where, model_dir, reward_functions=["run_rewards:chat_shaped"], steps=2, beta=0.0)
+    recipe["data"]["tokenizer"] = str(save_chat_tokenizer(where / "tokenizer"))
+    run_training(load_recipe(write_recipe(where / "chat.yaml", recipe)))
+    got = read_metrics(where / "out")
+    assert [r["step"] for r in got] == [1, 2] and "rewards/chat_shaped/mean" in got[0]
 
 
 @pytest.mark.full  # three runs
