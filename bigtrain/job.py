@@ -10,6 +10,7 @@ way from names.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,9 @@ from bigtrain.tasks import TASKS, TaskSpec, detect, resolve, task, task_of_objec
 class Job:
     task: TaskSpec
     objective: ObjectiveSpec
+    # the roles this recipe's objective needs, where its train section decides them (grpo's reference only with a
+    # KL term, ``ObjectiveSpec.roles_of``); None: the objective's own ``roles``
+    roles: tuple[str, ...] | None = None
 
     @property
     def facts(self) -> JobFacts:
@@ -35,7 +39,7 @@ class Job:
             objective=self.objective.name,
             unit=self.task.unit,
             rows_per_example=self.objective.rows_per_example,
-            roles=self.objective.roles,
+            roles=self.objective.roles if self.roles is None else self.roles,
             rules=(*self.task.rules, *self.objective.rules),
         )
 
@@ -111,6 +115,8 @@ def resolve_job(cfg: RecipeConfig, hf_config: Any) -> tuple[Job, Any]:
     job = pair(spec, cfg.train.objective)
     if job.objective.check is not None:
         job.objective.check(cfg)
+    if job.objective.roles_of is not None:
+        job = dataclasses.replace(job, roles=job.objective.roles_of(cfg.train))
     return job, hf_config
 
 

@@ -30,6 +30,8 @@ class ObjectiveSpec:
       the task's;
     - ``synthetic(hf_config, plan, workload, device) -> batch`` and ``count(batch, workload, plan)``: its micro-batch
       and the global batch's count for the simulator, when it has data of its own;
+    - ``roles_of(train)``: the roles a recipe's train section needs, where it decides them (grpo: the reference only
+      with a KL term); None: ``roles``;
     - ``check(cfg)``: its recipe values (one line naming the key), before anything is read;
     - ``attach(engine, options, train)``: its roles onto the engine (a live reference), after the engine is built;
     - ``before_training(cfg, plan, engine, datasets, resuming, device)``: a pass before the first step (the
@@ -51,6 +53,7 @@ class ObjectiveSpec:
     synthetic: Callable[[Any, Any, Any, Any], Any] | None = None
     count: Callable[[Any, Any, Any], float] | None = None
     check: Callable[[Any], None] | None = None
+    roles_of: Callable[[Any], tuple[str, ...]] | None = None
     attach: Callable[[Any, Any, Any], None] | None = None
     before_training: Callable[..., None] | None = None
     step_source: Callable[..., Any] | None = None
