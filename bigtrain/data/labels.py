@@ -34,3 +34,13 @@ def masked_next_token_labels(input_ids: torch.Tensor, targets: np.ndarray | torc
     labels = next_token_labels(input_ids)
     keep = F.pad(targets[:, 1:], (0, 1), value=False)
     return labels.masked_fill(~keep, IGNORE_INDEX)
+
+
+def token_logps(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """[rows, length] fp32 log-probability of each labelled token (0 where nothing is labelled), under
+    softmax(logits / temperature) (grpo samples and scores at its temperature; 1 leaves the logits as they are)."""
+    rows, length = labels.shape
+    scaled = logits.flatten(0, 1).float()
+    if temperature != 1.0:
+        scaled = scaled / temperature
+    return -F.cross_entropy(scaled, labels.flatten(), reduction="none", ignore_index=IGNORE_INDEX).view(rows, length)

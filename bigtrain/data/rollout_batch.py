@@ -13,18 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 
-from bigtrain.data.labels import IGNORE_INDEX
-
-
-def token_logps(logits: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
-    """[rows, length] fp32 log-probability of each labelled token under softmax(logits / temperature) (0 where
-    nothing is labelled): the sampling distribution's, as TRL computes them."""
-    rows, length = labels.shape
-    scaled = logits.float() / temperature
-    out = -F.cross_entropy(scaled.flatten(0, 1), labels.flatten(), reduction="none", ignore_index=IGNORE_INDEX)
-    return out.view(rows, length)
+from bigtrain.data.labels import IGNORE_INDEX, token_logps
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,7 @@ from typing import Any
 import torch
 
 from bigtrain.config.online_rl import GRPO_LOSSES
-from bigtrain.data.labels import IGNORE_INDEX
-from bigtrain.data.rollout_batch import token_logps
+from bigtrain.data.labels import IGNORE_INDEX, token_logps
 from bigtrain.losses.base import Terms
 
 # train.loss_type's normalisations: by completion tokens, completions, completions x max length, micro-batch tokens
@@ -47,11 +46,15 @@ class GrpoSettings:
     temperature: float
 
 
-def entropy_of(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """[rows, length] entropy of softmax(logits / temperature), without a graph."""
+def entropy_sum(logits: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The entropy of softmax(logits / temperature) summed over the labelled positions, without a graph, one row at
+    a time: the distribution is a metric's, so it never holds more than one row's fp32 copy beside the loss's."""
+    total = torch.zeros((), device=logits.device)
     with torch.no_grad():
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-        return -(logp.exp() * logp).sum(-1)
+        for row, keep in zip(logits, mask.bool(), strict=True):
+            logp = torch.log_softmax(row[keep].float() / temperature, dim=-1)
+            total += -(logp.exp() * logp).sum()
+    return total
 
 
 class Grpo:
@@ -113,7 +116,7 @@ class Grpo:
         low = ((weight < 1 - self.s.epsilon_low) & (advantages < 0)).float() * mask
         high = ((weight > 1 + self.s.epsilon_high) & (advantages > 0)).float() * mask
         kl = torch.zeros((), device=mask.device) if seen["kl"] is None else (seen["kl"].detach() * mask).sum()
-        entropy = (entropy_of(logits.detach(), self.s.temperature) * mask).sum()
+        entropy = entropy_sum(logits.detach(), mask, self.s.temperature)
         region = torch.maximum(low, high)
         return torch.stack([kl, low.sum(), high.sum(), region.sum(), entropy, mask.sum()])
 

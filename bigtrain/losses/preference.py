@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from bigtrain.data.batch import PairBatch
-from bigtrain.data.labels import IGNORE_INDEX
+from bigtrain.data.labels import IGNORE_INDEX, token_logps
 from bigtrain.losses.base import Terms
 from bigtrain.losses.causal_lm import router_loss
 
@@ -106,7 +106,7 @@ def log_odds(mean_logp: torch.Tensor) -> torch.Tensor:
 
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the sum of its labelled tokens' log-probabilities (fp32) and how many there are."""
-    return _token_logps(logits, labels).sum(1), (labels != IGNORE_INDEX).sum(1)
+    return token_logps(logits, labels).sum(1), (labels != IGNORE_INDEX).sum(1)
 
 
 # train.compile: the token log-probabilities through inductor, as the causal-LM loss (losses/causal_lm.py), so a
@@ -117,15 +117,7 @@ def compiled_sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple
 
 @functools.cache
 def _compiled_token_logps() -> Any:
-    return torch.compile(_token_logps)
-
-
-def _token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """[rows, length] log-probability of each labelled token (0 where nothing is labelled), in fp32."""
-    rows, length = labels.shape
-    return -F.cross_entropy(
-        logits.flatten(0, 1).float(), labels.flatten(), reduction="none", ignore_index=IGNORE_INDEX
-    ).view(rows, length)
+    return torch.compile(token_logps)
 
 
 class Preference:
