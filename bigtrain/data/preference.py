@@ -23,10 +23,9 @@ import torch
 from bigtrain.config.schema import DataConfig
 from bigtrain.data import cache
 from bigtrain.data.batch import PairBatch
-from bigtrain.data.builtin import builtin_records
 from bigtrain.data.indexed_rows import IndexedRows
 from bigtrain.data.labels import masked_next_token_labels
-from bigtrain.data.records import Record, check_records_path, describe_sources, read_records
+from bigtrain.data.records import Record, describe_sources, is_chat, records_or_builtin
 from bigtrain.data.row_files import RowWriter, open_rows
 from bigtrain.data.tokenizer import load_tokenizer
 from bigtrain.errors import ConfigError
@@ -34,7 +33,6 @@ from bigtrain.errors import ConfigError
 SIDES = ("chosen", "rejected")
 MARGIN_FIELD = "margin"  # TRL's: how far the chosen answer's reward should lead the rejected one's (reward models)
 MARGINS_FILE = "margins.npy"
-BUILTIN_PREFIX = "builtin:"
 
 
 @dataclass
@@ -73,10 +71,6 @@ class PreferencePairs(IndexedRows):
         return PairBatch(ids, labels, ref)
 
 
-def _is_chat(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value)
-
-
 def _split_prompt(where: str, record: dict[str, Any]) -> tuple[Any, Any, Any]:
     """(prompt, chosen, rejected) of a record, the prompt taken from the shared start of a conversation without one;
     a missing or empty side is an error naming the record."""
@@ -91,7 +85,7 @@ def _split_prompt(where: str, record: dict[str, Any]) -> tuple[Any, Any, Any]:
     chosen, rejected = record["chosen"], record["rejected"]
     if "prompt" in record:
         return record["prompt"], chosen, rejected
-    if not (_is_chat(chosen) and _is_chat(rejected)):
+    if not (is_chat(chosen) and is_chat(rejected)):
         raise ConfigError(f"{where}: no 'prompt' field; text pairs need one (chat pairs may share their start)")
     shared = _common_prefix(chosen, rejected)
     if shared == 0:
@@ -109,8 +103,8 @@ def _common_prefix(a: list[Any], b: list[Any]) -> int:
 
 def _tokenise(tokenizer: Any, where: str, prompt: Any, answers: tuple[Any, Any]) -> tuple[list[int], list[list[int]]]:
     """The prompt's ids and each answer's ids (TRL's rule: the answer starts where the ids part)."""
-    chat = _is_chat(prompt)
-    if chat != all(_is_chat(a) for a in answers):
+    chat = is_chat(prompt)
+    if chat != all(is_chat(a) for a in answers):
         raise ConfigError(f"{where}: mix of chat messages and plain text; use one form for prompt, chosen and rejected")
     if chat:
         prompt_ids = tokenizer.chat_ids(prompt, generation_prompt=True)
@@ -128,17 +122,11 @@ def _tokenise(tokenizer: Any, where: str, prompt: Any, answers: tuple[Any, Any])
 def load_preference_pairs(cfg: DataConfig, key: str = "data.path", path: str | None = None) -> PreferencePairs:
     """``data.path`` (or ``data.eval_path``) as preference pairs of rows of ``data.seq_len``."""
     path = cfg.path if path is None else path
-    if path.startswith(BUILTIN_PREFIX):
-        name = path.removeprefix(BUILTIN_PREFIX)
-        if name != "preferences":
-            raise ConfigError(
-                f"{key}={path!r}: preference objectives train on pairs; use builtin:preferences, or give "
-                f"{describe_sources()} of prompt/chosen/rejected records"
-            )
-        records: Iterable[Record] = ((f"record {i}", r) for i, r in enumerate(builtin_records(name, 2000)))
-    else:
-        check_records_path(key, path)
-        records = read_records(key, path, "prompt", cfg.split)
+    refusal = (
+        f"preference objectives train on pairs; use builtin:preferences, or give {describe_sources()} of "
+        "prompt/chosen/rejected records"
+    )
+    records = records_or_builtin(key, path, cfg.split, "preferences", refusal)
     if cfg.seq_len is None:
         raise ConfigError(f"{key}: set data.seq_len, the longest prompt + answer of a row (TRL's max_length)")
     if cfg.packing is not None:

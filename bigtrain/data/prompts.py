@@ -9,18 +9,15 @@ completion: ``seq_len`` is the longest prompt plus ``train.max_completion_length
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from bigtrain.data.builtin import builtin_records
-from bigtrain.data.records import Record, check_records_path, describe_sources, read_records
+from bigtrain.data.records import describe_sources, is_chat, records_or_builtin
 from bigtrain.data.tokenizer import Tokenizer, load_tokenizer
 from bigtrain.errors import ConfigError
 
-BUILTIN_PREFIX = "builtin:"
 PROMPT_FIELD = "prompt"  # TRL's: text, or a list of chat messages
 
 
@@ -49,23 +46,6 @@ class Prompts:
         return len(self.ids)
 
 
-def _is_chat(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value)
-
-
-def _records(key: str, path: str, split: str) -> Iterable[Record]:
-    if path.startswith(BUILTIN_PREFIX):
-        name = path.removeprefix(BUILTIN_PREFIX)
-        if name != "sums":
-            raise ConfigError(
-                f"{key}={path!r}: grpo trains on prompts; use builtin:sums (a verifiable toy task), or give "
-                f"{describe_sources()} of records with a prompt field"
-            )
-        return ((f"record {i}", r) for i, r in enumerate(builtin_records(name, 2000)))
-    check_records_path(key, path)
-    return read_records(key, path, "prompt", split)
-
-
 def read_prompts(cfg: Any, max_completion_length: int, per_prompt: int) -> Prompts:
     """``data.path``'s prompts, tokenised with the recipe's tokenizer (``data.tokenizer``; the byte tokenizer
     without one); each makes ``per_prompt`` completions of a step."""
@@ -74,14 +54,18 @@ def read_prompts(cfg: Any, max_completion_length: int, per_prompt: int) -> Promp
     tokenizer = load_tokenizer(data.tokenizer)
     ids, prompts, fields_of, places = [], [], [], []
     truncated = 0
-    for where, record in _records(key, data.path, data.split):
+    refusal = (
+        f"grpo trains on prompts; use builtin:sums (a verifiable toy task), or give {describe_sources()} of records "
+        "with a prompt field"
+    )
+    for where, record in records_or_builtin(key, data.path, data.split, "sums", refusal):
         if name not in record:
             raise ConfigError(
                 f"{key}: {where} has no {name!r} field (its fields: {', '.join(record) or 'none'}); grpo reads a "
                 f"prompt per record (text or chat messages) under {name!r}, TRL's field"
             )
         prompt = record[name]
-        if _is_chat(prompt):
+        if is_chat(prompt):
             tokens = tokenizer.chat_ids(prompt, generation_prompt=True)
         elif isinstance(prompt, str):
             tokens = tokenizer.encode_prompt(prompt)

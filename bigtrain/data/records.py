@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import glob
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from bigtrain.errors import ConfigError
 
+BUILTIN_PREFIX = "builtin:"
 DATASET_SUFFIXES = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json"}
 SAVED_DATASET_FILES = ("dataset_info.json", "state.json", "dataset_dict.json")
 
@@ -51,6 +52,25 @@ def check_records_path(key: str, path: str) -> None:
 
 
 Record = tuple[str, dict[str, Any]]  # where it is (for errors: "line 7", "record 7") and its fields
+
+
+def is_chat(value: Any) -> bool:
+    """A list of chat messages (each a dict with a role), as prompts and answers may be given."""
+    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m for m in value)
+
+
+def records_or_builtin(key: str, path: str, split: str, builtin: str, refusal: str) -> Iterable[Record]:
+    """The records at ``path`` (their text field ``prompt``), or 2000 of built-in corpus ``builtin`` for
+    ``builtin:NAME``; another built-in corpus is refused with ``refusal``, which ends with what to give instead."""
+    if path.startswith(BUILTIN_PREFIX):
+        name = path.removeprefix(BUILTIN_PREFIX)
+        if name != builtin:
+            raise ConfigError(f"{key}={path!r}: {refusal}")
+        from bigtrain.data.builtin import builtin_records
+
+        return ((f"record {i}", r) for i, r in enumerate(builtin_records(name, 2000)))
+    check_records_path(key, path)
+    return read_records(key, path, "prompt", split)
 
 
 def read_records(key: str, path: str, text_field: str, split: str) -> Iterator[Record]:
