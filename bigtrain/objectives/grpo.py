@@ -74,17 +74,11 @@ def _check_numbers(train: Any) -> None:
             f"train.loss_type={train.loss_type} is dpo's; train.objective=grpo takes {', '.join(GRPO_LOSSES)} "
             f"(unset: {LOSS}, TRL's default)"
         )
-    for key, low in (("num_iterations", 1), ("max_completion_length", 1), ("top_k", 0)):
-        if getattr(train, key) < low:
-            raise ConfigError(f"train.{key}={getattr(train, key)} must be at least {low}")
+    # the counts' and clip ranges' minimums are the loader's (config/load.MINIMUMS), as train.beta's
     if train.temperature <= 0:
         raise ConfigError(f"train.temperature={train.temperature} must be above 0 (sampling); e.g. 1.0")
     if not 0 < train.top_p <= 1:
         raise ConfigError(f"train.top_p={train.top_p} must be in (0, 1]; 1 keeps every token")
-    if train.epsilon < 0 or (train.epsilon_high is not None and train.epsilon_high < 0):
-        raise ConfigError("train.epsilon and train.epsilon_high are clip ranges: use values >= 0, e.g. 0.2 and 0.28")
-    if beta_of(train) < 0:
-        raise ConfigError(f"train.beta={train.beta} would reward drifting from the reference; use 0 or e.g. 0.04")
 
 
 def _check_rewards(train: Any) -> None:

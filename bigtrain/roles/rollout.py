@@ -28,13 +28,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from bigtrain.data.labels import masked_next_token_labels
+from bigtrain.data.labels import masked_next_token_labels, token_logps
 from bigtrain.data.loader import StepBatch
 from bigtrain.data.order import GlobalOrder
 from bigtrain.data.prompts import Prompts
-from bigtrain.data.rollout_batch import RolloutBatch, token_logps
+from bigtrain.data.rollout_batch import RolloutBatch
 from bigtrain.engine.base import Engine, evaluating
 from bigtrain.errors import ConfigError
+from bigtrain.roles.reference import engine_parts
 from bigtrain.roles.rewards import RewardFunction, score
 
 STD_EPSILON = 1e-4  # TRL's: advantages / (std + 1e-4)
@@ -234,10 +235,11 @@ class Rollouts:
         gap = torch.zeros((), device=self.device)
         for start, batch in zip(range(0, len(rows), self.micro), micro_batches, strict=True):
             assert batch.old_logps is not None
-            for i in range(batch.input_ids.shape[0]):
+            old = batch.old_logps.cpu()  # one copy per micro-batch, not one per row
+            for i in range(old.shape[0]):
                 prompt, length = len(self.prompts.ids[rows[start + i]]), len(completions[start + i])
-                policy = batch.old_logps[i, prompt - 1 : prompt - 1 + length]
-                gap = torch.maximum(gap, (policy.cpu() - sampled[start + i, :length]).abs().max().to(gap.device))
+                policy = old[i, prompt - 1 : prompt - 1 + length]
+                gap = torch.maximum(gap, (policy - sampled[start + i, :length]).abs().max().to(gap.device))
         dist.all_reduce(gap, op=dist.ReduceOp.MAX)
         return float(gap)
 
@@ -379,8 +381,7 @@ class Rollouts:
 
     def _with_old_logps(self, batch: RolloutBatch) -> RolloutBatch:
         """The generating policy's log-probabilities of the batch's tokens (mu > 1: the later steps' ratio)."""
-        parts = list(self.engine.built.parts)  # type: ignore[attr-defined]  # the engines that run grpo keep it
-        with evaluating(parts):
+        with evaluating(engine_parts(self.engine)):
             logits = self.engine.model_output(batch).logits
         return replace(batch, old_logps=token_logps(logits, batch.labels, self.s.temperature).detach())
 
