@@ -51,9 +51,11 @@ def entropy_sum(logits: torch.Tensor, mask: torch.Tensor, temperature: float) ->
     a time: the distribution is a metric's, so it never holds more than one row's fp32 copy beside the loss's."""
     total = torch.zeros((), device=logits.device)
     with torch.no_grad():
-        for row, keep in zip(logits, mask.bool(), strict=True):
-            logp = torch.log_softmax(row[keep].float() / temperature, dim=-1)
-            total += -(logp.exp() * logp).sum()
+        # masked by multiplying, not by indexing: a boolean index has a data-dependent shape, which the planner's
+        # simulated step on fake tensors cannot follow
+        for row, keep in zip(logits, mask, strict=True):
+            logp = torch.log_softmax(row.float() / temperature, dim=-1)
+            total += (-(logp.exp() * logp).sum(-1) * keep).sum()
     return total
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from bigtrain.errors import ConfigError
+from bigtrain.losses.grpo import entropy_sum
 from bigtrain.roles.rewards import load_reward_function, score
 from bigtrain.roles.rollout import SampledLogps, advantages_of, cut_completion
 
@@ -32,6 +33,19 @@ def test_group_advantages_are_trl_s():
     assert advantages[4] == 0  # no function scored it: no advantage
     torch.testing.assert_close(advantages[5], (2.5 - 1.5) / (spread + 1e-4))
     assert std[0] == 0 and std[3] == pytest.approx(float(spread))
+
+
+def test_the_entropy_metric_sums_over_labelled_positions_only_and_steps_on_fake_tensors():
+    logits = torch.randn(2, 5, 7)
+    mask = torch.tensor([[0, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
+    logp = torch.log_softmax(logits / 0.7, dim=-1)
+    expected = sum(-(logp[r, t].exp() * logp[r, t]).sum() for r in range(2) for t in range(5) if mask[r, t])
+    torch.testing.assert_close(entropy_sum(logits, mask, 0.7), expected)
+    # the planner's simulated step runs the loss on fake tensors: nothing of a data-dependent shape
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert entropy_sum(torch.randn(2, 5, 7), torch.ones(2, 5), 1.0).shape == ()
 
 
 @pytest.mark.parametrize("scale", ["batch", "none"])
