@@ -15,6 +15,24 @@ from bigtrain.config.schema import ADAPTER_METHODS, METHODS, PRECISIONS, Adapter
 from bigtrain.config.setup import DataFacts, JobFacts
 
 
+@dataclass(frozen=True)
+class Generation:
+    """What each step generates before it trains (online RL's rollouts, ``train.objective: grpo``): every
+    data-parallel rank generates its share of the global batch's completions at once, with a KV cache, on the
+    policy's own weights; a completion is at most ``completion_len`` tokens after a prompt of ``prompt_len`` (the
+    workload's ``seq_len`` is their sum: the rows it then trains on). A generation is trained on ``num_iterations``
+    times (TRL's mu): its cost per step is shared by as many steps."""
+
+    prompt_len: int
+    completion_len: int
+    num_generations: int = 8
+    num_iterations: int = 1
+
+    def rows(self, global_batch_size: int, dp: int) -> int:
+        """Completions one data-parallel rank generates at once."""
+        return max(global_batch_size // dp, 1)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Workload:
     seq_len: int  # tokens per sequence
@@ -35,6 +53,8 @@ class Workload:
     job: JobFacts = JobFacts()
     # passes the run makes over its data: a precomputed reference's one pass, per step (planner/preference.py)
     epochs: float = 1.0
+    # what each step generates before it trains (grpo's rollouts); None: the step reads its rows from data
+    generation: Generation | None = None
 
     def __post_init__(self) -> None:
         if self.mixed_precision not in PRECISIONS:

@@ -9,7 +9,7 @@ global fp16 overflow), schedule.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -105,11 +105,17 @@ class TorchNativeEngine(Engine):
         with self._autocast():
             return self.built.forward_module(**batch.model_inputs())
 
-    def generate(self, **kwargs: Any) -> torch.Tensor:
-        # the HF model itself (not the DDP wrapper: generation syncs no gradients); FSDP2's hooks on it gather each
-        # unit's parameters for every forward of the generation loop
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[torch.nn.Module]:
+        """The model generation runs: the HF model itself (not the DDP wrapper: generation syncs no gradients), in
+        eval mode without a graph, under the step's autocast; FSDP2's hooks on it gather each unit's parameters for
+        every forward of the generation loop."""
         with evaluating(self.parts), self._autocast():
-            return self.built.parts[0].generate(**kwargs)
+            yield self.built.parts[0]
+
+    def generate(self, **kwargs: Any) -> torch.Tensor:
+        with self.generating() as model:
+            return model.generate(**kwargs)
 
     def _forward_loss(self, batch: MicroBatch) -> Terms:
         """The objective's terms of one micro-batch: its summed loss (a DTensor under loss_parallel), the router's

@@ -46,16 +46,21 @@ class GrpoSettings:
     temperature: float
 
 
+ENTROPY_CHUNK_LOGITS = 2**22  # the entropy metric's fp32 work, at most 16 MiB per tensor at a time
+
+
 def entropy_sum(logits: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
-    """The entropy of softmax(logits / temperature) summed over the labelled positions, without a graph, one row at
-    a time: the distribution is a metric's, so it never holds more than one row's fp32 copy beside the loss's."""
+    """The entropy of softmax(logits / temperature) summed over the labelled positions, without a graph, a chunk of
+    positions at a time: the distribution is a metric's, so its fp32 copies never rival the loss's (a whole row's
+    would: 16 bytes per logit while the loss's graph is alive). Masked by multiplying, not by indexing: a boolean
+    index has a data-dependent shape, which the planner's simulated step on fake tensors cannot follow."""
+    flat, keep = logits.detach().flatten(0, -2), mask.flatten().to(torch.float32)
+    chunk = max(1, ENTROPY_CHUNK_LOGITS // flat.shape[-1])
     total = torch.zeros((), device=logits.device)
     with torch.no_grad():
-        # masked by multiplying, not by indexing: a boolean index has a data-dependent shape, which the planner's
-        # simulated step on fake tensors cannot follow
-        for row, keep in zip(logits, mask, strict=True):
-            logp = torch.log_softmax(row.float() / temperature, dim=-1)
-            total += (-(logp.exp() * logp).sum(-1) * keep).sum()
+        for start in range(0, flat.shape[0], chunk):
+            logp = torch.log_softmax(flat[start : start + chunk].float() / temperature, dim=-1)
+            total += (-(logp.exp() * logp).sum(-1) * keep[start : start + chunk]).sum()
     return total
 
 

@@ -139,8 +139,10 @@ def _simulate_rank(
     # fp16 stores and computes what bf16 does; its loss-scale skip decision would need real gradient values
     precision = "bf16" if workload.mixed_precision == "fp16" else workload.mixed_precision
     device = torch.device("cpu")
+    # the train keys that give the job its roles where the objective decides them (grpo's reference: a KL term)
+    roles = job.objective.train_of_roles(workload.job.roles) if job.objective.train_of_roles else {}
     train = TrainConfig(
-        global_batch_size=workload.global_batch_size, mixed_precision=precision, objective=workload.objective
+        global_batch_size=workload.global_batch_size, mixed_precision=precision, objective=workload.objective, **roles
     )
     real_inputs = job.task.real_inputs
     # what the forward reads the values of stays real (a VLM's token ids and image grids): fake ops take it
@@ -195,13 +197,41 @@ def _simulate_rank(
                 batches = [batch.sequence_slice(cp_rank, cp_size) for batch in batches]
             inputs = [t for batch in batches for t in batch.tensors()] + _reference_tensors(engine, plan, workload)
             train_step(engine, batches, global_count, train.grad_clip)  # warm-up, untracked (see the docstring)
+            resident = _reference_tensors(engine, plan, workload)
+            generated = _generation_peak(engine, hf_config, plan, workload, resident, device, calls)
             tracker = _tracker(engine, inputs)
             with tracker:
                 train_step(engine, batches, global_count, train.grad_clip)
             snapshot = tracker.get_tracker_snapshot("peak")[device]
-            return {str(getattr(k, "value", k)): int(v) for k, v in snapshot.items()}
+            peak = {str(getattr(k, "value", k)): int(v) for k, v in snapshot.items()}
+            if generated is None:
+                return peak
+            # the step's peak is its larger phase; the categories are the training phase's
+            return {**peak, "Training": peak["Total"], "Generation": generated, "Total": max(peak["Total"], generated)}
     finally:
         dist.destroy_process_group()
+
+
+def _generation_peak(
+    engine: TorchNativeEngine,
+    hf_config: Any,
+    plan: Plan,
+    workload: Workload,
+    resident: list[torch.Tensor],
+    device: torch.device,
+    calls: _EachCallInAModuleOfItsOwn,
+) -> int | None:
+    """The peak of the rollout that comes before the step's training (``generation_step.py``), or None for a step
+    that reads its rows from data. Tracked on its own: the training state (parameters, optimizer states, what the
+    engine keeps between steps) is there, the step's batches are not yet."""
+    if workload.generation is None:
+        return None
+    from bigtrain.measure.generation_step import generation_step
+
+    tracker = _tracker(engine, resident)  # a sharded reference's copy is there too
+    with tracker:
+        generation_step(engine, hf_config, workload, plan.dp, device, calls.of)
+    return int(tracker.get_tracker_snapshot("peak")[device]["Total"])
 
 
 def _reference_tensors(engine: TorchNativeEngine, plan: Plan, workload: Workload) -> list[torch.Tensor]:

@@ -17,6 +17,7 @@ from bigtrain.errors import ConfigError
 from bigtrain.objectives.spec import ObjectiveSpec
 
 LOSS = GRPO_LOSSES[2]  # TRL 1.16's default loss_type: dapo
+KL_BETA = 0.04  # a KL term's weight where only its presence matters (the simulator's job with a reference)
 KEYS = (
     *(f"train.{k}" for k in ("beta", "loss_type", "num_generations", "max_completion_length", "epsilon")),
     *(f"train.{k}" for k in ("epsilon_high", "num_iterations", "importance_sampling_level", "scale_rewards")),
@@ -231,6 +232,7 @@ OBJECTIVE = ObjectiveSpec(
     make=make,
     roles=(ROLE,),  # as the planner's arguments name it (bigtrain plan --objective grpo): with a KL term
     roles_of=lambda train: (ROLE,) if beta_of(train) > 0 else (),
+    train_of_roles=lambda roles: {"beta": KL_BETA} if ROLE in roles else {},
     read_data=read_data,
     synthetic=synthetic,
     count=count,

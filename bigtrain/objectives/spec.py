@@ -31,7 +31,7 @@ class ObjectiveSpec:
     - ``synthetic(hf_config, plan, workload, device) -> batch`` and ``count(batch, workload, plan)``: its micro-batch
       and the global batch's count for the simulator, when it has data of its own;
     - ``roles_of(train)``: the roles a recipe's train section needs, where it decides them (grpo: the reference only
-      with a KL term); None: ``roles``;
+      with a KL term); None: ``roles``; ``train_of_roles(roles)``: the train keys that give it those roles;
     - ``check(cfg)``: its recipe values (one line naming the key), before anything is read;
     - ``attach(engine, options, train)``: its roles onto the engine (a live reference), after the engine is built;
     - ``before_training(cfg, plan, engine, datasets, resuming, device)``: a pass before the first step (the
@@ -54,6 +54,8 @@ class ObjectiveSpec:
     count: Callable[[Any, Any, Any], float] | None = None
     check: Callable[[Any], None] | None = None
     roles_of: Callable[[Any], tuple[str, ...]] | None = None
+    # the train keys that give it these roles, the inverse of roles_of (the simulator's train section: grpo's KL)
+    train_of_roles: Callable[[tuple[str, ...]], dict[str, Any]] | None = None
     attach: Callable[[Any, Any, Any], None] | None = None
     before_training: Callable[..., None] | None = None
     step_source: Callable[..., Any] | None = None

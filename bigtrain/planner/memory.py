@@ -20,16 +20,19 @@ from bigtrain.planner.memory_terms import MemoryEstimate, host_offload_bytes, of
 from bigtrain.planner.model_stats import ModelStats
 from bigtrain.planner.pipeline_memory import estimate_pipeline_memory
 from bigtrain.planner.preference import as_rows
+from bigtrain.planner.rollout_memory import with_generation
 
 
 def estimate_memory(stats: ModelStats, plan: Plan, workload: Workload) -> MemoryEstimate:
     """The predicted peak of ``plan`` for ``workload`` and its parts at the moment it happens (with what the
     capability records' own terms add, ``Capability.memory``, in ``other``)."""
     estimate = _estimate(stats, *as_rows(plan, workload))  # a preference pair: two rows
-    added = sum(term(stats, plan, workload) for term in RECORD_TERMS)
+    resident = added = sum(term(stats, plan, workload) for term in RECORD_TERMS)
     if stats.vision is not None:  # what a vision-language model's images keep for backward (vision_stats.py)
         added += stats.vision.activation_bytes(plan, workload)
-    return replace(estimate, other_bytes=estimate.other_bytes + added) if added else estimate
+    estimate = replace(estimate, other_bytes=estimate.other_bytes + added) if added else estimate
+    # online RL: the rollout before the training phase, with what the records keep resident (rollout_memory.py)
+    return with_generation(stats, plan, workload, estimate, resident)
 
 
 RECORD_TERMS = tuple(c.memory for c in CAPABILITIES if c.memory is not None)

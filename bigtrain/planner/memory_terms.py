@@ -45,6 +45,8 @@ class MemoryEstimate:
     activations_bytes: int
     other_bytes: int
     margin_bytes: int
+    # the totals of a step's phases where it has several (online RL: generation, then training), the peak's first
+    phases: tuple[tuple[str, int], ...] = ()
 
     @property
     def total_bytes(self) -> int:
