@@ -56,6 +56,10 @@ def plan(
     site_latency: str | None = None,
     objective: str | None = None,
     epochs: float | None = None,
+    prompt_length: int | None = None,
+    completion_length: int | None = None,
+    num_generations: int | None = None,
+    beta: float | None = None,
     _spell: Spelling = PYTHON,
 ) -> PlanResult:
     """Choose how to train ``model`` on ``gpus`` GPUs, and explain it.
@@ -86,7 +90,12 @@ def plan(
         inter_node_bandwidth, inter_node_latency, sites, site_bandwidth, site_latency: a slow link between nodes
             (``"100Gb/s"``, ``"25us"``) or ``sites`` equal sites (``2, "10Gb/s", "30ms"``): DiLoCo is weighed then
         objective, epochs: ``"sft"`` (default) or a preference objective (``"dpo"``, ``"ipo"``, ``"orpo"``,
-            ``"simpo"``: batches count pairs, dpo/ipo weigh their reference), and the passes over the data (default 1).
+            ``"simpo"``: batches count pairs, dpo/ipo weigh their reference) or ``"grpo"`` (online RL: batches count
+            completions, each step generates them first), and the passes over the data (default 1).
+        prompt_length, completion_length, num_generations, beta: grpo's rollouts: prompt tokens (default: the
+            recipe's data.max_prompt_length, else 512), the most tokens a completion has and completions per prompt
+            (default: the recipe's, else TRL's 512 and 8), the KL term's weight (default: the recipe's, else TRL's
+            0: no reference model).
 
     Returns:
         A :class:`PlanResult` for any task (``result.plan``, ``result.explain()``, ``result.scaling()``,
@@ -103,7 +112,10 @@ def plan(
     asked = dict(seq_len=seq_len, global_batch_size=global_batch_size, mixed_precision=mixed_precision, method=method,
                  lora_r=lora_r, compile=compile, fp8=fp8, fix=fix, image_size=image_size,
                  images_per_row=images_per_row)  # fmt: skip
-    request = build_request(model, recipe, hw, spell=_spell, objective=objective, epochs=epochs, **asked)
+    rollout = dict(prompt_length=prompt_length, completion_length=completion_length, num_generations=num_generations,
+                   beta=beta)  # fmt: skip
+    request = build_request(model, recipe, hw, spell=_spell, objective=objective, epochs=epochs, rollout=rollout,
+                            **asked)  # fmt: skip
     return searched(request, allow_unrunnable, _spell)
 
 

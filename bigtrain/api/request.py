@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from bigtrain.api.rollout_request import rollout_of, whole_groups
 from bigtrain.config.capabilities import OPTIONS
 from bigtrain.config.hf import model_config_object
 from bigtrain.config.load import check_minimum, coerce, load_recipe, record_option_value
@@ -292,6 +293,7 @@ def build_request(
     epochs: float | None = None,
     image_size: int | None = None,
     images_per_row: float | None = None,
+    rollout: dict[str, Any] | None = None,
 ) -> PlanRequest:
     """The search's inputs: arguments first, then the recipe's values, then the task's defaults (a causal LM: a
     ~1M-token global batch, the model's positions up to 2048; a classifier: its usual examples per GPU at its own
@@ -312,6 +314,9 @@ def build_request(
     _check_choice(spell, "method", method, METHODS)
     _check_choice(spell, "fp8", fp8, FP8_CHOICES)
     job = job_of(model_config, cfg, objective, spell)
+    # grpo: the rows are prompt + completion, its roles as its train section says (rollout_request.py)
+    asked_rollout = rollout_of(job, cfg, rollout, seq_len, spell)
+    job, seq_len = asked_rollout.job, asked_rollout.seq_len
     if epochs is not None and not epochs > 0:
         raise ConfigError(f"{spell.value('epochs', epochs)} must be above 0: the passes the run makes over its data")
     if compile not in (None, True, False, "auto"):
@@ -336,7 +341,8 @@ def build_request(
         job=job.facts,
         epochs=epochs or 1.0,
         **_data_of(cfg, model_config),
-        **job.task.sizes(ask),
+        **whole_groups(job.task.sizes(ask), asked_rollout.generation, global_batch_size, spell),
+        generation=asked_rollout.generation,
     )
     planned = job.task.planner(model_config, workload)
     fixed = parse_fix(fix or [], spell)

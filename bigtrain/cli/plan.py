@@ -52,7 +52,18 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["auto", *OBJECTIVES],
         help="what is minimised (default: the recipe's, else the task's own: sft or classification), or a preference "
         "objective: dpo, ipo, orpo, simpo (--global-batch-size then counts pairs; dpo/ipo weigh where their reference "
-        "model's log-probabilities come from)",
+        "model's log-probabilities come from), or grpo (--global-batch-size counts completions)",
+    )
+    rollouts = parser.add_argument_group("grpo's rollouts (--objective grpo: each step generates its completions)")
+    rollouts.add_argument(
+        "--prompt-length", type=int, help="prompt tokens (default: the recipe's data.max_prompt_length, else 512)"
+    )
+    rollouts.add_argument(
+        "--completion-length", type=int, help="the most tokens a completion has (default: the recipe's, else 512)"
+    )
+    rollouts.add_argument("--num-generations", type=int, help="completions per prompt (default: the recipe's, else 8)")
+    rollouts.add_argument(
+        "--beta", type=float, help="the KL term's weight (default: the recipe's, else 0: no reference model)"
     )
     parser.add_argument(
         "--epochs", type=float, help="passes the run makes over its data (default 1): a precomputed reference's share"
@@ -147,6 +158,10 @@ def run_plan_command(args: argparse.Namespace) -> int:
         site_latency=args.site_latency,
         objective=args.objective,
         epochs=args.epochs,
+        prompt_length=args.prompt_length,
+        completion_length=args.completion_length,
+        num_generations=args.num_generations,
+        beta=args.beta,
         _spell=CLI,
     )
     out = result.to_dict(include_unrunnable=args.all)

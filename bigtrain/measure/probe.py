@@ -28,10 +28,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bigtrain.measure.probe_decode import decode_overhead
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # (m, k, n): m tokens of a micro-batch through a k -> n projection, and one square product
-GPU_SHAPES = [(2048, 2048, 2048), (8192, 4096, 4096), (16384, 4096, 14336), (16384, 14336, 4096), (8192, 8192, 8192)]
-CPU_SHAPES = [(256, 256, 256), (1024, 1024, 1024)]
+# the small ones: a decode step's matmuls (a rank's rows of one generated token each: online RL's rollouts)
+GPU_SHAPES = [(64, 4096, 4096), (256, 4096, 4096), (2048, 2048, 2048), (8192, 4096, 4096), (16384, 4096, 14336),
+              (16384, 14336, 4096), (8192, 8192, 8192)]  # fmt: skip
+CPU_SHAPES = [(8, 512, 512), (32, 512, 512), (256, 256, 256), (1024, 1024, 1024)]
 # The projections of a decoder block as tensor parallelism splits them: (hidden, ffn) of Llama-3.2-1B, Llama-3-8B and
 # Llama-3-70B, each column-parallel (k -> n/tp) and row-parallel (k/tp -> n) at tp 1-8, for two micro-batch sizes:
 # how a matmul's rate falls as tp makes it smaller (the planner's tp time term).
@@ -208,6 +212,7 @@ def probe(device: torch.device, tp_overhead: dict[str, float] | None = None) -> 
         "matmul": matmul_rates(device, GPU_SHAPES if cuda else CPU_SHAPES),
         "copy_gbps": copy_bandwidth(device, 2 * 2**30 if cuda else 256 * 2**20),
         "op_overhead_s": op_overhead(device),
+        "decode_step_s": decode_overhead(device),
     }
     if cuda:
         profile["memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
@@ -251,6 +256,10 @@ def summary(profile: dict[str, Any]) -> str:
         (f"{c['op']} over {c['ranks']} ranks, {c['mib']} MiB", f"{c['bus_gbps']:.2f} GB/s (bus)")
         for c in profile.get("collectives", [])
     ]
+    decode = profile.get("decode_step_s")
+    if decode:
+        fixed, per_block = decode["fixed"] * 1e3, decode["per_block"] * 1e3
+        rows.append(("generate, host per token", f"{fixed:.2f} + {per_block:.2f}/block ms"))
     for kind, seconds in (profile.get("tp_block_overhead_s") or {}).items():
         rows.append((f"tp block overhead, {kind.replace('_', ' ')}", f"{seconds * 1e3:.2f} ms"))
     width = max(len(label) for label, _ in rows)

@@ -17,6 +17,7 @@ from bigtrain.errors import ConfigError
 from bigtrain.objectives.spec import ObjectiveSpec
 
 LOSS = GRPO_LOSSES[2]  # TRL 1.16's default loss_type: dapo
+DEFAULT_PROMPT_LENGTH = 512  # TRL's GRPOConfig max_prompt_length: the planner's prompts where none is said
 KL_BETA = 0.04  # a KL term's weight where only its presence matters (the simulator's job with a reference)
 KEYS = (
     *(f"train.{k}" for k in ("beta", "loss_type", "num_generations", "max_completion_length", "epsilon")),
@@ -30,6 +31,16 @@ KEYS = (
     "rollout.completions_every",
     "parallel.reference",
 )
+
+
+def generation(train: Any, prompt_len: int | None) -> Any:
+    """What each step generates: the global batch's completions of at most train.max_completion_length tokens
+    after prompts of ``prompt_len`` (None: TRL's max_prompt_length default)."""
+    from bigtrain.config.workload import Generation
+
+    return Generation(
+        prompt_len or DEFAULT_PROMPT_LENGTH, train.max_completion_length, train.num_generations, train.num_iterations
+    )
 
 
 def beta_of(train: Any) -> float:
@@ -233,6 +244,7 @@ OBJECTIVE = ObjectiveSpec(
     roles=(ROLE,),  # as the planner's arguments name it (bigtrain plan --objective grpo): with a KL term
     roles_of=lambda train: (ROLE,) if beta_of(train) > 0 else (),
     train_of_roles=lambda roles: {"beta": KL_BETA} if ROLE in roles else {},
+    generation=generation,
     read_data=read_data,
     synthetic=synthetic,
     count=count,

@@ -56,6 +56,9 @@ class ObjectiveSpec:
     roles_of: Callable[[Any], tuple[str, ...]] | None = None
     # the train keys that give it these roles, the inverse of roles_of (the simulator's train section: grpo's KL)
     train_of_roles: Callable[[tuple[str, ...]], dict[str, Any]] | None = None
+    # what each step generates before it trains, for a train section and a prompt length (None: its default):
+    # a ``config.workload.Generation`` (grpo's rollouts); None: the step reads its rows from data
+    generation: Callable[[Any, int | None], Any] | None = None
     attach: Callable[[Any, Any, Any], None] | None = None
     before_training: Callable[..., None] | None = None
     step_source: Callable[..., Any] | None = None

@@ -88,6 +88,9 @@ class TimeEstimate:
     compute_s: float
     comm_s: float
     link_wait_s: float = 0.0  # of step_s, what the slow link between replica groups costs (0 without one)
+    # seconds of a step's phases where it has several (online RL: one generation's prefill, decode and old
+    # log-probabilities, and the training step), in order
+    phases: tuple[tuple[str, float], ...] = ()
 
     def to_dict(self) -> dict[str, float]:
         return {"step_s": self.step_s, "tokens_per_s_per_device": self.tokens_per_s_per_device, "mfu": self.mfu}
@@ -344,16 +347,16 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
     # what the records add to a step's compute (a reference model's forward, or its precomputed pass's share)
     compute_s = estimate.compute_s
     for term in RECORD_TIME_TERMS:
-        estimate = _longer(estimate, term(stats, plan, cluster, workload, compute_s), compute=True)
+        estimate = longer_by(estimate, term(stats, plan, cluster, workload, compute_s), compute=True)
     # a vision-language model's images through the tower and the projector, at the language model's achieved rate;
     # every rank of a tp group runs the whole tower on the group's images (tp slices the language model only)
     if stats.vision is not None:
         lm_flops = model_flops_per_token(stats, workload.seq_len, workload) * workload.tokens
         vision_s = estimate.compute_s * stats.vision.step_flops(plan, workload) / lm_flops * plan.tp
-        estimate = _longer(estimate, vision_s, True)
+        estimate = longer_by(estimate, vision_s, True)
     # a semi-synchronous plan's wait for its synchronisations: communication it does not hide
     wait = outer_wait_per_step(stats, plan, cluster, workload, estimate.step_s)
-    estimate = _longer(estimate, wait, compute=False)
+    estimate = longer_by(estimate, wait, compute=False)
     if cluster.replica_link is None:
         return estimate
     fast = estimate_time(stats, plan, replace(cluster, replica_link=None), workload)
@@ -363,7 +366,7 @@ def estimate_time(stats: ModelStats, plan: Plan, cluster: Cluster, workload: Wor
 RECORD_TIME_TERMS = tuple(c.time for c in CAPABILITIES if c.time is not None)
 
 
-def _longer(estimate: TimeEstimate, seconds: float, compute: bool) -> TimeEstimate:
+def longer_by(estimate: TimeEstimate, seconds: float, compute: bool = True) -> TimeEstimate:
     """``estimate`` with ``seconds`` more per step, of compute or of communication (throughput and MFU scaled)."""
     if not seconds:
         return estimate
@@ -376,6 +379,19 @@ def _longer(estimate: TimeEstimate, seconds: float, compute: bool) -> TimeEstima
         compute_s=estimate.compute_s + seconds * compute,
         comm_s=estimate.comm_s + seconds * (not compute),
     )
+
+
+def matmul_rate(cluster: Cluster, mixed_precision: str, tokens: int) -> tuple[float, bool]:
+    """(FLOP/s, measured) the matmuls achieve at ``tokens`` rows: a probed profile's rate at the nearest shape, else
+    the datasheet peak at ACHIEVABLE, the small-micro-batch saturation and the fp32 slowdown."""
+    measured = measured_rate(cluster.gpu, mixed_precision, tokens)
+    if measured is None and mixed_precision == "fp16":
+        measured = measured_rate(cluster.gpu, "bf16", tokens)  # same tensor-core path (CPUs have no fp16)
+    if measured is not None:  # a probed profile: the rate this machine achieved at the nearest shape
+        return measured * 1e12, True
+    saturation = tokens / (tokens + HALF_EFFICIENCY_TOKENS)
+    slowdown = FP32_SLOWDOWN if mixed_precision == "fp32" else 1.0
+    return cluster.gpu.peak_tflops * 1e12 * ACHIEVABLE * saturation / slowdown, False
 
 
 def _step_time(stats: ModelStats, plan: Plan, workload: Workload, cluster: Cluster) -> TimeEstimate:
@@ -393,17 +409,12 @@ def _step_time(stats: ModelStats, plan: Plan, workload: Workload, cluster: Clust
         extra += 2.0 * stats.vocab * stats.hidden
     micro_tokens = plan.micro_batch_size * seq_len // plan.cp  # what one rank's matmuls see
     saturation = micro_tokens / (micro_tokens + HALF_EFFICIENCY_TOKENS)
-    peak = cluster.gpu.peak_tflops * 1e12 * ACHIEVABLE * saturation / (FP32_SLOWDOWN if a == 4 else 1.0)
-    measured = measured_rate(cluster.gpu, mixed_precision, micro_tokens)
-    if measured is None and mixed_precision == "fp16":
-        measured = measured_rate(cluster.gpu, "bf16", micro_tokens)  # same tensor-core path (CPUs have no fp16)
-    if measured is not None:  # a probed profile: the rate this machine achieved at the nearest shape
-        peak = measured * 1e12
+    peak, probed = matmul_rate(cluster, mixed_precision, micro_tokens)
     compute = (per_token + extra) * tokens / world / peak
     compute -= fp8_seconds_saved(stats, cluster, workload, micro_tokens, saturation, peak) / world
     recomputed = recomputed_share(stats, plan) if plan.activation_checkpointing == "full" else 0.0
     compute += tp_matmul_seconds(stats, plan, cluster, workload, micro_tokens, recomputed) * tokens / world / peak
-    if measured is not None and cluster.gpu.copy_gbps > 0:
+    if probed and cluster.gpu.copy_gbps > 0:
         # tokens per rank: the dp ranks split the batch and the cp ranks each row; tp ranks see the same tokens, pp
         # stages each see all of them
         rank_tokens = tokens / plan.dp / plan.cp
@@ -413,7 +424,7 @@ def _step_time(stats: ModelStats, plan: Plan, workload: Workload, cluster: Clust
         compute += moved / (cluster.gpu.copy_gbps * 1e9)
     bandwidth = cluster.gpu.copy_gbps or cluster.gpu.memory_gbps * MEMORY_ACHIEVABLE
     compute += micro_batches * dequant_bytes(stats, plan, workload) / (bandwidth * 1e9)
-    if plan.activation_checkpointing == "selective" and not (measured is not None and cluster.gpu.copy_gbps > 0):
+    if plan.activation_checkpointing == "selective" and not (probed and cluster.gpu.copy_gbps > 0):
         # without a probed profile the element-wise work is inside the FLOP rate's efficiency, but selective
         # checkpointing's recompute is all element-wise: one more forward pass of it, at the memory bandwidth
         redo = recomputed_share(stats, plan) * stage_layers(stats, plan.pp) * elementwise_forward_bytes(stats, plan, a)

@@ -19,6 +19,7 @@ from bigtrain.planner.planned import PlannedModel, planned
 from bigtrain.planner.preference import batch_words
 from bigtrain.planner.ranking import NEAR_TIE
 from bigtrain.planner.replica_sync_time import WAIT_SHARE
+from bigtrain.planner.rollout_time import rollout_note
 from bigtrain.planner.search import COMPETITIVE, Candidate
 from bigtrain.planner.vision_stats import image_size_of
 
@@ -53,6 +54,7 @@ PER_DEVICE = {"tokens": "tok/s/dev", "images": "img/s/dev", "examples": "ex/s/de
 
 def throughput_column(workload: Workload) -> str:
     return PER_DEVICE.get(workload.job.unit, f"{workload.job.unit[:3]}/s/dev")
+
 
 # the abbreviations of a plan's name (``describe``): what each means, and how to find it in a name
 LEGEND: tuple[tuple[str, str, str], ...] = (
@@ -244,6 +246,7 @@ def render_table(
         if fitting[0].method != "full" and model.lm_notes:
             lines.append(adapter_note(fitting[0], candidates, model.stats, workload))
         lines += sync_note(fitting[0], runnable, cluster)
+        lines += rollout_note(fitting[0], workload)  # online RL: each phase's time and peak
         for capability in CAPABILITIES:  # what the records say of the choice (a reference model's placement)
             if capability.explain is not None:
                 lines += capability.explain(fitting[0], runnable, workload)

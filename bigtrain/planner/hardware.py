@@ -63,6 +63,9 @@ class GPU:
     # parallelism), measured by ``bigtrain probe`` (probe_tp.py); None: TP_DISPATCH_OPS_PER_BLOCK operators at
     # op_overhead_s (cost.py / tp_time.py)
     tp_block_overhead_s: tuple[float, float] | None = None
+    # seconds the host spends per forward of transformers' generate loop (fixed, per block), measured by ``bigtrain
+    # probe`` (probe_decode.py); None: the operator floor (rollout_time.py)
+    decode_step_s: tuple[float, float] | None = None
 
 
 KNOWN_GPUS: dict[str, GPU] = {

@@ -74,12 +74,13 @@ class PlannedModel:
 def lm_model(model: Any) -> PlannedModel:
     """A causal LM (or a vision-language model's language model and tower) as the planner's formulas and block
     measurements describe it (``model_stats.py``): its config dict, or its ``ModelStats``."""
-    from bigtrain.planner.cost import estimate_time
     from bigtrain.planner.memory import estimate_memory, host_bytes
     from bigtrain.planner.model_stats import ModelStats
+    from bigtrain.planner.rollout_time import estimate_step_time
 
     stats = model if isinstance(model, ModelStats) else ModelStats.from_config(model)
-    return PlannedModel(stats, estimate_memory, estimate_time, host_bytes)
+    # the step's time with what online RL's rollouts add before it (rollout_time.py)
+    return PlannedModel(stats, estimate_memory, estimate_step_time, host_bytes)
 
 
 def planned(model: Any) -> PlannedModel:

@@ -81,6 +81,7 @@ def gpu_from_profile(profile: dict[str, Any], base: GPU, memory_bytes: int | Non
     link = link_gbps(profile)
     latency = link_latency_s(profile)
     overhead = profile.get("tp_block_overhead_s")
+    decode = profile.get("decode_step_s")
     known_peak = base.peak_tflops if base.name in str(profile.get("device", "")).upper() else 0.0
     return replace(
         base,
@@ -97,6 +98,7 @@ def gpu_from_profile(profile: dict[str, Any], base: GPU, memory_bytes: int | Non
             (int(r["m"]), int(r["k"]), int(r["n"]), float(r["tflops"])) for r in profile.get("projections", [])
         ),
         tp_block_overhead_s=(float(overhead["plain"]), float(overhead["sequence_parallel"])) if overhead else None,
+        decode_step_s=(float(decode["fixed"]), float(decode["per_block"])) if decode else None,
     )
 
 

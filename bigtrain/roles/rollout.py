@@ -261,6 +261,7 @@ class Rollouts:
             top_p=s.top_p,
             top_k=s.top_k,
             max_new_tokens=s.max_completion_length,
+            use_cache=True,  # the KV cache, which a training config may have turned off (config.use_cache)
             pad_token_id=tok.pad_id,
             eos_token_id=tok.eos_id,
         )

@@ -100,6 +100,10 @@ class WithData:
         workload = Workload.of_train(
             cfg.train, self.data.seq_len, cfg.lora, self.packed, self.attention, epochs, self.job.facts
         )
+        spec = self.job.objective
+        if spec.generation is not None:  # grpo: a row is the longest prompt and the longest completion
+            prompt = self.data.seq_len - cfg.train.max_completion_length
+            workload = dataclasses.replace(workload, generation=spec.generation(cfg.train, prompt))
         return task.workload(workload, self.data, cfg) if task.workload is not None else workload
 
     def model_facts(self) -> ModelFacts:
