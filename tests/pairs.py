@@ -248,9 +248,10 @@ def all_covering_plans() -> list[tuple[JobCase, str, tuple[Feature, ...]]]:
 
 def workload_of(job: JobCase, train: TrainConfig) -> Any:
     """The step a covering plan simulates for the job: its task's sizes for the example model as ``bigtrain plan``
-    asks them (``TaskSpec.sizes``: a row of tokens, an image side, a row's images), a global batch of 8."""
+    asks them (``TaskSpec.sizes``: a row of tokens, an image side, a row's images), a global batch of 8, and for an
+    objective that generates first (grpo) its rollout."""
     from bigtrain.api.request import PYTHON
-    from bigtrain.config.workload import Workload
+    from bigtrain.config.workload import Generation, Workload
     from bigtrain.job import named_job
     from bigtrain.planner.model_stats import load_model_config
     from bigtrain.tasks.spec import PlanAsk
@@ -259,4 +260,10 @@ def workload_of(job: JobCase, train: TrainConfig) -> Any:
     config = load_model_config(job.model)
     ask = PlanAsk(config, None, None, None, None, 8, train.method, 2, spec.objective.rows_per_example, PYTHON)
     sizes = spec.task.sizes(ask)
-    return Workload(method=train.method, mixed_precision=train.mixed_precision, job=job.job, **sizes)
+    generation = None
+    if spec.objective.generation is not None:  # online RL: the rollout before the step, on half-row prompts
+        prompt = sizes["seq_len"] // 2
+        generation = Generation(prompt, sizes["seq_len"] - prompt, num_generations=4)
+    return Workload(
+        method=train.method, mixed_precision=train.mixed_precision, job=job.job, generation=generation, **sizes
+    )

@@ -56,10 +56,7 @@ def plan(
     site_latency: str | None = None,
     objective: str | None = None,
     epochs: float | None = None,
-    prompt_length: int | None = None,
-    completion_length: int | None = None,
-    num_generations: int | None = None,
-    beta: float | None = None,
+    rollout: dict[str, Any] | None = None,
     _spell: Spelling = PYTHON,
 ) -> PlanResult:
     """Choose how to train ``model`` on ``gpus`` GPUs, and explain it.
@@ -89,18 +86,14 @@ def plan(
             or 224); of a vision-language model's images (default 448), and how many a row holds (default 1).
         inter_node_bandwidth, inter_node_latency, sites, site_bandwidth, site_latency: a slow link between nodes
             (``"100Gb/s"``, ``"25us"``) or ``sites`` equal sites (``2, "10Gb/s", "30ms"``): DiLoCo is weighed then
-        objective, epochs: ``"sft"`` (default) or a preference objective (``"dpo"``, ``"ipo"``, ``"orpo"``,
-            ``"simpo"``: batches count pairs, dpo/ipo weigh their reference) or ``"grpo"`` (online RL: batches count
-            completions, each step generates them first), and the passes over the data (default 1).
-        prompt_length, completion_length, num_generations, beta: grpo's rollouts: prompt tokens (default: the
-            recipe's data.max_prompt_length, else 512), the most tokens a completion has and completions per prompt
-            (default: the recipe's, else TRL's 512 and 8), the KL term's weight (default: the recipe's, else TRL's
-            0: no reference model).
+        objective, epochs: ``"sft"`` (default), a preference objective (``"dpo"``, ``"ipo"``, ``"orpo"``, ``"simpo"``:
+            batches count pairs) or ``"grpo"`` (batches count completions); the passes over the data (default 1).
+        rollout: grpo's ``prompt_length``, ``completion_length``, ``num_generations``, ``beta`` (default: the recipe's,
+            else 512 prompt tokens, TRL's 512 completion tokens and 8 per prompt, beta 0: no reference model).
 
     Returns:
-        A :class:`PlanResult` for any task (``result.plan``, ``result.explain()``, ``result.scaling()``,
-        ``result.to_training_arguments()``, ...). ``result.fits`` is False when nothing fits;
-        ``result.what_would_fit()`` then says what would.
+        A :class:`PlanResult` for any task (``result.plan``, ``result.explain()``, ``result.scaling()``, ...).
+        ``result.fits`` is False when nothing fits; ``result.what_would_fit()`` then says what would.
 
     Raises:
         ConfigError: bad input, named by its argument, with what would work.
@@ -112,11 +105,8 @@ def plan(
     asked = dict(seq_len=seq_len, global_batch_size=global_batch_size, mixed_precision=mixed_precision, method=method,
                  lora_r=lora_r, compile=compile, fp8=fp8, fix=fix, image_size=image_size,
                  images_per_row=images_per_row)  # fmt: skip
-    rollout = dict(prompt_length=prompt_length, completion_length=completion_length, num_generations=num_generations,
-                   beta=beta)  # fmt: skip
-    request = build_request(model, recipe, hw, spell=_spell, objective=objective, epochs=epochs, rollout=rollout,
-                            **asked)  # fmt: skip
-    return searched(request, allow_unrunnable, _spell)
+    asked.update(objective=objective, epochs=epochs, rollout=rollout)
+    return searched(build_request(model, recipe, hw, spell=_spell, **asked), allow_unrunnable, _spell)
 
 
 def searched(

@@ -158,10 +158,12 @@ def run_plan_command(args: argparse.Namespace) -> int:
         site_latency=args.site_latency,
         objective=args.objective,
         epochs=args.epochs,
-        prompt_length=args.prompt_length,
-        completion_length=args.completion_length,
-        num_generations=args.num_generations,
-        beta=args.beta,
+        rollout=dict(
+            prompt_length=args.prompt_length,
+            completion_length=args.completion_length,
+            num_generations=args.num_generations,
+            beta=args.beta,
+        ),
         _spell=CLI,
     )
     out = result.to_dict(include_unrunnable=args.all)

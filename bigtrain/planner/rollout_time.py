@@ -125,8 +125,7 @@ def rollout_note(choice: Any, workload: Workload) -> list[str]:
     shared = f", shared by the {g.num_iterations} steps that train on it" if g.num_iterations > 1 else ""
     logps = f", old log-probabilities {t['logps']:.2f} s" if t["logps"] else ""
     peak = "generation" if m["generation"] >= m["training"] else "training"
-    sharded = choice.plan.backend == "fsdp2" and choice.plan.zero_stage == 3 or choice.plan.zero_stage == 3
-    gathers = " (every token gathers the sharded model)" if sharded else ""
+    gathers = " (every token gathers the sharded model)" if choice.plan.zero_stage == 3 else ""
     text = (
         f"rollouts: {rows} completions per rank generated at once with transformers' generate on the policy: "
         f"prefill {t['prefill']:.2f} s, decode {t['decode']:.2f} s ({g.completion_len} tokens, taken to the "

@@ -23,7 +23,16 @@ def test_the_covering_plans_exist():
     assert len({job.name for job, _, _ in PLANS}) >= 5  # the jobs' pairs left after their equivalence and memory cases
 
 
-@pytest.mark.parametrize("job,engine,features", PLANS, ids=[_id(*p) for p in PLANS])
+# the preference objectives beyond dpo step the same engine paths as dpo's covering plans (their losses differ, and
+# their numerics are checked against the papers' formulas on real ranks): CI steps dpo's, the extended tier the rest
+SAME_PATHS_AS_DPO = ("ipo", "orpo", "simpo")
+CASES = [
+    pytest.param(*p, id=_id(*p), marks=pytest.mark.extended if p[0].job.objective in SAME_PATHS_AS_DPO else ())
+    for p in PLANS
+]
+
+
+@pytest.mark.parametrize("job,engine,features", CASES)
 def test_the_plan_steps_on_fake_tensors(job, engine, features):
     plan, train = combined(engine, features, job)
     peak = simulate(job.model, plan, workload_of(job, train))

@@ -13,9 +13,13 @@ from helpers import REPO
 sys.path.insert(0, str(REPO / "bench"))
 from rollout_memory import ROLLOUT_MEMORY_CASES, run_case  # noqa: E402
 
-# the default tier: a prefill-bound, a decode-bound and a DDP rollout; the full tier every case
-DEFAULT = (0, 1, 4)
-TIERED = [pytest.param(c, marks=() if i in DEFAULT else pytest.mark.full) for i, c in enumerate(ROLLOUT_MEMORY_CASES)]
+# the default tier: a prefill-bound and a decode-bound rollout; the full tier DDP, LoRA and the sharded reference at
+# Llama-3-8B's width; the extended tier the rest (bench/rollout_memory.py prints them all)
+DEFAULT, FULL = (0, 1), (4, 6, 7)
+TIERED = [
+    pytest.param(c, marks=() if i in DEFAULT else pytest.mark.full if i in FULL else pytest.mark.extended)
+    for i, c in enumerate(ROLLOUT_MEMORY_CASES)
+]
 
 
 @pytest.mark.parametrize("case", TIERED, ids=lambda c: c.name)

@@ -364,3 +364,16 @@ def test_help_says_what_all_shows_without_claiming_an_engine_cannot_run(plan_cli
     text = " ".join(proc.stdout.split())
     assert "--all also show the plans the trainer cannot run yet" in text
     assert not re.search(r"(deepspeed|pp|pipeline)[^.]*cannot run", text, re.IGNORECASE), text
+
+
+def test_grpo_is_planned_as_a_rollout_then_training(plan_cli):
+    """The issue's command: the table says each phase's seconds and peak under the chosen plan."""
+    args = ["plan", "--model", "llama-3-8b", "--gpus", "8", "--gpu", "H100", "--objective", "grpo"]
+    proc = plan_cli([*args, "--completion-length", "1024", "--num-generations", "8"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "x seq 1536" in proc.stdout.splitlines()[0]  # 512 prompt tokens (TRL's default) + 1024
+    said = " ".join(line.strip() for line in proc.stdout.splitlines())
+    assert re.search(r"rollouts: \d+ completions per rank .* prefill [\d.]+ s, decode [\d.]+ s \(1024 tokens", said)
+    assert re.search(r"peak: generation [\d.]+ GiB, training [\d.]+ GiB", said)
+    bad = plan_cli([*args, "--seq-len", "2048"], timeout=60)
+    assert bad.returncode == 2 and "--seq-len 2048: a grpo row is its prompt and its completion" in bad.stderr
