@@ -27,6 +27,8 @@ def test_probe_over_two_ranks_writes_a_profile_the_planner_uses(tmp_path: Path, 
     # tp's DTensor machinery per block, on a fake two-rank group (measured 6-8 ms on the 2-core CI machine)
     assert set(profile["tp_block_overhead_s"]) == {"plain", "sequence_parallel"}
     assert all(0 < s < 1 for s in profile["tp_block_overhead_s"].values())
+    # the host's seconds per forward of transformers' generate loop (grpo's rollouts): fixed, and per block
+    assert 0 < profile["decode_step_s"]["fixed"] < 0.1 and 0 < profile["decode_step_s"]["per_block"] < 0.1
     # what a person reads: a summary table with units, then where the profile went
     assert "all_reduce over 2 ranks, 16 MiB" in proc.stdout and "TFLOP/s" in proc.stdout
     assert f"bigtrain: probe: profile written to {out}" in proc.stderr

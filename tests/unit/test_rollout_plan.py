@@ -100,3 +100,22 @@ def test_longer_completions_and_more_iterations():
     # each step carries half a generation (and half the logps pass)
     rollout = once.step_s - phases["train"]
     assert shared.step_s - phases["train"] == pytest.approx((rollout + phases["logps"]) / 2, rel=1e-6)
+
+
+def test_the_probe_s_seconds_per_forward_are_the_host_s_share():
+    """A profile's measured generate loop (bench/results/cpu_probe_rollout.json) replaces the operator floor."""
+    import json
+    from pathlib import Path
+
+    from bigtrain.planner.auto import CPU
+    from bigtrain.planner.hardware import Cluster
+    from bigtrain.planner.profile import gpu_from_profile, load_profile
+    from bigtrain.planner.rollout_time import host_seconds_per_forward
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "results" / "cpu_probe_rollout.json"
+    measured = json.loads(path.read_text())["decode_step_s"]
+    gpu = gpu_from_profile(load_profile(path), CPU)
+    stats = ModelStats.from_config(load_model_config("llama-3-8b"))
+    expected = measured["fixed"] + 32 * measured["per_block"]
+    assert host_seconds_per_forward(stats, Cluster(gpu, 2, 2)) == pytest.approx(expected)
+    assert host_seconds_per_forward(stats, Cluster(CPU, 2, 2)) == pytest.approx((150 + 40 * 32) * CPU.op_overhead_s)
