@@ -27,6 +27,8 @@ class Generation:
     completion_len: int
     num_generations: int = 8
     num_iterations: int = 1
+    # what the rollouts' own models hold on every rank for the whole run (reward-model folders, whole)
+    resident_bytes: int = 0
 
     def rows(self, global_batch_size: int, dp: int) -> int:
         """Completions one data-parallel rank generates at once."""

@@ -35,11 +35,17 @@ KEYS = (
 
 def generation(train: Any, prompt_len: int | None) -> Any:
     """What each step generates: the global batch's completions of at most train.max_completion_length tokens
-    after prompts of ``prompt_len`` (None: TRL's max_prompt_length default)."""
+    after prompts of ``prompt_len`` (None: TRL's max_prompt_length default), with the reward models' weights
+    resident on every rank."""
     from bigtrain.config.workload import Generation
+    from bigtrain.roles.rewards import reward_model_bytes
 
     return Generation(
-        prompt_len or DEFAULT_PROMPT_LENGTH, train.max_completion_length, train.num_generations, train.num_iterations
+        prompt_len or DEFAULT_PROMPT_LENGTH,
+        train.max_completion_length,
+        train.num_generations,
+        train.num_iterations,
+        reward_model_bytes(list(train.reward_functions or [])),
     )
 
 

@@ -16,7 +16,8 @@ are gone (the optimizer sets them to None). On top, the largest of three moments
   token, and the last position's logits as the sampling loop treats them (the compute-dtype logits, their fp32
   copy, the log-probabilities ``SampledLogps`` keeps, the probabilities: a + 12 bytes per row and vocabulary entry).
 DDP also keeps autocast's compute-dtype copy of every fp32 weight for the whole ``generate`` call (one autocast
-region: its cast cache lives until it exits).
+region: its cast cache lives until it exits). Reward-model folders are whole on every rank for the run, in the dtype
+they were saved in (``Generation.resident_bytes``, read from their safetensors headers): in both phases.
 """
 
 from __future__ import annotations
@@ -110,8 +111,12 @@ def with_generation(
     stats: ModelStats, plan: Plan, workload: Workload, training: MemoryEstimate, resident: int
 ) -> MemoryEstimate:
     """The step's peak: its training phase's, or its rollout's where that is larger; both phases' totals kept."""
-    if workload.generation is None:
+    g = workload.generation
+    if g is None:
         return training
+    # the reward models, whole on every rank for the whole run: in both phases
+    resident += g.resident_bytes
+    training = dataclasses.replace(training, other_bytes=training.other_bytes + g.resident_bytes)
     rollout = estimate_generation_memory(stats, plan, workload, training, resident)
     phases = (("generation", rollout.total_bytes), ("training", training.total_bytes))
     peak = rollout if rollout.total_bytes > training.total_bytes else training

@@ -131,6 +131,11 @@ def rollout_note(choice: Any, workload: Workload) -> list[str]:
         f"prefill {t['prefill']:.2f} s, decode {t['decode']:.2f} s ({g.completion_len} tokens, taken to the "
         f"limit){gathers}{logps} per generation{shared}; training {t['train']:.2f} s per step; reward functions "
         f"not timed; peak: generation {m['generation'] / 2**30:.1f} GiB, training {m['training'] / 2**30:.1f} GiB "
-        f"(the {peak} phase's is the step's)"
+        f"(the {peak} phase's is the step's"
+        + (
+            f"; reward models {g.resident_bytes / 2**30:.2f} GiB whole on every rank in both)"
+            if g.resident_bytes
+            else ")"
+        )
     )
     return textwrap.wrap(text, 118, initial_indent="  ", subsequent_indent="    ")

@@ -56,7 +56,8 @@ def _here_on_path() -> Iterator[None]:
 
 
 class RewardModel:
-    """A reward-model folder as a reward function: the whole model on each rank's device, in eval mode, fp32."""
+    """A reward-model folder as a reward function: the whole model on each rank's device, in eval mode, in the dtype
+    its weights were saved in (transformers' default, as TRL loads it)."""
 
     def __init__(self, folder: str, device: Any) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -86,6 +87,27 @@ class RewardModel:
         with torch.inference_mode():
             scores = self.model(**{k: v.to(self.device) for k, v in inputs.items()}).logits[:, 0]
         return scores.float().cpu().tolist()
+
+
+def reward_model_bytes(paths: list[str]) -> int:
+    """Bytes the reward-model folders among ``paths`` hold on each rank's device: their weights as saved (read from
+    the safetensors headers, nothing loaded); module:function rewards hold none."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in paths:
+        for file in sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []:
+            with safe_open(str(file), framework="pt") as f:
+                for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    piece = f.get_slice(key)
+                    numel = 1
+                    for n in piece.get_shape():
+                        numel *= n
+                    total += numel * _DTYPE_BYTES[piece.get_dtype()]
+    return total
+
+
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
 def _reward_model(path: str, where: str, device: Any) -> RewardFunction:

@@ -119,3 +119,38 @@ def test_the_probe_s_seconds_per_forward_are_the_host_s_share():
     expected = measured["fixed"] + 32 * measured["per_block"]
     assert host_seconds_per_forward(stats, Cluster(gpu, 2, 2)) == pytest.approx(expected)
     assert host_seconds_per_forward(stats, Cluster(CPU, 2, 2)) == pytest.approx((150 + 40 * 32) * CPU.op_overhead_s)
+
+
+@pytest.mark.full
+def test_a_reward_model_folder_is_whole_on_every_rank_in_both_phases(tmp_path):
+    """A reward-model folder among train.reward_functions adds its saved weights' bytes (read from the safetensors
+    headers, nothing loaded) to both phases of the planned step, and the table says so."""
+    import torch
+    import yaml
+    from transformers import AutoModelForSequenceClassification, LlamaConfig
+
+    from bigtrain.roles.rewards import reward_model_bytes
+
+    config = LlamaConfig(vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, num_labels=1, pad_token_id=0)  # fmt: skip
+    model = AutoModelForSequenceClassification.from_config(config).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "rm")
+    saved = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert reward_model_bytes([str(tmp_path / "rm"), "bigtrain.rewards:exact_answer"]) == saved
+
+    def planned(rewards: list[str]) -> object:
+        recipe = {
+            "model": {"config": {**config.to_dict(), "architectures": ["LlamaForCausalLM"], "num_labels": 2}},
+            "data": {"path": "builtin:sums"},
+            "train": {"objective": "grpo", "reward_functions": rewards, "global_batch_size": 16},
+        }
+        path = tmp_path / f"r{len(rewards)}.yaml"
+        path.write_text(yaml.safe_dump(recipe))
+        return bigtrain.plan(recipe=str(path), gpus=2, gpu="H100", fix={"backend": "ddp"})
+
+    alone = planned(["bigtrain.rewards:exact_answer"])
+    judged = planned(["bigtrain.rewards:exact_answer", str(tmp_path / "rm")])
+    for phase in ("generation", "training"):
+        grown = dict(judged.memory.phases)[phase] - dict(alone.memory.phases)[phase]
+        assert grown == saved, phase
+    assert "reward models" in judged.explain() and "reward models" not in alone.explain()
