@@ -20,6 +20,21 @@ from cases import TINY_LLAMA
 REPO = Path(__file__).resolve().parents[1]
 
 
+def save_reward_model(folder: Path, seed: int = 4) -> Path:
+    """A tiny one-output Llama classifier with the byte tokenizer: a reward-model folder (grpo's reward_functions)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from bigtrain.data.tokenizer import save_byte_tokenizer
+
+    spec = {**TINY_LLAMA, "vocab_size": 260}
+    config = AutoConfig.for_model(spec.pop("model_type"), **spec, num_labels=1, pad_token_id=256)
+    torch.manual_seed(seed)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+    save_byte_tokenizer(folder)
+    return folder
+
+
 def save_tiny_model(folder: Path, seed: int = 0, spec: dict[str, Any] | None = None, **overrides: Any) -> Path:
     """Create a tiny randomly initialised HF causal LM and save it with save_pretrained (safetensors).
 

@@ -198,7 +198,9 @@ def step_source(cfg: Any, plan: Any, engine: Any, data: Any, device: Any, resume
     from bigtrain.roles.rollout import Rollouts, RolloutSettings
 
     train, rollout = cfg.train, cfg.rollout
-    functions = load_reward_functions(train.reward_functions, device)
+    # reward models laid out as the policy: sharded over its FSDP2 mesh, else whole on every rank
+    mesh = engine.built.mesh.fsdp_mesh if plan.backend == "fsdp2" else None
+    functions = load_reward_functions(train.reward_functions, device, mesh)
     weights = tuple(train.reward_weights or [1.0] * len(functions))
     s = RolloutSettings(
         num_generations=train.num_generations,

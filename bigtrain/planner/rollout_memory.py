@@ -16,8 +16,9 @@ are gone (the optimizer sets them to None). On top, the largest of three moments
   token, and the last position's logits as the sampling loop treats them (the compute-dtype logits, their fp32
   copy, the log-probabilities ``SampledLogps`` keeps, the probabilities: a + 12 bytes per row and vocabulary entry).
 DDP also keeps autocast's compute-dtype copy of every fp32 weight for the whole ``generate`` call (one autocast
-region: its cast cache lives until it exits). Reward-model folders are whole on every rank for the run, in the dtype
-they were saved in (``Generation.resident_bytes``, read from their safetensors headers): in both phases.
+region: its cast cache lives until it exits). Reward-model folders are on the device for the run, in the dtype they
+were saved in (``Generation.resident_bytes``, read from their safetensors headers), laid out as the policy (FSDP2:
+sharded; whole otherwise): in both phases (the unit a sharded one gathers to score is not counted).
 """
 
 from __future__ import annotations
@@ -107,6 +108,12 @@ def estimate_generation_memory(
     return MemoryEstimate(training.params_bytes, grads, training.optimizer_bytes, int(activations), other, margin)
 
 
+def reward_model_share(plan: Plan, whole: int) -> int:
+    """One rank's share of the reward models: laid out as the policy, sharded over FSDP2's shards (dp_shard x cp),
+    else whole (``roles/rewards.RewardModel``)."""
+    return whole // (plan.dp_shard * plan.cp) if plan.backend == "fsdp2" else whole
+
+
 def with_generation(
     stats: ModelStats, plan: Plan, workload: Workload, training: MemoryEstimate, resident: int
 ) -> MemoryEstimate:
@@ -114,9 +121,10 @@ def with_generation(
     g = workload.generation
     if g is None:
         return training
-    # the reward models, whole on every rank for the whole run: in both phases
-    resident += g.resident_bytes
-    training = dataclasses.replace(training, other_bytes=training.other_bytes + g.resident_bytes)
+    # the reward models for the whole run, in both phases
+    reward = reward_model_share(plan, g.resident_bytes)
+    resident += reward
+    training = dataclasses.replace(training, other_bytes=training.other_bytes + reward)
     rollout = estimate_generation_memory(stats, plan, workload, training, resident)
     phases = (("generation", rollout.total_bytes), ("training", training.total_bytes))
     peak = rollout if rollout.total_bytes > training.total_bytes else training

@@ -32,7 +32,7 @@ from bigtrain.planner.cost import MEMORY_ACHIEVABLE, TimeEstimate, estimate_time
 from bigtrain.planner.hardware import Cluster, link_bandwidth, link_delay, ring_share
 from bigtrain.planner.memory_terms import stage_params
 from bigtrain.planner.model_stats import ModelStats
-from bigtrain.planner.rollout_memory import kv_cache_bytes
+from bigtrain.planner.rollout_memory import kv_cache_bytes, reward_model_share
 
 # without a probed profile: operators one block launches per decode step (norms, projections, RoPE, attention,
 # the cache's update) and the loop's own per step (logits processors, sampling, stopping, masks, positions)
@@ -133,7 +133,7 @@ def rollout_note(choice: Any, workload: Workload) -> list[str]:
         f"not timed; peak: generation {m['generation'] / 2**30:.1f} GiB, training {m['training'] / 2**30:.1f} GiB "
         f"(the {peak} phase's is the step's"
         + (
-            f"; reward models {g.resident_bytes / 2**30:.2f} GiB whole on every rank in both)"
+            f"; reward models {reward_model_share(choice.plan, g.resident_bytes) / 2**30:.2f} GiB per rank in both)"
             if g.resident_bytes
             else ")"
         )

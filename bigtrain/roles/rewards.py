@@ -56,10 +56,12 @@ def _here_on_path() -> Iterator[None]:
 
 
 class RewardModel:
-    """A reward-model folder as a reward function: the whole model on each rank's device, in eval mode, in the dtype
-    its weights were saved in (transformers' default, as TRL loads it)."""
+    """A reward-model folder as a reward function, in eval mode, in the dtype its weights were saved in
+    (transformers' default, as TRL loads it): whole on each rank's device, or, given the policy's FSDP2 ``mesh``,
+    sharded as the policy is (each decoder block a unit gathered for its forward, then freed), so that every rank
+    holds 1/N of it; every rank then scores together (``collective``: its forward's all-gathers)."""
 
-    def __init__(self, folder: str, device: Any) -> None:
+    def __init__(self, folder: str, device: Any, mesh: Any = None) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.__name__ = Path(folder).name
@@ -69,6 +71,9 @@ class RewardModel:
         self.model = AutoModelForSequenceClassification.from_pretrained(folder, local_files_only=True)
         self.model.to(device).eval()
         self.device = device
+        self.collective = mesh is not None
+        if mesh is not None:
+            _shard(self.model, mesh)
 
     def __call__(self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]],
                  **fields: Any) -> list[float]:  # fmt: skip
@@ -87,6 +92,16 @@ class RewardModel:
         with torch.inference_mode():
             scores = self.model(**{k: v.to(self.device) for k, v in inputs.items()}).logits[:, 0]
         return scores.float().cpu().tolist()
+
+
+def _shard(model: Any, mesh: Any) -> None:
+    """FSDP2 over ``mesh``: each of the model's decoder blocks (its ``_no_split_modules``) a unit, then the rest."""
+    from torch.distributed.fsdp import fully_shard
+
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    for module in [m for m in model.modules() if type(m).__name__ in names]:
+        fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 def reward_model_bytes(paths: list[str]) -> int:
@@ -110,9 +125,10 @@ def reward_model_bytes(paths: list[str]) -> int:
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
-def _reward_model(path: str, where: str, device: Any) -> RewardFunction:
+def _reward_model(path: str, where: str, device: Any, mesh: Any = None) -> RewardFunction:
     """A folder as a reward function: refused unless it is a sequence classifier with one output; loaded where
-    ``device`` is given (the run's), only checked otherwise (start-up, before any process group)."""
+    ``device`` is given (the run's; sharded over ``mesh`` when given), only checked otherwise (start-up, before any
+    process group)."""
     import json
 
     config = Path(path) / "config.json"
@@ -129,13 +145,13 @@ def _reward_model(path: str, where: str, device: Any) -> RewardFunction:
         )
     if device is None:
         return RewardFunction(path, lambda **_: [])
-    return RewardFunction(path, RewardModel(path, device))
+    return RewardFunction(path, RewardModel(path, device, mesh))
 
 
-def load_reward_function(path: str, index: int, device: Any = None) -> RewardFunction:
+def load_reward_function(path: str, index: int, device: Any = None, mesh: Any = None) -> RewardFunction:
     where = f"{KEY}[{index}]={path!r}"
     if Path(path).is_dir():
-        return _reward_model(path, where, device)
+        return _reward_model(path, where, device, mesh)
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigError(f"{where} is not module:function; name a callable by its import path, e.g. my_rewards:exact")
@@ -154,9 +170,10 @@ def load_reward_function(path: str, index: int, device: Any = None) -> RewardFun
     return RewardFunction(path, function)
 
 
-def load_reward_functions(paths: list[str], device: Any = None) -> list[RewardFunction]:
-    """The reward functions of ``paths``; reward-model folders loaded onto ``device`` (None: only checked)."""
-    return [load_reward_function(path, i, device) for i, path in enumerate(paths)]
+def load_reward_functions(paths: list[str], device: Any = None, mesh: Any = None) -> list[RewardFunction]:
+    """The reward functions of ``paths``; reward-model folders loaded onto ``device`` (None: only checked), sharded
+    over ``mesh`` where given (the policy's FSDP2 mesh)."""
+    return [load_reward_function(path, i, device, mesh) for i, path in enumerate(paths)]
 
 
 def _values(reward: RewardFunction, out: Any, n: int, where: Callable[[int], str]) -> list[float]:

@@ -318,9 +318,12 @@ class Rollouts:
             return f"{p.where[rows[i]]} of data.path (a completion made for step {step + 1})"
 
         out = torch.full((len(rows), len(self.rewards)), math.nan)
+        # sharded reward models first: every rank must run their forwards (all-gathers) before a function of the
+        # user's may raise on one rank and stop it scoring
+        order = sorted(range(len(self.rewards)), key=lambda f: not getattr(self.rewards[f].function, "collective", 0))
         try:
-            for f, reward in enumerate(self.rewards):
-                out[:, f] = torch.tensor(score(reward, prompts, shown, completions, fields, where))
+            for f in order:
+                out[:, f] = torch.tensor(score(self.rewards[f], prompts, shown, completions, fields, where))
         except ConfigError as e:
             return out, str(e)
         return out, ""

@@ -7,7 +7,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import read_metrics, recipe_dict, run_cli, save_chat_tokenizer, save_tiny_model, write_recipe
+from helpers import (
+    read_metrics,
+    recipe_dict,
+    run_cli,
+    save_chat_tokenizer,
+    save_reward_model,
+    save_tiny_model,
+    write_recipe,
+)
 
 from bigtrain.config.load import load_recipe
 from bigtrain.errors import ConfigError
@@ -113,12 +121,18 @@ def test_prompts_without_a_prompt_field_are_named(where, model_dir):
 
 
 def test_a_reward_function_that_raises_stops_every_rank_with_its_line(where, model_dir):
-    recipe = _recipe(where, model_dir, reward_functions=["run_rewards:fussy"], steps=8)
+    # beside a reward model sharded as the FSDP2 policy: every rank scores with it before the function raises on one
+    # (in the other order, the ranks would meet in different collectives)
+    folder = str(save_reward_model(where / "rm"))
+    recipe = _recipe(where, model_dir, reward_functions=["run_rewards:fussy", folder], steps=8)
     # in file order, generation 2 holds prompts 2 and 3: rank 1's, "0+3=", makes the function raise there only
     recipe["data"]["shuffle"] = False
     proc = run_cli(["train", str(write_recipe(where / "fussy.yaml", recipe)), "--nproc", "2"], cwd=where)
     assert proc.returncode != 0
-    assert "reward function run_rewards:fussy raised KeyError: 'three' on line 4 of data.path (a completion made for step 3)" in proc.stderr
+    assert (
+        "reward function run_rewards:fussy raised KeyError: 'three' on line 4 of data.path (a completion made for step 3)"
+        in proc.stderr
+    )
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 

@@ -124,7 +124,8 @@ def test_the_probe_s_seconds_per_forward_are_the_host_s_share():
 @pytest.mark.full
 def test_a_reward_model_folder_is_whole_on_every_rank_in_both_phases(tmp_path):
     """A reward-model folder among train.reward_functions adds its saved weights' bytes (read from the safetensors
-    headers, nothing loaded) to both phases of the planned step, and the table says so."""
+    headers, nothing loaded) to both phases of the planned step, whole under DDP and half on each of 2 FSDP2 ranks,
+    and the table says so."""
     import torch
     import yaml
     from transformers import AutoModelForSequenceClassification, LlamaConfig
@@ -138,7 +139,7 @@ def test_a_reward_model_folder_is_whole_on_every_rank_in_both_phases(tmp_path):
     saved = sum(p.numel() * p.element_size() for p in model.parameters())
     assert reward_model_bytes([str(tmp_path / "rm"), "bigtrain.rewards:exact_answer"]) == saved
 
-    def planned(rewards: list[str]) -> object:
+    def planned(rewards: list[str], backend: str = "ddp") -> object:
         recipe = {
             "model": {"config": {**config.to_dict(), "architectures": ["LlamaForCausalLM"], "num_labels": 2}},
             "data": {"path": "builtin:sums"},
@@ -146,7 +147,7 @@ def test_a_reward_model_folder_is_whole_on_every_rank_in_both_phases(tmp_path):
         }
         path = tmp_path / f"r{len(rewards)}.yaml"
         path.write_text(yaml.safe_dump(recipe))
-        return bigtrain.plan(recipe=str(path), gpus=2, gpu="H100", fix={"backend": "ddp"})
+        return bigtrain.plan(recipe=str(path), gpus=2, gpu="H100", fix={"backend": backend})
 
     alone = planned(["bigtrain.rewards:exact_answer"])
     judged = planned(["bigtrain.rewards:exact_answer", str(tmp_path / "rm")])
@@ -154,3 +155,9 @@ def test_a_reward_model_folder_is_whole_on_every_rank_in_both_phases(tmp_path):
         grown = dict(judged.memory.phases)[phase] - dict(alone.memory.phases)[phase]
         assert grown == saved, phase
     assert "reward models" in judged.explain() and "reward models" not in alone.explain()
+    # laid out as the policy: FSDP2 shards it over its 2 ranks
+    sharded = dict(planned(["bigtrain.rewards:exact_answer", str(tmp_path / "rm")], "fsdp2").memory.phases)
+    assert (
+        sharded["training"] - dict(planned(["bigtrain.rewards:exact_answer"], "fsdp2").memory.phases)["training"]
+        == saved // 2
+    )
