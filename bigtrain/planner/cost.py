@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from bigtrain.config.capabilities import CAPABILITIES
 from bigtrain.config.capabilities.replica_sync import settings_of
@@ -92,8 +93,10 @@ class TimeEstimate:
     # log-probabilities, and the training step), in order
     phases: tuple[tuple[str, float], ...] = ()
 
-    def to_dict(self) -> dict[str, float]:
-        return {"step_s": self.step_s, "tokens_per_s_per_device": self.tokens_per_s_per_device, "mfu": self.mfu}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"step_s": self.step_s, "tokens_per_s_per_device": self.tokens_per_s_per_device}
+        out["mfu"] = self.mfu
+        return {**out, "phases": dict(self.phases)} if self.phases else out  # online RL: seconds per phase
 
 
 def model_flops_per_token(stats: ModelStats, seq_len: int, workload: Workload | None = None) -> float:

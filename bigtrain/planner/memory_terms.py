@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from bigtrain.config.plan import Plan
 from bigtrain.config.workload import Workload
@@ -58,8 +59,11 @@ class MemoryEstimate:
         """What must fit into the device: the peak plus the margin."""
         return self.total_bytes + self.margin_bytes
 
-    def to_dict(self) -> dict[str, int]:
-        return {"total_bytes": self.total_bytes, **asdict(self)}
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON contract's memory: the total and its parts, and each phase's total where a step has several."""
+        out: dict[str, Any] = {"total_bytes": self.total_bytes, **asdict(self)}
+        phases = out.pop("phases")
+        return {**out, "phases": dict(phases)} if phases else out
 
 
 def stage_layers(stats: ModelStats, pp: int) -> int:

@@ -161,3 +161,11 @@ def test_a_reward_model_folder_is_whole_on_every_rank_in_both_phases(tmp_path):
         sharded["training"] - dict(planned(["bigtrain.rewards:exact_answer"], "fsdp2").memory.phases)["training"]
         == saved // 2
     )
+
+
+def test_the_json_contract_gains_the_phases_only_where_a_step_has_them():
+    sft = bigtrain.plan(model="llama-3-8b", gpus=8, gpu="H100").to_dict()
+    assert "phases" not in sft["memory"] and "phases" not in sft["time"]
+    grpo = bigtrain.plan(**GRPO).to_dict()
+    assert set(grpo["memory"]["phases"]) == {"generation", "training"}
+    assert set(grpo["time"]["phases"]) == {"prefill", "decode", "logps", "train"}
