@@ -74,6 +74,14 @@ FULL = (
     # more recorded presets run here, each beside one of its kind that stays (vit-base, resnet-50's own count)
     "tests/unit/test_known_configs.py::test_a_recorded_preset_is_what_transformers_gives[vit-large]",
     "tests/unit/test_known_configs.py::test_a_recorded_preset_is_what_transformers_gives[convnext-base]",
+    # and the default tier measured 13 min 27 s from a clean clone of 301a579 (the same launches 5-10% slower than the
+    # day before): these run once in CI's second step instead, each a path no other default case needs (the 4-rank
+    # HSDP launch, 43 s; the published ViT count beside the other published counts there; the
+    # written plan's imports; the toy task's 2-rank training, whose every other consumer stays)
+    "tests/distributed/test_equivalence.py::test_plan_matches_single_process_loop[llama-tied-hsdp-2x2-reduce-every]",
+    "tests/unit/test_classifier_planner.py::test_the_planner_s_own_count_is_the_published_one[vit-base]",
+    "tests/unit/test_plan_imports.py::test_training_with_a_written_plan_never_imports_the_search",
+    "tests/integration/test_a_task_is_one_file.py::test_training_on_two_ranks_steps_as_a_plain_loop_and_exports_the_head",
 )
 
 EXTENDED = (
@@ -160,6 +168,10 @@ EXTENDED = (
     "tests/integration/test_walkthroughs.py::test_slow_links_walkthrough_runs_as_written",
     "tests/integration/test_walkthroughs.py::test_preference_walkthrough_runs_as_written",
     "tests/integration/test_walkthroughs.py::test_vision_language_walkthrough_runs_as_written",
+    # (CI's whole run measured 47 min from a clean clone of 301a579: the reward model's walk-through, 47 s, and the
+    # data cache's, 25 s, join them; grpo's stays, the issue's measure that the toy task is learnt)
+    "tests/integration/test_walkthroughs.py::test_reward_walkthrough_runs_as_written",
+    "tests/integration/test_walkthroughs.py::test_data_prepare_walkthrough_runs_as_written",
     "tests/integration/test_crash_safety.py::test_sigterm_saves_at_the_step_boundary_exits_0_and_the_next_start_resumes",
     "tests/integration/test_crash_safety.py::test_a_second_start_into_a_running_run_s_output_dir_is_refused_and_touches_nothing",
     "tests/integration/test_crash_safety.py::test_torchrun_max_restarts_resumes_by_itself",
