@@ -1,8 +1,8 @@
 """grpo's two phases, planned against bigtrain's own step simulated on fake tensors: the rollout (prefill and the last
 decode step on the policy's engine, ``bigtrain/measure/generation_step.py``) and the training step after it.
 
-Real widths cut in depth (the per-layer terms repeat), 8 ranks, bf16: FSDP2 ZeRO-3 and ZeRO-2, DDP, LoRA and a
-sharded reference (beta > 0), with rollouts whose peak is the prefill (many prompt tokens), the last decode step
+Real widths cut in depth (the per-layer terms repeat), 8 ranks, bf16: FSDP2 ZeRO-3 and ZeRO-2, DDP, LoRA, QLoRA
+and a sharded reference (beta > 0), with rollouts whose peak is the prefill (many prompt tokens), the last decode step
 (long completions: the KV cache) or the gathering of the first units (short ones).
 
     python bench/rollout_memory.py            # writes bench/results/rollout_memory.md
@@ -74,6 +74,9 @@ ROLLOUT_MEMORY_CASES = [
     RolloutCase(L8B, "fsdp2", 3, "lora", 256, 256, 4096),
     RolloutCase(L8B, "fsdp2", 3, "full", 128, 256, 4096, reference="sharded"),
     RolloutCase(Q7B, "fsdp2", 3, "full", 256, 512, 2048),
+    RolloutCase(L8B, "fsdp2", 3, "qlora", 256, 256, 4096),  # NF4 blocks gathered 4-bit
+    RolloutCase(L1B, "ddp", 0, "lora", 64, 256, 2048),  # a frozen bf16 base: no casts, no buckets to speak of
+    RolloutCase(L1B, "fsdp2", 2, "lora", 256, 64, 8192),
 ]
 
 

@@ -1,6 +1,6 @@
 """grpo's two phases at real widths (8 ranks, bf16): the planner's rollout peak (prefill, last decode step, gathering
 the first units) and its training peak each within 10% of bigtrain's own step simulated on fake tensors, for FSDP2
-ZeRO-3 and ZeRO-2, DDP, LoRA and a sharded reference. ``python bench/rollout_memory.py`` prints the table
+ZeRO-3 and ZeRO-2, DDP, LoRA, QLoRA and a sharded reference. ``python bench/rollout_memory.py`` prints the table
 (bench/results/rollout_memory.md)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from helpers import REPO
 sys.path.insert(0, str(REPO / "bench"))
 from rollout_memory import ROLLOUT_MEMORY_CASES, run_case  # noqa: E402
 
-# the default tier: a prefill-bound and a decode-bound rollout; the full tier DDP, LoRA and the sharded reference at
-# Llama-3-8B's width; the extended tier the rest (bench/rollout_memory.py prints them all)
-DEFAULT, FULL = (0, 1), (4, 6, 7)
+# the default tier: a prefill-bound and a decode-bound rollout; the full tier DDP, and LoRA, the sharded reference and
+# QLoRA at Llama-3-8B's width; the extended tier the rest (bench/rollout_memory.py prints them all)
+DEFAULT, FULL = (0, 1), (4, 6, 7, 9)
 TIERED = [
     pytest.param(c, marks=() if i in DEFAULT else pytest.mark.full if i in FULL else pytest.mark.extended)
     for i, c in enumerate(ROLLOUT_MEMORY_CASES)
