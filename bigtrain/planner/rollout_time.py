@@ -86,7 +86,9 @@ def rollout_time(
     prefill = prefill_flops / matmul_rate(cluster, workload.mixed_precision, prompt_tokens)[0] + host + gather
     steps = max(g.completion_len - 1, 0)
     mean_positions = g.prompt_len + g.completion_len / 2
-    flops = rows * (stats.layers * stats.block_forward_flops(2 * mean_positions) + 2 * stats.vocab * stats.hidden)
+    # a decode token attends to every cached position (4 FLOPs per position and query width: block_forward_flops'
+    # count, whose causal row of L tokens is counted as L positions each)
+    flops = rows * (stats.layers * stats.block_forward_flops(int(mean_positions)) + 2 * stats.vocab * stats.hidden)
     compute = flops / matmul_rate(cluster, workload.mixed_precision, rows)[0]
     bandwidth = (cluster.gpu.copy_gbps or cluster.gpu.memory_gbps * MEMORY_ACHIEVABLE) * 1e9
     cache = kv_cache_bytes(stats, workload, rows, int(mean_positions))
