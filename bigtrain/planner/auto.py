@@ -20,15 +20,8 @@ from bigtrain.planner.profile import gpu_from_profile
 # gloo runs on the cores that compute (nothing overlaps), and tp's per-block machinery and a collective's latency
 # are what bigtrain probe measured on the 2-core CI machine (bench/results/cpu_probe_tp.json: 6.7 / 8.2 ms, 0.27 ms).
 CPU = GPU(
-    "CPU",
-    0,
-    peak_tflops=0.5,
-    intra_node_gbps=10.0,
-    inter_node_gbps=1.25,
-    pcie_gbps=10.0,
-    overlaps_comm=False,
-    link_latency_s=2.7e-4,
-    tp_block_overhead_s=(6.7e-3, 8.2e-3),
+    "CPU", 0, peak_tflops=0.5, intra_node_gbps=10.0, inter_node_gbps=1.25, pcie_gbps=10.0, overlaps_comm=False,
+    link_latency_s=2.7e-4, tp_block_overhead_s=(6.7e-3, 8.2e-3),
 )
 
 

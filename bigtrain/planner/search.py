@@ -407,7 +407,9 @@ class _Judge:
         return None
 
 
-def _search_method(model: PlannedModel, cluster: Cluster, workload: Workload, fixed: dict[str, Any]) -> list[Candidate]:
+def _search_method(
+    model: PlannedModel, cluster: Cluster, workload: Workload, fixed: dict[str, Any]
+) -> list[Candidate]:
     judge_plan = _Judge(model, cluster, workload)
     train = judge_plan.train
     judged = (judge_plan(p) for p in enumerate_plans(judge_plan.space(fixed), cluster, model))

@@ -191,3 +191,4 @@ def trains(workload: Any) -> tuple[bool, bool]:
     if workload.adapters:
         return False, False
     return "vision_tower" not in workload.frozen, "projector" not in workload.frozen
+
