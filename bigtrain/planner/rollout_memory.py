@@ -57,6 +57,18 @@ def decode_bytes(stats: ModelStats, workload: Workload, rows: int) -> int:
     return layer_copy + rows * stats.vocab * (a + 4 * SAMPLING_FP32_COPIES)
 
 
+EVERY_FORWARD, ONCE, NEVER = "every forward", "once", "never"
+
+
+def rollout_gathers(plan: Plan) -> str:
+    """How often generation gathers a sharded model's units: for every forward of the loop (FSDP2's ZeRO-3 mode,
+    DeepSpeed ZeRO-3), once (FSDP2's ZeRO-2 mode: reshard_after_forward=False keeps them gathered), or never (the
+    model whole on each rank: DDP, ZeRO-1/2)."""
+    if plan.backend == "fsdp2":
+        return ONCE if plan.zero_stage == 2 else EVERY_FORWARD
+    return EVERY_FORWARD if plan.zero_stage == 3 else NEVER
+
+
 def _gathered(stats: ModelStats, plan: Plan, workload: Workload) -> tuple[float, float, float]:
     """(at the first units' gathering, during the prefill and decode, every block gathered under ZeRO-2 mode): the
     compute-dtype parameters generation gathers beyond the resident ones."""
@@ -65,11 +77,11 @@ def _gathered(stats: ModelStats, plan: Plan, workload: Workload) -> tuple[float,
     block = blocks / stats.layers
     if workload.method == "qlora":  # NF4 blocks stay 4-bit when gathered
         block = block * NF4_BYTES / a
-    sharded = plan.backend == "fsdp2" or (plan.backend == "deepspeed" and plan.zero_stage == 3)
-    if not sharded:
+    gathers = rollout_gathers(plan)
+    if gathers == NEVER:
         return 0.0, 0.0, 0.0
     start, running = a * (2 * root + 2 * block), a * (root + 2 * block)
-    if plan.backend == "fsdp2" and plan.zero_stage == 2:  # reshard_after_forward=False: they stay gathered
+    if gathers == ONCE:  # every block stays gathered by the last decode step
         return start, running, a * (root + blocks + block)
     return start, running, running
 

@@ -32,7 +32,7 @@ from bigtrain.planner.cost import MEMORY_ACHIEVABLE, TimeEstimate, estimate_time
 from bigtrain.planner.hardware import Cluster, link_bandwidth, link_delay, ring_share
 from bigtrain.planner.memory_terms import stage_params
 from bigtrain.planner.model_stats import ModelStats
-from bigtrain.planner.rollout_memory import kv_cache_bytes, reward_model_share
+from bigtrain.planner.rollout_memory import EVERY_FORWARD, NEVER, kv_cache_bytes, reward_model_share, rollout_gathers
 
 # without a probed profile: operators one block launches per decode step (norms, projections, RoPE, attention,
 # the cache's update) and the loop's own per step (logits processors, sampling, stopping, masks, positions)
@@ -65,7 +65,7 @@ def _gather_seconds(stats: ModelStats, plan: Plan, cluster: Cluster, workload: W
     """One forward's all-gathers of a sharded model's units: the compute-dtype parameters over the shards' link,
     and each unit's message delay."""
     shards = plan.dp_shard if plan.backend == "fsdp2" else plan.dp
-    if shards == 1 or not (plan.backend == "fsdp2" or plan.zero_stage == 3):
+    if shards == 1 or rollout_gathers(plan) == NEVER:
         return 0.0
     blocks, root = stage_params(stats, plan)
     moved = ring_share(shards) * workload.dtype_bytes * (blocks + root)
@@ -93,7 +93,7 @@ def rollout_time(
     bandwidth = (cluster.gpu.copy_gbps or cluster.gpu.memory_gbps * MEMORY_ACHIEVABLE) * 1e9
     cache = kv_cache_bytes(stats, workload, rows, int(mean_positions))
     read = a * stats.params + cache
-    per_gather = 0.0 if plan.backend == "fsdp2" and plan.zero_stage == 2 else gather  # ZeRO-2 mode keeps them
+    per_gather = gather if rollout_gathers(plan) == EVERY_FORWARD else 0.0  # ZeRO-2 mode: the prefill's only
     # transformers' DynamicCache grows by concatenation: each step copies the whole cache once more (read and
     # write); every rank then votes whether all are done (synced_gpus: one small all-reduce per step)
     grow = 2 * cache / bandwidth
@@ -127,7 +127,7 @@ def rollout_note(choice: Any, workload: Workload) -> list[str]:
     shared = f", shared by the {g.num_iterations} steps that train on it" if g.num_iterations > 1 else ""
     logps = f", old log-probabilities {t['logps']:.2f} s" if t["logps"] else ""
     peak = "generation" if m["generation"] >= m["training"] else "training"
-    gathers = " (every token gathers the sharded model)" if choice.plan.zero_stage == 3 else ""
+    gathers = " (every token gathers the sharded model)" if rollout_gathers(choice.plan) == EVERY_FORWARD else ""
     text = (
         f"rollouts: {rows} completions per rank generated at once with transformers' generate on the policy: "
         f"prefill {t['prefill']:.2f} s, decode {t['decode']:.2f} s ({g.completion_len} tokens, taken to the "

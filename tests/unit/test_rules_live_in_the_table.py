@@ -28,10 +28,6 @@ ALLOWED = {
     ("planner/memory_terms.py", "plan.backend == 'deepspeed' and plan.offload_params"): TERM,
     ("planner/memory_terms.py", "not plan.loss_chunk_tokens and (not (plan.tp > 1 and plan.loss_parallel))"): TERM,
     ("planner/cost.py", "plan.offload_params and workload.adapters"): TERM,
-    # what a rollout gathers: every forward (FSDP2, ZeRO-3) or once (FSDP2's ZeRO-2 mode keeps its units)
-    ("planner/rollout_memory.py", "plan.backend == 'fsdp2' and plan.zero_stage == 2"): TERM,
-    ("planner/rollout_time.py", "shards == 1 or not (plan.backend == 'fsdp2' or plan.zero_stage == 3)"): TERM,
-    ("planner/rollout_time.py", "plan.backend == 'fsdp2' and plan.zero_stage == 2"): TERM,
     ("planner/tp_time.py", "plan.tp == 1 or plan.loss_parallel"): TERM,
     ("planner/names.py", "plan.backend == 'fsdp2' and plan.dp_replicate > 1"): "the table's name of a plan (hsdp)",
     ("planner/explain.py", "(a.backend, a.zero_stage) != (b.backend, b.zero_stage)"): (
