@@ -195,9 +195,9 @@ def _simulate_rank(
             cp_rank, cp_size = engine.sequence_slice  # rank 0's slice of each row under context parallelism
             if cp_size > 1:
                 batches = [batch.sequence_slice(cp_rank, cp_size) for batch in batches]
-            inputs = [t for batch in batches for t in batch.tensors()] + _reference_tensors(engine, plan, workload)
+            resident = _reference_tensors(engine, plan, workload)  # made before the step, as the batches are
+            inputs = [t for batch in batches for t in batch.tensors()] + resident
             train_step(engine, batches, global_count, train.grad_clip)  # warm-up, untracked (see the docstring)
-            resident = _reference_tensors(engine, plan, workload)
             generated = _generation_peak(engine, hf_config, plan, workload, resident, device, calls)
             tracker = _tracker(engine, inputs)
             with tracker:
