@@ -8,13 +8,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from bigtrain.config.load import MINIMUMS as RECIPE_MINIMUMS
 from bigtrain.config.schema import TrainConfig
 from bigtrain.config.workload import Generation
 from bigtrain.errors import ConfigError
 
 # the arguments, and the train keys they stand for
 ASKED = {"completion_length": "max_completion_length", "num_generations": "num_generations", "beta": "beta"}
-MINIMUMS = {"prompt_length": 1, "completion_length": 1, "num_generations": 2, "beta": 0}
+# their least values: the recipe keys' (config/load.MINIMUMS), and a group of two to compare (grpo's own check)
+MINIMUMS = {
+    "prompt_length": RECIPE_MINIMUMS["data.max_prompt_length"],
+    "completion_length": RECIPE_MINIMUMS["train.max_completion_length"],
+    "beta": RECIPE_MINIMUMS["train.beta"],
+    "num_generations": 2,
+}
 
 
 @dataclasses.dataclass(frozen=True)
