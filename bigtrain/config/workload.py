@@ -27,7 +27,8 @@ class Generation:
     completion_len: int
     num_generations: int = 8
     num_iterations: int = 1
-    # what the rollouts' own models hold on every rank for the whole run (reward-model folders, whole)
+    # the rollouts' own models for the whole run: the reward-model folders' saved weights, whole (a rank holds its
+    # share: planner/rollout_memory.reward_model_share)
     resident_bytes: int = 0
 
     def rows(self, global_batch_size: int, dp: int) -> int:

@@ -94,8 +94,9 @@ class TimeEstimate:
     phases: tuple[tuple[str, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"step_s": self.step_s, "tokens_per_s_per_device": self.tokens_per_s_per_device}
-        out["mfu"] = self.mfu
+        out: dict[str, Any] = dict(
+            step_s=self.step_s, tokens_per_s_per_device=self.tokens_per_s_per_device, mfu=self.mfu
+        )
         return {**out, "phases": dict(self.phases)} if self.phases else out  # online RL: seconds per phase
 
 
