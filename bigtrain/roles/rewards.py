@@ -95,12 +95,14 @@ class RewardModel:
 
 
 def _shard(model: Any, mesh: Any) -> None:
-    """FSDP2 over ``mesh``: each of the model's decoder blocks (its ``_no_split_modules``) a unit, then the rest."""
+    """FSDP2 over ``mesh``: each of the model's blocks a unit (the units the policy's build finds, ``decoder_blocks``),
+    then the rest."""
     from torch.distributed.fsdp import fully_shard
 
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    for module in [m for m in model.modules() if type(m).__name__ in names]:
-        fully_shard(module, mesh=mesh)
+    from bigtrain.config.hf import decoder_blocks
+
+    for _, _, block in decoder_blocks(model):
+        fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
 
 
@@ -115,10 +117,7 @@ def reward_model_bytes(paths: list[str]) -> int:
             with safe_open(str(file), framework="pt") as f:
                 for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                     piece = f.get_slice(key)
-                    numel = 1
-                    for n in piece.get_shape():
-                        numel *= n
-                    total += numel * _DTYPE_BYTES[piece.get_dtype()]
+                    total += math.prod(piece.get_shape()) * _DTYPE_BYTES[piece.get_dtype()]
     return total
 
 
