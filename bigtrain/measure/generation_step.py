@@ -8,8 +8,9 @@ eval mode, no graph, the step's autocast; FSDP2 gathering each unit per forward,
   extending the prefill's), one token per row. Only those two forwards run, so a 1024-token completion costs two
   forwards, not 1024.
 Each forward's logits go through what the loop does with them (``sample``): the fp32 copy of the last position's
-logits, bigtrain's ``SampledLogps`` (the log-probabilities it keeps), the temperature and top-k/top-p warpers of
-the run's sampling, softmax and a multinomial draw.
+logits, bigtrain's ``SampledLogps`` (the log-probabilities it keeps), softmax and a multinomial draw. The workload
+does not carry the run's sampling: TRL's defaults are taken (temperature 1, no top-k or top-p), which add no warper,
+as the planner's term assumes (a top-p warper would add a sort of the vocabulary per row).
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ import torch
 from bigtrain.config.workload import Workload
 
 
-def sample(logits: torch.Tensor, kept: Any, warpers: Any, ids: torch.Tensor) -> torch.Tensor:
+def sample(logits: torch.Tensor, kept: Any, ids: torch.Tensor) -> torch.Tensor:
     """The next token of each row as transformers' sampling loop draws it from the model's last logits."""
-    scores = logits[:, -1, :].to(copy=True, dtype=torch.float32)
-    scores = warpers(ids, kept(ids, scores))
+    scores = kept(ids, logits[:, -1, :].to(copy=True, dtype=torch.float32))
     probs = torch.nn.functional.softmax(scores, dim=-1)
     return torch.multinomial(probs, num_samples=1)
 
@@ -34,20 +34,6 @@ def _grown(cached: torch.Tensor, positions: int) -> torch.Tensor:
     """A layer's keys or values [rows, heads, length, head_dim] with ``positions`` more."""
     rows, heads, _, width = cached.shape
     return torch.cat([cached, cached.new_zeros(rows, heads, positions, width)], 2)
-
-
-def warpers_of(temperature: float, top_k: int, top_p: float) -> Any:
-    """The sampling warpers ``generate`` adds for these settings (none at temperature 1, top-k 0, top-p 1)."""
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-    out = LogitsProcessorList()
-    if temperature != 1.0:
-        out.append(TemperatureLogitsWarper(temperature))
-    if top_k:
-        out.append(TopKLogitsWarper(top_k))
-    if top_p < 1.0:
-        out.append(TopPLogitsWarper(top_p))
-    return out
 
 
 def generation_step(
@@ -67,18 +53,18 @@ def generation_step(
     g = workload.generation
     assert g is not None
     rows = g.rows(workload.global_batch_size, dp)
-    kept, warpers = SampledLogps(1.0), warpers_of(1.0, 0, 1.0)  # grpo's defaults: TRL's temperature 1, no cut
+    kept = SampledLogps(1.0)  # TRL's temperature 1 (module docstring)
     with engine.generating() as model:
         ids = torch.randint(0, hf_config.vocab_size, (rows, g.prompt_len), device=device)
         cache = DynamicCache(config=hf_config)
         # the loop's attention mask (prompts are left-padded): it decides transformers' attention path
         mask = torch.ones_like(ids)
         out = each_call(model)(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1)
-        token = sample(out.logits, kept, warpers, ids)
+        token = sample(out.logits, kept, ids)
         del out
         for layer in cache.layers:  # the cache as the loop's last step finds it: prompt + completion - 1 positions
             layer.keys, layer.values = (_grown(t, g.completion_len - 1) for t in (layer.keys, layer.values))
         mask = torch.ones(rows, g.prompt_len + g.completion_len, dtype=mask.dtype, device=device)
         out = each_call(model)(input_ids=token, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1)
-        sample(out.logits, kept, warpers, token)
+        sample(out.logits, kept, token)
         del out, cache
