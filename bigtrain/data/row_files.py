@@ -62,3 +62,24 @@ def open_rows(folder: Path, num_rows: int, seq_len: int, dtypes: dict[str, str])
         mapped = np.memmap(folder / name, dtype=np.dtype(dtypes[name]), mode="r", shape=(num_rows, seq_len))
         out[key] = mapped.view(np.bool_) if name == TARGETS else mapped
     return out
+
+
+class Ragged:
+    """Examples of different lengths: example i is ``flat[offsets[i]:offsets[i + 1]]`` (mapped), read as int64."""
+
+    def __init__(self, flat: np.ndarray, offsets: np.ndarray) -> None:
+        self.flat, self.offsets = flat, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.asarray(self.flat[int(self.offsets[i]) : int(self.offsets[i + 1])], dtype=np.int64)
+
+
+def open_ragged(folder: Path, flat_name: str, offsets_name: str, count: int, dtype: str) -> Ragged:
+    """``count`` examples written as one flat file and its ``count + 1`` offsets (int64), mapped read-only."""
+    offsets = np.memmap(folder / offsets_name, dtype=np.int64, mode="r", shape=(count + 1,))
+    empty = not offsets[-1]  # numpy cannot map an empty file
+    flat = np.zeros(0, np.dtype(dtype)) if empty else np.memmap(folder / flat_name, dtype=np.dtype(dtype), mode="r")
+    return Ragged(flat, offsets)

@@ -20,7 +20,7 @@ from bigtrain.data.batch import ExampleBatch
 from bigtrain.data.builtin import ANIMALS, builtin_records
 from bigtrain.data.examples import IndexedExamples, label_indices
 from bigtrain.data.records import check_records_path, read_records
-from bigtrain.data.row_files import id_dtype
+from bigtrain.data.row_files import id_dtype, open_ragged
 from bigtrain.data.tokenizer import ByteTokenizer, has_tokenizer
 from bigtrain.errors import ConfigError
 
@@ -30,7 +30,7 @@ TEXT_PAIR_FIELD = "text_pair"
 
 @dataclass
 class TextExamples(IndexedExamples):
-    ids: Any  # each example's token ids, cut at seq_len (``ids[i]``: data/text_classes.Ragged, mapped)
+    ids: Any  # each example's token ids, cut at seq_len (``ids[i]``: data/row_files.Ragged, mapped)
     labels: np.ndarray  # [num_examples] int64
     class_names: list[str]
     pad_id: int
@@ -117,32 +117,17 @@ def load_text_examples(cfg: DataConfig, key: str, path: str, tokenizer: str | No
     found = cache.entry(cache.cache_dir_of(cfg), "texts", key, parts, build)
     meta, folder = found.meta, found.folder
     n = meta["examples"]
-    offsets = np.memmap(folder / OFFSETS, dtype=np.int64, mode="r", shape=(n + 1,))
-    flat = np.memmap(folder / IDS, dtype=np.dtype(meta["dtype"]), mode="r") if offsets[-1] else np.zeros(0, np.int64)
     was_cut = np.memmap(folder / CUT, dtype=np.bool_, mode="r", shape=(n,))
     labels = np.memmap(folder / LABELS, dtype=np.int64, mode="r", shape=(n,))
     cut = f", {int(was_cut.sum())} cut at data.seq_len={cfg.seq_len}" if was_cut.any() else ""
     where = f"{path} ({n} examples, {len(meta['classes'])} classes{cut}, {meta['which']})"
     return TextExamples(
-        Ragged(flat, offsets), labels, list(meta["classes"]), meta["pad"], meta["vocab"], where, was_cut=was_cut,
-        cache_note=found.note(key),
+        open_ragged(folder, IDS, OFFSETS, n, meta["dtype"]), labels, list(meta["classes"]), meta["pad"], meta["vocab"],
+        where, was_cut=was_cut, cache_note=found.note(key),
     )  # fmt: skip
 
 
 IDS, OFFSETS, LABELS, CUT = "ids.bin", "offsets.bin", "labels.bin", "cut.bin"
-
-
-class Ragged:
-    """Examples of different lengths: example i is ``flat[offsets[i]:offsets[i + 1]]`` (mapped), read as int64."""
-
-    def __init__(self, flat: np.ndarray, offsets: np.ndarray) -> None:
-        self.flat, self.offsets = flat, offsets
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        return np.asarray(self.flat[int(self.offsets[i]) : int(self.offsets[i + 1])], dtype=np.int64)
 
 
 def _build(cfg: DataConfig, key: str, path: str, records: Any, tokenizer: str | None, out: Path) -> dict[str, Any]:

@@ -260,3 +260,43 @@ def test_classifier_texts_are_built_once_then_read(tmp_path):
     assert int(read.was_cut.sum()) == sum(len("word " * (i % 7)) > 16 for i in range(30))
     batch = read.micro_batch(np.array([1, 2]))
     assert batch.inputs["input_ids"].shape == (2, 10) and bytes(read.ids[1].tolist()) == b"word "
+
+
+def test_grpo_prompts_are_built_once_then_read_with_their_fields(tmp_path, tokenizer):
+    """Prompts: tokenised once (the end kept to max_prompt_length), each record's prompt and other fields kept as the
+    reward functions read them; a later start maps the entry; another max_prompt_length is another entry."""
+    from types import SimpleNamespace
+
+    from bigtrain.data.prompts import read_prompts
+
+    path = tmp_path / "prompts.jsonl"
+    with path.open("w") as f:
+        for i in range(12):
+            f.write(json.dumps({"prompt": f"{i}+{i}=" * (i % 3 + 1), "answer": str(2 * i), "meta": {"i": [i]}}) + "\n")
+    cache = tmp_path / "cache"
+
+    def run(**kw):
+        data = DataConfig(path=str(path), tokenizer=tokenizer, cache_dir=str(cache), **kw)
+        return read_prompts(SimpleNamespace(data=data, train=SimpleNamespace(global_batch_size=8)), 16, 2)
+
+    built, read = run(), run()
+    assert "(built in" in built.cache_note and read.cache_note.endswith("(read)") and len(entries(cache)) == 1
+    assert isinstance(read.ids.flat, np.memmap) and read.num_rows == 12
+    tok = load_tokenizer(tokenizer)
+    for i in (0, 5, 11):
+        assert read.ids[i].tolist() == tok.encode_prompt(f"{i}+{i}=" * (i % 3 + 1))
+        assert read.prompts[i] == f"{i}+{i}=" * (i % 3 + 1)
+        assert read.fields[i] == {"answer": str(2 * i), "meta": {"i": [i]}} and read.where[i] == f"line {i + 1}"
+    assert read.seq_len == max(len(read.ids[i]) for i in range(12)) + 16
+    cut = run(max_prompt_length=5)
+    assert len(entries(cache)) == 2 and cut.cut == 8 and cut.ids[11].tolist() == read.ids[11].tolist()[-5:]
+
+
+def test_a_prompt_field_json_cannot_keep_is_named(tmp_path):
+    from datetime import date
+
+    from bigtrain.data.prompts import _as_json
+
+    assert json.loads(_as_json("line 3", {"prompt": "p", "n": 1.5}, "data.path")) == ["line 3", "p", {"n": 1.5}]
+    with pytest.raises(ConfigError, match=r"data.path: record 7's field 'when' holds a date, which the prompt cache"):
+        _as_json("record 7", {"prompt": "p", "when": date(2026, 1, 1)}, "data.path")
