@@ -190,6 +190,18 @@ def attach(engine: Any, options: Any, train: Any) -> None:
         attach_reference(engine, options, train)
 
 
+def reward_layout(plan: Any, engine: Any) -> Any:
+    """Reward models laid out as the policy: sharded over its FSDP2 mesh, partitioned under its DeepSpeed ZeRO-3
+    config, else whole on every rank (DDP, ZeRO-1/2: the planner's ``reward_model_share``)."""
+    from bigtrain.roles.rewards import WHOLE, Layout
+
+    if plan.backend == "fsdp2":
+        return Layout(mesh=engine.built.mesh.fsdp_mesh)
+    if plan.backend == "deepspeed" and plan.zero_stage == 3:
+        return Layout(deepspeed_config=engine.config)
+    return WHOLE
+
+
 def step_source(cfg: Any, plan: Any, engine: Any, data: Any, device: Any, resumed: str | None) -> Any:
     """The rollouts that make each step's micro-batches (``roles/rollout.py``)."""
     from bigtrain.data.order import GlobalOrder
@@ -197,9 +209,7 @@ def step_source(cfg: Any, plan: Any, engine: Any, data: Any, device: Any, resume
     from bigtrain.roles.rollout import Rollouts, RolloutSettings
 
     train, rollout = cfg.train, cfg.rollout
-    # reward models laid out as the policy: sharded over its FSDP2 mesh, else whole on every rank
-    mesh = engine.built.mesh.fsdp_mesh if plan.backend == "fsdp2" else None
-    functions = load_reward_functions(train.reward_functions, device, mesh)
+    functions = load_reward_functions(train.reward_functions, device, reward_layout(plan, engine))
     weights = tuple(train.reward_weights or [1.0] * len(functions))
     s = RolloutSettings(
         num_generations=train.num_generations,

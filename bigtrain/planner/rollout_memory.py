@@ -18,7 +18,7 @@ are gone (the optimizer sets them to None). On top, the largest of three moments
 DDP also keeps autocast's compute-dtype copy of every fp32 weight for the whole ``generate`` call (one autocast
 region: its cast cache lives until it exits). Reward-model folders are on the device for the run, in the dtype they
 were saved in (``Generation.resident_bytes``, read from their safetensors headers), laid out as the policy (FSDP2:
-sharded; whole otherwise): in both phases (the unit a sharded one gathers to score is not counted).
+sharded; DeepSpeed ZeRO-3: partitioned; whole otherwise): in both phases (the unit a sharded one gathers to score is not counted).
 """
 
 from __future__ import annotations
@@ -121,9 +121,13 @@ def estimate_generation_memory(
 
 
 def reward_model_share(plan: Plan, whole: int) -> int:
-    """One rank's share of the reward models: laid out as the policy, sharded over FSDP2's shards (dp_shard x cp),
-    else whole (``roles/rewards.RewardModel``)."""
-    return whole // (plan.dp_shard * plan.cp) if plan.backend == "fsdp2" else whole
+    """One rank's share of the reward models: laid out as the policy, sharded over FSDP2's shards (dp_shard x cp) or
+    partitioned over DeepSpeed ZeRO-3's data-parallel ranks, else whole (``objectives/grpo.reward_layout``)."""
+    if plan.backend == "fsdp2":
+        return whole // (plan.dp_shard * plan.cp)
+    if plan.backend == "deepspeed" and plan.zero_stage == 3:
+        return whole // plan.dp
+    return whole
 
 
 def with_generation(

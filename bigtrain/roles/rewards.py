@@ -55,13 +55,31 @@ def _here_on_path() -> Iterator[None]:
             sys.path.remove(here)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """How reward models are laid out beside the policy: sharded over its FSDP2 ``mesh``, partitioned by DeepSpeed
+    ZeRO-3 under its ``deepspeed_config``, else whole on each rank."""
+
+    mesh: Any = None
+    deepspeed_config: dict[str, Any] | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return self.mesh is not None or self.deepspeed_config is not None
+
+
+WHOLE = Layout()
+
+
 class RewardModel:
     """A reward-model folder as a reward function, in eval mode, in the dtype its weights were saved in
-    (transformers' default, as TRL loads it): whole on each rank's device, or, given the policy's FSDP2 ``mesh``,
-    sharded as the policy is (each decoder block a unit gathered for its forward, then freed), so that every rank
-    holds 1/N of it; every rank then scores together (``collective``: its forward's all-gathers)."""
+    (transformers' default, as TRL loads it), laid out as ``layout`` says: whole on each rank's device; sharded as
+    an FSDP2 policy (each decoder block a unit gathered for its forward, then freed); or partitioned by an
+    inference-only DeepSpeed ZeRO-3 engine (its hooks gather each module's parameters, as TRL's ``prepare_deepspeed``
+    does for its reward and reference models). Sharded, every rank holds 1/N of it and all score together
+    (``collective``: its forward's all-gathers)."""
 
-    def __init__(self, folder: str, device: Any, mesh: Any = None) -> None:
+    def __init__(self, folder: str, device: Any, layout: Layout = WHOLE) -> None:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.__name__ = Path(folder).name
@@ -69,11 +87,16 @@ class RewardModel:
         if self.tokenizer.pad_token_id is None:  # TRL's rule: pad with eos
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForSequenceClassification.from_pretrained(folder, local_files_only=True)
-        self.model.to(device).eval()
+        self.model.eval()
         self.device = device
-        self.collective = mesh is not None
-        if mesh is not None:
-            _shard(self.model, mesh)
+        self.collective = layout.sharded
+        self.forward: Any = self.model
+        if layout.deepspeed_config is not None:
+            self.forward = _partitioned(self.model, layout.deepspeed_config)
+            return
+        self.model.to(device)
+        if layout.mesh is not None:
+            _shard(self.model, layout.mesh)
 
     def __call__(self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]],
                  **fields: Any) -> list[float]:  # fmt: skip
@@ -90,7 +113,7 @@ class RewardModel:
             text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
         )
         with torch.inference_mode():
-            scores = self.model(**{k: v.to(self.device) for k, v in inputs.items()}).logits[:, 0]
+            scores = self.forward(**{k: v.to(self.device) for k, v in inputs.items()}).logits[:, 0]
         return scores.float().cpu().tolist()
 
 
@@ -104,6 +127,21 @@ def _shard(model: Any, mesh: Any) -> None:
     for _, _, block in decoder_blocks(model):
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
+
+
+def _partitioned(model: Any, policy_config: dict[str, Any]) -> Any:
+    """An inference-only DeepSpeed engine over ``model`` with the policy's ZeRO-3 settings: no optimizer or
+    schedule, and DeepSpeed's dtype the one the weights were saved in (it would cast them to the policy's)."""
+    import deepspeed
+    import torch
+
+    dtype = next(model.parameters()).dtype
+    config = {k: v for k, v in policy_config.items() if k not in ("optimizer", "scheduler", "bf16", "fp16")}
+    config["bf16"] = {"enabled": dtype == torch.bfloat16}
+    config["fp16"] = {"enabled": dtype == torch.float16}
+    engine, *_ = deepspeed.initialize(model=model, config=config, dist_init_required=False)
+    engine.eval()
+    return engine
 
 
 def reward_model_bytes(paths: list[str]) -> int:
@@ -124,9 +162,9 @@ def reward_model_bytes(paths: list[str]) -> int:
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 
 
-def _reward_model(path: str, where: str, device: Any, mesh: Any = None) -> RewardFunction:
+def _reward_model(path: str, where: str, device: Any, layout: Layout) -> RewardFunction:
     """A folder as a reward function: refused unless it is a sequence classifier with one output; loaded where
-    ``device`` is given (the run's; sharded over ``mesh`` when given), only checked otherwise (start-up, before any
+    ``device`` is given (the run's, laid out as ``layout`` says), only checked otherwise (start-up, before any
     process group)."""
     import json
 
@@ -144,13 +182,13 @@ def _reward_model(path: str, where: str, device: Any, mesh: Any = None) -> Rewar
         )
     if device is None:
         return RewardFunction(path, lambda **_: [])
-    return RewardFunction(path, RewardModel(path, device, mesh))
+    return RewardFunction(path, RewardModel(path, device, layout))
 
 
-def load_reward_function(path: str, index: int, device: Any = None, mesh: Any = None) -> RewardFunction:
+def load_reward_function(path: str, index: int, device: Any = None, layout: Layout = WHOLE) -> RewardFunction:
     where = f"{KEY}[{index}]={path!r}"
     if Path(path).is_dir():
-        return _reward_model(path, where, device, mesh)
+        return _reward_model(path, where, device, layout)
     module_name, sep, attribute = path.partition(":")
     if not sep or not module_name or not attribute:
         raise ConfigError(f"{where} is not module:function; name a callable by its import path, e.g. my_rewards:exact")
@@ -169,10 +207,10 @@ def load_reward_function(path: str, index: int, device: Any = None, mesh: Any = 
     return RewardFunction(path, function)
 
 
-def load_reward_functions(paths: list[str], device: Any = None, mesh: Any = None) -> list[RewardFunction]:
-    """The reward functions of ``paths``; reward-model folders loaded onto ``device`` (None: only checked), sharded
-    over ``mesh`` where given (the policy's FSDP2 mesh)."""
-    return [load_reward_function(path, i, device, mesh) for i, path in enumerate(paths)]
+def load_reward_functions(paths: list[str], device: Any = None, layout: Layout = WHOLE) -> list[RewardFunction]:
+    """The reward functions of ``paths``; reward-model folders loaded onto ``device`` (None: only checked) and laid
+    out as ``layout`` says."""
+    return [load_reward_function(path, i, device, layout) for i, path in enumerate(paths)]
 
 
 def _values(reward: RewardFunction, out: Any, n: int, where: Callable[[int], str]) -> list[float]:

@@ -120,11 +120,15 @@ def test_prompts_without_a_prompt_field_are_named(where, model_dir):
     assert "record" in (message := _refused(where, _recipe(where, model_dir))) and "has no 'prompt' field" in message
 
 
-def test_a_reward_function_that_raises_stops_every_rank_with_its_line(where, model_dir):
-    # beside a reward model sharded as the FSDP2 policy: every rank scores with it before the function raises on one
-    # (in the other order, the ranks would meet in different collectives)
+@pytest.mark.parametrize(
+    "parallel", [{"backend": "fsdp2"}, {"backend": "deepspeed", "zero_stage": 3}], ids=["fsdp2", "zero3"]
+)
+def test_a_reward_function_that_raises_stops_every_rank_with_its_line(where, model_dir, parallel):
+    # beside a reward model sharded as the policy (FSDP2, or partitioned by ZeRO-3): every rank scores with it before
+    # the function raises on one (in the other order, the ranks would meet in different collectives)
     folder = str(save_reward_model(where / "rm"))
     recipe = _recipe(where, model_dir, reward_functions=["run_rewards:fussy", folder], steps=8)
+    recipe["parallel"].update(parallel)
     # in file order, generation 2 holds prompts 2 and 3: rank 1's, "0+3=", makes the function raise there only
     recipe["data"]["shuffle"] = False
     proc = run_cli(["train", str(write_recipe(where / "fussy.yaml", recipe)), "--nproc", "2"], cwd=where)

@@ -122,10 +122,10 @@ def test_the_probe_s_seconds_per_forward_are_the_host_s_share():
 
 
 @pytest.mark.full
-def test_a_reward_model_folder_is_whole_on_every_rank_in_both_phases(tmp_path):
+def test_a_reward_model_folder_is_laid_out_as_the_policy_in_both_phases(tmp_path):
     """A reward-model folder among train.reward_functions adds its saved weights' bytes (read from the safetensors
-    headers, nothing loaded) to both phases of the planned step, whole under DDP and half on each of 2 FSDP2 ranks,
-    and the table says so."""
+    headers, nothing loaded) to both phases of the planned step, whole under DDP and ZeRO-2, half on each of 2 FSDP2
+    or ZeRO-3 ranks, and the table says so."""
     import torch
     import yaml
     from transformers import AutoModelForSequenceClassification, LlamaConfig
@@ -139,7 +139,7 @@ def test_a_reward_model_folder_is_whole_on_every_rank_in_both_phases(tmp_path):
     saved = sum(p.numel() * p.element_size() for p in model.parameters())
     assert reward_model_bytes([str(tmp_path / "rm"), "bigtrain.rewards:exact_answer"]) == saved
 
-    def planned(rewards: list[str], backend: str = "ddp") -> object:
+    def planned(rewards: list[str], backend: str = "ddp", **fix) -> object:
         recipe = {
             "model": {"config": {**config.to_dict(), "architectures": ["LlamaForCausalLM"], "num_labels": 2}},
             "data": {"path": "builtin:sums"},
@@ -147,7 +147,7 @@ def test_a_reward_model_folder_is_whole_on_every_rank_in_both_phases(tmp_path):
         }
         path = tmp_path / f"r{len(rewards)}.yaml"
         path.write_text(yaml.safe_dump(recipe))
-        return bigtrain.plan(recipe=str(path), gpus=2, gpu="H100", fix={"backend": backend})
+        return bigtrain.plan(recipe=str(path), gpus=2, gpu="H100", fix={"backend": backend, **fix})
 
     alone = planned(["bigtrain.rewards:exact_answer"])
     judged = planned(["bigtrain.rewards:exact_answer", str(tmp_path / "rm")])
@@ -155,12 +155,12 @@ def test_a_reward_model_folder_is_whole_on_every_rank_in_both_phases(tmp_path):
         grown = dict(judged.memory.phases)[phase] - dict(alone.memory.phases)[phase]
         assert grown == saved, phase
     assert "reward models" in judged.explain() and "reward models" not in alone.explain()
-    # laid out as the policy: FSDP2 shards it over its 2 ranks
-    sharded = dict(planned(["bigtrain.rewards:exact_answer", str(tmp_path / "rm")], "fsdp2").memory.phases)
-    assert (
-        sharded["training"] - dict(planned(["bigtrain.rewards:exact_answer"], "fsdp2").memory.phases)["training"]
-        == saved // 2
-    )
+    # laid out as the policy: FSDP2 shards it over its 2 ranks, DeepSpeed ZeRO-3 partitions it, ZeRO-2 keeps it whole
+    for fix, share in (({"backend": "fsdp2"}, saved // 2), ({"backend": "deepspeed", "zero_stage": 3}, saved // 2),
+                       ({"backend": "deepspeed", "zero_stage": 2}, saved)):  # fmt: skip
+        with_model = dict(planned(["bigtrain.rewards:exact_answer", str(tmp_path / "rm")], **fix).memory.phases)
+        without = dict(planned(["bigtrain.rewards:exact_answer"], **fix).memory.phases)
+        assert with_model["training"] - without["training"] == share, fix
 
 
 def test_the_json_contract_gains_the_phases_only_where_a_step_has_them():
