@@ -108,6 +108,27 @@ def _parser() -> argparse.ArgumentParser:
         "under torchrun, start one job per group; docs/slow-links.md)",
     )
     train.add_argument(
+        "--elastic",
+        action="store_true",
+        help="keep training when ranks are lost: start again on the ones that remain, re-planned where the recipe's "
+        "plan does not run on them, from the newest good checkpoint (with --nproc, or under torchrun --nnodes "
+        "MIN:MAX; docs/elastic.md)",
+    )
+    train.add_argument(
+        "--min-nproc", type=int, default=1, metavar="M", help="with --elastic --nproc: stop when fewer ranks remain"
+    )
+    train.add_argument(
+        "--max-restarts", type=int, default=3, metavar="R", help="with --elastic --nproc: start again at most R times"
+    )
+    train.add_argument(
+        "--lose-rank",
+        default=None,
+        metavar="R@STEP",
+        help="with --elastic: a drill, rank R leaves for good before step STEP, as if its GPU were gone",
+    )
+    # set by the elastic launcher for its workers: when it saw the last loss (the re-plan line's restart time)
+    train.add_argument("--lost-at", type=float, default=None, help=argparse.SUPPRESS)
+    train.add_argument(
         "--dry-run",
         action="store_true",
         help="check recipe, data, model and plan (for --nproc N ranks, else 1), print the resolved recipe and the "
@@ -271,6 +292,26 @@ def _check_nproc(args: argparse.Namespace) -> None:
         raise ConfigError(f"--nproc={args.nproc} must be at least 1")
 
 
+def _elastic(args: argparse.Namespace, env: LaunchEnv) -> Any:
+    """The elastic settings of ``bigtrain train`` (None without --elastic), their limits checked."""
+    from bigtrain.train.elastic import Elastic, parse_lose_rank
+
+    if not args.elastic:
+        if args.lose_rank is not None:
+            raise ConfigError("--lose-rank is a drill of an elastic run; add --elastic")
+        return None
+    if args.nproc is None and not env.launched:
+        raise ConfigError("--elastic starts again on the ranks that remain: give --nproc N, or run under torchrun")
+    if args.nproc is not None and not 1 <= args.min_nproc <= args.nproc:
+        raise ConfigError(f"--min-nproc={args.min_nproc} must be between 1 and --nproc={args.nproc}")
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts={args.max_restarts} must be 0 or more")
+    lose = parse_lose_rank(args.lose_rank) if args.lose_rank is not None else None
+    if lose is not None and args.nproc is not None and lose[0] >= args.nproc:
+        raise ConfigError(f"--lose-rank={args.lose_rank}: rank {lose[0]} is not one of --nproc={args.nproc}'s ranks")
+    return Elastic(lose, args.lost_at)
+
+
 def _probe(args: argparse.Namespace, env: LaunchEnv) -> int:
     from pathlib import Path
 
@@ -307,6 +348,7 @@ def _train(args: argparse.Namespace, cfg: RecipeConfig, env: LaunchEnv) -> int:
     from bigtrain.train.replica_groups import ReplicaGroup, check_group_jobs, job_world, survives_failures
 
     _check_nproc(args)
+    elastic = _elastic(args, env)
     group = None if args.replica_group is None else ReplicaGroup.of(args.replica_group, cfg)
     cfg = group.recipe(cfg) if group is not None else cfg
     if args.dry_run:
@@ -335,6 +377,18 @@ def _train(args: argparse.Namespace, cfg: RecipeConfig, env: LaunchEnv) -> int:
         # a finished run (RunFinished) starts no workers; compared as the workers will, its objective resolved
         plan_start(resolve(cfg).cfg)
         sets = [a for o in args.overrides for a in ("--set", o)]
+        if elastic is not None:
+            if plan is not None and survives_failures(plan):
+                raise ConfigError(
+                    "--elastic with parallel.replica_failures=continue is not built yet (torchft keeps the other "
+                    "groups training); use one or the other"
+                )
+            from bigtrain.cli.elastic_launch import launch_elastic
+
+            own = ["-v"] * args.verbose + ["train", args.recipe, *sets, "--quiet-failures"]
+            return launch_elastic(
+                args.nproc, own, cfg.output_dir, args.min_nproc, args.max_restarts, elastic.lose, args.verbose
+            )
         if group is None and plan is not None and survives_failures(plan):  # a job per replica group
             from bigtrain.cli.launch import launch_replica_groups
 
@@ -344,8 +398,10 @@ def _train(args: argparse.Namespace, cfg: RecipeConfig, env: LaunchEnv) -> int:
         worker_args += ["--replica-group", str(group.index)] if group is not None else []
         restarts = GROUP_RESTARTS if group is not None else 0
         return launch_local(args.nproc, worker_args, cfg.output_dir, args.verbose, max_restarts=restarts)
+    from bigtrain.train.elastic import written_or_replanned
     from bigtrain.train.run import run_training
 
-    check_group_jobs(cfg, env.world_size, group)
-    result = run_training(cfg, group)
+    # (an elastic run's written plan that does not run on this world is re-planned: it has no replica groups then)
+    written_or_replanned(lambda: check_group_jobs(cfg, env.world_size, group), elastic)
+    result = run_training(cfg, group, elastic)
     return EXIT_AFTER[result.stopped] if result.stopped else 0

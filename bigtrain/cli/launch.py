@@ -41,6 +41,15 @@ def launch_local(
 ) -> int:
     """Run ``python -m bigtrain <worker_args>`` on ``nproc`` local ranks; return a process exit code.
     ``max_restarts``: how often the agent starts the workers again after one died (a replica group's job)."""
+    code, failures = run_workers(nproc, worker_args, verbose, max_restarts)
+    return code if failures is None else say_root_cause(failures, output_dir)
+
+
+def run_workers(
+    nproc: int, worker_args: list[str], verbose: bool = False, max_restarts: int = 0
+) -> tuple[int, dict[int, ProcessFailure] | None]:
+    """``python -m bigtrain <worker_args>`` on ``nproc`` local ranks under torch's elastic agent: (exit code, None)
+    when they ended or were stopped by a signal, (1, each failed rank's failure) when one failed."""
     if "OMP_NUM_THREADS" not in os.environ:
         # Same default as torchrun: N workers sharing the host's cores, one intra-op thread pool each.
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
@@ -62,10 +71,10 @@ def launch_local(
     try:
         elastic_launch(config, sys.executable)("-u", "-m", "bigtrain", *worker_args)
     except SignalException as e:  # the workers said how they stopped (a checkpoint, or not)
-        return EXIT_AFTER.get(e.sigval, 128 + int(e.sigval))
+        return EXIT_AFTER.get(e.sigval, 128 + int(e.sigval)), None
     except ChildFailedError as e:
-        return _say_root_cause(e.failures, output_dir)
-    return 0
+        return 1, e.failures
+    return 0, None
 
 
 def _shutdown_timeout() -> dict[str, int]:
@@ -116,12 +125,12 @@ def launch_replica_groups(nproc: int, groups: int, own_args: list[str], output_d
     if failed:
         index, code = failed[0]
         where = "above" if index == 0 else f"in {logs / f'group{index}.log'}"
-        _write(f"replica group {index} exited with code {code} (its output is {where})")
+        write_line(f"replica group {index} exited with code {code} (its output is {where})")
         return code
     return 0
 
 
-def _say_root_cause(failures: dict[int, ProcessFailure], output_dir: str | None) -> int:
+def say_root_cause(failures: dict[int, ProcessFailure], output_dir: str | None) -> int:
     """Print why the job stopped, once, and return the exit code it ends with."""
     if not failures:
         return 1
@@ -133,14 +142,14 @@ def _say_root_cause(failures: dict[int, ProcessFailure], output_dir: str | None)
         for rank, f in failures.items()
         if f.exitcode < 0 and -f.exitcode != signal.SIGTERM
     )
-    said = sorted(rank for rank, f in failures.items() if _own_line(f))
-    waited = [rank for rank in said if _own_code(failures[rank]) == EXIT_NO_ANSWER]
+    said = sorted(rank for rank, f in failures.items() if own_line(f))
+    waited = [rank for rank in said if own_code(failures[rank]) == EXIT_NO_ANSWER]
     silent = sorted(rank for rank, f in failures.items() if -f.exitcode == signal.SIGKILL)
     if waited and silent:
         # a rank gave up waiting for another in a collective, and the agent then had to kill the one that answered
         # neither the collective nor its SIGTERM (stopped, or hung outside Python): that one is the cause
         who = ", ".join(f"rank {r} (pid {failures[r].pid} on {socket.gethostname()})" for r in silent)
-        _write(
+        write_line(
             f"error: {who} stopped answering: rank {waited[0]} waited train.collective_timeout_s for it in a "
             f"collective, and it was then killed (hung or stopped); {last_good_checkpoint(output_dir)}; start again "
             "to resume"
@@ -152,34 +161,34 @@ def _say_root_cause(failures: dict[int, ProcessFailure], output_dir: str | None)
         rank = killed[0][-1]
         failure = failures[rank]
         name = signal.Signals(-failure.exitcode).name
-        _write(
+        write_line(
             f"error: rank {rank} (pid {failure.pid} on {socket.gethostname()}) was killed by {name}; the other ranks "
             f"were stopped; {last_good_checkpoint(output_dir)}; start again to resume"
         )
         return 128 - failure.exitcode
     if said:  # bigtrain's own line from the lowest rank that wrote one (every rank refusing the same recipe, say)
         failure = failures[said[0]]
-        _write(_own_line(failure) or "")
-        return _own_code(failure)
+        write_line(own_line(failure) or "")
+        return own_code(failure)
     rank = min(failures)
-    _write(
+    write_line(
         f"error: rank {rank} exited with code {failures[rank].exitcode} (its output is above); "
         f"{last_good_checkpoint(output_dir)}"
     )
     return failures[rank].exitcode or 1
 
 
-def _own_line(failure: ProcessFailure) -> str | None:
+def own_line(failure: ProcessFailure) -> str | None:
     """The line a worker wrote to its error file (``cli/failures.say``), if it wrote one."""
     message = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
     return message.get("message") if isinstance(message, dict) else None
 
 
-def _own_code(failure: ProcessFailure) -> int:
+def own_code(failure: ProcessFailure) -> int:
     """The exit code a worker wrote beside its line (``cli/failures.say``)."""
     return int(failure.error_file_data["message"]["extraInfo"].get("exitcode", 1))
 
 
-def _write(line: str) -> None:
+def write_line(line: str) -> None:
     sys.stderr.flush()
     os.write(2, f"\nbigtrain: {line}\n".encode())

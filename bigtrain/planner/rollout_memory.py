@@ -18,7 +18,8 @@ are gone (the optimizer sets them to None). On top, the largest of three moments
 DDP also keeps autocast's compute-dtype copy of every fp32 weight for the whole ``generate`` call (one autocast
 region: its cast cache lives until it exits). Reward-model folders are on the device for the run, in the dtype they
 were saved in (``Generation.resident_bytes``, read from their safetensors headers), laid out as the policy (FSDP2:
-sharded; DeepSpeed ZeRO-3: partitioned; whole otherwise): in both phases (the unit a sharded one gathers to score is not counted).
+sharded; DeepSpeed ZeRO-3: partitioned; whole otherwise): in both phases (the unit a sharded one gathers to score is
+not counted).
 """
 
 from __future__ import annotations

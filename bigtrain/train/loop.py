@@ -12,6 +12,7 @@ import logging
 import math
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +88,7 @@ class TrainLoop:
         unit: str = "tokens",
         rows_per_example: int = 1,
         shown: tuple[str, ...] = (),
+        before_step: Callable[[int], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.plan = plan
@@ -100,6 +102,7 @@ class TrainLoop:
         self.unit = unit  # what throughput counts (the task's): tokens, images or examples per second
         self.rows_per_example = rows_per_example  # rows a counted example takes (the objective's: a pair is 2)
         self.shown = shown  # metrics the bar and the last line show (Job.shown_metrics)
+        self.before_step = before_step  # called with each step (1-based) before it runs: an elastic run's drill
         self.is_main = dist.get_rank() == 0
 
     def run_step(self, step: int) -> dict:
@@ -175,6 +178,8 @@ class TrainLoop:
         try:
             with StopOnSignal(self.device) as stop:
                 while step < total and not stopped:
+                    if self.before_step is not None:
+                        self.before_step(step + 1)
                     t0 = time.perf_counter()
                     record = self.run_step(step)
                     dt = time.perf_counter() - t0

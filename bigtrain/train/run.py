@@ -55,6 +55,7 @@ from bigtrain.runtime import (
 )
 from bigtrain.train import start_up
 from bigtrain.train.checks import check_offload_host_memory
+from bigtrain.train.elastic import Elastic, check_device, replan_line, written_or_replanned
 from bigtrain.train.loop import StartPoint, TrainLoop, TrainResult
 from bigtrain.train.metrics import format_bytes
 from bigtrain.train.optim import build_optimizer, build_scheduler
@@ -65,8 +66,10 @@ log = logging.getLogger("bigtrain")
 DATA_BOUND_SHARE = 0.25  # of the run's time spent waiting for data, above which the summary says so
 
 
-def run_training(cfg: RecipeConfig, replica_group: ReplicaGroup | None = None) -> TrainResult:
-    job = TrainingJob(cfg, replica_group=replica_group)
+def run_training(
+    cfg: RecipeConfig, replica_group: ReplicaGroup | None = None, elastic: Elastic | None = None
+) -> TrainResult:
+    job = TrainingJob(cfg, replica_group=replica_group, elastic=elastic)
     ended = False
     try:
         with job:
@@ -108,23 +111,30 @@ class TrainingJob:
     ``fit`` trains; leaving the block tears the group down (after every rank has finished, when nothing failed)."""
 
     def __init__(
-        self, cfg: RecipeConfig, env: LaunchEnv | None = None, replica_group: ReplicaGroup | None = None
+        self,
+        cfg: RecipeConfig,
+        env: LaunchEnv | None = None,
+        replica_group: ReplicaGroup | None = None,
+        elastic: Elastic | None = None,
     ) -> None:
         self.env = env or read_launch_env()
         self.replica_group = replica_group  # this job is one replica group of the run (train/replica_groups.py)
+        self.elastic = elastic  # a worker of an elastic run: re-planned where the written plan does not run here
         warn_if_accelerate_started_one_process(self.env)
         self.device = pick_device(self.env)
         is_main = self.env.rank == 0
         resolved = start_up.resolve(cfg)
         world = job_world(self.env.world_size, replica_group)
         # a written plan is checked before the data is read (its arithmetic and the job's rows); again with the data
-        start_up.written_plan(resolved.cfg, resolved.job, world)
+        written_or_replanned(lambda: start_up.written_plan(resolved.cfg, resolved.job, world), elastic)
         loaded, self.start = start_up.start(start_up.read(resolved, is_main))
         if is_main:
             for warning in recipe_warnings(loaded.cfg) + list(loaded.notes):
                 log.warning("%s", warning)
         self.loaded = loaded
-        self.plan: Plan | None = start_up.written_plan(loaded.cfg, loaded.job, world)
+        written = lambda: start_up.written_plan(loaded.cfg, loaded.job, world)  # noqa: E731
+        self.plan: Plan | None
+        self.plan, self.replanned = written_or_replanned(written, elastic)  # replanned: why the recipe's cannot run
         train = loaded.cfg.train
         # plan: auto and method: auto are chosen at start-up, together, for the memory the job really has
         choose = self.plan is None or "auto" in (train.method, train.compile, train.fp8)
@@ -185,6 +195,8 @@ class TrainingJob:
                 prepare_output_dir(self.start, self.cfg)
                 if self.start.note:
                     log.info("%s", self.start.note)
+            if self.elastic is not None:
+                check_device(self.device)
             if self.options is None:
                 self.plan = self._auto_plan(smallest_free_memory(self.env, self.device))
                 self.options = self._build_options(self.plan)
@@ -293,6 +305,7 @@ class TrainingJob:
             unit=self.job.task.unit,
             rows_per_example=self.job.objective.rows_per_example,
             shown=self.job.shown_metrics,
+            before_step=None if self.elastic is None else lambda step: self.elastic.before_step(self.env.rank, step),
         )
         result = loop.run()
         if self.env.rank == 0:
@@ -373,14 +386,9 @@ class TrainingJob:
         if self.env.rank != 0:
             return
         rng = "restored" if resumed.rng_restored else f"not restored (saved by {saved.world_size} ranks)"
-        log.info(
-            "resumed from %s: step %d, saved by %d rank(s) with plan %s; RNG %s",
-            folder,
-            saved.step,
-            saved.world_size,
-            saved.plan,
-            rng,
-        )
+        saved_plan = describe(Plan.from_dict(saved.plan))
+        log.info("resumed from %s: step %d, saved by %d rank(s) with plan %s; RNG %s", folder, saved.step,
+                 saved.world_size, saved_plan, rng)  # fmt: skip
         changed = [k for k in ("rows", "seq_len") if saved.data.get(k) != data_info[k]]
         if changed:
             log.warning(
@@ -389,6 +397,11 @@ class TrainingJob:
             )
         if stream_line is not None:
             log.log(logging.INFO if stream_line[0] else logging.WARNING, "%s", stream_line[1])
+        if self.elastic is not None and self.plan is not None:
+            world, out = self.env.world_size, self.cfg.output_dir
+            line = replan_line(saved, self.plan, world, self._prediction, out, self.elastic)
+            if line is not None:
+                log.warning("%s", line)
 
     def _auto_plan(self, free: int) -> Plan:
         """Plan from the hardware this job really has (``free``: the most constrained rank's free memory); every
@@ -417,7 +430,7 @@ class TrainingJob:
             + [f"train.fp8={choice.fp8}"] * (cfg.train.fp8 == "auto")
             + ["the plan"] * (self.plan is None)
         )
-        if self.env.rank == 0:
+        if self.env.rank == 0 and self.replanned is None:  # an elastic re-plan says one line after the resume
             log.info("auto chose %s:\n%s", chose, choice.table)
         chosen_train = {k: getattr(choice, k) for k in ("method", "compile", "fp8") if getattr(cfg.train, k) == "auto"}
         if chosen_train:  # the run records what the planner chose
