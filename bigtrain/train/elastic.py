@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,35 @@ def written_or_replanned(written: Any, elastic: Elastic | None) -> tuple[Plan | 
         if elastic is None:
             raise
         return None, str(e)
+
+
+def planned_or_stop(choose: Callable[[int], Any], world: int, output_dir: str) -> Any:
+    """``choose(world)``, the planner's choice for the ranks that remain; where it finds none, the one line that
+    names the rank counts it does find a plan for (up to twice this world) and the checkpoint kept."""
+    try:
+        return choose(world)
+    except ConfigError as e:
+        why = str(e)
+    runs = []
+    for n in range(1, 2 * world + 1):
+        if n == world:
+            continue
+        try:
+            choose(n)
+        except ConfigError:
+            continue
+        runs.append(n)
+    from bigtrain.cli.failures import last_good_checkpoint  # the words every stop uses for it
+
+    fewer, more = [n for n in runs if n < world], [n for n in runs if n > world]
+    if fewer:
+        counts = f"plans run on {max(fewer)} of them: start again with {max(fewer)} rank(s)"
+    elif more:
+        counts = f"the fewest ranks a plan runs on is {min(more)}: start again with {min(more)} or more"
+    else:
+        counts = f"none runs on any count up to {2 * world} either"
+    checkpoint = last_good_checkpoint(output_dir)
+    raise ConfigError(f"elastic: no plan runs on the {world} rank(s) that remain ({why}); {counts}; {checkpoint}")
 
 
 def replan_line(saved: Any, plan: Plan, world: int, predicted: Any, output_dir: str, elastic: Elastic) -> str | None:

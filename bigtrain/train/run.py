@@ -55,7 +55,7 @@ from bigtrain.runtime import (
 )
 from bigtrain.train import start_up
 from bigtrain.train.checks import check_offload_host_memory
-from bigtrain.train.elastic import Elastic, check_device, replan_line, written_or_replanned
+from bigtrain.train.elastic import Elastic, check_device, planned_or_stop, replan_line, written_or_replanned
 from bigtrain.train.loop import StartPoint, TrainLoop, TrainResult
 from bigtrain.train.metrics import format_bytes
 from bigtrain.train.optim import build_optimizer, build_scheduler
@@ -403,9 +403,9 @@ class TrainingJob:
             if line is not None:
                 log.warning("%s", line)
 
-    def _auto_plan(self, free: int) -> Plan:
-        """Plan from the hardware this job really has (``free``: the most constrained rank's free memory); every
-        rank gets the same numbers, hence the same plan."""
+    def _choose(self, free: int, world: int) -> Any:
+        """The planner's choice for ``world`` ranks of this hardware (``free``: the most constrained rank's free
+        memory): every rank gets the same numbers, hence the same plan."""
         device = self.device
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         from bigtrain.planner.auto import choose_plan  # the search: imported only where the job plans
@@ -413,10 +413,10 @@ class TrainingJob:
 
         cfg = self.cfg
         workload = self.loaded.workload()
-        choice = choose_plan(
+        return choose_plan(
             self._planned(workload),
-            self.env.world_size,
-            self.env.local_world_size,
+            world,
+            min(self.env.local_world_size, world),
             name,
             free,
             workload,
@@ -424,6 +424,15 @@ class TrainingJob:
             fixed=None if self.plan is None else self.plan.to_dict(),  # method: auto with a written plan
             host_memory_bytes=psutil.virtual_memory().available,
         )
+
+    def _auto_plan(self, free: int) -> Plan:
+        """Plan from the hardware this job really has (an elastic run that no plan fits here: the ranks that would
+        run one, in one line)."""
+        cfg = self.cfg
+        if self.elastic is None:
+            choice = self._choose(free, self.env.world_size)
+        else:
+            choice = planned_or_stop(lambda n: self._choose(free, n), self.env.world_size, cfg.output_dir)
         chose = " and ".join(
             [f"train.method={choice.method}"] * (cfg.train.method == "auto")
             + [f"train.compile={str(choice.compile).lower()}"] * (cfg.train.compile == "auto")

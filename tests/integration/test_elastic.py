@@ -12,8 +12,6 @@ from collections import defaultdict
 import pytest
 from helpers import read_metrics, recipe_dict, run_cli, save_rows, write_recipe
 
-pytestmark = pytest.mark.full
-
 # the test build: every worker (and the launcher) imports this first (PYTHONPATH), and each rank's loader appends the
 # data rows it reads at each step to a file of its own
 ROW_LOG = """
@@ -50,6 +48,7 @@ def _recipe(tmp_path, out: str, **parallel) -> str:
     return str(write_recipe(tmp_path / f"{out}.yaml", recipe))
 
 
+@pytest.mark.full  # three launches of 3-4 ranks
 def test_a_rank_lost_for_good_is_replanned_on_the_rest_and_trains_as_the_new_plan_written_by_hand(
     tmp_path, monkeypatch
 ):
@@ -104,3 +103,39 @@ def test_a_rank_lost_for_good_is_replanned_on_the_rest_and_trains_as_the_new_pla
     assert [m["step"] for m in again] == list(range(resumed + 1, STEPS + 1))
     for mine, theirs in zip(metrics[resumed:], again, strict=True):
         assert abs(mine["loss"] - theirs["loss"]) <= 1e-5, (mine["step"], mine["loss"], theirs["loss"])
+
+
+@pytest.mark.full
+def test_a_world_no_plan_runs_on_stops_in_one_line_naming_the_ranks_that_would_with_the_checkpoint_kept(tmp_path):
+    """16 rows a step cannot be split over 3 ranks: after the loss no plan runs, and the line names 2."""
+    save_rows(tmp_path / "rows.npy", num_rows=256, seq_len=17)
+    recipe = _recipe(tmp_path, "stuck", backend="fsdp2", dp_shard=4, micro_batch_size=1)
+    sets = ["--set", "train.global_batch_size=16", "--set", "train.steps=8", "--set", "checkpoint.every=4"]
+    proc = run_cli(["train", recipe, *sets, "--nproc", "4", "--elastic", "--lose-rank", "3@6"], timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    kept = tmp_path / "stuck" / "checkpoints" / "step_4"
+    said = [line for line in proc.stderr.splitlines() if "no plan runs" in line]
+    assert len(said) == 1 and said[0].startswith("bigtrain: error (rank 0/3): elastic: no plan runs on the 3 rank(s)")
+    assert said[0].endswith(f"plans run on 2 of them: start again with 2 rank(s); the last good checkpoint is {kept}")
+    assert (kept / "bigtrain.json").is_file() and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--nproc", "2", "--lose-rank", "1@3"], "--lose-rank is a drill of an elastic run; add --elastic"),
+        (["--elastic"], "--elastic starts again on the ranks that remain: give --nproc N, or run under torchrun"),
+        (["--nproc", "2", "--elastic", "--min-nproc", "3"], "--min-nproc=3 must be between 1 and --nproc=2"),
+        (["--nproc", "2", "--elastic", "--lose-rank", "2@3"], "--lose-rank=2@3: rank 2 is not one of --nproc=2's"),
+        (["--nproc", "2", "--elastic", "--lose-rank", "1"], "--lose-rank='1' is not RANK@STEP (e.g. 3@20"),
+    ],
+    ids=["drill-alone", "no-launcher", "min-nproc", "rank-outside", "no-step"],
+)
+def test_elastic_flags_that_cannot_work_are_one_line(tmp_path, capfd, args, message):
+    from bigtrain.cli import main
+
+    save_rows(tmp_path / "rows.npy", num_rows=32, seq_len=17)
+    recipe = _recipe(tmp_path, "flags", backend="fsdp2")
+    assert main(["train", recipe, *args]) == 2
+    err = capfd.readouterr().err
+    assert message in err and "Traceback" not in err
