@@ -10,7 +10,13 @@ A collective that fails for want of another rank is recognised here too (``peer_
 from __future__ import annotations
 
 # what gloo (and NCCL) raise on a rank whose peer died mid-collective
-PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket Timeout")
+PEER_GONE = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "Socket Timeout",
+    "Connection refused",  # at start: a peer of the last attempt, gone
+)
 # what they raise when a peer is alive but does not answer within the group's timeout (gloo's recv/send wait, NCCL's
 # watchdog)
 NO_ANSWER = ("Timed out waiting", "Watchdog caught collective operation timeout")

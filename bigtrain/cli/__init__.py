@@ -404,4 +404,8 @@ def _train(args: argparse.Namespace, cfg: RecipeConfig, env: LaunchEnv) -> int:
     # (an elastic run's written plan that does not run on this world is re-planned: it has no replica groups then)
     written_or_replanned(lambda: check_group_jobs(cfg, env.world_size, group), elastic)
     result = run_training(cfg, group, elastic)
+    if result.stopped and elastic is not None:  # a peer's node was stopped: the agent starts this one again
+        from bigtrain.train.elastic import EXIT_STOPPED_EARLY
+
+        return EXIT_STOPPED_EARLY
     return EXIT_AFTER[result.stopped] if result.stopped else 0

@@ -25,11 +25,11 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from bigtrain.cli.failures import EXIT_LOST_RANK, EXIT_NO_ANSWER, last_good_checkpoint
 from bigtrain.cli.launch import own_code, own_line, run_workers, say_root_cause, write_line
-from bigtrain.train.elastic import EXIT_DEVICE_GONE
+from bigtrain.train.elastic import EXIT_DEVICE_GONE, EXIT_STOPPED_EARLY
 
 SLOT_TRIES = 2  # a slot whose worker failed this many times in a row (not as a lost device) is taken as gone
 # what a worker exits with when another rank's loss stopped it, or when the agent stopped it: not a cause
-NOT_A_CAUSE = (EXIT_LOST_RANK, EXIT_NO_ANSWER, -signal.SIGTERM)
+NOT_A_CAUSE = (EXIT_LOST_RANK, EXIT_NO_ANSWER, EXIT_STOPPED_EARLY, -signal.SIGTERM)
 
 
 def launch_elastic(

@@ -31,6 +31,10 @@ from bigtrain.errors import ConfigError
 log = logging.getLogger("bigtrain")
 
 EXIT_DEVICE_GONE = 8  # this rank's device is gone (or a drill says so): the launcher restarts without it
+# an elastic worker stopped by a signal before the last step, after its checkpoint: not the run's end (a preempted
+# node's peers stop with it, and their agent must start them again on the nodes that remain); a whole job that is
+# stopped ends anyway, since its agents got the signal themselves
+EXIT_STOPPED_EARLY = 9
 
 
 @dataclass(frozen=True)
