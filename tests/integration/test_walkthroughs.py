@@ -218,3 +218,20 @@ def test_reward_walkthrough_runs_as_written(tmp_path):
     inputs = tokenizer.apply_chat_template(messages, return_tensors="pt", return_dict=True)
     with torch.no_grad():
         assert model(**inputs).logits.shape == (1, 1)
+
+
+def test_elastic_drill_runs_as_written(tmp_path):
+    """docs/elastic.md's drill: rank 1 of 2 leaves for good before step 20; the run starts again on one rank from the
+    step-10 checkpoint and finishes, saying each in one line."""
+    (command,) = docs_commands("elastic-drill")
+    (proc,) = run_as_written([command], tmp_path)
+    said = [line for line in proc.stderr.splitlines() if line.startswith("bigtrain: elastic:")]
+    assert len(said) == 2, proc.stderr[-3000:]
+    assert said[0].startswith("bigtrain: elastic: lost rank 1 (device 1) for good; starting again on 1 rank(s)")
+    assert (
+        said[1].startswith("bigtrain: elastic: 2 -> 1 rank(s): plan fsdp2 zero3 dp=2")
+        and "-> fsdp2 zero3 dp=1" in said[1]
+    )
+    assert "resumed at step 10, 9 step(s) lost since that checkpoint" in said[1]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "drill" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 31)) and "Traceback" not in proc.stderr
