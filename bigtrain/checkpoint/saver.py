@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from bigtrain.checkpoint.base_model import base_record
+from bigtrain.checkpoint.cadence import Cadence
 from bigtrain.checkpoint.export import HfFiles, write_hf_files
 from bigtrain.checkpoint.layout import (
     HF_FILES,
@@ -93,13 +95,18 @@ class Checkpointer:
         # an adapter run's checkpoints omit the frozen base: they name it and pin its files (rank 0 writes it)
         adapters = cfg.train.method in ADAPTER_METHODS and self.rank == 0
         self.base = base_record(cfg.model.name_or_path) if adapters else None
+        self.cadence = Cadence(cfg.checkpoint, dist.get_world_size(), device, self.rank == 0)
 
     def due(self, step: int) -> bool:
-        every = self.cfg.checkpoint.every
-        return every > 0 and step % every == 0
+        return self.cadence.due(step)
 
     def save(self, step: int, tokens: int) -> None:
         """Save the state after ``step`` optimizer steps (collective: every rank, same step)."""
+        start = time.perf_counter()
+        self._save(step, tokens)
+        self.cadence.saved(time.perf_counter() - start)  # what the loop waited: checkpoint.every auto measures it
+
+    def _save(self, step: int, tokens: int) -> None:
         self.wait()
         stream = self.stream_position(step) if self.stream_position is not None else None
         own = self.step_source_state(step) if self.step_source_state is not None else None
@@ -122,6 +129,7 @@ class Checkpointer:
 
     def poll(self) -> None:
         """Publish a background save that has finished (cheap; called at every step boundary)."""
+        self.cadence.stepped()
         if self._pending is not None and self._pending.future.done():
             self.wait()
 

@@ -94,6 +94,8 @@ MINIMUMS: dict[str, float] = {
     "parallel.pp": 1,
     "checkpoint.every": 0,
     "checkpoint.keep": 1,
+    "checkpoint.mtbf_hours": 0.001,
+    "checkpoint.gpu_mtbf_hours": 0.001,
 }
 
 
@@ -156,7 +158,7 @@ def check_minimum(key: str, value: Any, shown: str | None = None) -> None:
     """Raise if the dotted recipe ``key`` has a known minimum and ``value`` is below it; ``shown`` names the key
     as the user wrote it (e.g. ``--fix tp``)."""
     minimum = MINIMUMS.get(key)
-    if minimum is not None and value is not None and value < minimum:
+    if minimum is not None and isinstance(value, (int, float)) and value < minimum:  # (not auto)
         raise ConfigError(f"{shown or key}={value} must be at least {minimum}")
 
 

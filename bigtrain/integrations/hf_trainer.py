@@ -49,7 +49,8 @@ def export_hf_trainer(cfg: RecipeConfig, plan: Plan, hf_config: Any, block_class
         "fp16": train.mixed_precision == "fp16",
         "seed": train.seed,
         "save_strategy": "steps" if cfg.checkpoint.every else "no",
-        "save_steps": cfg.checkpoint.every or 500,
+        # every: auto is decided during the run; the Trainer takes a number (its default)
+        "save_steps": cfg.checkpoint.every if isinstance(cfg.checkpoint.every, int) and cfg.checkpoint.every else 500,
         "save_total_limit": cfg.checkpoint.keep,
         "logging_steps": 1,
         "report_to": REPORT_TO[train.log_to],
