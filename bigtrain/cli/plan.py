@@ -115,6 +115,12 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
         "--legend", action="store_true", help="explain every abbreviation of the plan names and every column"
     )
     parser.add_argument(
+        "--losses",
+        metavar="N,M",
+        help="also plan for the GPUs left after losing N (and M...) of them, as bigtrain train --elastic would, and "
+        "show each plan's step time: what a failure costs (e.g. 1,8: one GPU, one node of 8)",
+    )
+    parser.add_argument(
         "--scaling",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -131,8 +137,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
 
         print("\n".join(["plan names:", *legend(), "", "columns:", f"  {COLUMNS}"]))
         return 0
-    result = plan(
-        args.model,
+    asked = dict(
         recipe=args.recipe,
         gpus=args.gpus,
         gpu=args.gpu,
@@ -166,6 +171,18 @@ def run_plan_command(args: argparse.Namespace) -> int:
         ),
         _spell=CLI,
     )
+    result = plan(args.model, **asked)
+    losses = None
+    if args.losses is not None:
+        from bigtrain.cli.plan_losses import losses_table, parse_losses
+
+        lost = parse_losses(args.losses, result.cluster.num_gpus)
+        # the same global batch on fewer GPUs (a count left unset would follow the GPUs: 512 on 8, 511 on 7)
+        kept = {**asked, "global_batch_size": result.workload.global_batch_size}
+        per_node = result.cluster.gpus_per_node
+        losses = losses_table(
+            result, lambda n: plan(args.model, **{**kept, "gpus": n, "gpus_per_node": min(per_node, n)}), lost
+        )
     out = result.to_dict(include_unrunnable=args.all)
     if args.simulate and result.searched[0].runnable:
         from bigtrain.measure.simulate import not_simulated
@@ -183,6 +200,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
             own = _recipe_s_own_plan(args, result)
             print(own + "\n" if own else "", end="")
         print(result.explain(show_unrunnable=args.all, scaling=args.scaling))
+        if losses is not None:
+            print(f"\n{losses}")
         if "simulated" in out:
             simulated, best = out["simulated"]["peak_bytes"], result.plan
             where = f"rank 0 of {best.world_size}"
