@@ -24,7 +24,8 @@ if _folder:
 
     def _logged(self, step):
         index = self.order.micro_batches(step, self.dp_rank, self.dp_size, self.micro_batch_size)
-        entry = {"step": step, "world": int(os.environ.get("WORLD_SIZE", "1")), "rows": [int(r) for r in index.ravel()]}
+        entry = {"step": step, "world": int(os.environ.get("WORLD_SIZE", "1")), "dp": [self.dp_rank, self.dp_size],
+                 "rows": [int(r) for r in index.ravel()]}
         with open(os.path.join(_folder, f"{os.getpid()}.jsonl"), "a") as f:
             f.write(json.dumps(entry) + "\\n")
         return _read(self, step)
@@ -48,9 +49,14 @@ def _recipe(tmp_path, out: str, **parallel) -> str:
     return str(write_recipe(tmp_path / f"{out}.yaml", recipe))
 
 
+# the plan lost from: FSDP2 over 4 ranks with accumulation, or FSDP2 x tp=2 (the re-plan also drops tp)
+FROM = {"fsdp2": dict(dp_shard=4), "fsdp2-tp2": dict(dp_shard=2, tp=2)}
+
+
 @pytest.mark.full  # three launches of 3-4 ranks
+@pytest.mark.parametrize("lost_from", list(FROM))
 def test_a_rank_lost_for_good_is_replanned_on_the_rest_and_trains_as_the_new_plan_written_by_hand(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, lost_from
 ):
     save_rows(tmp_path / "rows.npy", num_rows=ROWS, seq_len=17, learnable=True)
     (tmp_path / "site").mkdir()
@@ -60,7 +66,7 @@ def test_a_rank_lost_for_good_is_replanned_on_the_rest_and_trains_as_the_new_pla
     monkeypatch.setenv("BIGTRAIN_TEST_ROW_LOG", str(tmp_path / "rows_log"))
 
     # FSDP2 over 4 ranks with accumulation; rank 3 leaves for good before step 20
-    elastic = _recipe(tmp_path, "elastic", backend="fsdp2", dp_shard=4, micro_batch_size=1)
+    elastic = _recipe(tmp_path, "elastic", backend="fsdp2", micro_batch_size=1, **FROM[lost_from])
     proc = run_cli(["train", elastic, "--nproc", "4", "--elastic", "--lose-rank", f"3@{LOST_AT}"], timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -71,8 +77,9 @@ def test_a_rank_lost_for_good_is_replanned_on_the_rest_and_trains_as_the_new_pla
         f"bigtrain: elastic: lost rank 3 (device 3) for good; starting again on 3 rank(s), restart 1 of at most 3 "
         f"(the last good checkpoint is {tmp_path / 'elastic' / 'checkpoints' / f'step_{resumed}'})"
     ), said[0]
-    # the recipe's dp_shard=4 cannot run on 3 ranks: the planner chose DDP (a model this small) with the same batch
-    assert said[1].startswith("bigtrain: elastic: 4 -> 3 rank(s): plan fsdp2 zero3 dp=4 tp=1 pp=1 ac=none mb=1"), said
+    # the recipe's plan cannot run on 3 ranks: the planner chose DDP (a model this small) with the same batch
+    dp, tp = (4, 1) if lost_from == "fsdp2" else (2, 2)
+    assert said[1].startswith(f"bigtrain: elastic: 4 -> 3 rank(s): plan fsdp2 zero3 dp={dp} tp={tp} pp=1 ac=none mb=1")
     assert "-> ddp dp=3 tp=1 pp=1 ac=none mb=4 (" in said[1], said[1]
     lost = LOST_AT - 1 - resumed
     assert said[1].endswith("s") and f"resumed at step {resumed}, {lost} step(s) lost since that checkpoint" in said[1]
@@ -81,16 +88,20 @@ def test_a_rank_lost_for_good_is_replanned_on_the_rest_and_trains_as_the_new_pla
 
     # every row of the epoch once: each step's rows as its last attempt read them (the steps after the checkpoint
     # were read by 4 ranks, lost, and read again by 3)
-    read: dict[tuple[int, int], list[list[int]]] = defaultdict(list)
+    read: dict[tuple[int, int], dict[int, list[int]]] = defaultdict(dict)  # (step, world) -> dp rank -> rows
+    sizes: dict[tuple[int, int], int] = {}
     for log in (tmp_path / "rows_log").iterdir():
         for line in log.read_text().splitlines():
             entry = json.loads(line)
-            read[entry["step"], entry["world"]].append(entry["rows"])
+            (dp_rank, dp_size), key = entry["dp"], (entry["step"], entry["world"])
+            # ranks of one data-parallel rank (tensor-parallel peers) read the same rows
+            assert read[key].setdefault(dp_rank, entry["rows"]) == entry["rows"], key
+            sizes[key] = dp_size
     rows = []
     for step in range(STEPS):
-        world = 3 if step >= resumed else 4
-        assert len(read[step, world]) == world, (step, world)
-        rows += [r for rank_rows in read[step, world] for r in rank_rows]
+        key = (step, 3 if step >= resumed else 4)
+        assert len(read[key]) == sizes[key], (key, sorted(read[key]))
+        rows += [r for rank_rows in read[key].values() for r in rank_rows]
     assert sorted(rows) == list(range(ROWS))
 
     # the new plan written by hand, started from the same checkpoint
