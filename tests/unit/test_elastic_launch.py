@@ -1,0 +1,50 @@
+"""What the elastic launcher takes out after a failed attempt (cli/elastic_launch.py): a lost device at once; a rank
+that fails otherwise twice in a row; never the ranks a failure only stopped; a bad-input line is not a loss."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from bigtrain.cli.elastic_launch import SLOT_TRIES, _gone, _input_failure, _what_happened
+from bigtrain.cli.failures import EXIT_LOST_RANK
+from bigtrain.train.elastic import EXIT_DEVICE_GONE
+
+
+def failure(local_rank: int, exitcode: int, tmp_path, line: str | None = None, code: int = 2) -> ProcessFailure:
+    error_file = tmp_path / f"error{local_rank}.json"
+    if line is not None:  # what a worker's cli/failures.say writes for the launcher
+        info = {"timestamp": "0", "exitcode": str(code)}
+        error_file.write_text(json.dumps({"message": {"message": line, "extraInfo": info}}))
+    return ProcessFailure(local_rank, 1000 + local_rank, exitcode, str(error_file))
+
+
+def test_a_lost_device_is_taken_out_at_once_and_its_peers_are_not(tmp_path):
+    slots, strikes = [0, 1, 2, 3], Counter()
+    failures = {3: failure(3, EXIT_DEVICE_GONE, tmp_path), 0: failure(0, EXIT_LOST_RANK, tmp_path)}
+    failures[1] = failure(1, -signal.SIGTERM, tmp_path)
+    assert _gone(failures, slots, strikes) == {3}
+    assert _what_happened(failures, slots, {3}) == "lost rank 3 (device 3) for good"
+    # the slots are devices: after a loss, rank 1 of [0, 2, 3] stands on device 2
+    assert _gone({1: failure(1, EXIT_DEVICE_GONE, tmp_path)}, [0, 2, 3], Counter()) == {2}
+
+
+def test_a_rank_that_fails_again_each_time_is_taken_out_after_the_tries(tmp_path):
+    slots, strikes = [0, 1], Counter()
+    crashed = {1: failure(1, -signal.SIGKILL, tmp_path), 0: failure(0, EXIT_LOST_RANK, tmp_path)}
+    for attempt in range(1, SLOT_TRIES):
+        assert _gone(crashed, slots, strikes) == set(), attempt
+        assert _what_happened(crashed, slots, set()) == "rank 1 failed (killed by SIGKILL)"
+    assert _gone(crashed, slots, strikes) == {1}
+    strikes = Counter({1: SLOT_TRIES - 1})  # a success in between starts the count again
+    assert _gone({0: failure(0, 1, tmp_path)}, slots, strikes) == set() and strikes[1] == 0
+
+
+def test_bad_input_is_the_run_s_stop_not_a_loss(tmp_path):
+    said = failure(0, 2, tmp_path, line="error: train.lr=0 would leave the model as it is")
+    assert _input_failure({0: said}) == "error: train.lr=0 would leave the model as it is"
+    lost = failure(0, EXIT_LOST_RANK, tmp_path, line="error: lost contact with another rank", code=EXIT_LOST_RANK)
+    assert _input_failure({0: lost}) is None
