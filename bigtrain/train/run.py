@@ -21,13 +21,11 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from bigtrain.checkpoint.adapter_export import export_adapter
-from bigtrain.checkpoint.export import HfFiles, export_model
+from bigtrain.checkpoint.export import HfFiles
 from bigtrain.checkpoint.loader import load_checkpoint
 from bigtrain.checkpoint.lock import OutputDirLock
-from bigtrain.checkpoint.run_dir import FINAL_ADAPTER, FINAL_MODEL, prepare_output_dir
+from bigtrain.checkpoint.run_dir import prepare_output_dir
 from bigtrain.checkpoint.saver import Checkpointer
-from bigtrain.checkpoint.storage import is_disk_full, storage_problem
 from bigtrain.config.load import dump_recipe, recipe_warnings
 from bigtrain.config.plan import Plan
 from bigtrain.config.resolve import parallel_of, resolve_plan
@@ -35,7 +33,7 @@ from bigtrain.config.schema import ADAPTER_METHODS, RecipeConfig
 from bigtrain.data.loader import EvalLoader, StepLoader
 from bigtrain.data.order import GlobalOrder
 from bigtrain.engine import Engine, build_engine, build_options
-from bigtrain.errors import CheckpointNotWritten, ConfigError
+from bigtrain.errors import ConfigError
 from bigtrain.job import Job
 from bigtrain.models.build import model_shapes
 from bigtrain.parallel.transforms.adapters import trained_shapes
@@ -56,6 +54,7 @@ from bigtrain.runtime import (
 from bigtrain.train import start_up
 from bigtrain.train.checks import check_offload_host_memory
 from bigtrain.train.elastic import Elastic, check_device, planned_or_stop, replan_line, written_or_replanned
+from bigtrain.train.final_model import write_final_model
 from bigtrain.train.loop import StartPoint, TrainLoop, TrainResult
 from bigtrain.train.metrics import format_bytes
 from bigtrain.train.optim import build_optimizer, build_scheduler
@@ -81,28 +80,6 @@ def run_training(
         # output_dir is the run's until its final model is written; a clean end leaves no lock file behind
         job.output_lock.release(remove=ended)
     return result
-
-
-def write_final_model(cfg: RecipeConfig, result: TrainResult, job: Job) -> None:
-    """Rank 0: the finished run's last checkpoint as an HF folder in output_dir/model, or for an adapter run as
-    peft's adapter folder in output_dir/adapter (unless opted out)."""
-    if not cfg.checkpoint.save_final_model or result.stopped or result.checkpoint is None:
-        return
-    adapters = cfg.train.method in ADAPTER_METHODS
-    out = Path(cfg.output_dir) / (FINAL_ADAPTER if adapters else FINAL_MODEL)
-    try:
-        if adapters:
-            export_adapter(result.checkpoint, out, job.task.peft_task_type)
-        else:
-            export_model(result.checkpoint, out)
-    except Exception as e:  # an OSError, or safetensors' own SafetensorError (not an OSError) for a full disk
-        if not is_disk_full(e, out):
-            raise
-        raise CheckpointNotWritten(
-            f"the final model could not be written to {out}: {storage_problem(e, out)}; the last checkpoint "
-            f"{result.checkpoint} holds it: free space, then bigtrain export-model {result.checkpoint} -o {out}"
-        ) from e
-    log.info("final %s (step %d) written to %s", "adapter" if adapters else "model", result.last_step, out)
 
 
 class TrainingJob:

@@ -19,7 +19,8 @@ from torch.distributed.tensor import DTensor
 
 from bigtrain.config.load import load_recipe
 from bigtrain.runtime import init_process_group, pick_device, read_launch_env
-from bigtrain.train.run import TrainingJob, write_final_model
+from bigtrain.train.final_model import write_final_model
+from bigtrain.train.run import TrainingJob
 
 
 def main(*pairs: str) -> None:
