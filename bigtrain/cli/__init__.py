@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from bigtrain import __version__
+from bigtrain.cli.elastic_args import add_elastic_arguments
 from bigtrain.cli.export import add_export_arguments, run_export_command
 from bigtrain.cli.failures import (
     EXIT_AFTER,
@@ -107,27 +108,7 @@ def _parser() -> argparse.ArgumentParser:
         help="with parallel.replica_failures=continue: this job is replica group I of the run (--nproc sets it; "
         "under torchrun, start one job per group; docs/slow-links.md)",
     )
-    train.add_argument(
-        "--elastic",
-        action="store_true",
-        help="keep training when ranks are lost: start again on the ones that remain, re-planned where the recipe's "
-        "plan does not run on them, from the newest good checkpoint (with --nproc, or under torchrun --nnodes "
-        "MIN:MAX; docs/elastic.md)",
-    )
-    train.add_argument(
-        "--min-nproc", type=int, default=1, metavar="M", help="with --elastic --nproc: stop when fewer ranks remain"
-    )
-    train.add_argument(
-        "--max-restarts", type=int, default=3, metavar="R", help="with --elastic --nproc: start again at most R times"
-    )
-    train.add_argument(
-        "--lose-rank",
-        default=None,
-        metavar="R@STEP",
-        help="with --elastic: a drill, rank R leaves for good before step STEP, as if its GPU were gone",
-    )
-    # set by the elastic launcher for its workers: when it saw the last loss (the re-plan line's restart time)
-    train.add_argument("--lost-at", type=float, default=None, help=argparse.SUPPRESS)
+    add_elastic_arguments(train)
     train.add_argument(
         "--dry-run",
         action="store_true",
@@ -306,7 +287,14 @@ def _elastic(args: argparse.Namespace, env: LaunchEnv) -> Any:
         raise ConfigError(f"--min-nproc={args.min_nproc} must be between 1 and --nproc={args.nproc}")
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts={args.max_restarts} must be 0 or more")
+    if args.replica_group is not None:
+        raise ConfigError(
+            "--elastic with --replica-group is not built yet (torchft keeps the other groups training); use one or "
+            "the other"
+        )
     lose = parse_lose_rank(args.lose_rank) if args.lose_rank is not None else None
+    if lose is not None and args.nproc is None and not args.quiet_failures:  # its workers are launched, quiet
+        raise ConfigError("--lose-rank is a drill of bigtrain's own launcher: use it with --nproc N --elastic")
     if lose is not None and args.nproc is not None and lose[0] >= args.nproc:
         raise ConfigError(f"--lose-rank={args.lose_rank}: rank {lose[0]} is not one of --nproc={args.nproc}'s ranks")
     return Elastic(lose, args.lost_at)
@@ -349,6 +337,11 @@ def _train(args: argparse.Namespace, cfg: RecipeConfig, env: LaunchEnv) -> int:
 
     _check_nproc(args)
     elastic = _elastic(args, env)
+    if elastic is not None and cfg.parallel.options.get("replica_failures") == "continue":
+        raise ConfigError(
+            "--elastic with parallel.replica_failures=continue is not built yet (torchft keeps the other groups "
+            "training); use one or the other"
+        )
     group = None if args.replica_group is None else ReplicaGroup.of(args.replica_group, cfg)
     cfg = group.recipe(cfg) if group is not None else cfg
     if args.dry_run:
@@ -378,11 +371,6 @@ def _train(args: argparse.Namespace, cfg: RecipeConfig, env: LaunchEnv) -> int:
         plan_start(resolve(cfg).cfg)
         sets = [a for o in args.overrides for a in ("--set", o)]
         if elastic is not None:
-            if plan is not None and survives_failures(plan):
-                raise ConfigError(
-                    "--elastic with parallel.replica_failures=continue is not built yet (torchft keeps the other "
-                    "groups training); use one or the other"
-                )
             from bigtrain.cli.elastic_launch import launch_elastic
 
             own = ["-v"] * args.verbose + ["train", args.recipe, *sets, "--quiet-failures"]
@@ -398,11 +386,10 @@ def _train(args: argparse.Namespace, cfg: RecipeConfig, env: LaunchEnv) -> int:
         worker_args += ["--replica-group", str(group.index)] if group is not None else []
         restarts = GROUP_RESTARTS if group is not None else 0
         return launch_local(args.nproc, worker_args, cfg.output_dir, args.verbose, max_restarts=restarts)
-    from bigtrain.train.elastic import written_or_replanned
     from bigtrain.train.run import run_training
 
-    # (an elastic run's written plan that does not run on this world is re-planned: it has no replica groups then)
-    written_or_replanned(lambda: check_group_jobs(cfg, env.world_size, group), elastic)
+    if elastic is None:  # (an elastic run has no replica groups: refused above)
+        check_group_jobs(cfg, env.world_size, group)
     result = run_training(cfg, group, elastic)
     if result.stopped and elastic is not None:  # a peer's node was stopped: the agent starts this one again
         from bigtrain.train.elastic import EXIT_STOPPED_EARLY

@@ -25,6 +25,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from bigtrain.cli.failures import EXIT_LOST_RANK, EXIT_NO_ANSWER, last_good_checkpoint
 from bigtrain.cli.launch import own_code, own_line, run_workers, say_root_cause, write_line
+from bigtrain.errors import ConfigError
 from bigtrain.train.elastic import EXIT_DEVICE_GONE, EXIT_STOPPED_EARLY
 
 SLOT_TRIES = 2  # a slot whose worker failed this many times in a row (not as a lost device) is taken as gone
@@ -93,7 +94,13 @@ def _visible_devices(nproc: int) -> list[str] | None:
     if not torch.cuda.is_available():
         return None
     given = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return given.split(",")[:nproc] if given else [str(i) for i in range(nproc)]
+    devices = given.split(",") if given else [str(i) for i in range(torch.cuda.device_count())]
+    if len(devices) < nproc:
+        raise ConfigError(
+            f"--nproc={nproc} with {len(devices)} GPU(s) visible (CUDA_VISIBLE_DEVICES={given!r}): one rank per GPU; "
+            f"use --nproc {len(devices)} or show more GPUs"
+        )
+    return devices[:nproc]
 
 
 def _input_failure(failures: dict[int, ProcessFailure]) -> str | None:
@@ -105,16 +112,21 @@ def _input_failure(failures: dict[int, ProcessFailure]) -> str | None:
     return None
 
 
+def _causes(failures: dict[int, ProcessFailure]) -> list[ProcessFailure]:
+    """The failures that may be a device's: a worker killed by a signal of its own (SIGKILL from the OOM killer, a
+    fault), among the first the agent saw. The agent records the workers it then stops too (SIGTERM, and SIGKILL
+    after its grace period for one stuck in a collective with the dead rank): those come later and are not causes.
+    A worker that exits with an error (a Python exception) is not a lost device either: it is tried again on the
+    same world until --max-restarts."""
+    first = min(f.timestamp for f in failures.values())
+    return [f for f in failures.values() if f.timestamp == first and f.exitcode < 0 and f.exitcode not in NOT_A_CAUSE]
+
+
 def _gone(failures: dict[int, ProcessFailure], slots: list[int], strikes: Counter[int]) -> set[int]:
-    """The slots taken out after this attempt: a lost device at once, a slot that failed ``SLOT_TRIES`` times in a
-    row; every other slot's count starts again."""
-    gone, causes = set(), set()
-    for failure in failures.values():
-        slot = slots[failure.local_rank]
-        if failure.exitcode == EXIT_DEVICE_GONE:
-            gone.add(slot)
-        elif failure.exitcode not in NOT_A_CAUSE:
-            causes.add(slot)
+    """The slots taken out after this attempt: a lost device at once, a slot whose worker was killed
+    ``SLOT_TRIES`` times in a row; every other slot's count starts again."""
+    gone = {slots[f.local_rank] for f in failures.values() if f.exitcode == EXIT_DEVICE_GONE}
+    causes = {slots[f.local_rank] for f in _causes(failures)}
     for slot in slots:
         strikes[slot] = strikes[slot] + 1 if slot in causes else 0
         if strikes[slot] >= SLOT_TRIES:
@@ -129,6 +141,6 @@ def _what_happened(failures: dict[int, ProcessFailure], slots: list[int], gone: 
         named = ", ".join(f"rank {by_slot[s][0]} (device {s})" if s in by_slot else f"device {s}" for s in sorted(gone))
         return f"lost {named} for good"
     causes = [(rank, f) for rank, f in failures.items() if f.exitcode not in NOT_A_CAUSE]
-    rank, failure = min(causes or failures.items(), key=lambda item: item[0])
+    rank, failure = min(causes or failures.items(), key=lambda item: (item[1].timestamp, item[0]))
     how = f"killed by {signal.Signals(-failure.exitcode).name}" if failure.exitcode < 0 else f"exit {failure.exitcode}"
     return f"rank {rank} failed ({how})"

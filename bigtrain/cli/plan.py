@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bigtrain.config.schema import FP8_CHOICES, METHODS, PRECISIONS
 from bigtrain.objectives import OBJECTIVES
@@ -130,59 +130,19 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_plan_command(args: argparse.Namespace) -> int:
     from bigtrain.api.planning import plan
-    from bigtrain.api.request import CLI
 
     if args.legend:
         from bigtrain.planner.explain import COLUMNS, legend
 
         print("\n".join(["plan names:", *legend(), "", "columns:", f"  {COLUMNS}"]))
         return 0
-    asked = dict(
-        recipe=args.recipe,
-        gpus=args.gpus,
-        gpu=args.gpu,
-        gpu_memory=args.gpu_memory,
-        gpus_per_node=args.gpus_per_node,
-        host_memory=args.host_memory,
-        seq_len=args.seq_len,
-        global_batch_size=args.global_batch_size,
-        mixed_precision=args.mixed_precision,
-        method=args.method,
-        lora_r=args.lora_r,
-        compile=args.compile,
-        fp8=args.fp8,
-        fix=args.fix,
-        hardware_profile=args.hardware_profile,
-        allow_unrunnable=args.all,
-        image_size=args.image_size,
-        images_per_row=args.images_per_row,
-        inter_node_bandwidth=args.inter_node_bandwidth,
-        inter_node_latency=args.inter_node_latency,
-        sites=args.sites,
-        site_bandwidth=args.site_bandwidth,
-        site_latency=args.site_latency,
-        objective=args.objective,
-        epochs=args.epochs,
-        rollout=dict(
-            prompt_length=args.prompt_length,
-            completion_length=args.completion_length,
-            num_generations=args.num_generations,
-            beta=args.beta,
-        ),
-        _spell=CLI,
-    )
+    asked = _asked(args)
     result = plan(args.model, **asked)
     losses = None
     if args.losses is not None:
-        from bigtrain.cli.plan_losses import losses_table, parse_losses
+        from bigtrain.cli.plan_losses import after_losses
 
-        lost = parse_losses(args.losses, result.cluster.num_gpus)
-        # the same global batch on fewer GPUs (a count left unset would follow the GPUs: 512 on 8, 511 on 7)
-        kept = {**asked, "global_batch_size": result.workload.global_batch_size}
-        per_node = result.cluster.gpus_per_node
-        losses = losses_table(
-            result, lambda n: plan(args.model, **{**kept, "gpus": n, "gpus_per_node": min(per_node, n)}), lost
-        )
+        losses = after_losses(args.losses, result, lambda **changed: plan(args.model, **{**asked, **changed}))
     out = result.to_dict(include_unrunnable=args.all)
     if args.simulate and result.searched[0].runnable:
         from bigtrain.measure.simulate import not_simulated
@@ -218,6 +178,46 @@ def run_plan_command(args: argparse.Namespace) -> int:
         )
         return EXIT_NO_FIT
     return 0
+
+
+def _asked(args: argparse.Namespace) -> dict[str, Any]:
+    """The command's arguments as ``bigtrain.plan``'s keywords."""
+    from bigtrain.api.request import CLI
+
+    return dict(
+        recipe=args.recipe,
+        gpus=args.gpus,
+        gpu=args.gpu,
+        gpu_memory=args.gpu_memory,
+        gpus_per_node=args.gpus_per_node,
+        host_memory=args.host_memory,
+        seq_len=args.seq_len,
+        global_batch_size=args.global_batch_size,
+        mixed_precision=args.mixed_precision,
+        method=args.method,
+        lora_r=args.lora_r,
+        compile=args.compile,
+        fp8=args.fp8,
+        fix=args.fix,
+        hardware_profile=args.hardware_profile,
+        allow_unrunnable=args.all,
+        image_size=args.image_size,
+        images_per_row=args.images_per_row,
+        inter_node_bandwidth=args.inter_node_bandwidth,
+        inter_node_latency=args.inter_node_latency,
+        sites=args.sites,
+        site_bandwidth=args.site_bandwidth,
+        site_latency=args.site_latency,
+        objective=args.objective,
+        epochs=args.epochs,
+        rollout=dict(
+            prompt_length=args.prompt_length,
+            completion_length=args.completion_length,
+            num_generations=args.num_generations,
+            beta=args.beta,
+        ),
+        _spell=CLI,
+    )
 
 
 def _recipe_s_own_plan(args: argparse.Namespace, result: PlanResult) -> str | None:

@@ -25,6 +25,14 @@ def parse_losses(text: str, gpus: int) -> list[int]:
     return sorted(set(losses))
 
 
+def after_losses(text: str, full: Any, plan: Callable[..., Any]) -> str:
+    """``--losses``' table: ``plan(**changed)`` is the command's planning with some of its arguments changed."""
+    lost = parse_losses(text, full.cluster.num_gpus)
+    # the same global batch on fewer GPUs (a count left unset would follow the GPUs: 512 on 8, 511 on 7)
+    kept, per_node = full.workload.global_batch_size, full.cluster.gpus_per_node
+    return losses_table(full, lambda n: plan(gpus=n, gpus_per_node=min(per_node, n), global_batch_size=kept), lost)
+
+
 def losses_table(full: Any, replan: Callable[[int], Any], losses: list[int]) -> str:
     """The table: the plan on every GPU (``full``), then for each count lost the plan ``replan(gpus)`` finds on the
     GPUs that remain, or, where none runs on them all (a global batch they cannot split), on the most of them that

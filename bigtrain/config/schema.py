@@ -457,20 +457,13 @@ class AdapterConfig:
 @dataclass
 class CheckpointConfig:
     every: int | Literal["auto"] = doc(
-        "Save a checkpoint every this many optimizer steps; 0 saves only at the end (and on SIGTERM); auto: the "
-        "interval that minimises the time failures are expected to cost, Young/Daly's sqrt(2 x save time x MTBF), "
-        "the save time measured by a first checkpoint 10 steps after the start (said in one line).",
+        "Save a checkpoint every this many optimizer steps; 0 saves only at the end (and on SIGTERM); auto: "
+        "Young/Daly's sqrt(2 x save time x MTBF), the save timed by a first checkpoint 10 steps in.",
         default=500,
     )
-    mtbf_hours: float | None = doc(
-        "With every: auto, the job's mean time between failures in hours; unset: checkpoint.gpu_mtbf_hours divided "
-        "by the job's GPUs.",
-        default=None,
-    )
+    mtbf_hours: float | None = doc("every: auto: the job's MTBF in hours (unset: gpu_mtbf_hours / GPUs).", default=None)
     gpu_mtbf_hours: float = doc(
-        "With every: auto and no mtbf_hours, one GPU's mean time between failures in hours (the default: Llama 3's "
-        "54 days of pre-training had 419 unexpected interruptions on 16,384 GPUs, one per ~50,700 GPU-hours).",
-        default=50000.0,
+        "every: auto: one GPU's MTBF in hours (Llama 3's report: one failure per ~50,700 GPU-hours).", default=50000.0
     )
     keep: int = doc("Keep the newest this many complete checkpoints; older ones are deleted.", default=3)
     resume: bool | str = doc(

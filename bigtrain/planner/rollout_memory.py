@@ -124,11 +124,9 @@ def estimate_generation_memory(
 def reward_model_share(plan: Plan, whole: int) -> int:
     """One rank's share of the reward models: laid out as the policy, sharded over FSDP2's shards (dp_shard x cp) or
     partitioned over DeepSpeed ZeRO-3's data-parallel ranks, else whole (``objectives/grpo.reward_layout``)."""
-    if plan.backend == "fsdp2":
-        return whole // (plan.dp_shard * plan.cp)
-    if plan.backend == "deepspeed" and plan.zero_stage == 3:
-        return whole // plan.dp
-    return whole
+    from bigtrain.config.capabilities.reference import shards_of  # the frozen copies' rule: the policy's sharding
+
+    return whole // shards_of(plan)
 
 
 def with_generation(

@@ -35,6 +35,7 @@ EXIT_DEVICE_GONE = 8  # this rank's device is gone (or a drill says so): the lau
 # node's peers stop with it, and their agent must start them again on the nodes that remain); a whole job that is
 # stopped ends anyway, since its agents got the signal themselves
 EXIT_STOPPED_EARLY = 9
+TRIES = 16  # rank counts planned each way when no plan runs on the ranks that remain
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,17 @@ class Elastic:
 
     lose: tuple[int, int] | None = None  # --lose-rank: (rank, step) at which that rank leaves for good
     lost_at: float | None = None  # when the launcher saw the last loss (seconds since the epoch): the restart's time
+
+    def may_replan(self, cfg: Any) -> bool:
+        """A first start runs the recipe's plan as written (a plan that does not run is the user's to fix); a restart
+        (after a loss, or with a checkpoint to resume) may re-plan."""
+        if self.lost_at is not None:
+            return True
+        if cfg.checkpoint.resume is False:
+            return False
+        from bigtrain.checkpoint.layout import checkpoints_dir, newest_checkpoint
+
+        return Path(cfg.output_dir).is_dir() and newest_checkpoint(checkpoints_dir(cfg.output_dir)) is not None
 
     def before_step(self, rank: int, step: int) -> None:
         """Leave for good before ``step`` (1-based, the step about to run) if the drill says so for this rank."""
@@ -77,6 +89,8 @@ def check_device(device: Any) -> None:
 
     try:
         torch.ones(1, device=device).sum().item()
+    except torch.cuda.OutOfMemoryError:
+        raise  # a busy device, not a lost one
     except RuntimeError as e:
         leave(f"{device} cannot be used ({str(e).splitlines()[0][:160]}): this rank leaves the elastic run")
 
@@ -92,50 +106,76 @@ def written_or_replanned(written: Any, elastic: Elastic | None) -> tuple[Plan | 
         return None, str(e)
 
 
-def planned_or_stop(choose: Callable[[int], Any], world: int, output_dir: str) -> Any:
+def planned_or_stop(choose: Callable[[int], Any], world: int, output_dir: str, node: int = 1) -> Any:
     """``choose(world)``, the planner's choice for the ranks that remain; where it finds none, the one line that
-    names the rank counts it does find a plan for (up to twice this world) and the checkpoint kept."""
+    names the most ranks below (else the fewest above, up to twice this world) a plan runs on, in whole nodes of
+    ``node`` ranks, and the checkpoint kept. At most ``TRIES`` counts each way are planned."""
     try:
         return choose(world)
     except ConfigError as e:
         why = str(e)
-    runs = []
-    for n in range(1, 2 * world + 1):
-        if n == world:
-            continue
+
+    def runs(n: int) -> bool:
         try:
             choose(n)
         except ConfigError:
-            continue
-        runs.append(n)
-    from bigtrain.cli.failures import last_good_checkpoint  # the words every stop uses for it
+            return False
+        return True
 
-    fewer, more = [n for n in runs if n < world], [n for n in runs if n > world]
+    fewer = next((n for n in list(range(world - node, 0, -node))[:TRIES] if runs(n)), None)
+    more = None if fewer else next((n for n in list(range(world + node, 2 * world + 1, node))[:TRIES] if runs(n)), None)
     if fewer:
-        counts = f"plans run on {max(fewer)} of them: start again with {max(fewer)} rank(s)"
+        counts = f"plans run on {fewer} of them: start again with {fewer} rank(s)"
     elif more:
-        counts = f"the fewest ranks a plan runs on is {min(more)}: start again with {min(more)} or more"
+        counts = f"the fewest ranks a plan runs on is {more}: start again with {more} or more"
     else:
-        counts = f"none runs on any count up to {2 * world} either"
-    checkpoint = last_good_checkpoint(output_dir)
+        counts = f"none runs on any count up to {2 * world} tried either"
+    from bigtrain.checkpoint.layout import checkpoints_dir, newest_checkpoint
+
+    newest = newest_checkpoint(checkpoints_dir(output_dir)) if Path(output_dir).is_dir() else None
+    checkpoint = f"the last good checkpoint is {newest}" if newest is not None else "no checkpoint was written yet"
     raise ConfigError(f"elastic: no plan runs on the {world} rank(s) that remain ({why}); {counts}; {checkpoint}")
 
 
-def replan_line(saved: Any, plan: Plan, world: int, predicted: Any, output_dir: str, elastic: Elastic) -> str | None:
-    """The one line of a restart on another world (None when the checkpoint's world is this one): the plans before
-    and after and what the planner predicts of each (``predicted(plan)``), the steps lost since the checkpoint and
-    the seconds the restart took."""
-    if saved.world_size == world:
-        return None
+def plan_words(saved: dict[str, Any]) -> str:
+    """A checkpoint's plan in the plan line's words (its fields as saved, should they not make a plan today)."""
     from bigtrain.planner.names import describe
 
-    before = Plan.from_dict(saved.plan)
+    try:
+        return describe(Plan.from_dict(saved))
+    except (TypeError, ValueError, KeyError):
+        return str(saved)
+
+
+def replan_line(
+    saved: Any,
+    plan: Plan,
+    world: int,
+    predicted: Callable[..., str],
+    why: str | None,
+    output_dir: str = "",
+    lost_at: float | None = None,
+) -> str | None:
+    """The one line of a start on another world (None when the checkpoint's world is this one; ``saved`` None: no
+    checkpoint yet): the plans before and after and what the planner predicts of each (``predicted(plan,
+    world)``), why the recipe's plan does not run (``why``, None: it does), the steps lost since the checkpoint and
+    the seconds the restart took."""
+    from bigtrain.planner.names import describe
+
+    replanned = f", re-planned (the recipe's plan here: {why.split(';')[0]})" if why else ""
+    if saved is None:
+        return f"elastic: {world} rank(s), no checkpoint yet: plan {describe(plan)} ({predicted(plan)}){replanned}"
+    if saved.world_size == world:
+        return None
+    try:
+        before = f"{describe(Plan.from_dict(saved.plan))} ({predicted(Plan.from_dict(saved.plan), saved.world_size)})"
+    except (TypeError, ValueError, KeyError):
+        before = str(saved.plan)
     lost = max(_last_logged_step(output_dir) - saved.step, 0)
-    took = f", restarted in {time.time() - elastic.lost_at:.0f} s" if elastic.lost_at else ""
+    took = f", restarted in {time.time() - lost_at:.0f} s" if lost_at else ""
     return (
-        f"elastic: {saved.world_size} -> {world} rank(s): plan {describe(before)} ({predicted(before)}) -> "
-        f"{describe(plan)} ({predicted(plan)}); resumed at step {saved.step}, {lost} step(s) lost since that "
-        f"checkpoint{took}"
+        f"elastic: {saved.world_size} -> {world} rank(s): plan {before} -> {describe(plan)} ({predicted(plan)})"
+        f"{replanned}; resumed at step {saved.step}, {lost} step(s) lost since that checkpoint{took}"
     )
 
 
@@ -148,7 +188,7 @@ def _last_logged_step(output_dir: str) -> int:
             for line in f:
                 try:
                     last = max(last, int(json.loads(line).get("step", 0)))
-                except (ValueError, AttributeError):
+                except (ValueError, AttributeError, TypeError):
                     continue
     except OSError:
         return 0

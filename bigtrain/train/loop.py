@@ -107,6 +107,8 @@ class TrainLoop:
 
     def run_step(self, step: int) -> dict:
         """One optimizer step (0-based ``step``); returns its metrics record (``data_s``: the wait for its data)."""
+        if self.before_step is not None:  # an elastic run's drill: a rank that leaves for good
+            self.before_step(step + 1)
         t0 = time.perf_counter()
         batch = self.loader(step)
         waited = time.perf_counter() - t0 - batch.computed_s
@@ -178,8 +180,6 @@ class TrainLoop:
         try:
             with StopOnSignal(self.device) as stop:
                 while step < total and not stopped:
-                    if self.before_step is not None:
-                        self.before_step(step + 1)
                     t0 = time.perf_counter()
                     record = self.run_step(step)
                     dt = time.perf_counter() - t0

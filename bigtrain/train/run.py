@@ -51,9 +51,10 @@ from bigtrain.runtime import (
     smallest_free_memory,
     warn_if_accelerate_started_one_process,
 )
+from bigtrain.train import elastic as elastic_run
 from bigtrain.train import start_up
 from bigtrain.train.checks import check_offload_host_memory
-from bigtrain.train.elastic import Elastic, check_device, planned_or_stop, replan_line, written_or_replanned
+from bigtrain.train.elastic import Elastic
 from bigtrain.train.final_model import write_final_model
 from bigtrain.train.loop import StartPoint, TrainLoop, TrainResult
 from bigtrain.train.metrics import format_bytes
@@ -99,11 +100,15 @@ class TrainingJob:
         self.elastic = elastic  # a worker of an elastic run: re-planned where the written plan does not run here
         warn_if_accelerate_started_one_process(self.env)
         self.device = pick_device(self.env)
+        if elastic is not None:  # before the process group: NCCL would meet an unusable device there first
+            elastic_run.check_device(self.device)
         is_main = self.env.rank == 0
         resolved = start_up.resolve(cfg)
         world = job_world(self.env.world_size, replica_group)
+        # an elastic restart may re-plan; its first start runs the recipe as written
+        replans = elastic if elastic is not None and elastic.may_replan(resolved.cfg) else None
         # a written plan is checked before the data is read (its arithmetic and the job's rows); again with the data
-        written_or_replanned(lambda: start_up.written_plan(resolved.cfg, resolved.job, world), elastic)
+        elastic_run.written_or_replanned(lambda: start_up.written_plan(resolved.cfg, resolved.job, world), replans)
         loaded, self.start = start_up.start(start_up.read(resolved, is_main))
         if is_main:
             for warning in recipe_warnings(loaded.cfg) + list(loaded.notes):
@@ -111,7 +116,8 @@ class TrainingJob:
         self.loaded = loaded
         written = lambda: start_up.written_plan(loaded.cfg, loaded.job, world)  # noqa: E731
         self.plan: Plan | None
-        self.plan, self.replanned = written_or_replanned(written, elastic)  # replanned: why the recipe's cannot run
+        # replanned: why the recipe's plan cannot run on this world (None: it can)
+        self.plan, self.replanned = elastic_run.written_or_replanned(written, replans)
         train = loaded.cfg.train
         # plan: auto and method: auto are chosen at start-up, together, for the memory the job really has
         choose = self.plan is None or "auto" in (train.method, train.compile, train.fp8)
@@ -172,12 +178,13 @@ class TrainingJob:
                 prepare_output_dir(self.start, self.cfg)
                 if self.start.note:
                     log.info("%s", self.start.note)
-            if self.elastic is not None:
-                check_device(self.device)
             if self.options is None:
                 self.plan = self._auto_plan(smallest_free_memory(self.env, self.device))
                 self.options = self._build_options(self.plan)
             assert self.options is not None
+            if self.replanned is not None and self.start.resume_from is None and self.env.rank == 0:
+                line = elastic_run.replan_line(None, self.plan, self.env.world_size, self._prediction, self.replanned)
+                log.warning("%s", line)
             self._log_plan()
             train, objective, task = self.cfg.train, self.job.objective, self.job.task
             self.engine = build_engine(
@@ -363,9 +370,8 @@ class TrainingJob:
         if self.env.rank != 0:
             return
         rng = "restored" if resumed.rng_restored else f"not restored (saved by {saved.world_size} ranks)"
-        saved_plan = describe(Plan.from_dict(saved.plan))
         log.info("resumed from %s: step %d, saved by %d rank(s) with plan %s; RNG %s", folder, saved.step,
-                 saved.world_size, saved_plan, rng)  # fmt: skip
+                 saved.world_size, elastic_run.plan_words(saved.plan), rng)  # fmt: skip
         changed = [k for k in ("rows", "seq_len") if saved.data.get(k) != data_info[k]]
         if changed:
             log.warning(
@@ -375,8 +381,8 @@ class TrainingJob:
         if stream_line is not None:
             log.log(logging.INFO if stream_line[0] else logging.WARNING, "%s", stream_line[1])
         if self.elastic is not None and self.plan is not None:
-            world, out = self.env.world_size, self.cfg.output_dir
-            line = replan_line(saved, self.plan, world, self._prediction, out, self.elastic)
+            world, out, lost_at = self.env.world_size, self.cfg.output_dir, self.elastic.lost_at
+            line = elastic_run.replan_line(saved, self.plan, world, self._prediction, self.replanned, out, lost_at)
             if line is not None:
                 log.warning("%s", line)
 
@@ -409,7 +415,9 @@ class TrainingJob:
         if self.elastic is None:
             choice = self._choose(free, self.env.world_size)
         else:
-            choice = planned_or_stop(lambda n: self._choose(free, n), self.env.world_size, cfg.output_dir)
+            env = self.env
+            node = env.local_world_size if env.world_size > env.local_world_size else 1  # whole nodes across nodes
+            choice = elastic_run.planned_or_stop(lambda n: self._choose(free, n), env.world_size, cfg.output_dir, node)
         chose = " and ".join(
             [f"train.method={choice.method}"] * (cfg.train.method == "auto")
             + [f"train.compile={str(choice.compile).lower()}"] * (cfg.train.compile == "auto")
@@ -466,12 +474,14 @@ class TrainingJob:
             + (f" | {self._method_words()}" if self.cfg.train.method != "full" else "")
         )
 
-    def _prediction(self, plan: Plan) -> str:
-        """What the planner predicts for this plan on these devices (the plan line's check on the run)."""
+    def _prediction(self, plan: Plan, world: int | None = None) -> str:
+        """What the planner predicts for this plan on these devices (the plan line's check on the run), on ``world``
+        of them (the plan a checkpoint was saved with: its own)."""
         device = self.device
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         free = local_free_memory(self.env, device)
-        cluster = local_cluster(self.env.world_size, self.env.local_world_size, name, free)
+        world = world or self.env.world_size
+        cluster = local_cluster(world, min(self.env.local_world_size, world), name, free)
         workload = self.loaded.workload()
         return predict(self._planned(workload), plan, cluster, workload)
 

@@ -139,8 +139,13 @@ def test_a_world_no_plan_runs_on_stops_in_one_line_naming_the_ranks_that_would_w
         (["--nproc", "2", "--elastic", "--min-nproc", "3"], "--min-nproc=3 must be between 1 and --nproc=2"),
         (["--nproc", "2", "--elastic", "--lose-rank", "2@3"], "--lose-rank=2@3: rank 2 is not one of --nproc=2's"),
         (["--nproc", "2", "--elastic", "--lose-rank", "1"], "--lose-rank='1' is not RANK@STEP (e.g. 3@20"),
+        (["--nproc", "2", "--elastic", "--replica-group", "0"], "--elastic with --replica-group is not built yet"),
+        (
+            ["--nproc", "2", "--elastic", "--set", "parallel.replica_failures=continue"],
+            "--elastic with parallel.replica_failures=continue is not built yet",
+        ),
     ],
-    ids=["drill-alone", "no-launcher", "min-nproc", "rank-outside", "no-step"],
+    ids=["drill-alone", "no-launcher", "min-nproc", "rank-outside", "no-step", "replica-group", "replica-failures"],
 )
 def test_elastic_flags_that_cannot_work_are_one_line(tmp_path, capfd, args, message):
     from bigtrain.cli import main

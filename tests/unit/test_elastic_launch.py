@@ -48,3 +48,22 @@ def test_bad_input_is_the_run_s_stop_not_a_loss(tmp_path):
     assert _input_failure({0: said}) == "error: train.lr=0 would leave the model as it is"
     lost = failure(0, EXIT_LOST_RANK, tmp_path, line="error: lost contact with another rank", code=EXIT_LOST_RANK)
     assert _input_failure({0: lost}) is None
+
+
+def test_the_ranks_the_agent_stops_after_the_first_death_are_not_blamed(tmp_path):
+    """NCCL ranks stuck with the dead one are SIGKILLed by the agent after its grace period: recorded later."""
+    dead = failure(3, -signal.SIGKILL, tmp_path)
+    stuck = {rank: failure(rank, -signal.SIGKILL, tmp_path) for rank in range(3)}
+    for f in stuck.values():
+        f.timestamp = dead.timestamp + 30
+    strikes: Counter[int] = Counter()
+    for _ in range(SLOT_TRIES):
+        gone = _gone({3: dead, **stuck}, [0, 1, 2, 3], strikes)
+    assert gone == {3} and strikes[0] == strikes[1] == strikes[2] == 0
+
+
+def test_a_worker_that_raises_is_tried_again_not_taken_out(tmp_path):
+    """A Python error (exit 1) twice is a bug to see, not a device to drop: the run stops at --max-restarts."""
+    strikes: Counter[int] = Counter()
+    for _ in range(SLOT_TRIES + 1):
+        assert _gone({0: failure(0, 1, tmp_path)}, [0, 1], strikes) == set()
