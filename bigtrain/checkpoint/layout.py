@@ -102,6 +102,19 @@ def newest_checkpoint(root: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def newest_of_run(output_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint of the run in ``output_dir`` (None: none yet, or no such folder)."""
+    return newest_checkpoint(checkpoints_dir(output_dir)) if Path(output_dir).is_dir() else None
+
+
+def last_good_checkpoint(output_dir: str | os.PathLike | None) -> str:
+    """Where a restarted run resumes from: the newest complete checkpoint of ``output_dir``, in words."""
+    if output_dir is None:
+        return "no checkpoint"
+    newest = newest_of_run(output_dir)
+    return f"the last good checkpoint is {newest}" if newest is not None else "no checkpoint was written yet"
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint folder given as itself, as its ``checkpoints/`` folder or as the run's output_dir (the newest
     complete one inside); a clear error when there is none."""

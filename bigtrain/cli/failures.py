@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+from bigtrain.checkpoint.layout import last_good_checkpoint
 from bigtrain.errors import no_answer, peer_failure
 from bigtrain.runtime import LaunchEnv
 
@@ -55,16 +56,6 @@ def stop_for_lost_peer(
     say(f"error{rank_tag(env)}: {what}; {last_good_checkpoint(output_dir)}; start again to resume", env, quiet, code)
     sys.stdout.flush()
     os._exit(code)
-
-
-def last_good_checkpoint(output_dir: str | os.PathLike | None) -> str:
-    """Where a restarted run resumes from: the newest complete checkpoint of ``output_dir``, in words."""
-    from bigtrain.checkpoint.layout import checkpoints_dir, newest_checkpoint
-
-    if output_dir is None:
-        return "no checkpoint"
-    newest = newest_checkpoint(checkpoints_dir(output_dir)) if Path(output_dir).is_dir() else None
-    return f"the last good checkpoint is {newest}" if newest is not None else "no checkpoint was written yet"
 
 
 def say(message: str, env: LaunchEnv, quiet: bool, code: int) -> None:

@@ -92,6 +92,16 @@ def frozen_copy(options: BuildOptions, offloaded: bool, mesh: Any) -> BuiltModel
     return built
 
 
+def inference_engine(module: nn.Module, policy_config: dict[str, Any], **overrides: Any) -> Any:
+    """An inference-only DeepSpeed engine over a frozen ``module`` with the policy's ZeRO settings (its hooks gather
+    each module's parameters for its forward): no optimizer or schedule; ``overrides`` replace config sections."""
+    import deepspeed
+
+    config = {k: v for k, v in policy_config.items() if k not in ("optimizer", "scheduler")}
+    module, *_ = deepspeed.initialize(model=module, config={**config, **overrides}, dist_init_required=False)
+    return module
+
+
 def _frozen_forward(built: BuiltModel, options: BuildOptions) -> tuple[Callable[[Any], Any], Any]:
     """How the frozen copy runs one micro-batch, and what keeps it alive: ZeRO-3's partitioned copy through an
     inference-only DeepSpeed engine (its hooks gather each module's parameters), ZeRO-1/2's whole copy cast to the
@@ -100,11 +110,8 @@ def _frozen_forward(built: BuiltModel, options: BuildOptions) -> tuple[Callable[
     dtype = COMPUTE_DTYPES[options.mixed_precision]
     if options.plan.backend == "deepspeed":
         if options.partitioned_construction:
-            import deepspeed
-
             assert options.deepspeed_config is not None
-            config = {k: v for k, v in options.deepspeed_config.items() if k not in ("optimizer", "scheduler")}
-            module, *_ = deepspeed.initialize(model=module, config=config, dist_init_required=False)
+            module = inference_engine(module, options.deepspeed_config)
         elif dtype is not None:
             module.to(dtype)
 

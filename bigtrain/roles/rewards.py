@@ -132,14 +132,13 @@ def _shard(model: Any, mesh: Any) -> None:
 def _partitioned(model: Any, policy_config: dict[str, Any]) -> Any:
     """An inference-only DeepSpeed engine over ``model`` with the policy's ZeRO-3 settings: no optimizer or
     schedule, and DeepSpeed's dtype the one the weights were saved in (it would cast them to the policy's)."""
-    import deepspeed
     import torch
 
+    from bigtrain.roles.reference import inference_engine
+
     dtype = next(model.parameters()).dtype
-    config = {k: v for k, v in policy_config.items() if k not in ("optimizer", "scheduler", "bf16", "fp16")}
-    config["bf16"] = {"enabled": dtype == torch.bfloat16}
-    config["fp16"] = {"enabled": dtype == torch.float16}
-    engine, *_ = deepspeed.initialize(model=model, config=config, dist_init_required=False)
+    saved = {"bf16": {"enabled": dtype == torch.bfloat16}, "fp16": {"enabled": dtype == torch.float16}}
+    engine = inference_engine(model, policy_config, **saved)
     engine.eval()
     return engine
 

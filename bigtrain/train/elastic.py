@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bigtrain.checkpoint.layout import last_good_checkpoint, newest_of_run
 from bigtrain.config.plan import Plan
 from bigtrain.errors import ConfigError
 
@@ -50,11 +51,7 @@ class Elastic:
         (after a loss, or with a checkpoint to resume) may re-plan."""
         if self.lost_at is not None:
             return True
-        if cfg.checkpoint.resume is False:
-            return False
-        from bigtrain.checkpoint.layout import checkpoints_dir, newest_checkpoint
-
-        return Path(cfg.output_dir).is_dir() and newest_checkpoint(checkpoints_dir(cfg.output_dir)) is not None
+        return cfg.checkpoint.resume is not False and newest_of_run(cfg.output_dir) is not None
 
     def before_step(self, rank: int, step: int) -> None:
         """Leave for good before ``step`` (1-based, the step about to run) if the drill says so for this rank."""
@@ -130,21 +127,24 @@ def planned_or_stop(choose: Callable[[int], Any], world: int, output_dir: str, n
         counts = f"the fewest ranks a plan runs on is {more}: start again with {more} or more"
     else:
         counts = f"none runs on any count up to {2 * world} tried either"
-    from bigtrain.checkpoint.layout import checkpoints_dir, newest_checkpoint
-
-    newest = newest_checkpoint(checkpoints_dir(output_dir)) if Path(output_dir).is_dir() else None
-    checkpoint = f"the last good checkpoint is {newest}" if newest is not None else "no checkpoint was written yet"
+    checkpoint = last_good_checkpoint(output_dir)
     raise ConfigError(f"elastic: no plan runs on the {world} rank(s) that remain ({why}); {counts}; {checkpoint}")
+
+
+def _saved_plan(saved: dict[str, Any]) -> Plan | None:
+    """A checkpoint's plan as a Plan (None: its fields as saved no longer make one)."""
+    try:
+        return Plan.from_dict(saved)
+    except (TypeError, ValueError, KeyError):
+        return None
 
 
 def plan_words(saved: dict[str, Any]) -> str:
     """A checkpoint's plan in the plan line's words (its fields as saved, should they not make a plan today)."""
     from bigtrain.planner.names import describe
 
-    try:
-        return describe(Plan.from_dict(saved))
-    except (TypeError, ValueError, KeyError):
-        return str(saved)
+    plan = _saved_plan(saved)
+    return describe(plan) if plan is not None else str(saved)
 
 
 def replan_line(
@@ -167,10 +167,8 @@ def replan_line(
         return f"elastic: {world} rank(s), no checkpoint yet: plan {describe(plan)} ({predicted(plan)}){replanned}"
     if saved.world_size == world:
         return None
-    try:
-        before = f"{describe(Plan.from_dict(saved.plan))} ({predicted(Plan.from_dict(saved.plan), saved.world_size)})"
-    except (TypeError, ValueError, KeyError):
-        before = str(saved.plan)
+    old = _saved_plan(saved.plan)
+    before = f"{describe(old)} ({predicted(old, saved.world_size)})" if old is not None else str(saved.plan)
     lost = max(_last_logged_step(output_dir) - saved.step, 0)
     took = f", restarted in {time.time() - lost_at:.0f} s" if lost_at else ""
     return (
