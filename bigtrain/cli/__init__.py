@@ -264,10 +264,6 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-# how often a replica group's workers are started again after one of them died (replica_failures: continue)
-GROUP_RESTARTS = 3
-
-
 def _check_nproc(args: argparse.Namespace) -> None:
     if args.nproc is not None and args.nproc < 1:
         raise ConfigError(f"--nproc={args.nproc} must be at least 1")
@@ -287,17 +283,31 @@ def _elastic(args: argparse.Namespace, env: LaunchEnv) -> Any:
         raise ConfigError(f"--min-nproc={args.min_nproc} must be between 1 and --nproc={args.nproc}")
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts={args.max_restarts} must be 0 or more")
-    if args.replica_group is not None:
-        raise ConfigError(
-            "--elastic with --replica-group is not built yet (torchft keeps the other groups training); use one or "
-            "the other"
-        )
     lose = parse_lose_rank(args.lose_rank) if args.lose_rank is not None else None
     if lose is not None and args.nproc is None and not args.quiet_failures:  # its workers are launched, quiet
         raise ConfigError("--lose-rank is a drill of bigtrain's own launcher: use it with --nproc N --elastic")
     if lose is not None and args.nproc is not None and lose[0] >= args.nproc:
         raise ConfigError(f"--lose-rank={args.lose_rank}: rank {lose[0]} is not one of --nproc={args.nproc}'s ranks")
     return Elastic(lose, args.lost_at)
+
+
+def _launch_elastic_groups(
+    args: argparse.Namespace, cfg: RecipeConfig, groups: int, sets: list[str], elastic: Any
+) -> int:
+    """``--nproc N --elastic`` with replica groups that survive failures: one group fewer after each group lost."""
+    from dataclasses import replace
+
+    from bigtrain.cli.elastic_groups import launch_elastic_groups
+    from bigtrain.config.resolve import resolve_plan
+
+    per_group = args.nproc // groups
+    own = ["-v"] * args.verbose + ["train", args.recipe, *sets]
+
+    def check(n: int) -> None:
+        resolve_plan(replace(cfg.parallel, dp_replicate=n), n * per_group, cfg.train)
+
+    limits = (args.min_nproc, args.max_restarts)
+    return launch_elastic_groups(args.nproc, groups, own, cfg.output_dir, limits, elastic.lose, check)
 
 
 def _probe(args: argparse.Namespace, env: LaunchEnv) -> int:
@@ -333,15 +343,16 @@ def _recipe(args: argparse.Namespace) -> RecipeConfig:
 
 
 def _train(args: argparse.Namespace, cfg: RecipeConfig, env: LaunchEnv) -> int:
-    from bigtrain.train.replica_groups import ReplicaGroup, check_group_jobs, job_world, survives_failures
+    from bigtrain.train.replica_groups import (
+        GROUP_RESTARTS,
+        ReplicaGroup,
+        check_group_jobs,
+        job_world,
+        survives_failures,
+    )
 
     _check_nproc(args)
     elastic = _elastic(args, env)
-    if elastic is not None and cfg.parallel.options.get("replica_failures") == "continue":
-        raise ConfigError(
-            "--elastic with parallel.replica_failures=continue is not built yet (torchft keeps the other groups "
-            "training); use one or the other"
-        )
     group = None if args.replica_group is None else ReplicaGroup.of(args.replica_group, cfg)
     cfg = group.recipe(cfg) if group is not None else cfg
     if args.dry_run:
@@ -370,12 +381,21 @@ def _train(args: argparse.Namespace, cfg: RecipeConfig, env: LaunchEnv) -> int:
         # a finished run (RunFinished) starts no workers; compared as the workers will, its objective resolved
         plan_start(resolve(cfg).cfg)
         sets = [a for o in args.overrides for a in ("--set", o)]
+        if elastic is not None and group is None and plan is not None and survives_failures(plan):
+            return _launch_elastic_groups(args, cfg, plan.dp_replicate, sets, elastic)
         if elastic is not None:
             from bigtrain.cli.elastic_launch import launch_elastic
 
             own = ["-v"] * args.verbose + ["train", args.recipe, *sets, "--quiet-failures"]
             return launch_elastic(
-                args.nproc, own, cfg.output_dir, args.min_nproc, args.max_restarts, elastic.lose, args.verbose
+                args.nproc,
+                own + (["--replica-group", str(group.index)] if group is not None else []),
+                cfg.output_dir,
+                args.min_nproc,
+                args.max_restarts,
+                elastic.lose,
+                args.verbose,
+                elastic.lost_at,
             )
         if group is None and plan is not None and survives_failures(plan):  # a job per replica group
             from bigtrain.cli.launch import launch_replica_groups
@@ -388,8 +408,13 @@ def _train(args: argparse.Namespace, cfg: RecipeConfig, env: LaunchEnv) -> int:
         return launch_local(args.nproc, worker_args, cfg.output_dir, args.verbose, max_restarts=restarts)
     from bigtrain.train.run import run_training
 
-    if elastic is None:  # (an elastic run has no replica groups: refused above)
+    if elastic is None:
         check_group_jobs(cfg, env.world_size, group)
+    elif group is None and cfg.parallel.options.get("replica_failures") == "continue":  # its plan may not resolve
+        raise ConfigError(
+            "--elastic with parallel.replica_failures=continue starts each replica group as a job of its own: use "
+            "bigtrain train --nproc N --elastic (one torchrun per group with --replica-group I is not elastic)"
+        )
     result = run_training(cfg, group, elastic)
     if result.stopped and elastic is not None:  # a peer's node was stopped: the agent starts this one again
         from bigtrain.train.elastic import EXIT_STOPPED_EARLY

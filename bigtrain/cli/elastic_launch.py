@@ -41,13 +41,15 @@ def launch_elastic(
     max_restarts: int,
     lose: tuple[int, int] | None = None,
     verbose: bool = False,
+    lost_at: float | None = None,
 ) -> int:
     """Train on ``nproc`` local ranks, starting again on the ones that remain after each loss (at most
-    ``max_restarts`` times, never on fewer than ``min_nproc``); return the exit code."""
+    ``max_restarts`` times, never on fewer than ``min_nproc``: then it exits with ``EXIT_DEVICE_GONE``); return the
+    exit code. ``lost_at``: when a loss before this launch was seen (a replica group started again as fewer)."""
     slots = list(range(nproc))
     visible = _visible_devices(nproc)
     strikes: Counter[int] = Counter()
-    restarts, lost_at = 0, None
+    restarts = 0
     while True:
         args = [*worker_args, "--elastic"]
         if lose is not None and lose[0] in slots:  # the drill names a slot: its rank in this attempt
@@ -78,7 +80,7 @@ def launch_elastic(
                 f"error: {what}; {len(remaining)} rank(s) remain, fewer than --min-nproc={min_nproc}; "
                 f"{last_good_checkpoint(output_dir)}; start again with more devices to resume"
             )
-            return code
+            return EXIT_DEVICE_GONE
         write_line(
             f"elastic: {what}; starting again on {len(remaining)} rank(s), restart {restarts} of at most "
             f"{max_restarts} ({last_good_checkpoint(output_dir)})"

@@ -16,7 +16,9 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,9 +92,20 @@ def launch_replica_groups(nproc: int, groups: int, own_args: list[str], output_d
     replica group (``nproc / groups`` ranks each, its workers started again when one dies), which find the
     Lighthouse where torchft looks (TORCHFT_LIGHTHOUSE). Group 0 prints to this terminal; group i > 0 to
     ``output_dir/replica_groups/group<i>.log``. Returns the first failing group's exit code, else 0."""
+    codes, _ = run_replica_groups(nproc // groups, groups, lambda index: own_args, output_dir)
+    return report_groups(codes, output_dir)
+
+
+def run_replica_groups(
+    per_group: int, groups: int, args_of: Callable[[int], list[str]], output_dir: str, lost_code: int | None = None
+) -> tuple[list[int], int | None]:
+    """Run ``groups`` replica groups of ``per_group`` ranks (group i: ``bigtrain <args_of(i)> --nproc per_group
+    --replica-group i``) until they end: (each group's exit code, None). With ``lost_code``: once a group exits with
+    it (it cannot come back whole), the others are asked to stop (SIGTERM: after their next synchronisation, with a
+    checkpoint), and the second item is that group's index."""
     os.environ.setdefault("RUST_LOG", "warn")  # torchft logs its quorum and commit lines at every synchronisation
     if "OMP_NUM_THREADS" not in os.environ:  # as launch_local does, for every rank of every group
-        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (per_group * groups)))
     from torchft._torchft import LighthouseServer
 
     from bigtrain.train.replica_groups import GROUPS_FOLDER
@@ -105,15 +118,24 @@ def launch_replica_groups(nproc: int, groups: int, own_args: list[str], output_d
     logs.mkdir(parents=True, exist_ok=True)
     jobs: list[tuple[subprocess.Popen, Any]] = []
     # SIGTERM to this launcher: each group's launcher passes it to its workers, which checkpoint and stop
-    signal.signal(signal.SIGTERM, lambda signum, frame: [job.send_signal(signum) for job, _ in jobs])
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: [job.send_signal(signum) for job, _ in jobs])
+    lost = None
     try:
         for index in range(groups):
-            command = [sys.executable, "-m", "bigtrain", *own_args, "--nproc", str(nproc // groups)]
+            command = [sys.executable, "-m", "bigtrain", *args_of(index), "--nproc", str(per_group)]
             command += ["--replica-group", str(index)]
-            out = None if index == 0 else open(logs / f"group{index}.log", "w")  # noqa: SIM115 (closed below)
+            out = None if index == 0 else open(logs / f"group{index}.log", "a")  # noqa: SIM115 (closed below)
             jobs.append((subprocess.Popen(command, env=env, stdout=out, stderr=out), out))
+        while any(job.poll() is None for job, _ in jobs):
+            if lost is None and lost_code is not None:
+                lost = next((i for i, (job, _) in enumerate(jobs) if job.poll() == lost_code), None)
+                for job, _ in jobs if lost is not None else []:
+                    if job.poll() is None:
+                        job.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
         codes = [job.wait() for job, _ in jobs]
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for job, out in jobs:
             if job.poll() is None:
                 job.terminate()
@@ -121,13 +143,18 @@ def launch_replica_groups(nproc: int, groups: int, own_args: list[str], output_d
             if out is not None:
                 out.close()
         lighthouse.shutdown()
+    return codes, lost
+
+
+def report_groups(codes: list[int], output_dir: str) -> int:
+    """The first failing group's exit code, said in one line with where its output is; 0 when none failed."""
     failed = [(i, code) for i, code in enumerate(codes) if code]
-    if failed:
-        index, code = failed[0]
-        where = "above" if index == 0 else f"in {logs / f'group{index}.log'}"
-        write_line(f"replica group {index} exited with code {code} (its output is {where})")
-        return code
-    return 0
+    if not failed:
+        return 0
+    index, code = failed[0]
+    where = "above" if index == 0 else f"in {Path(output_dir) / 'replica_groups' / f'group{index}.log'}"
+    write_line(f"replica group {index} exited with code {code} (its output is {where})")
+    return code
 
 
 def say_root_cause(failures: dict[int, ProcessFailure], output_dir: str | None) -> int:

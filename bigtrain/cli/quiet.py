@@ -55,6 +55,7 @@ def quiet_libraries() -> None:
     )
     # torchft's Manager warns at every new quorum that it cannot reset NCCL's flight recorder (none on CPUs)
     logging.getLogger("torchft.manager").addFilter(_DropMessages("Unable to reset NCCL flight recorder"))
+    _quiet_torchft_requests()
     # FSDP2 warns when the root module's output holds a view (a vision-language model's rope_deltas): bigtrain's
     # objectives read the outputs out of place, never writing into them
     warnings.filterwarnings(
@@ -70,3 +71,21 @@ def quiet_libraries() -> None:
     )
     # matplotlib (bigtrain report) announces that it built its font cache on first use
     logging.getLogger("matplotlib.font_manager").setLevel(logging.WARNING)
+
+
+def _quiet_torchft_requests() -> None:
+    """torchft serves a healing replica group its state over HTTP, and http.server writes each request that
+    succeeded (``"GET /checkpoint/5/full HTTP/1.1" 200``) to stderr, not to a logger: dropped for torchft's
+    handlers only (their errors still show)."""
+    from http.server import BaseHTTPRequestHandler
+
+    original = BaseHTTPRequestHandler.log_request
+    if getattr(original, "quiet_for_torchft", False):
+        return
+
+    def log_request(self: BaseHTTPRequestHandler, code: int | str = "-", size: int | str = "-") -> None:
+        if not type(self).__module__.startswith("torchft."):
+            original(self, code, size)
+
+    log_request.quiet_for_torchft = True  # type: ignore[attr-defined]
+    BaseHTTPRequestHandler.log_request = log_request  # type: ignore[method-assign]

@@ -152,6 +152,12 @@ class Engine(ABC):
         """The step reached once ``step`` steps are done (a replica group that healed jumps to its peers')."""
         return step
 
+    def stop_here(self, requested: Any) -> Any:
+        """Whether the run stops after this step, given the stop signal its ranks agreed on (``requested``, None:
+        none): at once for most engines; replica groups that are jobs of their own stop together after a
+        synchronisation (``replica_sync.py``)."""
+        return requested
+
     def close(self) -> None:
         """Let go of what outlives the process group (torchft's Manager); nothing for most engines."""
         return None

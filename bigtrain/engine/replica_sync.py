@@ -20,6 +20,7 @@ every group's work up to its last send. Each group's own copy and AdamW state ar
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
@@ -38,6 +39,9 @@ from bigtrain.engine.torch_native import TorchNativeEngine
 ReplicaLink = MeshLink | TorchftLink
 log = logging.getLogger("bigtrain")
 START_WAIT_S = 120  # how long the groups of a fresh run wait for each other before the first step
+# a stop signal (SIGTERM, Ctrl-C) waits for the next synchronisation when it is at most this far off at the group's
+# pace (torchft groups only, ``stop_here``); the launcher gives the workers SHUTDOWN_S in all
+STOP_WAIT_S = 60.0
 OUTER = "outer"
 
 
@@ -83,6 +87,10 @@ class ReplicaSyncEngine(Engine):
         self.in_flight: dict[int, tuple[Any, torch.Tensor]] = {}  # fragment -> its all-reduce
         self.pending: dict[int, torch.Tensor] = {}  # fragment -> its averaged pseudo-gradient, awaiting its step
         self._synchronising = self._peer_synchronising = False  # around a quorum (``_healthy_state``, ``_heal``)
+        self._stop_asked: signal.Signals | None = None  # the stop signal this group received (torchft groups)
+        self._stop_agreed = False  # a synchronisation carried some group's stop: every group stops after it
+        self._step_s = 0.0  # the group's recent seconds per step (to tell how far the next synchronisation is)
+        self._step_started = time.monotonic()
         self.link.start_together([t.local for t in self.trained])
         for t in self.trained:
             t.weights.copy_(t.local)
@@ -94,10 +102,14 @@ class ReplicaSyncEngine(Engine):
         assert step == self.steps, (step, self.steps)
         healed = self._quorum(synchronising=False)
         deadline = time.monotonic() + START_WAIT_S
-        while self.commits == 0 and not healed and self.link.participants() < self.replicas:
+        # a run that starts, or starts again from group 0's checkpoint (as fewer groups, say): the groups start
+        # together, each on its share of the first steps, asking again until all are there. Every group of a quorum
+        # decides alike: one that heals from a group still starting (torchft's first sync, or group 0 resumed) asks
+        # again with it; one that restarted alone heals from a group that is synchronising, and joins that
+        while not (healed and self._peer_synchronising) and self.link.participants() < self.replicas:
             if time.monotonic() > deadline:  # a group that never came: the others start, it joins when it comes
                 break
-            time.sleep(0.2)  # a fresh run: the groups start together, each on its share of the first steps
+            time.sleep(0.2)
             healed = self._quorum(synchronising=False)
         if healed and self._peer_synchronising:
             self._catch_up()
@@ -191,7 +203,33 @@ class ReplicaSyncEngine(Engine):
         result = self.inner.step(max_norm)
         self.steps += 1
         self._synchronise(self.steps)
+        now = time.monotonic()
+        took, self._step_started = now - self._step_started, now
+        self._step_s = took if self._step_s == 0 else 0.8 * self._step_s + 0.2 * took
         return result
+
+    def stop_here(self, requested: Any) -> Any:
+        """Groups that are jobs of their own (torchft) receive a stop signal at different moments, and cannot agree
+        outside a synchronisation: a group's request rides on its next pseudo-gradient (one more element, ``_send``),
+        and every group stops after the synchronisation that carries one, all of them with the same weights, which
+        group 0's checkpoint then holds. A group whose next synchronisation is more than ``STOP_WAIT_S`` away at
+        its pace stops at once, alone, as a group that dies would. One job of all groups stops at once."""
+        if not isinstance(self.link, TorchftLink):
+            return requested
+        if requested is not None and self._stop_asked is None:
+            self._stop_asked = requested
+        if self._stop_agreed:
+            return self._stop_asked or signal.SIGTERM
+        if self._stop_asked is not None and self._steps_to_stop_point() * self._step_s > STOP_WAIT_S:
+            return self._stop_asked
+        return None
+
+    def _steps_to_stop_point(self) -> int:
+        """Inner steps until a stop asked now takes effect: the next send's synchronisation applied."""
+        span = self.settings.every + self.settings.delay
+        send = next((s for s in range(self.steps + 1, self.steps + span + 1) if self.settings.sends(s)), None)
+        applied = self.total_steps if send is None else min(send + self.settings.delay, self.total_steps)
+        return applied - self.steps
 
     # the outer synchronisation
     def _synchronise(self, step: int) -> None:
@@ -220,6 +258,8 @@ class ReplicaSyncEngine(Engine):
         """Start averaging the fragment's pseudo-gradient (synchronised weights minus this group's) over the groups."""
         dtype = torch.bfloat16 if self.settings.dtype == "bf16" else torch.float32
         parts = [(t.weights.to(self.device) - t.local.float()).reshape(-1) for t in self.fragments[fragment]]
+        if isinstance(self.link, TorchftLink):  # this group's stop request, averaged with the others' (stop_here)
+            parts.append(torch.full((1,), float(self._stop_asked is not None), device=self.device))
         flat = torch.cat(parts).to(dtype) if parts else torch.zeros(0, dtype=dtype, device=self.device)
         self.in_flight[fragment] = (self.link.all_reduce(flat), flat)
 
@@ -239,6 +279,9 @@ class ReplicaSyncEngine(Engine):
                 t.local.copy_(t.weights)
             return
         self.commits += 1
+        shards = sum(t.weights.numel() for t in self.fragments[fragment])
+        if average.numel() > shards and average[shards].item() > 0:  # some group asked to stop (stop_here)
+            self._stop_agreed = True
         lr, mu = self.settings.outer_lr, self.settings.outer_momentum
         for t, delta in self._pieces(fragment, average):
             delta = delta.to(t.weights.device)

@@ -28,6 +28,7 @@ from typing import Any
 from bigtrain.checkpoint.layout import last_good_checkpoint, newest_of_run
 from bigtrain.config.plan import Plan
 from bigtrain.errors import ConfigError
+from bigtrain.train.replica_groups import survives_failures
 
 log = logging.getLogger("bigtrain")
 
@@ -157,22 +158,23 @@ def replan_line(
     lost_at: float | None = None,
 ) -> str | None:
     """The one line of a start on another world (None when the checkpoint's world is this one; ``saved`` None: no
-    checkpoint yet): the plans before and after and what the planner predicts of each (``predicted(plan,
-    world)``), why the recipe's plan does not run (``why``, None: it does), the steps lost since the checkpoint and
-    the seconds the restart took."""
+    checkpoint yet; the world of replica groups that are jobs of their own counts every group's ranks): the plans
+    before and after and what the planner predicts of each (``predicted(plan, world)``), why the recipe's plan does
+    not run (``why``, None: it does), the steps lost since the checkpoint and the seconds the restart took."""
     from bigtrain.planner.names import describe
 
     replanned = f", re-planned (the recipe's plan here: {why.split(';')[0]})" if why else ""
     if saved is None:
         return f"elastic: {world} rank(s), no checkpoint yet: plan {describe(plan)} ({predicted(plan)}){replanned}"
-    if saved.world_size == world:
-        return None
     old = _saved_plan(saved.plan)
-    before = f"{describe(old)} ({predicted(old, saved.world_size)})" if old is not None else str(saved.plan)
+    saved_world = saved.world_size * (old.dp_replicate if old is not None and survives_failures(old) else 1)
+    if saved_world == world:
+        return None
+    before = f"{describe(old)} ({predicted(old, saved_world)})" if old is not None else str(saved.plan)
     lost = max(_last_logged_step(output_dir) - saved.step, 0)
     took = f", restarted in {time.time() - lost_at:.0f} s" if lost_at else ""
     return (
-        f"elastic: {saved.world_size} -> {world} rank(s): plan {before} -> {describe(plan)} ({predicted(plan)})"
+        f"elastic: {saved_world} -> {world} rank(s): plan {before} -> {describe(plan)} ({predicted(plan)})"
         f"{replanned}; resumed at step {saved.step}, {lost} step(s) lost since that checkpoint{took}"
     )
 

@@ -202,7 +202,7 @@ class TrainLoop:
                     check_finite(record, cfg.train.lr)
                     progress.update(record)
                     checkpointer.poll()
-                    stopped = stop.requested()
+                    stopped = self.engine.stop_here(stop.requested())
                     if stopped or step == total or checkpointer.due(step):
                         checkpointer.save(step, tokens)
             checkpointer.wait()

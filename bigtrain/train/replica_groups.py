@@ -22,6 +22,9 @@ from bigtrain.errors import ConfigError
 from bigtrain.parallel.transforms.base import BuildOptions
 
 GROUPS_FOLDER = "replica_groups"
+# how often a replica group's workers are started again after one of them died (with --elastic, a rank whose device
+# is gone, or that was killed twice in a row, ends the group's tries at once: cli/elastic_launch.py)
+GROUP_RESTARTS = 3
 
 
 def survives_failures(plan: Plan) -> bool:

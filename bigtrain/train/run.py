@@ -381,7 +381,8 @@ class TrainingJob:
         if stream_line is not None:
             log.log(logging.INFO if stream_line[0] else logging.WARNING, "%s", stream_line[1])
         if self.elastic is not None and self.plan is not None:
-            world, out, lost_at = self.env.world_size, self.cfg.output_dir, self.elastic.lost_at
+            out, lost_at = self.cfg.output_dir, self.elastic.lost_at
+            world = job_world(self.env.world_size, self.replica_group)
             line = elastic_run.replan_line(saved, self.plan, world, self._prediction, self.replanned, out, lost_at)
             if line is not None:
                 log.warning("%s", line)

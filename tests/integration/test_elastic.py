@@ -139,10 +139,10 @@ def test_a_world_no_plan_runs_on_stops_in_one_line_naming_the_ranks_that_would_w
         (["--nproc", "2", "--elastic", "--min-nproc", "3"], "--min-nproc=3 must be between 1 and --nproc=2"),
         (["--nproc", "2", "--elastic", "--lose-rank", "2@3"], "--lose-rank=2@3: rank 2 is not one of --nproc=2's"),
         (["--nproc", "2", "--elastic", "--lose-rank", "1"], "--lose-rank='1' is not RANK@STEP (e.g. 3@20"),
-        (["--nproc", "2", "--elastic", "--replica-group", "0"], "--elastic with --replica-group is not built yet"),
+        (["--nproc", "2", "--elastic", "--replica-group", "0"], "--replica-group 0 needs a written plan with "),
         (
             ["--nproc", "2", "--elastic", "--set", "parallel.replica_failures=continue"],
-            "--elastic with parallel.replica_failures=continue is not built yet",
+            "parallel.replica_failures=continue lets the other replica groups train on between synchronisations",
         ),
     ],
     ids=["drill-alone", "no-launcher", "min-nproc", "rank-outside", "no-step", "replica-group", "replica-failures"],

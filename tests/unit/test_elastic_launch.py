@@ -67,3 +67,62 @@ def test_a_worker_that_raises_is_tried_again_not_taken_out(tmp_path):
     strikes: Counter[int] = Counter()
     for _ in range(SLOT_TRIES + 1):
         assert _gone({0: failure(0, 1, tmp_path)}, [0, 1], strikes) == set()
+
+
+def _groups_launcher(monkeypatch, outcomes: list[tuple[list[int], int | None]]) -> list[list[list[str]]]:
+    """launch_elastic_groups with each attempt's (exit codes, lost group) given: the arguments each group got."""
+    from bigtrain.cli import elastic_groups
+
+    seen: list[list[list[str]]] = []
+
+    def attempt(per_group, groups, args_of, output_dir, lost_code=None):
+        assert lost_code == EXIT_DEVICE_GONE
+        seen.append([args_of(i) for i in range(groups)])
+        return outcomes[len(seen) - 1]
+
+    monkeypatch.setattr(elastic_groups, "run_replica_groups", attempt)
+    return seen
+
+
+def test_a_group_that_cannot_come_back_whole_starts_the_run_again_as_one_group_fewer(tmp_path, monkeypatch, capfd):
+    from bigtrain.cli.elastic_groups import launch_elastic_groups
+
+    seen = _groups_launcher(monkeypatch, [([0, 0, EXIT_DEVICE_GONE], 2), ([0, 0], None)])
+    code = launch_elastic_groups(6, 3, ["train", "r.yaml"], str(tmp_path), (1, 3), (5, 12), lambda n: None)
+    assert code == 0 and len(seen) == 2
+    first, second = seen
+    assert first[2][-2:] == ["--lose-rank", "1@12"] and "--lose-rank" not in first[0]  # rank 5: group 2's rank 1
+    assert all(["--set", "parallel.dp_replicate=2"] == args[2:4] for args in second)
+    assert all("--lost-at" in args and "--lose-rank" not in args for args in second)
+    assert all(args[args.index("--min-nproc") + 1] == "2" for args in first + second)  # a group is whole or lost
+    err = capfd.readouterr().err
+    assert "elastic: replica group 2 (rank(s) 4-5) cannot come back whole; the other groups stopped after their " in err
+    assert "starting again as 2 group(s) of 2 rank(s), the global batch kept, restart 1 of at most 3" in err
+
+
+def test_where_fewer_groups_cannot_go_on_the_run_stops_in_one_line(tmp_path, monkeypatch, capfd):
+    from bigtrain.cli.elastic_groups import launch_elastic_groups
+    from bigtrain.errors import ConfigError
+
+    def refuse(n):
+        raise ConfigError(f"train.global_batch_size=16 does not split over {n} groups; try 2 or 4")
+
+    cases = [
+        (2, (1, 3), lambda n: None, "one group remains, and groups that survive failures need two"),
+        (3, (3, 3), lambda n: None, "2 rank(s) remain, fewer than --min-nproc=3"),
+        (3, (1, 0), lambda n: None, "--max-restarts=0 reached"),
+        (3, (1, 3), refuse, "the recipe's plan does not run as 2 groups (train.global_batch_size=16 does not split"),
+    ]
+    for groups, limits, check, words in cases:
+        _groups_launcher(monkeypatch, [([0] * (groups - 1) + [EXIT_DEVICE_GONE], groups - 1)])
+        assert launch_elastic_groups(groups, groups, ["train"], str(tmp_path), limits, None, check) == EXIT_DEVICE_GONE
+        (line,) = [line for line in capfd.readouterr().err.splitlines() if line.startswith("bigtrain: error: ")]
+        assert words in line and "no checkpoint was written yet" in line, line
+
+
+def test_a_group_that_fails_otherwise_is_said_as_without_elastic(tmp_path, monkeypatch, capfd):
+    from bigtrain.cli.elastic_groups import launch_elastic_groups
+
+    _groups_launcher(monkeypatch, [([0, 2], None)])
+    assert launch_elastic_groups(2, 2, ["train"], str(tmp_path), (1, 3), None, lambda n: None) == 2
+    assert "replica group 1 exited with code 2" in capfd.readouterr().err
