@@ -75,6 +75,10 @@ def launch_elastic(
                 "again to resume"
             )
             return code
+        if len(remaining) < min_nproc and "--replica-group" in worker_args:  # the run's launcher says what follows
+            group = worker_args[worker_args.index("--replica-group") + 1]
+            write_line(f"error: {what}; replica group {group} cannot be whole again: it leaves the run")
+            return EXIT_DEVICE_GONE
         if len(remaining) < min_nproc:
             write_line(
                 f"error: {what}; {len(remaining)} rank(s) remain, fewer than --min-nproc={min_nproc}; "

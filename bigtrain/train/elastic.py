@@ -28,7 +28,7 @@ from typing import Any
 from bigtrain.checkpoint.layout import last_good_checkpoint, newest_of_run
 from bigtrain.config.plan import Plan
 from bigtrain.errors import ConfigError
-from bigtrain.train.replica_groups import survives_failures
+from bigtrain.train.replica_groups import GROUPS_FOLDER, survives_failures
 
 log = logging.getLogger("bigtrain")
 
@@ -180,16 +180,17 @@ def replan_line(
 
 
 def _last_logged_step(output_dir: str) -> int:
-    """The last step the run logged before it stopped (metrics.jsonl, read before this start rewrites it)."""
-    path = Path(output_dir) / "metrics.jsonl"
+    """The last step the run logged before it stopped (metrics.jsonl, read before this start rewrites it; replica
+    groups that are jobs of their own log apart, and went on after group 0's last checkpoint too)."""
     last = 0
-    try:
-        with path.open() as f:
-            for line in f:
-                try:
-                    last = max(last, int(json.loads(line).get("step", 0)))
-                except (ValueError, AttributeError, TypeError):
-                    continue
-    except OSError:
-        return 0
+    for path in [Path(output_dir) / "metrics.jsonl", *Path(output_dir, GROUPS_FOLDER).glob("group*/metrics.jsonl")]:
+        try:
+            with path.open() as f:
+                for line in f:
+                    try:
+                        last = max(last, int(json.loads(line).get("step", 0)))
+                    except (ValueError, AttributeError, TypeError):
+                        continue
+        except OSError:
+            continue
     return last

@@ -1,5 +1,6 @@
-"""When replica groups that are jobs of their own (torchft) stop on a signal: together after the next
-synchronisation when it is near at their pace, else at once (``ReplicaSyncEngine.stop_here``)."""
+"""Replica groups that are jobs of their own (torchft) in an elastic run: they stop on a signal together after the
+next synchronisation when it is near at their pace, else at once (``ReplicaSyncEngine.stop_here``); the re-plan
+line after they start again as fewer groups."""
 
 from __future__ import annotations
 
@@ -50,3 +51,24 @@ def test_a_group_that_received_nothing_stops_with_the_others_after_the_synchroni
     assert ReplicaSyncEngine.stop_here(engine, None) is None
     engine._stop_agreed = True
     assert ReplicaSyncEngine.stop_here(engine, None) == signal.SIGTERM
+
+
+def test_the_re_plan_line_counts_every_group_s_ranks_and_the_steps_the_other_groups_went_on(tmp_path):
+    """Replica groups that are jobs of their own save with one group's world (and the whole plan); the line compares
+    the runs' worlds, and the steps lost count what the other groups logged after group 0's checkpoint."""
+    from helpers import make_plan
+
+    from bigtrain.train.elastic import replan_line
+
+    options = {"sync": "diloco", "replica_failures": "continue"}
+    before = make_plan(backend="ddp", zero_stage=0, dp_replicate=3, **options)
+    after = make_plan(backend="ddp", zero_stage=0, dp_replicate=2, **options)
+    saved = SimpleNamespace(world_size=1, plan=before.to_dict(), step=10)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 11}\n')
+    (tmp_path / "replica_groups" / "group1").mkdir(parents=True)
+    (tmp_path / "replica_groups" / "group1" / "metrics.jsonl").write_text('{"step": 19}\n{"step": 20}\n')
+    line = replan_line(saved, after, 2, lambda plan, world=2: f"{world} ranks", None, str(tmp_path))
+    assert line is not None and line.startswith("elastic: 3 -> 2 rank(s): plan ddp ")
+    assert "(3 ranks) -> ddp" in line and "resumed at step 10, 10 step(s) lost since that checkpoint" in line
+    same = SimpleNamespace(world_size=1, plan=after.to_dict(), step=10)
+    assert replan_line(same, after, 2, lambda plan, world=2: "", None, str(tmp_path)) is None
