@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     output_dir, timeout_s = None, None
     try:
         if args.command == "train":
+            if args.mtbf is not None:  # a recipe key: checked with the others, passed on to the workers with them
+                args.overrides.append(f"checkpoint.mtbf_hours={args.mtbf:g}")
             cfg = _recipe(args)
             output_dir, timeout_s = cfg.output_dir, cfg.train.collective_timeout_s
             return _train(args, cfg, env)

@@ -26,5 +26,13 @@ def add_elastic_arguments(train: argparse.ArgumentParser) -> None:
         metavar="R@STEP",
         help="with --elastic: a drill, rank R leaves for good before step STEP, as if its GPU were gone",
     )
+    train.add_argument(
+        "--mtbf",
+        type=float,
+        default=None,
+        metavar="HOURS",
+        help="the job's mean time between failures, for checkpoint.every: auto (the same as --set "
+        "checkpoint.mtbf_hours=HOURS; unset: one GPU's checkpoint.gpu_mtbf_hours over the job's GPUs)",
+    )
     # set by the elastic launcher for its workers: when it saw the last loss (the re-plan line's restart time)
     train.add_argument("--lost-at", type=float, default=None, help=argparse.SUPPRESS)

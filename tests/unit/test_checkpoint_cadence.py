@@ -33,17 +33,25 @@ def test_bad_cadence_values_are_one_line(tmp_path):
         load_recipe(str(path), ["checkpoint.every=auto", "checkpoint.mtbf_hours=0"])
 
 
+def test_mtbf_on_the_command_line_is_the_recipe_key_checked_as_one(tmp_path, capfd):
+    from bigtrain.cli import main
+
+    path = write_recipe(tmp_path / "r.yaml", recipe_dict(tmp_path / "out", save_rows(tmp_path / "rows.npy")))
+    assert main(["train", str(path), "--set", "checkpoint.every=auto", "--mtbf", "0", "--dry-run"]) == 2
+    assert "checkpoint.mtbf_hours=0.0 must be at least 0.001" in capfd.readouterr().err
+
+
 @pytest.mark.full
 def test_auto_measures_a_first_save_then_saves_at_the_formula_s_interval(tmp_path):
-    """One process, a job MTBF of 36 s: the first checkpoint (step 10) measures the save; the interval that
+    """One process, a job MTBF of 36 s (``--mtbf 0.01``): the first checkpoint (step 10) measures the save; the interval that
     follows is sqrt(2 x save x 36 s) over the step time, from the numbers the line says."""
     recipe = recipe_dict(
         tmp_path / "out",
         save_rows(tmp_path / "rows.npy", num_rows=64),
         train={"steps": 60, "global_batch_size": 4},
-        checkpoint={"every": "auto", "mtbf_hours": 0.01, "keep": 100, "save_final_model": False},
+        checkpoint={"every": "auto", "keep": 100, "save_final_model": False},
     )
-    proc = run_cli(["train", str(write_recipe(tmp_path / "r.yaml", recipe))])
+    proc = run_cli(["train", str(write_recipe(tmp_path / "r.yaml", recipe)), "--mtbf", "0.01"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stderr.splitlines() if "checkpoint.every auto:" in x)
     every, save_s, step_s = re.search(
