@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "train":
             if args.mtbf is not None:  # a recipe key: checked with the others, passed on to the workers with them
-                args.overrides.append(f"checkpoint.mtbf_hours={args.mtbf:g}")
+                args.overrides.append(f"checkpoint.mtbf_hours={args.mtbf!r}")
             cfg = _recipe(args)
             output_dir, timeout_s = cfg.output_dir, cfg.train.collective_timeout_s
             return _train(args, cfg, env)
@@ -308,7 +308,7 @@ def _launch_elastic_groups(
     def check(n: int) -> None:
         resolve_plan(replace(cfg.parallel, dp_replicate=n), n * per_group, cfg.train)
 
-    limits = (args.min_nproc, args.max_restarts)
+    limits = (args.min_nproc, args.max_restarts, cfg.train.steps)
     return launch_elastic_groups(args.nproc, groups, own, cfg.output_dir, limits, elastic.lose, check)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from bigtrain.checkpoint.layout import last_good_checkpoint
+from bigtrain.checkpoint.layout import checkpoints_dir, complete_checkpoints, last_good_checkpoint
 from bigtrain.cli.launch import report_groups, run_replica_groups, write_line
 from bigtrain.errors import ConfigError
 from bigtrain.train.elastic import EXIT_DEVICE_GONE
@@ -29,44 +29,67 @@ def launch_elastic_groups(
     groups: int,
     own_args: list[str],
     output_dir: str,
-    limits: tuple[int, int],
+    limits: tuple[int, int, int],
     lose: tuple[int, int] | None,
     check_groups: Callable[[int], None],
 ) -> int:
-    """Train on ``groups`` replica groups of ``nproc / groups`` local ranks each, one group fewer after each group
-    lost for good (``limits``: --min-nproc and --max-restarts; ``lose``: the drill's (rank, step), a rank of the
-    whole run; ``check_groups(n)`` raises the ConfigError that refuses the recipe's plan on n groups)."""
-    min_nproc, max_restarts = limits
+    """Train on ``groups`` replica groups of ``nproc / groups`` local ranks each (and GPUs, where there are), fewer
+    after each group lost for good (``limits``: --min-nproc, --max-restarts and train.steps; ``lose``: the drill's
+    (rank, step), a rank of the whole run; ``check_groups(n)`` raises the ConfigError that refuses the recipe's plan
+    on n groups)."""
+    from bigtrain.cli.elastic_launch import visible_devices
+
+    min_nproc, max_restarts, steps = limits
     per_group = nproc // groups
+    devices = visible_devices(nproc)
     restarts, lost_at = 0, None
     while True:
         args = [*own_args, "--set", f"parallel.dp_replicate={groups}"] if restarts else list(own_args)
         args += ["--elastic", "--min-nproc", str(per_group), "--max-restarts", str(GROUP_RESTARTS)]
         args += ["--lost-at", f"{lost_at:.3f}"] if lost_at is not None else []
         drill = {lose[0] // per_group: ["--lose-rank", f"{lose[0] % per_group}@{lose[1]}"]} if lose else {}
-        codes, lost = run_replica_groups(
+        codes, asked = run_replica_groups(
             per_group,
             groups,
             lambda i, args=args, drill=drill: [*args, *drill.get(i, [])],
             output_dir,
+            devices,
             lost_code=EXIT_DEVICE_GONE,
         )
-        if lost is None or any(code for i, code in enumerate(codes) if i != lost):
-            return report_groups(codes, output_dir)  # the run ended, or a group failed otherwise: said as always
+        gone = [i for i, code in enumerate(codes) if code == EXIT_DEVICE_GONE]
+        others = [code for i, code in enumerate(codes) if i not in gone]
+        if not gone or asked or any(others):
+            # the run ended, was stopped, or a group failed otherwise: said as without --elastic
+            return report_groups(others if asked else codes, output_dir)
+        what = "; ".join(_group_words(i, per_group) for i in gone) + " cannot come back whole"
+        if _finished(output_dir, steps):  # the others finished the run meanwhile
+            write_line(f"elastic: {what}; the other groups finished the run")
+            return 0
         lost_at, lose = time.time(), None  # the drill's rank left with its group
-        ranks = f"rank(s) {lost * per_group}-{(lost + 1) * per_group - 1}" if per_group > 1 else f"rank {lost}"
-        what = f"replica group {lost} ({ranks}) cannot come back whole"
+        if devices is not None:  # the lost groups' GPUs stay out
+            devices = [d for i in range(groups) if i not in gone for d in devices[i * per_group :][:per_group]]
         restarts += 1
-        groups -= 1
+        groups -= len(gone)
         stop = _why_stop(groups, per_group, min_nproc, restarts, max_restarts, check_groups)
         if stop is not None:
             write_line(f"error: {what}; {stop}; {last_good_checkpoint(output_dir)}")
             return EXIT_DEVICE_GONE
         write_line(
-            f"elastic: {what}; the other groups stopped after their next synchronisation; starting again as "
-            f"{groups} group(s) of {per_group} rank(s), the global batch kept, restart {restarts} of at most "
-            f"{max_restarts} ({last_good_checkpoint(output_dir)})"
+            f"elastic: {what}; the other groups were stopped (after their next synchronisation where it was near); "
+            f"starting again as {groups} group(s) of {per_group} rank(s), the global batch kept, restart {restarts} "
+            f"of at most {max_restarts} ({last_good_checkpoint(output_dir)})"
         )
+
+
+def _group_words(index: int, per_group: int) -> str:
+    ranks = f"rank(s) {index * per_group}-{(index + 1) * per_group - 1}" if per_group > 1 else f"rank {index}"
+    return f"replica group {index} ({ranks})"
+
+
+def _finished(output_dir: str, steps: int) -> bool:
+    """Whether group 0's newest checkpoint is the run's last step."""
+    found = complete_checkpoints(checkpoints_dir(output_dir))
+    return bool(found) and found[-1][0] >= steps
 
 
 def _why_stop(

@@ -47,7 +47,7 @@ def launch_elastic(
     ``max_restarts`` times, never on fewer than ``min_nproc``: then it exits with ``EXIT_DEVICE_GONE``); return the
     exit code. ``lost_at``: when a loss before this launch was seen (a replica group started again as fewer)."""
     slots = list(range(nproc))
-    visible = _visible_devices(nproc)
+    visible = visible_devices(nproc)
     strikes: Counter[int] = Counter()
     restarts = 0
     while True:
@@ -92,7 +92,7 @@ def launch_elastic(
         slots = remaining
 
 
-def _visible_devices(nproc: int) -> list[str] | None:
+def visible_devices(nproc: int) -> list[str] | None:
     """The GPUs the slots stand for (``CUDA_VISIBLE_DEVICES`` as given, else 0..N-1); None on a machine without
     CUDA (asked without creating a CUDA context in this process)."""
     import torch

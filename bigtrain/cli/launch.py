@@ -92,17 +92,25 @@ def launch_replica_groups(nproc: int, groups: int, own_args: list[str], output_d
     replica group (``nproc / groups`` ranks each, its workers started again when one dies), which find the
     Lighthouse where torchft looks (TORCHFT_LIGHTHOUSE). Group 0 prints to this terminal; group i > 0 to
     ``output_dir/replica_groups/group<i>.log``. Returns the first failing group's exit code, else 0."""
-    codes, _ = run_replica_groups(nproc // groups, groups, lambda index: own_args, output_dir)
+    from bigtrain.cli.elastic_launch import visible_devices
+
+    codes, _ = run_replica_groups(nproc // groups, groups, lambda index: own_args, output_dir, visible_devices(nproc))
     return report_groups(codes, output_dir)
 
 
 def run_replica_groups(
-    per_group: int, groups: int, args_of: Callable[[int], list[str]], output_dir: str, lost_code: int | None = None
-) -> tuple[list[int], int | None]:
+    per_group: int,
+    groups: int,
+    args_of: Callable[[int], list[str]],
+    output_dir: str,
+    devices: list[str] | None = None,
+    lost_code: int | None = None,
+) -> tuple[list[int], bool]:
     """Run ``groups`` replica groups of ``per_group`` ranks (group i: ``bigtrain <args_of(i)> --nproc per_group
-    --replica-group i``) until they end: (each group's exit code, None). With ``lost_code``: once a group exits with
-    it (it cannot come back whole), the others are asked to stop (SIGTERM: after their next synchronisation, with a
-    checkpoint), and the second item is that group's index."""
+    --replica-group i``, on ``devices[i * per_group:][:per_group]`` where GPUs are given) until they end: each group's
+    exit code, and whether this launcher was asked to stop (SIGTERM, passed on to the groups). With ``lost_code``:
+    once a group exits with it (it cannot come back whole), the others are asked to stop (SIGTERM: after their next
+    synchronisation, with a checkpoint)."""
     os.environ.setdefault("RUST_LOG", "warn")  # torchft logs its quorum and commit lines at every synchronisation
     if "OMP_NUM_THREADS" not in os.environ:  # as launch_local does, for every rank of every group
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (per_group * groups)))
@@ -117,19 +125,28 @@ def run_replica_groups(
     logs = Path(output_dir) / GROUPS_FOLDER
     logs.mkdir(parents=True, exist_ok=True)
     jobs: list[tuple[subprocess.Popen, Any]] = []
-    # SIGTERM to this launcher: each group's launcher passes it to its workers, which checkpoint and stop
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: [job.send_signal(signum) for job, _ in jobs])
-    lost = None
+    asked: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:  # each group's launcher passes it to its workers, which checkpoint
+        asked.append(signum)
+        for job, _ in jobs:
+            job.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         for index in range(groups):
             command = [sys.executable, "-m", "bigtrain", *args_of(index), "--nproc", str(per_group)]
             command += ["--replica-group", str(index)]
+            own = dict(env)
+            if devices is not None:  # each group its own GPUs
+                own["CUDA_VISIBLE_DEVICES"] = ",".join(devices[index * per_group :][:per_group])
             out = None if index == 0 else open(logs / f"group{index}.log", "a")  # noqa: SIM115 (closed below)
-            jobs.append((subprocess.Popen(command, env=env, stdout=out, stderr=out), out))
+            jobs.append((subprocess.Popen(command, env=own, stdout=out, stderr=out), out))
+        told = False
         while any(job.poll() is None for job, _ in jobs):
-            if lost is None and lost_code is not None:
-                lost = next((i for i, (job, _) in enumerate(jobs) if job.poll() == lost_code), None)
-                for job, _ in jobs if lost is not None else []:
+            if not told and lost_code is not None and any(job.poll() == lost_code for job, _ in jobs):
+                told = True
+                for job, _ in jobs:
                     if job.poll() is None:
                         job.send_signal(signal.SIGTERM)
             time.sleep(0.2)
@@ -143,7 +160,7 @@ def run_replica_groups(
             if out is not None:
                 out.close()
         lighthouse.shutdown()
-    return codes, lost
+    return codes, bool(asked)
 
 
 def report_groups(codes: list[int], output_dir: str) -> int:

@@ -74,8 +74,13 @@ class TorchftLink:
     torchft reads it). ``index``/``replicas``: this group's place among the planned groups (its share of every
     global batch); ``rank``/``world``: this rank's place in its own group."""
 
-    def __init__(self, index: int, replicas: int, device: torch.device, timeout_s: float) -> None:
+    def __init__(
+        self, index: int, replicas: int, device: torch.device, timeout_s: float, joint_stop: bool = False
+    ) -> None:
         self.index, self.replicas = index, replicas
+        # an elastic run's groups stop together on a signal (its launcher asks all of them, to start again as fewer);
+        # otherwise a group that receives one stops alone and the others train on
+        self.joint_stop = joint_stop
         self.device = device
         self.timeout = timedelta(seconds=timeout_s)
         self.manager: Any = None

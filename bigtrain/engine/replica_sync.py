@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -89,6 +90,7 @@ class ReplicaSyncEngine(Engine):
         self._synchronising = self._peer_synchronising = False  # around a quorum (``_healthy_state``, ``_heal``)
         self._stop_asked: signal.Signals | None = None  # the stop signal this group received (torchft groups)
         self._stop_agreed = False  # a synchronisation carried some group's stop: every group stops after it
+        self._stop_alone = False  # the next synchronisation is too far for a stop to wait for it
         self._step_s = 0.0  # the group's recent seconds per step (to tell how far the next synchronisation is)
         self._step_started = time.monotonic()
         self.link.start_together([t.local for t in self.trained])
@@ -113,10 +115,12 @@ class ReplicaSyncEngine(Engine):
             healed = self._quorum(synchronising=False)
         if healed and self._peer_synchronising:
             self._catch_up()
+            self._step_started = time.monotonic()
             return self.steps
         self.link.barrier()  # a group that heals has its state before the others commit (torchft stops serving it)
         if self.link.commit():  # a quorum of groups that start: nothing to synchronise
             self.commits += 1
+        self._step_started = time.monotonic()  # the pace is the steps', not the wait for the others
         return self.steps
 
     def _quorum(self, synchronising: bool) -> bool:
@@ -209,20 +213,26 @@ class ReplicaSyncEngine(Engine):
         return result
 
     def stop_here(self, requested: Any) -> Any:
-        """Groups that are jobs of their own (torchft) receive a stop signal at different moments, and cannot agree
-        outside a synchronisation: a group's request rides on its next pseudo-gradient (one more element, ``_send``),
-        and every group stops after the synchronisation that carries one, all of them with the same weights, which
-        group 0's checkpoint then holds. A group whose next synchronisation is more than ``STOP_WAIT_S`` away at
-        its pace stops at once, alone, as a group that dies would. One job of all groups stops at once."""
-        if not isinstance(self.link, TorchftLink):
+        """The groups of an elastic run are jobs of their own (torchft) that receive a stop signal at different
+        moments, and cannot agree outside a synchronisation: a group's request rides on its next pseudo-gradient
+        (one more element, ``_send``), and every group stops after the synchronisation that carries one, all of them
+        with the same weights, which group 0's checkpoint then holds. A group whose next synchronisation is more than
+        ``STOP_WAIT_S`` away at its pace stops at once, alone, as a group that dies would (its ranks decide that
+        together). Other runs stop as signalled: one job of all groups together, a torchft group alone."""
+        if not (isinstance(self.link, TorchftLink) and self.link.joint_stop):
             return requested
-        if requested is not None and self._stop_asked is None:
-            self._stop_asked = requested
         if self._stop_agreed:
             return self._stop_asked or signal.SIGTERM
-        if self._stop_asked is not None and self._steps_to_stop_point() * self._step_s > STOP_WAIT_S:
-            return self._stop_asked
-        return None
+        if requested is not None and self._stop_asked is None:
+            self._stop_asked = requested
+            steps = self._steps_to_stop_point()
+            far = torch.tensor([float(steps * self._step_s > STOP_WAIT_S)], device=self.device)
+            dist.all_reduce(far, op=dist.ReduceOp.MAX)  # the group's ranks: each timed its own steps
+            self._stop_alone = bool(far.item())
+            if dist.get_rank() == 0:
+                when = "now, alone" if self._stop_alone else f"after the next synchronisation, in {steps} step(s)"
+                log.warning("replica group %d: %s: stopping %s", self.replica, requested.name, when)
+        return self._stop_asked if self._stop_alone else None
 
     def _steps_to_stop_point(self) -> int:
         """Inner steps until a stop asked now takes effect: the next send's synchronisation applied."""
@@ -258,7 +268,7 @@ class ReplicaSyncEngine(Engine):
         """Start averaging the fragment's pseudo-gradient (synchronised weights minus this group's) over the groups."""
         dtype = torch.bfloat16 if self.settings.dtype == "bf16" else torch.float32
         parts = [(t.weights.to(self.device) - t.local.float()).reshape(-1) for t in self.fragments[fragment]]
-        if isinstance(self.link, TorchftLink):  # this group's stop request, averaged with the others' (stop_here)
+        if isinstance(self.link, TorchftLink) and self.link.joint_stop:  # the group's stop request (stop_here)
             parts.append(torch.full((1,), float(self._stop_asked is not None), device=self.device))
         flat = torch.cat(parts).to(dtype) if parts else torch.zeros(0, dtype=dtype, device=self.device)
         self.in_flight[fragment] = (self.link.all_reduce(flat), flat)

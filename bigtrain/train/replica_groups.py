@@ -62,9 +62,10 @@ class ReplicaGroup:
         checkpoint = dataclasses.replace(cfg.checkpoint, resume=False, every=0, save_final_model=False)
         return dataclasses.replace(cfg, output_dir=group_output_dir(cfg.output_dir, self.index), checkpoint=checkpoint)
 
-    def options(self, options: BuildOptions, timeout_s: float) -> BuildOptions:
-        """The build of this group alone (dp_replicate 1), joined to the others by torchft."""
-        link = TorchftLink(self.index, self.count, options.device, timeout_s)
+    def options(self, options: BuildOptions, timeout_s: float, elastic: bool = False) -> BuildOptions:
+        """The build of this group alone (dp_replicate 1), joined to the others by torchft (``elastic``: the groups
+        stop together on a signal, ``ReplicaSyncEngine.stop_here``)."""
+        link = TorchftLink(self.index, self.count, options.device, timeout_s, joint_stop=elastic)
         return dataclasses.replace(options, plan=options.plan.but(dp_replicate=1), replicas=link)
 
 

@@ -450,8 +450,8 @@ class TrainingJob:
             plan, self.hf_config, self.data.seq_len, dtype_bytes, self.env.local_world_size, free_host
         )
         options = build_options(self.cfg, self.hf_config, plan, self.device, self.loaded.new_head)
-        group = self.replica_group
-        return options if group is None else group.options(options, self.cfg.train.collective_timeout_s)
+        group, timeout_s = self.replica_group, self.cfg.train.collective_timeout_s
+        return options if group is None else group.options(options, timeout_s, self.elastic is not None)
 
     def _log_plan(self) -> None:
         if self.env.rank == 0:

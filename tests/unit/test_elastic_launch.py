@@ -69,26 +69,29 @@ def test_a_worker_that_raises_is_tried_again_not_taken_out(tmp_path):
         assert _gone({0: failure(0, 1, tmp_path)}, [0, 1], strikes) == set()
 
 
-def _groups_launcher(monkeypatch, outcomes: list[tuple[list[int], int | None]]) -> list[list[list[str]]]:
-    """launch_elastic_groups with each attempt's (exit codes, lost group) given: the arguments each group got."""
+def _groups_launcher(monkeypatch, outcomes: list[list[int]], asked: bool = False) -> list[list[list[str]]]:
+    """launch_elastic_groups with each attempt's exit codes given: the arguments each group got."""
     from bigtrain.cli import elastic_groups
 
     seen: list[list[list[str]]] = []
 
-    def attempt(per_group, groups, args_of, output_dir, lost_code=None):
-        assert lost_code == EXIT_DEVICE_GONE
+    def attempt(per_group, groups, args_of, output_dir, devices=None, lost_code=None):
+        assert lost_code == EXIT_DEVICE_GONE and devices is None  # no GPU here
         seen.append([args_of(i) for i in range(groups)])
-        return outcomes[len(seen) - 1]
+        return outcomes[len(seen) - 1], asked
 
     monkeypatch.setattr(elastic_groups, "run_replica_groups", attempt)
     return seen
 
 
+STEPS = 30
+
+
 def test_a_group_that_cannot_come_back_whole_starts_the_run_again_as_one_group_fewer(tmp_path, monkeypatch, capfd):
     from bigtrain.cli.elastic_groups import launch_elastic_groups
 
-    seen = _groups_launcher(monkeypatch, [([0, 0, EXIT_DEVICE_GONE], 2), ([0, 0], None)])
-    code = launch_elastic_groups(6, 3, ["train", "r.yaml"], str(tmp_path), (1, 3), (5, 12), lambda n: None)
+    seen = _groups_launcher(monkeypatch, [[0, 0, EXIT_DEVICE_GONE], [0, 0]])
+    code = launch_elastic_groups(6, 3, ["train", "r.yaml"], str(tmp_path), (1, 3, STEPS), (5, 12), lambda n: None)
     assert code == 0 and len(seen) == 2
     first, second = seen
     assert first[2][-2:] == ["--lose-rank", "1@12"] and "--lose-rank" not in first[0]  # rank 5: group 2's rank 1
@@ -96,8 +99,40 @@ def test_a_group_that_cannot_come_back_whole_starts_the_run_again_as_one_group_f
     assert all("--lost-at" in args and "--lose-rank" not in args for args in second)
     assert all(args[args.index("--min-nproc") + 1] == "2" for args in first + second)  # a group is whole or lost
     err = capfd.readouterr().err
-    assert "elastic: replica group 2 (rank(s) 4-5) cannot come back whole; the other groups stopped after their " in err
+    assert "elastic: replica group 2 (rank(s) 4-5) cannot come back whole; the other groups were stopped " in err
     assert "starting again as 2 group(s) of 2 rank(s), the global batch kept, restart 1 of at most 3" in err
+
+
+def test_two_groups_lost_together_leave_two_fewer(tmp_path, monkeypatch, capfd):
+    from bigtrain.cli.elastic_groups import launch_elastic_groups
+
+    seen = _groups_launcher(monkeypatch, [[0, EXIT_DEVICE_GONE, 0, EXIT_DEVICE_GONE], [0, 0]])
+    assert launch_elastic_groups(4, 4, ["train"], str(tmp_path), (1, 3, STEPS), None, lambda n: None) == 0
+    assert len(seen[1]) == 2 and all(["--set", "parallel.dp_replicate=2"] == args[1:3] for args in seen[1])
+    assert "replica group 1 (rank 1); replica group 3 (rank 3) cannot come back whole" in capfd.readouterr().err
+
+
+def test_a_group_lost_after_the_others_finished_the_run_is_the_run_s_end(tmp_path, monkeypatch, capfd):
+    from bigtrain.cli.elastic_groups import launch_elastic_groups
+
+    last = tmp_path / "checkpoints" / f"step_{STEPS}"
+    last.mkdir(parents=True)
+    (last / "bigtrain.json").write_text("{}")
+    (last / ".metadata").write_text("")
+    seen = _groups_launcher(monkeypatch, [[0, EXIT_DEVICE_GONE]])
+    assert launch_elastic_groups(2, 2, ["train"], str(tmp_path), (1, 3, STEPS), None, lambda n: None) == 0
+    assert len(seen) == 1  # nothing started again
+    assert "elastic: replica group 1 (rank 1) cannot come back whole; the other groups finished the run" in (
+        capfd.readouterr().err
+    )
+
+
+def test_a_stop_asked_of_the_launcher_is_the_run_s_stop_not_a_loss(tmp_path, monkeypatch):
+    from bigtrain.cli.elastic_groups import launch_elastic_groups
+
+    seen = _groups_launcher(monkeypatch, [[0, EXIT_DEVICE_GONE, 0]], asked=True)
+    assert launch_elastic_groups(3, 3, ["train"], str(tmp_path), (1, 3, STEPS), None, lambda n: None) == 0
+    assert len(seen) == 1
 
 
 def test_where_fewer_groups_cannot_go_on_the_run_stops_in_one_line(tmp_path, monkeypatch, capfd):
@@ -108,13 +143,13 @@ def test_where_fewer_groups_cannot_go_on_the_run_stops_in_one_line(tmp_path, mon
         raise ConfigError(f"train.global_batch_size=16 does not split over {n} groups; try 2 or 4")
 
     cases = [
-        (2, (1, 3), lambda n: None, "one group remains, and groups that survive failures need two"),
-        (3, (3, 3), lambda n: None, "2 rank(s) remain, fewer than --min-nproc=3"),
-        (3, (1, 0), lambda n: None, "--max-restarts=0 reached"),
-        (3, (1, 3), refuse, "the recipe's plan does not run as 2 groups (train.global_batch_size=16 does not split"),
+        (2, (1, 3, STEPS), lambda n: None, "one group remains, and groups that survive failures need two"),
+        (3, (3, 3, STEPS), lambda n: None, "2 rank(s) remain, fewer than --min-nproc=3"),
+        (3, (1, 0, STEPS), lambda n: None, "--max-restarts=0 reached"),
+        (3, (1, 3, STEPS), refuse, "the recipe's plan does not run as 2 groups (train.global_batch_size=16 does not"),
     ]
     for groups, limits, check, words in cases:
-        _groups_launcher(monkeypatch, [([0] * (groups - 1) + [EXIT_DEVICE_GONE], groups - 1)])
+        _groups_launcher(monkeypatch, [[0] * (groups - 1) + [EXIT_DEVICE_GONE]])
         assert launch_elastic_groups(groups, groups, ["train"], str(tmp_path), limits, None, check) == EXIT_DEVICE_GONE
         (line,) = [line for line in capfd.readouterr().err.splitlines() if line.startswith("bigtrain: error: ")]
         assert words in line and "no checkpoint was written yet" in line, line
@@ -123,6 +158,6 @@ def test_where_fewer_groups_cannot_go_on_the_run_stops_in_one_line(tmp_path, mon
 def test_a_group_that_fails_otherwise_is_said_as_without_elastic(tmp_path, monkeypatch, capfd):
     from bigtrain.cli.elastic_groups import launch_elastic_groups
 
-    _groups_launcher(monkeypatch, [([0, 2], None)])
-    assert launch_elastic_groups(2, 2, ["train"], str(tmp_path), (1, 3), None, lambda n: None) == 2
+    _groups_launcher(monkeypatch, [[0, 2]])
+    assert launch_elastic_groups(2, 2, ["train"], str(tmp_path), (1, 3, STEPS), None, lambda n: None) == 2
     assert "replica group 1 exited with code 2" in capfd.readouterr().err

@@ -9,17 +9,29 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from bigtrain.config.capabilities.replica_sync import SyncSettings
 from bigtrain.engine.replica_links import TorchftLink
 from bigtrain.engine.replica_sync import STOP_WAIT_S, ReplicaSyncEngine
 
 
-def _engine(steps: int, step_s: float, every: int = 10, fragments: int = 1, delay: int = 0, total: int = 100):
+@pytest.fixture
+def one_rank(tmp_path):
+    """A process group of this process alone (the group's ranks agree on stopping alone by an all-reduce)."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _engine(
+    steps: int, step_s: float, every: int = 10, fragments: int = 1, delay: int = 0, total: int = 100, joint=True
+):
     settings = SyncSettings("diloco", every, 0.7, 0.9, fragments, delay, "fp32", "host")
     engine = SimpleNamespace(
-        link=TorchftLink(0, 2, torch.device("cpu"), 10.0),  # no Manager: nothing is started until attach
+        link=TorchftLink(0, 2, torch.device("cpu"), 10.0, joint_stop=joint),  # no Manager until attach
         settings=settings, steps=steps, total_steps=total, _step_s=step_s, _stop_asked=None, _stop_agreed=False,
+        _stop_alone=False, device=torch.device("cpu"), replica=0,
     )  # fmt: skip
     engine._steps_to_stop_point = lambda: ReplicaSyncEngine._steps_to_stop_point(engine)
     return engine
@@ -36,7 +48,7 @@ def test_a_stop_takes_effect_when_the_next_send_is_applied(steps, every, fragmen
     assert ReplicaSyncEngine._steps_to_stop_point(engine) == expected
 
 
-def test_a_near_synchronisation_is_waited_for_and_a_far_one_is_not():
+def test_a_near_synchronisation_is_waited_for_and_a_far_one_is_not(one_rank):
     near = _engine(steps=12, step_s=STOP_WAIT_S / 10)  # 8 steps to go: within the wait
     assert ReplicaSyncEngine.stop_here(near, signal.SIGTERM) is None
     assert near._stop_asked == signal.SIGTERM  # carried by the next send
@@ -51,6 +63,12 @@ def test_a_group_that_received_nothing_stops_with_the_others_after_the_synchroni
     assert ReplicaSyncEngine.stop_here(engine, None) is None
     engine._stop_agreed = True
     assert ReplicaSyncEngine.stop_here(engine, None) == signal.SIGTERM
+
+
+def test_outside_an_elastic_run_a_signalled_group_stops_alone_at_once():
+    engine = _engine(steps=12, step_s=0.1, joint=False)  # the next synchronisation is near, yet not waited for
+    assert ReplicaSyncEngine.stop_here(engine, signal.SIGTERM) == signal.SIGTERM
+    assert ReplicaSyncEngine.stop_here(engine, None) is None and engine._stop_asked is None  # nothing sent
 
 
 def test_the_re_plan_line_counts_every_group_s_ranks_and_the_steps_the_other_groups_went_on(tmp_path):
