@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from bigtrain.checkpoint.layout import checkpoints_dir, complete_checkpoints, last_good_checkpoint
-from bigtrain.cli.launch import report_groups, run_replica_groups, write_line
+from bigtrain.cli.launch import report_groups, run_replica_groups, visible_devices, write_line
 from bigtrain.errors import ConfigError
 from bigtrain.train.elastic import EXIT_DEVICE_GONE
 from bigtrain.train.replica_groups import GROUP_RESTARTS
@@ -37,8 +37,6 @@ def launch_elastic_groups(
     after each group lost for good (``limits``: --min-nproc, --max-restarts and train.steps; ``lose``: the drill's
     (rank, step), a rank of the whole run; ``check_groups(n)`` raises the ConfigError that refuses the recipe's plan
     on n groups)."""
-    from bigtrain.cli.elastic_launch import visible_devices
-
     min_nproc, max_restarts, steps = limits
     per_group = nproc // groups
     devices = visible_devices(nproc)

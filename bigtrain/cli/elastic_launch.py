@@ -24,8 +24,7 @@ from collections import Counter
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from bigtrain.cli.failures import EXIT_LOST_RANK, EXIT_NO_ANSWER, last_good_checkpoint
-from bigtrain.cli.launch import own_code, own_line, run_workers, say_root_cause, write_line
-from bigtrain.errors import ConfigError
+from bigtrain.cli.launch import own_code, own_line, run_workers, say_root_cause, visible_devices, write_line
 from bigtrain.train.elastic import EXIT_DEVICE_GONE, EXIT_STOPPED_EARLY
 
 SLOT_TRIES = 2  # a slot whose worker failed this many times in a row (not as a lost device) is taken as gone
@@ -90,23 +89,6 @@ def launch_elastic(
             f"{max_restarts} ({last_good_checkpoint(output_dir)})"
         )
         slots = remaining
-
-
-def visible_devices(nproc: int) -> list[str] | None:
-    """The GPUs the slots stand for (``CUDA_VISIBLE_DEVICES`` as given, else 0..N-1); None on a machine without
-    CUDA (asked without creating a CUDA context in this process)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    given = os.environ.get("CUDA_VISIBLE_DEVICES")
-    devices = given.split(",") if given else [str(i) for i in range(torch.cuda.device_count())]
-    if len(devices) < nproc:
-        raise ConfigError(
-            f"--nproc={nproc} with {len(devices)} GPU(s) visible (CUDA_VISIBLE_DEVICES={given!r}): one rank per GPU; "
-            f"use --nproc {len(devices)} or show more GPUs"
-        )
-    return devices[:nproc]
 
 
 def _input_failure(failures: dict[int, ProcessFailure]) -> str | None:

@@ -27,6 +27,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from bigtrain.cli.failures import EXIT_AFTER, EXIT_NO_ANSWER, last_good_checkpoint
+from bigtrain.errors import ConfigError
 
 # torchft's Lighthouse: how long a synchronisation waits for a live group that has not asked yet (a slow group is
 # waited for, as synchronous training would; a group that synchronised alone would go on from other weights), and
@@ -92,8 +93,6 @@ def launch_replica_groups(nproc: int, groups: int, own_args: list[str], output_d
     replica group (``nproc / groups`` ranks each, its workers started again when one dies), which find the
     Lighthouse where torchft looks (TORCHFT_LIGHTHOUSE). Group 0 prints to this terminal; group i > 0 to
     ``output_dir/replica_groups/group<i>.log``. Returns the first failing group's exit code, else 0."""
-    from bigtrain.cli.elastic_launch import visible_devices
-
     codes, _ = run_replica_groups(nproc // groups, groups, lambda index: own_args, output_dir, visible_devices(nproc))
     return report_groups(codes, output_dir)
 
@@ -161,6 +160,23 @@ def run_replica_groups(
                 out.close()
         lighthouse.shutdown()
     return codes, bool(asked)
+
+
+def visible_devices(nproc: int) -> list[str] | None:
+    """The GPUs the slots stand for (``CUDA_VISIBLE_DEVICES`` as given, else 0..N-1); None on a machine without
+    CUDA (asked without creating a CUDA context in this process)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = given.split(",") if given else [str(i) for i in range(torch.cuda.device_count())]
+    if len(devices) < nproc:
+        raise ConfigError(
+            f"--nproc={nproc} with {len(devices)} GPU(s) visible (CUDA_VISIBLE_DEVICES={given!r}): one rank per GPU; "
+            f"use --nproc {len(devices)} or show more GPUs"
+        )
+    return devices[:nproc]
 
 
 def report_groups(codes: list[int], output_dir: str) -> int:
