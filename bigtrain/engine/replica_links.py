@@ -25,6 +25,8 @@ from bigtrain.parallel.mesh import WorldMesh
 class MeshLink:
     """The dp_replicate groups of one job: torch.distributed's collectives over the mesh."""
 
+    joint_stop = False  # one job: a signal reaches every group's ranks, which stop together at the step boundary
+
     def __init__(self, mesh: WorldMesh) -> None:
         self.group = mesh.replica_group
         self.replicas = dist.get_world_size(self.group)

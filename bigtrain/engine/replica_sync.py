@@ -219,7 +219,7 @@ class ReplicaSyncEngine(Engine):
         with the same weights, which group 0's checkpoint then holds. A group whose next synchronisation is more than
         ``STOP_WAIT_S`` away at its pace stops at once, alone, as a group that dies would (its ranks decide that
         together). Other runs stop as signalled: one job of all groups together, a torchft group alone."""
-        if not (isinstance(self.link, TorchftLink) and self.link.joint_stop):
+        if not self.link.joint_stop:
             return requested
         if self._stop_agreed:
             return self._stop_asked or signal.SIGTERM
@@ -268,7 +268,7 @@ class ReplicaSyncEngine(Engine):
         """Start averaging the fragment's pseudo-gradient (synchronised weights minus this group's) over the groups."""
         dtype = torch.bfloat16 if self.settings.dtype == "bf16" else torch.float32
         parts = [(t.weights.to(self.device) - t.local.float()).reshape(-1) for t in self.fragments[fragment]]
-        if isinstance(self.link, TorchftLink) and self.link.joint_stop:  # the group's stop request (stop_here)
+        if self.link.joint_stop:  # the group's stop request (stop_here)
             parts.append(torch.full((1,), float(self._stop_asked is not None), device=self.device))
         flat = torch.cat(parts).to(dtype) if parts else torch.zeros(0, dtype=dtype, device=self.device)
         self.in_flight[fragment] = (self.link.all_reduce(flat), flat)
