@@ -1,0 +1,67 @@
+"""In-batch negatives across micro-batches and data-parallel ranks: the step's pass before its forwards with a graph
+(``losses/contrastive.py`` says why).
+
+``cached_gradients`` takes the step's embeddings, computed without a graph (each micro-batch's rows in blocks of m:
+its anchors, their positives, then each column of hard negatives), gathers every rank's, computes the contrastive
+loss of the whole global batch on every rank alike (a [global anchors, global candidates] score matrix: small beside
+a forward), and returns each local micro-batch's share of it with the gradient of the global loss sum with respect to
+its rows' embeddings. The forwards with a graph that follow backpropagate those gradients (their dot product with the
+rows' embeddings), which is the gradient of the global loss with respect to the parameters, each rank's part of it;
+the engine's gradient reduction adds the ranks' parts as for any loss summed over the global batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from bigtrain.losses.contrastive import per_anchor_losses
+
+
+@dataclass(frozen=True)
+class CachedStep:
+    """What one micro-batch gets of its step's global loss: d(global loss sum)/d(its rows' embeddings), in its rows'
+    order, and its anchors' loss sum and count of positives ranked first (detached)."""
+
+    gradients: torch.Tensor  # [columns x m, width] fp32
+    loss_sum: torch.Tensor  # [] fp32
+    correct: torch.Tensor  # [] fp32
+
+
+def _gather(local: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Every rank's ``local`` end to end, in rank order (the same shape on every rank)."""
+    if group is None or dist.get_world_size(group) == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, local.contiguous(), group=group)
+    return torch.cat(parts)
+
+
+def cached_gradients(
+    embedded: list[torch.Tensor],
+    keep: list[torch.Tensor],
+    columns: int,
+    scale: float,
+    group: dist.ProcessGroup | None = None,
+) -> list[CachedStep]:
+    """The step's micro-batches' shares of the global contrastive loss (``embedded[b]``: micro-batch b's [columns x
+    m_b, width] embeddings; ``keep[b]``: [m_b] bool, the examples that count; every rank has the same m_b)."""
+    sizes = [k.shape[0] for k in keep]
+    blocks = [e.detach().float().view(columns, m, -1) for e, m in zip(embedded, sizes, strict=True)]
+    local = torch.stack([torch.cat([b[c] for b in blocks]) for c in range(columns)])  # [columns, M, width]
+    leaves = _gather(local.transpose(0, 1).contiguous(), group).transpose(0, 1).detach().requires_grad_()
+    kept = _gather(torch.cat(keep).float(), group)
+    anchors, candidates = leaves[0], leaves[1:].reshape(-1, leaves.shape[-1])
+    losses, correct = per_anchor_losses(anchors, candidates, scale)
+    (losses * kept).sum().backward()
+    rank = dist.get_rank(group) if group is not None else 0
+    mine = slice(rank * local.shape[1], (rank + 1) * local.shape[1])
+    grads, losses, correct = leaves.grad[:, mine], (losses.detach() * kept)[mine], (correct * kept)[mine]
+    out, start = [], 0
+    for m in sizes:
+        rows = slice(start, start + m)
+        out.append(CachedStep(grads[:, rows].reshape(columns * m, -1), losses[rows].sum(), correct[rows].sum()))
+        start += m
+    return out

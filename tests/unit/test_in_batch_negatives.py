@@ -1,0 +1,106 @@
+"""The contrastive loss over in-batch negatives and its gradient cache: embedding the step's micro-batches without a
+graph, the global loss's gradient with respect to each embedding, then each micro-batch's forward with a graph
+backpropagating it gives the gradient of one pass over the whole global batch, on one rank and across two."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from bigtrain.losses.contrastive import per_anchor_losses, pool
+from bigtrain.roles.in_batch_negatives import cached_gradients
+
+COLUMNS, WIDTH, SCALE = 3, 8, 20.0  # anchor, positive, one hard negative
+
+
+def _examples(count: int, seed: int = 0) -> torch.Tensor:
+    """``count`` examples of COLUMNS feature rows each: [count, COLUMNS, 16]."""
+    return torch.randn(count, COLUMNS, 16, generator=torch.Generator().manual_seed(seed))
+
+
+def _rows(examples: torch.Tensor) -> torch.Tensor:
+    """A micro-batch's rows in blocks: its anchors, their positives, their negatives."""
+    return examples.transpose(0, 1).reshape(-1, examples.shape[-1])
+
+
+def _by_hand(encoder: nn.Module, examples: torch.Tensor) -> tuple[float, list[torch.Tensor]]:
+    """One pass over the whole global batch: the mean loss and its gradient."""
+    encoder.zero_grad()
+    emb = encoder(examples)  # [count, COLUMNS, WIDTH]
+    candidates = emb[:, 1:].transpose(0, 1).reshape(-1, WIDTH)
+    losses, _ = per_anchor_losses(emb[:, 0], candidates, SCALE)
+    loss = losses.mean()
+    loss.backward()
+    return float(loss), [p.grad.clone() for p in encoder.parameters()]
+
+
+def _cached(encoder, micro_batches, count, group=None) -> tuple[float, list[torch.Tensor]]:
+    encoder.zero_grad()
+    with torch.no_grad():
+        embedded = [encoder(_rows(mb)) for mb in micro_batches]
+    keep = [torch.ones(mb.shape[0], dtype=torch.bool) for mb in micro_batches]
+    steps = cached_gradients(embedded, keep, COLUMNS, SCALE, group)
+    for mb, step in zip(micro_batches, steps, strict=True):
+        ((encoder(_rows(mb)) * step.gradients).sum() / count).backward()
+    return float(sum(s.loss_sum for s in steps)) / count, [p.grad.clone() for p in encoder.parameters()]
+
+
+def test_the_cached_gradient_of_micro_batches_is_one_pass_s_over_the_global_batch():
+    torch.manual_seed(0)
+    encoder = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, WIDTH))
+    examples = _examples(6)
+    loss, grads = _by_hand(encoder, examples)
+    cached_loss, cached = _cached(encoder, [examples[:2], examples[2:4], examples[4:]], 6)
+    assert abs(loss - cached_loss) < 1e-6
+    for g, c in zip(grads, cached, strict=True):
+        torch.testing.assert_close(c, g, rtol=1e-5, atol=1e-6)
+    # teeth: negatives from each micro-batch alone is another loss and another gradient
+    alone = [_by_hand(encoder, examples[i : i + 2]) for i in (0, 2, 4)]
+    assert abs(sum(a[0] for a in alone) / 3 - loss) > 10 * 1e-6
+
+
+def _rank(rank: int, port: int, examples: torch.Tensor, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    encoder = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, WIDTH))
+    mine = examples[rank * 4 : (rank + 1) * 4]
+    loss, grads = _cached(encoder, [mine[:2], mine[2:]], 8, dist.group.WORLD)
+    for g in grads:
+        dist.all_reduce(g)  # each rank's part of the global gradient, added (as a sum-reducing engine does)
+    summed = torch.tensor([loss])
+    dist.all_reduce(summed)
+    out[rank] = (float(summed), grads)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "last_token"])
+def test_pooling_reads_the_rows_the_mask_keeps(pooling):
+    hidden = torch.arange(2 * 4 * 2, dtype=torch.float32).view(2, 4, 2)
+    mask = torch.tensor([[1, 1, 1, 0], [0, 1, 1, 1]])  # right-padded, then left-padded
+    expected = {
+        "mean": torch.stack([hidden[0, :3].mean(0), hidden[1, 1:].mean(0)]),
+        "cls": torch.stack([hidden[0, 0], hidden[1, 1]]),
+        "last_token": torch.stack([hidden[0, 2], hidden[1, 3]]),
+    }[pooling]
+    torch.testing.assert_close(pool(hidden, mask, pooling), expected)
+
+
+def test_two_ranks_gather_every_negative_and_their_gradients_add_up_to_one_pass_s():
+    from helpers import free_port
+
+    examples = _examples(8, seed=1)
+    torch.manual_seed(0)
+    encoder = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, WIDTH))
+    loss, grads = _by_hand(encoder, examples)
+    out = mp.Manager().dict()
+    mp.spawn(_rank, args=(free_port(), examples, out), nprocs=2)
+    for rank in (0, 1):
+        assert abs(out[rank][0] - loss) < 1e-6
+        for g, c in zip(grads, out[rank][1], strict=True):
+            torch.testing.assert_close(c, g, rtol=1e-5, atol=1e-6)
