@@ -69,15 +69,16 @@ def part_of(parameter: str, parts: dict[str, str]) -> str:
 def frozen_parameters(model: Any, freeze: list[str]) -> list[str]:
     """The names of the parameters ``model.freeze`` names: a part (``PARTS``), or a module of the model by its own
     qualified name (e.g. ``model.visual.blocks.0``). A name that is neither is one line listing what is."""
-    parts = part_modules(model)
     modules = {name for name, _ in model.named_modules() if name}
     out: list[str] = []
     for entry in freeze:
-        if entry in PARTS:
-            hits = [n for n, _ in model.named_parameters() if part_of(n, parts) == entry]
-        elif entry in modules:
+        if entry in modules:  # a module's own name (any model's: a text model has no vision-language parts)
             hits = [n for n, _ in model.named_parameters() if n.startswith(entry + ".")]
+        elif entry in PARTS:
+            parts = part_modules(model)
+            hits = [n for n, _ in model.named_parameters() if part_of(n, parts) == entry]
         else:
+            parts = part_modules(model)
             named = ", ".join(f"{p} ({parts[p]})" for p in PARTS)
             children = ", ".join(n for n in sorted(modules) if n.count(".") <= 1)
             raise ConfigError(

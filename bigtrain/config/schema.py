@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from bigtrain.config.embedding_keys import EmbeddingKeys
 from bigtrain.config.online_rl import GrpoKeys, RolloutConfig
 from bigtrain.config.schema_fields import doc, recipe_key
 
@@ -297,8 +298,9 @@ class CoreTrainKeys:
 
 
 @dataclass
-class TrainConfig(GrpoKeys, CoreTrainKeys):
-    """The ``train`` section: the keys every job reads, then grpo's (``online_rl.py``)."""
+class TrainConfig(EmbeddingKeys, GrpoKeys, CoreTrainKeys):
+    """The ``train`` section: the keys every job reads, then grpo's (``online_rl.py``), then the contrastive
+    objective's (``embedding_keys.py``)."""
 
 
 @dataclass

@@ -25,6 +25,7 @@ class DataFacts:
 TOKEN_ROWS = "token rows"  # logits over the vocabulary at every position of a row (causal LMs, VLMs)
 EXAMPLES = "examples"  # one output vector per example (classifiers, regressors)
 SCORES = "scores"  # one number per row, compared across the rows of an example (a reward model's pairs)
+EMBEDDINGS = "embeddings"  # each row's token states, pooled into one vector per text (an embedding model's)
 
 
 @dataclass(frozen=True)

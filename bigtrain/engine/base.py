@@ -60,11 +60,35 @@ def step_sums(loss: torch.Tensor, terms: Terms) -> torch.Tensor:
 
 
 class Reference(ABC):
-    """Where an objective's reference log-probabilities come from (``roles/reference.py``)."""
+    """A role that annotates a step's micro-batches before the policy's forwards: the reference log-probabilities of
+    a preference objective (``roles/reference.py``), the gradient cache of in-batch negatives
+    (``roles/in_batch_negatives.py``)."""
 
     @abstractmethod
     def attach(self, batch: Any) -> Any:
-        """``batch`` with its reference log-probabilities."""
+        """``batch`` with what the role gives it."""
+
+    def attach_step(self, micro_batches: list[Any]) -> list[Any]:
+        """The step's micro-batches with what the role gives them (a role that reads them together overrides it)."""
+        return [self.attach(batch) for batch in micro_batches]
+
+
+@contextlib.contextmanager
+def replaying(batch: Any) -> Iterator[None]:
+    """The random state a role recorded before its own forward of ``batch`` (``cached.rng``), restored for the
+    forward with a graph, so that dropout draws the same masks in both (the state outside is kept); nothing where
+    none was recorded."""
+    rng = getattr(getattr(batch, "cached", None), "rng", None)
+    if rng is None:
+        yield
+        return
+    from torch.utils.checkpoint import set_device_states
+
+    cpu, devices, states = rng
+    with torch.random.fork_rng(devices=devices):
+        torch.set_rng_state(cpu)
+        set_device_states(devices, states)
+        yield
 
 
 class Engine(ABC):
@@ -93,7 +117,13 @@ class Engine(ABC):
         and the policy's forwards then run back to back with their backwards)."""
         if self.reference is None:
             return micro_batches
-        return [self.reference.attach(batch) for batch in micro_batches]
+        return self.reference.attach_step(micro_batches)
+
+    @property
+    def batch_group(self) -> Any:
+        """The ranks that read different rows of each global batch (what a role that reads the whole global batch
+        gathers over)."""
+        raise NotImplementedError(f"{type(self).__name__} has no data-parallel group of its own")
 
     @property
     @abstractmethod

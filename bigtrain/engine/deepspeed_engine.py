@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bigtrain.data.batch import MicroBatch
-from bigtrain.engine.base import Engine, StepResult, step_sums
+from bigtrain.engine.base import Engine, StepResult, replaying, step_sums
 from bigtrain.engine.torch_native import OptimizerFactory, SchedulerFactory
 from bigtrain.models.build import init_deepspeed_comm
 from bigtrain.parallel.transforms.base import BuiltModel
@@ -88,7 +88,12 @@ class DeepSpeedZeroEngine(Engine):
         return {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
 
     def model_output(self, batch: MicroBatch) -> Any:
-        return self.ds(**self._inputs(batch))
+        with replaying(batch):
+            return self.ds(**self._inputs(batch))
+
+    @property
+    def batch_group(self) -> Any:
+        return dist.group.WORLD  # DeepSpeed's plans here are data-parallel over every rank
 
     def generate(self, **kwargs: Any) -> torch.Tensor:
         # the engine's module: ZeRO-3's hooks gather each submodule's parameters for every forward of the loop (every
@@ -124,9 +129,9 @@ class DeepSpeedZeroEngine(Engine):
 
     def eval_sums(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
         parts = []
-        micro_batches = self.with_reference(micro_batches)
         self.ds.eval()
         try:
+            micro_batches = self.with_reference(micro_batches)  # a role's own pass in eval mode too
             with torch.no_grad():
                 for batch in micro_batches:
                     output = self.ds(**self._inputs(batch))

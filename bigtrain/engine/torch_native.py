@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from bigtrain.config.schema import TrainConfig
 from bigtrain.data.batch import MicroBatch
-from bigtrain.engine.base import Engine, StepResult, evaluating, step_sums
+from bigtrain.engine.base import Engine, StepResult, evaluating, replaying, step_sums
 from bigtrain.engine.grad_norm import clip_global_grad_norm
 from bigtrain.engine.loss_scale import DynamicLossScaler
 from bigtrain.losses import Terms
@@ -102,8 +102,12 @@ class TorchNativeEngine(Engine):
 
     def model_output(self, batch: MicroBatch) -> Any:
         """The model's forward over one micro-batch, under autocast where the backend keeps fp32 weights."""
-        with self._autocast():
+        with self._autocast(), replaying(batch):
             return self.built.forward_module(**batch.model_inputs())
+
+    @property
+    def batch_group(self) -> Any:
+        return self.mesh.batch_group
 
     @contextlib.contextmanager
     def generating(self) -> Iterator[torch.nn.Module]:
@@ -166,8 +170,8 @@ class TorchNativeEngine(Engine):
 
     def eval_sums(self, micro_batches: list[MicroBatch]) -> torch.Tensor:
         parts = []
-        micro_batches = self.with_reference(micro_batches)
-        with self._evaluating():
+        with self._evaluating():  # a role's own pass too (in-batch negatives embed as the evaluation does)
+            micro_batches = self.with_reference(micro_batches)
             for batch in micro_batches:
                 output = self.model_output(batch)
                 with self._loss_context():

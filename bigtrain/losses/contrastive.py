@@ -16,8 +16,13 @@ global batch.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+
+from bigtrain.data.labels import IGNORE_INDEX
+from bigtrain.losses.base import Terms
 
 POOLING = ("mean", "cls", "last_token")
 
@@ -46,3 +51,46 @@ def per_anchor_losses(anchors: torch.Tensor, candidates: torch.Tensor, scale: fl
     losses = F.cross_entropy(scores, labels, reduction="none")
     correct = (scores.detach().argmax(-1) == labels).float()
     return losses, correct
+
+
+class InBatchNegatives:
+    """The loss of a micro-batch of ``data/text_pairs.EmbeddingBatch`` from the model's last hidden states: the
+    gradient its step's pass cached for its rows backpropagated through their embeddings, its value its anchors'
+    share of the global loss (``roles/in_batch_negatives.py``). Metric: ``accuracy``, the anchors whose own positive
+    scores highest among all the candidates."""
+
+    per_forward_weight = 0.0
+    metric_names = ("accuracy",)
+
+    def __init__(self, scale: float, pooling: str) -> None:
+        self.scale, self.pooling = scale, pooling
+
+    def count(self, labels: torch.Tensor) -> int:
+        """The anchors of a micro-batch (an evaluation filler counts nothing)."""
+        return int((labels != IGNORE_INDEX).sum())
+
+    def embed(self, output: Any, batch: Any) -> torch.Tensor:
+        """Each row's pooled embedding (fp32)."""
+        return pool(output.last_hidden_state, batch.attention_mask, self.pooling)
+
+    def __call__(self, output: Any, batch: Any) -> Terms:
+        cached = batch.cached
+        assert cached is not None, "the step's pass (roles/in_batch_negatives.py) gives every micro-batch its share"
+        embedded = self.embed(output, batch)
+        through = (embedded * cached.gradients.to(embedded.device)).sum()
+        # the value: this micro-batch's share of the global loss; the gradient: the cached one through its rows
+        loss_sum = through - through.detach() + cached.loss_sum.to(embedded.device)
+        return Terms(loss_sum, None, cached.correct.reshape(1).to(embedded.device))
+
+    def loss_sum(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("a pipeline schedule hands the loss only logits: an embedding model trains with pp=1")
+
+    def eval_sums(self, output: Any, batch: Any, terms: Terms) -> torch.Tensor:
+        assert terms.metrics is not None
+        return terms.metrics
+
+    def eval_metrics(self, loss: float, sums: torch.Tensor, count: int) -> dict[str, float]:
+        return {"eval_accuracy": float(sums[0]) / max(count, 1), "eval_anchors": count}
+
+    def step_metrics(self, sums: torch.Tensor, count: int) -> dict[str, float]:
+        return {"accuracy": float(sums[0]) / max(count, 1)}

@@ -20,6 +20,7 @@ RECORDS = (
     "simpo",
     "reward",
     "grpo",
+    "contrastive",
 )
 OBJECTIVES: dict[str, ObjectiveSpec] = {
     spec.name: spec for spec in (import_module(f"{__name__}.{name}").OBJECTIVE for name in RECORDS)

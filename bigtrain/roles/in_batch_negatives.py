@@ -12,11 +12,14 @@ the engine's gradient reduction adds the ranks' parts as for any loss summed ove
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from bigtrain.data.labels import IGNORE_INDEX
+from bigtrain.engine.base import Engine, Reference
 from bigtrain.losses.contrastive import per_anchor_losses
 
 
@@ -28,6 +31,7 @@ class CachedStep:
     gradients: torch.Tensor  # [columns x m, width] fp32
     loss_sum: torch.Tensor  # [] fp32
     correct: torch.Tensor  # [] fp32
+    rng: Any = None  # the random state before the pass's forward of it (``engine.base.replaying``)
 
 
 def _gather(local: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
@@ -53,9 +57,10 @@ def cached_gradients(
     local = torch.stack([torch.cat([b[c] for b in blocks]) for c in range(columns)])  # [columns, M, width]
     leaves = _gather(local.transpose(0, 1).contiguous(), group).transpose(0, 1).detach().requires_grad_()
     kept = _gather(torch.cat(keep).float(), group)
-    anchors, candidates = leaves[0], leaves[1:].reshape(-1, leaves.shape[-1])
-    losses, correct = per_anchor_losses(anchors, candidates, scale)
-    (losses * kept).sum().backward()
+    with torch.enable_grad():  # (an evaluation's pass runs without a graph around it)
+        anchors, candidates = leaves[0], leaves[1:].reshape(-1, leaves.shape[-1])
+        losses, correct = per_anchor_losses(anchors, candidates, scale)
+        (losses * kept).sum().backward()
     rank = dist.get_rank(group) if group is not None else 0
     mine = slice(rank * local.shape[1], (rank + 1) * local.shape[1])
     grads, losses, correct = leaves.grad[:, mine], (losses.detach() * kept)[mine], (correct * kept)[mine]
@@ -65,3 +70,36 @@ def cached_gradients(
         out.append(CachedStep(grads[:, rows].reshape(columns * m, -1), losses[rows].sum(), correct[rows].sum()))
         start += m
     return out
+
+
+def _random_state(batch: Any) -> tuple[Any, ...]:
+    """The random state a forward of ``batch`` starts from (the CPU's, and its devices')."""
+    from torch.utils.checkpoint import get_device_states
+
+    return (torch.get_rng_state(), *get_device_states(batch.input_ids))
+
+
+class InBatchNegatives(Reference):
+    """The role of ``train.objective: contrastive``: before a step's forwards, its micro-batches embedded without a
+    graph (in training mode, each forward's random state kept for the forward with a graph), and each given its
+    ``CachedStep`` of the global batch gathered over the engine's data-parallel ranks."""
+
+    def __init__(self, engine: Engine, scale: float, embed: Any) -> None:
+        self.engine, self.scale, self.embed = engine, scale, embed
+
+    def attach(self, batch: Any) -> Any:
+        return self.attach_step([batch])[0]
+
+    def attach_step(self, micro_batches: list[Any]) -> list[Any]:
+        embedded, states = [], []
+        with torch.no_grad():
+            for batch in micro_batches:
+                states.append(_random_state(batch))
+                embedded.append(self.embed(self.engine.model_output(batch), batch))
+        keep = [batch.labels != IGNORE_INDEX for batch in micro_batches]
+        columns = micro_batches[0].columns
+        steps = cached_gradients(embedded, keep, columns, self.scale, self.engine.batch_group)
+        return [
+            batch.with_cached(replace(step, rng=state))
+            for batch, step, state in zip(micro_batches, steps, states, strict=True)
+        ]

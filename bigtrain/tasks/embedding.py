@@ -1,0 +1,119 @@
+"""``model.task: embedding``: a text embedding model (sentence-transformers' bi-encoders: BERT/ModernBERT encoders
+with mean or CLS pooling, decoders with last-token pooling) trained on records of an anchor, its positive and optional
+hard negatives with in-batch negatives over the whole global batch (``train.objective: contrastive``). The trained
+model is transformers' base model of the family (``AutoModel``: its token states, no head); the pooling is the
+objective's (``train.pooling``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from bigtrain.config.schema import RecipeConfig
+from bigtrain.config.setup import EMBEDDINGS
+from bigtrain.tasks import classifiers
+from bigtrain.tasks.spec import Prepared, TaskSpec
+from bigtrain.tasks.token_rows import text_files
+
+
+def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
+    """The examples of ``data.path`` and the held-out ones (``data.eval_path``, else ``data.eval_fraction`` of them),
+    tokenised by data.tokenizer, else the model folder's tokenizer, else bytes."""
+    import numpy as np
+
+    from bigtrain.data.held_out import require_held_out
+    from bigtrain.data.sources import held_out_rows
+    from bigtrain.data.text_classes import tokenizer_folder
+    from bigtrain.data.text_pairs import load_text_pairs
+
+    tokenizer = tokenizer_folder(cfg.data, cfg.model.name_or_path)
+    data = load_text_pairs(cfg.data, "data.path", cfg.data.path, tokenizer)
+    held = None
+    if cfg.data.eval_path is not None:
+        held = load_text_pairs(cfg.data, "data.eval_path", cfg.data.eval_path, tokenizer)
+    elif cfg.data.eval_fraction > 0:
+        kept, chosen = held_out_rows(data.num_rows, cfg.data.eval_fraction, cfg.train.seed, "examples")
+        held = data.subset(chosen, f"{len(chosen)} held-out examples")
+        data = data.subset(kept, f"{data.description}, {len(kept)} for training")
+    if data.index is None:
+        data = data.subset(np.arange(data.num_rows), data.description)
+    require_held_out(cfg, held)
+    return data, held
+
+
+def is_decoder(hf_config: Any) -> bool:
+    """Whether transformers serves the family as a causal LM and not as a masked LM (a decoder embedder pools its
+    last token, sentence-transformers' default for them)."""
+    from transformers.models.auto import modeling_auto
+
+    model_type = hf_config.model_type
+    return model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
+        model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    )
+
+
+def prepare(cfg: RecipeConfig, hf_config: Any, data: Any) -> Prepared:
+    """``train.pooling: auto`` made the family's (last_token for decoders, else mean), recorded in the recipe; the
+    id texts are padded with in a copy of the model's config."""
+    import copy
+
+    hf_config = copy.deepcopy(hf_config)
+    hf_config.pad_token_id = data.pad_id
+    if cfg.train.pooling == "auto":
+        pooling = "last_token" if is_decoder(hf_config) else "mean"
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, pooling=pooling))
+    if _has_pooler(hf_config) and "pooler" not in cfg.model.freeze:
+        # BERT's pooler (a dense layer on the first token, for next-sentence prediction) is no embedding of ours:
+        # frozen, it keeps its values and no rank waits for its gradient
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, freeze=[*cfg.model.freeze, "pooler"]))
+    return Prepared(cfg, hf_config)
+
+
+def _has_pooler(hf_config: Any) -> bool:
+    import torch
+    from transformers import AutoModel
+
+    with torch.device("meta"):
+        model = AutoModel.from_config(hf_config)
+    return getattr(model, "pooler", None) is not None
+
+
+def planner(model_config: dict[str, Any], workload: Any) -> Any:
+    """For now the terms of the family's one-output sequence classifier (its base model and a head of one output,
+    which weighs nothing beside it), whose rows the objective counts two per example."""
+    from transformers.models.auto import modeling_auto
+
+    name = modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES[model_config["model_type"]]
+    model_config = {**model_config, "architectures": [name], "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}
+    model_config.setdefault("pad_token_id", 0)
+    return classifiers.planner(model_config, workload)
+
+
+TASK = TaskSpec(
+    name="embedding",
+    summary="text embedding models (bi-encoders): anchor, positive[, negatives] records, in-batch negatives",
+    auto_class="AutoModel",
+    mapping="MODEL_MAPPING_NAMES",
+    suffix=None,
+    auto=False,  # a base model's folder may be anything's backbone: the task is named, never guessed
+    named=lambda hf_config: False,
+    unit="pairs",
+    outputs=EMBEDDINGS,
+    default_objective="contrastive",
+    built_objectives=("contrastive",),
+    read_data=read_data,
+    prepare=prepare,
+    model_facts=classifiers.layer_facts,
+    planner=planner,
+    sizes=lambda ask: classifiers.sizes(ask, images=False),
+    synthetic=lambda *args: None,  # the objective's
+    count=lambda *args: 0.0,
+    export_files=text_files,
+    peft_task_type="FEATURE_EXTRACTION",
+    metrics=("eval_accuracy",),
+    keys=("data.path", "data.eval_path", "data.eval_fraction", "data.tokenizer", "data.seq_len"),
+    rules=classifiers.RULES,
+    example={"model_type": "bert", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64,
+             "num_hidden_layers": 2, "num_attention_heads": 4},  # fmt: skip
+)
