@@ -41,6 +41,9 @@ class HfFiles:
     byte_tokenizer: bool = False
     image_processor: dict[str, Any] | None = None
     processor: tuple[str, int | None, int | None] | None = None
+    # an embedding model's pooling (train.pooling), its width and the longest text it was trained on: the files
+    # that make the folder a sentence-transformers model (``SentenceTransformer(folder)``)
+    sentence_transformer: tuple[str, int, int] | None = None
 
 
 def write_hf_files(folder: Path, hf_config: Any, model_folder: str | None, files: HfFiles) -> None:
@@ -65,6 +68,10 @@ def write_hf_files(folder: Path, hf_config: Any, model_folder: str | None, files
         _write_image_processor(folder, model_folder, files.image_processor)
     if files.processor is not None:
         _write_processor(folder, *files.processor)
+    if files.sentence_transformer is not None:
+        from bigtrain.checkpoint.sentence_transformer import write_sentence_transformer
+
+        write_sentence_transformer(folder, *files.sentence_transformer)
 
 
 def _write_processor(folder: Path, source: str, min_pixels: int | None, max_pixels: int | None) -> None:

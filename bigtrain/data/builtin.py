@@ -113,7 +113,22 @@ def _preference(rng: random.Random) -> dict[str, list[dict[str, str]]]:
 UNHELPFUL = ["I do not know.", "Why do you ask?", "That is not a good question.", "Read the story yourself."]
 
 
-BUILTIN = ("stories", "chat", "preferences", "sums")
+BUILTIN = ("stories", "chat", "preferences", "sums", "retrieval")
+
+
+def _retrieval(rng: random.Random) -> dict[str, str]:
+    """A question that one story answers (the anchor) and that story (its positive): an embedding model's toy
+    retrieval task, whose other stories of a batch are the negatives."""
+    sentences, f = _story_parts(rng)
+    anchor = rng.choice(
+        [
+            f"Who went to {f['place']} with {f['name']}?",
+            f"What did {f['name']} the {f['animal']} do at {f['place']}?",
+            f"Which story has {f['name']} and {f['friend']} with {f['thing']}?",
+            f"Why did {f['name']} feel {f['feeling']}?",
+        ]
+    )
+    return {"anchor": anchor, "positive": " ".join(sentences)}
 
 
 def _sum(rng: random.Random) -> dict[str, str]:
@@ -126,17 +141,20 @@ def _sum(rng: random.Random) -> dict[str, str]:
 def builtin_records(name: str, num_records: int = 20000, seed: int = 1234) -> list[dict]:
     """The records of built-in corpus ``name``, deterministic for a given seed: 'stories' (text), 'chat' (a story
     and questions about it, as ``messages``) or 'preferences' (a story and a question, its right and a wrong answer:
-    chat preference pairs) or 'sums' (prompts "a+b=" with their ``answer``: grpo's verifiable toy task)."""
+    chat preference pairs) or 'sums' (prompts "a+b=" with their ``answer``: grpo's verifiable toy task) or
+    'retrieval' (a question and the story that answers it: an embedding model's anchor and positive)."""
     if name not in BUILTIN:
         from bigtrain.errors import ConfigError
 
         raise ConfigError(
             f"data.path=builtin:{name} is not a built-in corpus; use builtin:stories, builtin:chat, "
-            "builtin:preferences or builtin:sums"
+            "builtin:preferences, builtin:sums or builtin:retrieval"
         )
     rng = random.Random(seed)
     if name == "sums":
         return [_sum(rng) for _ in range(num_records)]
+    if name == "retrieval":
+        return [_retrieval(rng) for _ in range(num_records)]
     if name == "preferences":
         return [_preference(rng) for _ in range(num_records)]
     if name == "chat":

@@ -19,6 +19,7 @@ import torch
 
 from bigtrain.config.schema import DataConfig
 from bigtrain.data import cache
+from bigtrain.data.builtin import builtin_records
 from bigtrain.data.labels import IGNORE_INDEX
 from bigtrain.data.records import check_records_path, read_records
 from bigtrain.data.row_files import id_dtype, open_ragged
@@ -26,6 +27,7 @@ from bigtrain.data.text_classes import _encoder
 from bigtrain.errors import ConfigError
 
 ANCHOR, POSITIVE, NEGATIVE = "anchor", "positive", "negative"
+BUILTIN_RETRIEVAL = "builtin:retrieval"  # questions and the built-in stories that answer them (data/builtin.py)
 IDS, OFFSETS, CUT = "ids.bin", "offsets.bin", "cut.bin"
 
 
@@ -120,10 +122,16 @@ def load_text_pairs(cfg: DataConfig, key: str, path: str, tokenizer: str | None)
     """``path``'s records as embedding examples, tokenised by ``tokenizer`` (a folder, or None for bytes)."""
     if cfg.seq_len is None or cfg.seq_len < 2:
         raise ConfigError("data.seq_len is required for embedding models (the longest text kept, in tokens)")
-    if path.startswith("builtin:"):
-        raise ConfigError(f"{key}={path!r}: embedding models read records of anchor, positive[, negative] texts")
-    check_records_path(key, path)
-    records = read_records(key, path, ANCHOR, cfg.split)
+    if path == BUILTIN_RETRIEVAL:
+        records: Any = ((f"record {i}", r) for i, r in enumerate(builtin_records("retrieval", num_records=4000)))
+    elif path.startswith("builtin:"):
+        raise ConfigError(
+            f"{key}={path!r} is not a built-in embedding set; use {BUILTIN_RETRIEVAL}, or records of anchor, "
+            "positive[, negative] texts"
+        )
+    else:
+        check_records_path(key, path)
+        records = read_records(key, path, ANCHOR, cfg.split)
     parts = {
         "kind": "text pairs",
         "source": cache.source_identity(path),

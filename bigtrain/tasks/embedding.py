@@ -90,6 +90,12 @@ def planner(model_config: dict[str, Any], workload: Any) -> Any:
     return classifiers.planner(model_config, workload)
 
 
+def export_files(cfg: RecipeConfig, hf_config: Any, data: Any) -> Any:
+    """The tokenizer the texts were read with, and the files that make the folder a sentence-transformers model."""
+    files = text_files(cfg, hf_config, data)
+    return dataclasses.replace(files, sentence_transformer=(cfg.train.pooling, hf_config.hidden_size, cfg.data.seq_len))
+
+
 TASK = TaskSpec(
     name="embedding",
     summary="text embedding models (bi-encoders): anchor, positive[, negatives] records, in-batch negatives",
@@ -109,7 +115,7 @@ TASK = TaskSpec(
     sizes=lambda ask: classifiers.sizes(ask, images=False),
     synthetic=lambda *args: None,  # the objective's
     count=lambda *args: 0.0,
-    export_files=text_files,
+    export_files=export_files,
     peft_task_type="FEATURE_EXTRACTION",
     metrics=("eval_accuracy",),
     keys=("data.path", "data.eval_path", "data.eval_fraction", "data.tokenizer", "data.seq_len"),
