@@ -65,9 +65,10 @@ def equivalence_cases() -> list[Ran]:
 
 
 def _other_jobs_equivalence() -> list[Ran]:
-    """The classifiers', the preference objectives', the reward model's, grpo's and the vision-language models'
-    equivalence cases."""
+    """The classifiers', the preference objectives', the reward model's, grpo's, the embedding model's and the
+    vision-language models' equivalence cases."""
     import test_classification
+    import test_embedding
     import test_grpo
     import test_preference
     import test_reward_model
@@ -90,6 +91,9 @@ def _other_jobs_equivalence() -> list[Ran]:
         )
     for name, (_, method, parallel, _) in test_grpo.CASES.items():
         ran.append(Ran(f"test_grpo::{name}", "equivalence", dict(parallel), {"method": method}, "causal-lm/grpo"))
+    for name, (_, parallel, _, method) in test_embedding.CASES.items():
+        where = f"test_embedding::{name}"
+        ran.append(Ran(where, "equivalence", dict(parallel), {"method": method}, "embedding/contrastive"))
     for name, (_, _, parallel, train, _) in test_vision_language.CASES.items():
         ran.append(
             Ran(f"test_vision_language::{name}", "equivalence", dict(parallel), dict(train), "image-text-to-text/sft")

@@ -137,6 +137,8 @@ def export_adapter(checkpoint: str | Path, out: str | Path, task_type: str | Non
         for file in (folder / HF_FILES).iterdir():  # the run's tokenizer (and chat template) beside the adapter
             if file.is_file() and file.name not in ("config.json", "generation_config.json"):
                 shutil.copy2(file, partial / file.name)
+            elif file.is_dir():  # an embedding model's pooling settings (sentence-transformers' 1_Pooling)
+                shutil.copytree(file, partial / file.name)
         tensors = {PEFT_PREFIX + name: value.contiguous() for name, value in {**tied, **adapters}.items()}
         save_file(tensors, str(partial / ADAPTER_FILE), metadata={"format": "pt"})
     return folder

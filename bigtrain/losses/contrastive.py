@@ -43,6 +43,18 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, mode: str) -> torch
     raise ValueError(f"pooling {mode!r} is not one of {POOLING}")
 
 
+def family_pooling(hf_config: Any) -> str:
+    """``train.pooling: auto`` for a family: last_token for a decoder (a family transformers serves as a causal LM and
+    not as a masked LM: sentence-transformers' default for decoder embedders), else mean."""
+    from transformers.models.auto import modeling_auto
+
+    model_type = hf_config.model_type
+    decoder = model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
+        model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    )
+    return "last_token" if decoder else "mean"
+
+
 def per_anchor_losses(anchors: torch.Tensor, candidates: torch.Tensor, scale: float) -> tuple[torch.Tensor, ...]:
     """Each anchor's cross-entropy of its own positive (candidate i for anchor i) among all ``candidates``, and
     whether its positive scores highest (1.0 / 0.0), both [anchors]."""
@@ -51,6 +63,27 @@ def per_anchor_losses(anchors: torch.Tensor, candidates: torch.Tensor, scale: fl
     losses = F.cross_entropy(scores, labels, reduction="none")
     correct = (scores.detach().argmax(-1) == labels).float()
     return losses, correct
+
+
+TOP = 10  # the ranks MRR and recall look at (sentence-transformers' InformationRetrievalEvaluator's @10)
+
+
+def retrieval_metrics(anchors: torch.Tensor, candidates: torch.Tensor, chunk: int = 1024) -> dict[str, float]:
+    """Each anchor's own positive (candidate i for anchor i) ranked by cosine similarity among every candidate:
+    the share ranked first (``accuracy``), the mean reciprocal rank within the first TOP (``mrr_at_10``) and the
+    share within the first TOP (``recall_at_10``). Anchors in chunks, so the score matrix stays [chunk, candidates]."""
+    anchors, candidates = F.normalize(anchors.float(), dim=-1), F.normalize(candidates.float(), dim=-1)
+    first = reciprocal = within = 0.0
+    for start in range(0, anchors.shape[0], chunk):
+        scores = anchors[start : start + chunk] @ candidates.T
+        rows = torch.arange(scores.shape[0], device=scores.device)
+        own = scores[rows, rows + start]
+        rank = (scores > own[:, None]).sum(1) + 1  # ties count for the positive
+        first += float((rank == 1).sum())
+        reciprocal += float(torch.where(rank <= TOP, 1.0 / rank.float(), torch.zeros_like(own)).sum())
+        within += float((rank <= TOP).sum())
+    n = max(anchors.shape[0], 1)
+    return {"accuracy": first / n, f"mrr_at_{TOP}": reciprocal / n, f"recall_at_{TOP}": within / n}
 
 
 class InBatchNegatives:
@@ -64,6 +97,9 @@ class InBatchNegatives:
 
     def __init__(self, scale: float, pooling: str) -> None:
         self.scale, self.pooling = scale, pooling
+        # an evaluation's chunks of held-out embeddings, every rank's ([columns, examples, width], which count),
+        # put here by the step's pass (roles/in_batch_negatives.py) and ranked all together by ``eval_metrics``
+        self.held_out: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def count(self, labels: torch.Tensor) -> int:
         """The anchors of a micro-batch (an evaluation filler counts nothing)."""
@@ -90,7 +126,14 @@ class InBatchNegatives:
         return terms.metrics
 
     def eval_metrics(self, loss: float, sums: torch.Tensor, count: int) -> dict[str, float]:
-        return {"eval_accuracy": float(sums[0]) / max(count, 1), "eval_anchors": count}
+        """Retrieval over the whole held-out set: each anchor's positive among every held-out positive and hard
+        negative (the eval loss stays the in-batch one, chunk by chunk)."""
+        chunks, self.held_out = self.held_out, []
+        kept = torch.cat([k for _, k in chunks]).bool()
+        embedded = torch.cat([e for e, _ in chunks], dim=1)[:, kept]  # [columns, held-out examples, width]
+        anchors, candidates = embedded[0], embedded[1:].reshape(-1, embedded.shape[-1])
+        found = retrieval_metrics(anchors, candidates)
+        return {**{f"eval_{k}": v for k, v in found.items()}, "eval_anchors": int(kept.sum())}
 
     def step_metrics(self, sums: torch.Tensor, count: int) -> dict[str, float]:
         return {"accuracy": float(sums[0]) / max(count, 1)}

@@ -9,22 +9,42 @@ from __future__ import annotations
 
 from typing import Any
 
-from bigtrain.config.setup import EMBEDDINGS
+from bigtrain.config.capabilities.table import row
+from bigtrain.config.setup import EMBEDDINGS, Setup
 from bigtrain.errors import ConfigError
 from bigtrain.objectives.spec import ObjectiveSpec
 
 
 def make(built: Any, train: Any) -> Any:
-    from bigtrain.losses.contrastive import InBatchNegatives
+    from bigtrain.losses.contrastive import InBatchNegatives, family_pooling
 
-    return InBatchNegatives(1.0 / train.contrastive_temperature, train.pooling)
+    # a run's recipe has its pooling made the family's at start-up (tasks/embedding.prepare); a simulated step's not
+    pooling = train.pooling if train.pooling != "auto" else family_pooling(built.parts[0].config)
+    return InBatchNegatives(1.0 / train.contrastive_temperature, pooling)
 
 
 def attach(engine: Any, options: Any, train: Any) -> None:
     """The step's pass that embeds every micro-batch first and caches the global loss's gradients."""
     from bigtrain.roles.in_batch_negatives import InBatchNegatives
 
-    engine.reference = InBatchNegatives(engine, 1.0 / train.contrastive_temperature, engine.objective.embed)
+    engine.reference = InBatchNegatives(engine, 1.0 / train.contrastive_temperature, engine.objective)
+
+
+def synthetic(hf_config: Any, plan: Any, workload: Any, device: Any) -> Any:
+    """A micro-batch as the data path makes it: m examples as their anchors' and positives' rows of the workload's
+    length, unpadded."""
+    import torch
+
+    from bigtrain.data.text_pairs import EmbeddingBatch
+
+    examples, length = plan.micro_batch_size, workload.seq_len
+    ids = torch.randint(0, hf_config.vocab_size, (OBJECTIVE.rows_per_example * examples, length), device=device)
+    return EmbeddingBatch(ids, torch.ones_like(ids), torch.zeros(examples, dtype=torch.long, device=device))
+
+
+def count_anchors(batch: Any, workload: Any, plan: Any) -> float:
+    """A global batch counts its anchors."""
+    return float(workload.global_batch_size)
 
 
 def check(cfg: Any) -> None:
@@ -40,6 +60,20 @@ def check(cfg: Any) -> None:
         )
 
 
+def selective_checkpointing_on_zero3(s: Setup) -> str | None:
+    """After the step's pass without a graph, a block's recompute in backward under ZeRO-3 all-gathers parameters its
+    forward did not, which torch's selective checkpointing refuses ("c10d._allgather_base_ encountered during backward
+    but not found in storage", seen on 2 CPU ranks; full checkpointing and ZeRO-2 train equal to the plain loop)."""
+    p = s.plan
+    if p.backend == "deepspeed" and p.zero_stage == 3 and p.activation_checkpointing == "selective":
+        return (
+            "parallel.activation_checkpointing=selective with backend deepspeed zero_stage=3 and "
+            "train.objective=contrastive is not built yet (a block's recompute gathers parameters its forward did not); "
+            "use activation_checkpointing=full, zero_stage 2 or backend fsdp2"
+        )
+    return None
+
+
 OBJECTIVE = ObjectiveSpec(
     name="contrastive",
     summary="in-batch negatives over the global batch (cosine over a temperature), exact over micro-batches and ranks",
@@ -47,8 +81,11 @@ OBJECTIVE = ObjectiveSpec(
     make=make,
     rows_per_example=2,
     attach=attach,
+    synthetic=synthetic,
+    count=count_anchors,
     check=check,
     keys=("train.contrastive_temperature", "train.pooling"),
+    rules=(row(selective_checkpointing_on_zero3, "not_built", reads_micro_batch=True),),
     batch_noun="pairs",
     shown=("accuracy",),
     refusal=lambda task: (

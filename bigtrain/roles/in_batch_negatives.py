@@ -43,6 +43,18 @@ def _gather(local: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tenso
     return torch.cat(parts)
 
 
+def gathered(
+    embedded: list[torch.Tensor], keep: list[torch.Tensor], columns: int, group: dist.ProcessGroup | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's embeddings of every rank as [columns, global examples, width] fp32 (rank after rank, each rank's
+    micro-batches in order) and which examples count ([global examples] fp32, 1 or 0)."""
+    sizes = [k.shape[0] for k in keep]
+    blocks = [e.detach().float().view(columns, m, -1) for e, m in zip(embedded, sizes, strict=True)]
+    local = torch.stack([torch.cat([b[c] for b in blocks]) for c in range(columns)])  # [columns, M, width]
+    everyone = _gather(local.transpose(0, 1).contiguous(), group).transpose(0, 1)
+    return everyone, _gather(torch.cat(keep).float(), group)
+
+
 def cached_gradients(
     embedded: list[torch.Tensor],
     keep: list[torch.Tensor],
@@ -53,16 +65,14 @@ def cached_gradients(
     """The step's micro-batches' shares of the global contrastive loss (``embedded[b]``: micro-batch b's [columns x
     m_b, width] embeddings; ``keep[b]``: [m_b] bool, the examples that count; every rank has the same m_b)."""
     sizes = [k.shape[0] for k in keep]
-    blocks = [e.detach().float().view(columns, m, -1) for e, m in zip(embedded, sizes, strict=True)]
-    local = torch.stack([torch.cat([b[c] for b in blocks]) for c in range(columns)])  # [columns, M, width]
-    leaves = _gather(local.transpose(0, 1).contiguous(), group).transpose(0, 1).detach().requires_grad_()
-    kept = _gather(torch.cat(keep).float(), group)
+    everyone, kept = gathered(embedded, keep, columns, group)
+    leaves = everyone.detach().requires_grad_()
     with torch.enable_grad():  # (an evaluation's pass runs without a graph around it)
         anchors, candidates = leaves[0], leaves[1:].reshape(-1, leaves.shape[-1])
         losses, correct = per_anchor_losses(anchors, candidates, scale)
         (losses * kept).sum().backward()
     rank = dist.get_rank(group) if group is not None else 0
-    mine = slice(rank * local.shape[1], (rank + 1) * local.shape[1])
+    mine = slice(rank * sum(sizes), (rank + 1) * sum(sizes))
     grads, losses, correct = leaves.grad[:, mine], (losses.detach() * kept)[mine], (correct * kept)[mine]
     out, start = [], 0
     for m in sizes:
@@ -82,10 +92,12 @@ def _random_state(batch: Any) -> tuple[Any, ...]:
 class InBatchNegatives(Reference):
     """The role of ``train.objective: contrastive``: before a step's forwards, its micro-batches embedded without a
     graph (in training mode, each forward's random state kept for the forward with a graph), and each given its
-    ``CachedStep`` of the global batch gathered over the engine's data-parallel ranks."""
+    ``CachedStep`` of the global batch gathered over the engine's data-parallel ranks. In an evaluation every rank's
+    held-out embeddings go to the objective too, which ranks each anchor among all of them
+    (``losses.contrastive.InBatchNegatives.held_out``)."""
 
-    def __init__(self, engine: Engine, scale: float, embed: Any) -> None:
-        self.engine, self.scale, self.embed = engine, scale, embed
+    def __init__(self, engine: Engine, scale: float, objective: Any) -> None:
+        self.engine, self.scale, self.objective = engine, scale, objective
 
     def attach(self, batch: Any) -> Any:
         return self.attach_step([batch])[0]
@@ -95,9 +107,11 @@ class InBatchNegatives(Reference):
         with torch.no_grad():
             for batch in micro_batches:
                 states.append(_random_state(batch))
-                embedded.append(self.embed(self.engine.model_output(batch), batch))
+                embedded.append(self.objective.embed(self.engine.model_output(batch), batch))
         keep = [batch.labels != IGNORE_INDEX for batch in micro_batches]
         columns = micro_batches[0].columns
+        if not any(part.training for part in self.engine.built.parts):  # an evaluation's chunk of the held-out pairs
+            self.objective.held_out.append(gathered(embedded, keep, columns, self.engine.batch_group))
         steps = cached_gradients(embedded, keep, columns, self.scale, self.engine.batch_group)
         return [
             batch.with_cached(replace(step, rng=state))

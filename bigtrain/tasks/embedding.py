@@ -42,17 +42,6 @@ def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
     return data, held
 
 
-def is_decoder(hf_config: Any) -> bool:
-    """Whether transformers serves the family as a causal LM and not as a masked LM (a decoder embedder pools its
-    last token, sentence-transformers' default for them)."""
-    from transformers.models.auto import modeling_auto
-
-    model_type = hf_config.model_type
-    return model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
-        model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
-    )
-
-
 def prepare(cfg: RecipeConfig, hf_config: Any, data: Any) -> Prepared:
     """``train.pooling: auto`` made the family's (last_token for decoders, else mean), recorded in the recipe; the
     id texts are padded with in a copy of the model's config."""
@@ -61,8 +50,9 @@ def prepare(cfg: RecipeConfig, hf_config: Any, data: Any) -> Prepared:
     hf_config = copy.deepcopy(hf_config)
     hf_config.pad_token_id = data.pad_id
     if cfg.train.pooling == "auto":
-        pooling = "last_token" if is_decoder(hf_config) else "mean"
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, pooling=pooling))
+        from bigtrain.losses.contrastive import family_pooling
+
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, pooling=family_pooling(hf_config)))
     if _has_pooler(hf_config) and "pooler" not in cfg.model.freeze:
         # BERT's pooler (a dense layer on the first token, for next-sentence prediction) is no embedding of ours:
         # frozen, it keeps its values and no rank waits for its gradient
@@ -117,7 +107,7 @@ TASK = TaskSpec(
     count=lambda *args: 0.0,
     export_files=export_files,
     peft_task_type="FEATURE_EXTRACTION",
-    metrics=("eval_accuracy",),
+    metrics=("eval_accuracy", "eval_mrr_at_10", "eval_recall_at_10"),
     keys=("data.path", "data.eval_path", "data.eval_fraction", "data.tokenizer", "data.seq_len"),
     rules=classifiers.RULES,
     example={"model_type": "bert", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64,

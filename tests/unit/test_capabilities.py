@@ -40,6 +40,8 @@ VLM = dict(  # a tiny LLaVA (its config as recipes/make_vlm_demo.py builds it)
     vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                        num_attention_heads=2, image_size=16, patch_size=4, projection_dim=32),
 )  # fmt: skip
+BERT = dict(model_type="bert", vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4)  # fmt: skip
 GPT2 = dict(model_type="gpt2", vocab_size=128, n_embd=64, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)
 
 
@@ -57,6 +59,7 @@ class Example:
     packed: bool = False  # chat-free text records packed into rows (data.packing: documents), else a .npy of rows
     attention: str = "auto"  # model.attn_implementation
     objective: str = "auto"  # train.objective
+    task: str = "auto"  # model.task (an embedding model's: the built-in retrieval records as data)
     images: bool = False  # an image classifier's example: the built-in shapes as data (recipe plans, plan exports
     # and the LM planner's statistics refuse the model before any row, which the test checks instead)
     vlm: bool = False  # a vision-language model's: the tiny LLaVA of recipes/make_vlm_demo.py on builtin:image_chat
@@ -119,9 +122,7 @@ EXAMPLES: dict[str, Example] = {
     "ep_with_tp_pp_or_cp": Example(4, dict(dp_shard=2, cp=2, ep=2), CONVERTED_FAMILIES["mixtral"], rows_len=16),
     "ep_divides_dp_shard": Example(4, dict(dp_shard=4, ep=3), CONVERTED_FAMILIES["mixtral"]),
     "ep_needs_experts": Example(2, dict(dp_shard=2, ep=2)),
-    "ep_divides_experts": Example(
-        4, dict(dp_shard=4, ep=4), {**CONVERTED_FAMILIES["mixtral"], "num_local_experts": 6}
-    ),
+    "ep_divides_experts": Example(4, dict(dp_shard=4, ep=4), {**CONVERTED_FAMILIES["mixtral"], "num_local_experts": 6}),
     "cp_backends": Example(2, dict(backend="deepspeed", cp=2)),
     "cp_with_tp_or_pp": Example(4, dict(cp=2, tp=2), UNTIED_4),
     "cp_divides_heads": Example(4, dict(cp=4), UNTIED_4),
@@ -175,7 +176,16 @@ EXAMPLES: dict[str, Example] = {
     "reference_against_the_method": Example(2, dict(dp_shard=2, reference="adapter_disabled"), objective="dpo"),
     "preference_with_model_parallelism": Example(2, dict(tp=2), objective="dpo"),
     "online_rl_with_model_parallelism": Example(2, dict(tp=2), objective="grpo"),
-    "precomputed_reference": Example(2, dict(dp_shard=2, reference="precomputed"), objective="grpo", train={"beta": 0.04}),
+    "precomputed_reference": Example(
+        2, dict(dp_shard=2, reference="precomputed"), objective="grpo", train={"beta": 0.04}
+    ),
+    "selective_checkpointing_on_zero3": Example(
+        2,
+        dict(backend="deepspeed", zero_stage=3, dp_shard=2, activation_checkpointing="selective"),
+        BERT,
+        objective="contrastive",
+        task="embedding",
+    ),
     "vision_language_with_model_parallelism": Example(4, dict(pp=2, dp_shard=2), vlm=True),
     "vision_language_with_untested_options": Example(2, dict(dp_shard=2), vlm=True, compile=True),
     "offloaded_reference_engines": Example(
@@ -195,7 +205,7 @@ def job_of(ex: Example) -> tuple[Any, Any]:
     """The example's job (its task and objective) and its model config, resolved as start-up resolves them."""
     from bigtrain.models.build import load_hf_config
 
-    model = ModelConfig(config=VLM if ex.vlm else ex.model)  # the tiny LLaVA's config, as its folder holds it
+    model = ModelConfig(config=VLM if ex.vlm else ex.model, task=ex.task)  # the tiny LLaVA's, as its folder holds it
     return resolve_job(RecipeConfig(model=model, train=train_of(ex)), load_hf_config(model))
 
 
@@ -245,6 +255,8 @@ def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
         data = {"path": "builtin:image_chat", "seq_len": 256}
     elif ex.images:
         data = {"path": "builtin:shapes", "image_size": 16}
+    elif ex.task == "embedding":
+        data = {"path": "builtin:retrieval", "seq_len": 64}
     elif ex.packed:  # text records packed whole into rows, kept apart by their position ids
         records = tmp_path / "records.jsonl"
         records.write_text("".join('{"text": "hello world hello"}\n' for _ in range(80)))
@@ -269,6 +281,7 @@ def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
         parallel=make_plan(**ex.plan).to_dict(),
     )
     raw["model"]["attn_implementation"] = ex.attention
+    raw["model"]["task"] = ex.task
     return build_dataclass(RecipeConfig, raw, "")
 
 
@@ -303,7 +316,9 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
     elif ex.images:
         sizes = dict(seq_len=1, image_size=16)
     else:
-        sizes = dict(seq_len=ex.rows_len, packed=ex.packed, attention=ex.attention if ex.attention != "auto" else "sdpa")
+        sizes = dict(
+            seq_len=ex.rows_len, packed=ex.packed, attention=ex.attention if ex.attention != "auto" else "sdpa"
+        )
     workload = Workload(
         global_batch_size=ex.batch, mixed_precision=ex.precision, compile=ex.compile, method=ex.method, fp8=ex.fp8,
         job=job.facts, **sizes,

@@ -104,3 +104,21 @@ def test_two_ranks_gather_every_negative_and_their_gradients_add_up_to_one_pass_
         assert abs(out[rank][0] - loss) < 1e-6
         for g, c in zip(grads, out[rank][1], strict=True):
             torch.testing.assert_close(c, g, rtol=1e-5, atol=1e-6)
+
+
+def test_retrieval_ranks_each_anchor_s_positive_among_every_held_out_candidate():
+    """Three anchors on the unit circle's axes, candidates placed so the ranks are known: anchor 0's positive first,
+    anchor 1's third (behind two candidates nearer it), anchor 2's last (opposite it: beyond the top 10); chunks of one anchor
+    give the same numbers as one chunk."""
+    from bigtrain.losses.contrastive import retrieval_metrics
+
+    anchors = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    positives = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0], [0.0, 0.0, -1.0]])
+    nearer_1 = torch.tensor([[0.0, 1.0, 0.1], [0.1, 1.0, 0.0]])  # closer to anchor 1 than its positive (cos 0.71)
+    nearer_2 = torch.tensor([[0.0, 0.0, 1.0]]).repeat(9, 1) + 0.01 * torch.arange(9.0)[:, None]  # 9 more for anchor 2
+    candidates = torch.cat([positives, nearer_1, nearer_2])
+    for chunk in (1024, 1):
+        got = retrieval_metrics(anchors, candidates, chunk=chunk)
+        assert got["accuracy"] == pytest.approx(1 / 3)
+        assert got["mrr_at_10"] == pytest.approx((1 + 1 / 3 + 0) / 3)
+        assert got["recall_at_10"] == pytest.approx(2 / 3)
