@@ -68,7 +68,8 @@ def selective_checkpointing_on_zero3(s: Setup) -> str | None:
     if p.backend == "deepspeed" and p.zero_stage == 3 and p.activation_checkpointing == "selective":
         return (
             "parallel.activation_checkpointing=selective with backend deepspeed zero_stage=3 and "
-            "train.objective=contrastive is not built yet (a block's recompute gathers parameters its forward did not); "
+            "train.objective=contrastive is not built yet (a block's recompute gathers parameters its forward did "
+            "not); "
             "use activation_checkpointing=full, zero_stage 2 or backend fsdp2"
         )
     return None

@@ -110,6 +110,12 @@ TASK = TaskSpec(
     metrics=("eval_accuracy", "eval_mrr_at_10", "eval_recall_at_10"),
     keys=("data.path", "data.eval_path", "data.eval_fraction", "data.tokenizer", "data.seq_len"),
     rules=classifiers.RULES,
-    example={"model_type": "bert", "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64,
-             "num_hidden_layers": 2, "num_attention_heads": 4},  # fmt: skip
+    example={
+        "model_type": "bert",
+        "vocab_size": 128,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+    },  # fmt: skip
 )

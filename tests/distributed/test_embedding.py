@@ -50,8 +50,16 @@ CASES = {
     "lora-decoder-fsdp2": (2, dict(backend="fsdp2", micro_batch_size=2), "llama", "lora"),
     # ZeRO-3 with its offloads, each with the checkpointing no other case pairs them with (tests/pairs.py)
     "zero2-offload-ac-selective": (
-        2, dict(backend="deepspeed", zero_stage=2, micro_batch_size=2, offload_optimizer=True,
-                activation_checkpointing="selective"), "bert", "full"
+        2,
+        dict(
+            backend="deepspeed",
+            zero_stage=2,
+            micro_batch_size=2,
+            offload_optimizer=True,
+            activation_checkpointing="selective",
+        ),
+        "bert",
+        "full",
     ),
     "lora-decoder-zero3-offload-ac-every2": (
         2,

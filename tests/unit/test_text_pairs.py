@@ -50,7 +50,10 @@ def test_a_record_without_a_positive_is_one_line_naming_it(tmp_path):
 
 
 def test_records_with_different_numbers_of_negatives_are_one_line(tmp_path):
-    records = [{"anchor": "a", "positive": "b", "negative": ["x", "y"]}, {"anchor": "c", "positive": "d", "negative": "z"}]
+    records = [
+        {"anchor": "a", "positive": "b", "negative": ["x", "y"]},
+        {"anchor": "c", "positive": "d", "negative": "z"},
+    ]
     with pytest.raises(ConfigError, match=r"1 negative\(s\) where the records before have 2; every record needs the "):
         _load(tmp_path, records)
 
