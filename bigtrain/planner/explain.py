@@ -49,7 +49,7 @@ def _numbers(c: Candidate) -> str:
 
 HEADER = ("plan", "peak GiB", "+margin GiB", "step s", "tok/s/dev", "MFU")
 # the throughput column's name by the task's unit (``JobFacts.unit``)
-PER_DEVICE = {"tokens": "tok/s/dev", "images": "img/s/dev", "examples": "ex/s/dev"}
+PER_DEVICE = {"tokens": "tok/s/dev", "images": "img/s/dev", "examples": "ex/s/dev", "pairs": "pairs/s/dev"}
 
 
 def throughput_column(workload: Workload) -> str:
@@ -179,12 +179,17 @@ def headline(model: PlannedModel, cluster: Cluster, workload: Workload) -> str:
     return (
         f"{words} | {cluster.num_gpus} x {cluster.gpu.name} ({size(cluster.gpu.memory_bytes)} each, "
         f"{cluster.gpus_per_node} per node) | global batch {batch_words(workload)}"
-        + (f" x seq {workload.seq_len}" if workload.job.unit == "tokens" else f" {workload.job.unit}")
+        + (f" x seq {workload.seq_len}" if workload.job.unit == "tokens" else _unit_words(workload))
         + (f" | train.compile {workload.compile}".replace(" True", "") if workload.compile else "")
         + (f" | train.fp8 {workload.fp8}" if workload.fp8 != "none" else "")
         + (f" | method {workload.method}" if workload.method != "full" else "")
         + _images(stats, workload)
     )
+
+
+def _unit_words(workload: Workload) -> str:
+    """What the global batch counts, where ``batch_words`` has not said it (pairs of rows: it has)."""
+    return f" {workload.job.unit}" if workload.job.rows_per_example == 1 else ""
 
 
 def render_table(

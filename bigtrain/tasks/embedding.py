@@ -70,14 +70,18 @@ def _has_pooler(hf_config: Any) -> bool:
 
 
 def planner(model_config: dict[str, Any], workload: Any) -> Any:
-    """For now the terms of the family's one-output sequence classifier (its base model and a head of one output,
-    which weighs nothing beside it), whose rows the objective counts two per example."""
+    """The terms of the family's one-output sequence classifier (its base model and a head of one output, which
+    weighs nothing beside it) with the gradient cache's second forward and cached gradients
+    (``planner/embedding_plan.py``)."""
     from transformers.models.auto import modeling_auto
+
+    from bigtrain.planner.embedding_plan import embedding_model
 
     name = modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES[model_config["model_type"]]
     model_config = {**model_config, "architectures": [name], "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}
-    model_config.setdefault("pad_token_id", 0)
-    return classifiers.planner(model_config, workload)
+    if model_config.get("pad_token_id") is None:  # the head's batch of rows finds each row's end by it
+        model_config["pad_token_id"] = 0
+    return embedding_model(model_config, workload)
 
 
 def export_files(cfg: RecipeConfig, hf_config: Any, data: Any) -> Any:

@@ -1,0 +1,66 @@
+"""An embedding model's memory and time terms (``model.task: embedding``, ``train.objective: contrastive``).
+
+The model is the family's base model (its token states, no head): the terms are the one-output sequence classifier's
+(``classifier_plan.py``: statistics measured on fake tensors at the row length; a head of one output weighs nothing
+beside the body), over the example's rows (an anchor and its positive: two). The contrastive step adds what its
+gradient cache does (``roles/in_batch_negatives.py``):
+
+- **time**: every micro-batch is embedded twice, once without a graph (to score the whole global batch) and once with
+  it (to backpropagate the cached gradients): one more forward, 4/3 of a forward and backward;
+- **memory**: each local row's cached gradient ([rows of the rank's step, width], fp32) lives from the step's first
+  pass to its last backward; the first pass's scoring (every rank's embeddings gathered with their gradients, the
+  [anchors, candidates] scores, their softmax and gradient, all fp32) comes before any activation is kept, so it
+  counts only where it outweighs the activations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from bigtrain.config.plan import Plan
+from bigtrain.config.workload import Workload
+from bigtrain.planner.hardware import count
+from bigtrain.planner.planned import PlannedModel
+
+FP32 = 4
+EXTRA_FORWARD = 4 / 3  # (forward without a graph + forward + backward as two forwards) / (forward + backward)
+
+
+def cached_bytes(width: int, plan: Plan, workload: Workload) -> tuple[int, int]:
+    """(the rank's cached gradients, the scoring pass's tensors) in bytes."""
+    columns, examples = workload.job.rows_per_example, workload.global_batch_size
+    own = columns * examples // plan.dp
+    gathered = 2 * columns * examples * width * FP32  # the embeddings and their gradients, every rank's
+    scores = 3 * examples * (columns - 1) * examples * FP32  # scores, softmax, their gradient
+    return own * width * FP32, gathered + scores
+
+
+def embedding_model(model_config: dict[str, Any], workload: Workload) -> PlannedModel:
+    """The classifier's terms of the family's one-output model with the gradient cache's (module docstring)."""
+    from bigtrain.planner.classifier_plan import classifier_model
+
+    base = classifier_model(model_config, workload)
+    width = int(model_config["hidden_size"])
+    memory, time = base.memory, base.time
+
+    def with_cache(stats: Any, plan: Plan, workload: Workload) -> Any:
+        estimate = memory(stats, plan, workload)
+        own, scoring = cached_bytes(width, plan, workload)
+        other = estimate.other_bytes + own + max(0, scoring - estimate.activations_bytes)
+        return dataclasses.replace(estimate, other_bytes=other)
+
+    def twice_forward(stats: Any, plan: Plan, cluster: Any, workload: Workload) -> Any:
+        more = dataclasses.replace(stats, flops_per_example=EXTRA_FORWARD * stats.flops_per_example)
+        return time(more, plan, cluster, workload)
+
+    def headline(stats: Any, workload: Workload) -> str:
+        words = (
+            f"model {stats.describe}: {count(stats.params)} params, {stats.flops_per_example / 1e9:,.0f} GFLOP per "
+            f"text (forward + backward; the gradient cache adds a forward: x{EXTRA_FORWARD:.2f})"
+        )
+        if workload.method == "lora":
+            words += f"; LoRA r={workload.lora_rank}: {count(stats.lora_params(workload.lora_rank))} trained"
+        return words
+
+    return dataclasses.replace(base, memory=with_cache, time=twice_forward, headline=headline)
