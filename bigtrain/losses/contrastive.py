@@ -16,6 +16,8 @@ global batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -55,14 +57,26 @@ def family_pooling(hf_config: Any) -> str:
     return "last_token" if decoder else "mean"
 
 
-def per_anchor_losses(anchors: torch.Tensor, candidates: torch.Tensor, scale: float) -> tuple[torch.Tensor, ...]:
-    """Each anchor's cross-entropy of its own positive (candidate i for anchor i) among all ``candidates``, and
-    whether its positive scores highest (1.0 / 0.0), both [anchors]."""
+def per_anchor_losses(
+    anchors: torch.Tensor, candidates: torch.Tensor, scale: float, first: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """Each anchor's cross-entropy of its own positive (candidate ``first + i`` for anchor i) among all
+    ``candidates``, and whether its positive scores highest (1.0 / 0.0), both [anchors]."""
     scores = scale * F.normalize(anchors.float(), dim=-1) @ F.normalize(candidates.float(), dim=-1).T
-    labels = torch.arange(anchors.shape[0], device=anchors.device)
+    labels = first + torch.arange(anchors.shape[0], device=anchors.device)
     losses = F.cross_entropy(scores, labels, reduction="none")
     correct = (scores.detach().argmax(-1) == labels).float()
     return losses, correct
+
+
+@dataclass(frozen=True)
+class WholeStep:
+    """A step whose rank holds one micro-batch: its loss is computed in its forward with a graph, no pass before it
+    (``roles/in_batch_negatives.py``); ``gather(t)``: every rank's ``t`` end to end along dim 0 with its graph, in
+    rank order; ``first``: this rank's first example in the gathered order."""
+
+    gather: Callable[[torch.Tensor], torch.Tensor]
+    first: int
 
 
 TOP = 10  # the ranks MRR and recall look at (sentence-transformers' InformationRetrievalEvaluator's @10)
@@ -113,10 +127,24 @@ class InBatchNegatives:
         cached = batch.cached
         assert cached is not None, "the step's pass (roles/in_batch_negatives.py) gives every micro-batch its share"
         embedded = self.embed(output, batch)
+        if isinstance(cached, WholeStep):
+            return self._whole_step(embedded, batch, cached)
         through = (embedded * cached.gradients.to(embedded.device)).sum()
         # the value: this micro-batch's share of the global loss; the gradient: the cached one through its rows
         loss_sum = through - through.detach() + cached.loss_sum.to(embedded.device)
         return Terms(loss_sum, None, cached.correct.reshape(1).to(embedded.device))
+
+    def _whole_step(self, embedded: torch.Tensor, batch: Any, step: WholeStep) -> Terms:
+        """A step of one micro-batch per rank, without the cache: this rank's anchors scored against every rank's
+        candidates, gathered with their graph (the backward of the gather adds each rank's gradient of its own
+        anchors' losses to the candidates' rows, so the ranks' parameter gradients sum to the global loss's)."""
+        m, columns = batch.labels.shape[0], batch.columns
+        blocks = embedded.view(columns, m, -1)
+        local = blocks[1:].transpose(0, 1).contiguous()  # [m, columns - 1, width]: whole examples, gathered in order
+        everyone = step.gather(local).transpose(0, 1)  # [columns - 1, M, width]
+        losses, correct = per_anchor_losses(blocks[0], everyone.reshape(-1, everyone.shape[-1]), self.scale, step.first)
+        keep = (batch.labels != IGNORE_INDEX).float()
+        return Terms((losses * keep).sum(), None, (correct * keep).sum().reshape(1))
 
     def loss_sum(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError("a pipeline schedule hands the loss only logits: an embedding model trains with pp=1")

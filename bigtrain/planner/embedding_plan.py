@@ -2,8 +2,9 @@
 
 The model is the family's base model (its token states, no head): the terms are the one-output sequence classifier's
 (``classifier_plan.py``: statistics measured on fake tensors at the row length; a head of one output weighs nothing
-beside the body), over the example's rows (an anchor and its positive: two). The contrastive step adds what its
-gradient cache does (``roles/in_batch_negatives.py``):
+beside the body), over the example's rows (an anchor and its positive: two). A step of several micro-batches per rank
+adds what its gradient cache does (``roles/in_batch_negatives.py``); a step of one scores the gathered candidates in
+its forward (their [anchors, candidates] scores are small beside its activations) and adds nothing:
 
 - **time**: every micro-batch is embedded twice, once without a graph (to score the whole global batch) and once with
   it (to backpropagate the cached gradients): one more forward, 4/3 of a forward and backward;
@@ -36,6 +37,11 @@ def cached_bytes(width: int, plan: Plan, workload: Workload) -> tuple[int, int]:
     return own * width * FP32, gathered + scores
 
 
+def cached(plan: Plan, workload: Workload) -> bool:
+    """Whether the plan's step goes through the gradient cache: several micro-batches per rank."""
+    return plan.grad_accum_steps(workload.global_batch_size) > 1
+
+
 def embedding_model(model_config: dict[str, Any], workload: Workload) -> PlannedModel:
     """The classifier's terms of the family's one-output model with the gradient cache's (module docstring)."""
     from bigtrain.planner.classifier_plan import classifier_model
@@ -46,18 +52,22 @@ def embedding_model(model_config: dict[str, Any], workload: Workload) -> Planned
 
     def with_cache(stats: Any, plan: Plan, workload: Workload) -> Any:
         estimate = memory(stats, plan, workload)
+        if not cached(plan, workload):
+            return estimate
         own, scoring = cached_bytes(width, plan, workload)
         other = estimate.other_bytes + own + max(0, scoring - estimate.activations_bytes)
         return dataclasses.replace(estimate, other_bytes=other)
 
     def twice_forward(stats: Any, plan: Plan, cluster: Any, workload: Workload) -> Any:
+        if not cached(plan, workload):
+            return time(stats, plan, cluster, workload)
         more = dataclasses.replace(stats, flops_per_example=EXTRA_FORWARD * stats.flops_per_example)
         return time(more, plan, cluster, workload)
 
     def headline(stats: Any, workload: Workload) -> str:
         words = (
             f"model {stats.describe}: {count(stats.params)} params, {stats.flops_per_example / 1e9:,.0f} GFLOP per "
-            f"text (forward + backward; the gradient cache adds a forward: x{EXTRA_FORWARD:.2f})"
+            f"text (forward + backward; with accumulation the gradient cache adds a forward: x{EXTRA_FORWARD:.2f})"
         )
         if workload.method == "lora":
             words += f"; LoRA r={workload.lora_rank}: {count(stats.lora_params(workload.lora_rank))} trained"

@@ -310,9 +310,15 @@ def _names_classifier(cfg: dict[str, Any]) -> bool:
     return any(a.endswith(("ForImageClassification", "ForSequenceClassification")) for a in names)
 
 
+def _names_base_model(cfg: dict[str, Any]) -> bool:
+    """Whether a model dict names a family's base model (``MistralModel``: an embedding model's, no LM head)."""
+    return any(a.endswith("Model") for a in cfg.get("architectures") or [])
+
+
 def lm_preset_names() -> list[str]:
-    """The presets of causal LMs (the others are classifiers, planned by planner/classifier_plan.py)."""
-    return [k for k in preset_names() if not _names_classifier(_presets()[k])]
+    """The presets of causal LMs (the others are classifiers, planned by planner/classifier_plan.py, and embedding
+    models' base models, planned with ``--objective contrastive``)."""
+    return [k for k in preset_names() if not (_names_classifier(_presets()[k]) or _names_base_model(_presets()[k]))]
 
 
 def preset_names() -> list[str]:

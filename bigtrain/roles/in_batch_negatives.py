@@ -8,6 +8,11 @@ a forward), and returns each local micro-batch's share of it with the gradient o
 its rows' embeddings. The forwards with a graph that follow backpropagate those gradients (their dot product with the
 rows' embeddings), which is the gradient of the global loss with respect to the parameters, each rank's part of it;
 the engine's gradient reduction adds the ranks' parts as for any loss summed over the global batch.
+
+A step of one micro-batch per rank needs no cache (GradCache is what lets the global batch outgrow one forward): its
+forward with a graph scores the rank's anchors against every rank's candidates gathered with their graph
+(``WholeStep``), which saves the pass without a graph, a third more compute. The planner weighs the two: a micro-batch
+of the rank's whole share, or smaller ones and the cache (``planner/embedding_plan.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch.distributed as dist
 
 from bigtrain.data.labels import IGNORE_INDEX
 from bigtrain.engine.base import Engine, Reference
-from bigtrain.losses.contrastive import per_anchor_losses
+from bigtrain.losses.contrastive import WholeStep, per_anchor_losses
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,9 @@ class InBatchNegatives(Reference):
         return self.attach_step([batch])[0]
 
     def attach_step(self, micro_batches: list[Any]) -> list[Any]:
+        training = any(part.training for part in self.engine.built.parts)
+        if training and len(micro_batches) == 1:  # nothing to cache: the forward with a graph computes the loss
+            return [micro_batches[0].with_cached(self._whole_step(micro_batches[0]))]
         embedded, states = [], []
         with torch.no_grad():
             for batch in micro_batches:
@@ -110,10 +118,35 @@ class InBatchNegatives(Reference):
                 embedded.append(self.objective.embed(self.engine.model_output(batch), batch))
         keep = [batch.labels != IGNORE_INDEX for batch in micro_batches]
         columns = micro_batches[0].columns
-        if not any(part.training for part in self.engine.built.parts):  # an evaluation's chunk of the held-out pairs
+        if not training:  # an evaluation's chunk of the held-out pairs
             self.objective.held_out.append(gathered(embedded, keep, columns, self.engine.batch_group))
         steps = cached_gradients(embedded, keep, columns, self.scale, self.engine.batch_group)
         return [
             batch.with_cached(replace(step, rng=state))
             for batch, step, state in zip(micro_batches, steps, states, strict=True)
         ]
+
+    def _whole_step(self, batch: Any) -> WholeStep:
+        group = self.engine.batch_group
+        if group is None or dist.get_world_size(group) == 1:
+            return WholeStep(lambda local: local, 0)
+        first = dist.get_rank(group) * batch.labels.shape[0]
+        return WholeStep(lambda local: _GatherWithGraph.apply(local, group), first)
+
+
+class _GatherWithGraph(torch.autograd.Function):
+    """Every rank's tensor end to end along dim 0 (the same shape on every rank); backward: each rank's gradient of
+    the whole, summed over the ranks (an all-reduce: gloo has no reduce-scatter, and a gradient here is small), this
+    rank's rows of it. torch's own differentiable all_gather is deprecated, and on 2 gloo ranks it gave each rank the
+    gradient of other rows than its own here (the gathered tensor is transposed after the gather)."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group, ctx.rows = group, local.shape[0]
+        return _gather(local, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad.narrow(0, dist.get_rank(ctx.group) * ctx.rows, ctx.rows), None

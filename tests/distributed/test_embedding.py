@@ -9,7 +9,8 @@ of the *global* batch times 1 / temperature, the cross-entropy of its own positi
 AdamW, ``clip_grad_norm_``, the schedule and data order of ``test_equivalence.py``. Compared each step: the loss, the
 gradient norm and the accuracy (the anchors whose positive scores highest); then every trained parameter.
 
-Cases: one rank, DDP x 2, FSDP2 x 2 and ZeRO-3 x 2 (offloaded, selective checkpointing) on the BERT, and a decoder
+Cases: one rank, DDP x 2, FSDP2 x 2 (and with one micro-batch per rank, which needs no gradient cache: its forward
+gathers the candidates with their graph) and ZeRO-3 x 2 (offloaded, selective checkpointing) on the BERT, and a decoder
 embedder (transformers' ``LlamaModel``, each row's last token pooled) with peft's LoRA adapters on FSDP2 x 2 and on
 ZeRO-3 x 2 (offloaded, every other block checkpointed); each with accumulation (micro-batches of 2
 examples), so the negatives of every step come from 4 or 2 micro-batches and 2 ranks. The teeth: negatives from each
@@ -47,6 +48,8 @@ CASES = {
     "one-rank": (1, dict(backend="ddp", micro_batch_size=2), "bert", "full"),
     "ddp": (2, dict(backend="ddp", micro_batch_size=2), "bert", "full"),
     "fsdp2": (2, dict(backend="fsdp2", micro_batch_size=2), "bert", "full"),
+    # one micro-batch per rank: no cache, the candidates gathered with their graph in the forward
+    "fsdp2-whole-step": (2, dict(backend="fsdp2", micro_batch_size=4), "bert", "full"),
     "lora-decoder-fsdp2": (2, dict(backend="fsdp2", micro_batch_size=2), "llama", "lora"),
     # ZeRO-3 with its offloads, each with the checkpointing no other case pairs them with (tests/pairs.py)
     "zero2-offload-ac-selective": (

@@ -64,13 +64,33 @@ def test_the_cached_gradient_of_micro_batches_is_one_pass_s_over_the_global_batc
     assert abs(sum(a[0] for a in alone) / 3 - loss) > 10 * 1e-6
 
 
-def _rank(rank: int, port: int, examples: torch.Tensor, out: dict) -> None:
+def _whole_step(encoder, mine, count, group) -> tuple[float, list[torch.Tensor]]:
+    """The rank's one micro-batch without the cache: its anchors against every rank's candidates, gathered with
+    their graph in the loss (``losses.contrastive.WholeStep``)."""
+    from types import SimpleNamespace
+
+    from bigtrain.losses.contrastive import InBatchNegatives, WholeStep
+    from bigtrain.roles.in_batch_negatives import _GatherWithGraph
+
+    encoder.zero_grad()
+    m = mine.shape[0]
+    step = WholeStep(lambda local: _GatherWithGraph.apply(local, group), dist.get_rank(group) * m)
+    batch = SimpleNamespace(labels=torch.zeros(m, dtype=torch.long), columns=COLUMNS)
+    terms = InBatchNegatives(SCALE, "mean")._whole_step(encoder(_rows(mine)), batch, step)
+    (terms.loss_sum / count).backward()
+    return float(terms.loss_sum) / count, [p.grad.clone() for p in encoder.parameters()]
+
+
+def _rank(rank: int, port: int, examples: torch.Tensor, out: dict, whole: bool = False) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.manual_seed(0)
     encoder = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, WIDTH))
     mine = examples[rank * 4 : (rank + 1) * 4]
-    loss, grads = _cached(encoder, [mine[:2], mine[2:]], 8, dist.group.WORLD)
+    if whole:
+        loss, grads = _whole_step(encoder, mine, 8, dist.group.WORLD)
+    else:
+        loss, grads = _cached(encoder, [mine[:2], mine[2:]], 8, dist.group.WORLD)
     for g in grads:
         dist.all_reduce(g)  # each rank's part of the global gradient, added (as a sum-reducing engine does)
     summed = torch.tensor([loss])
@@ -91,7 +111,10 @@ def test_pooling_reads_the_rows_the_mask_keeps(pooling):
     torch.testing.assert_close(pool(hidden, mask, pooling), expected)
 
 
-def test_two_ranks_gather_every_negative_and_their_gradients_add_up_to_one_pass_s():
+@pytest.mark.parametrize("whole", [False, True], ids=["cached", "whole-step"])
+def test_two_ranks_gather_every_negative_and_their_gradients_add_up_to_one_pass_s(whole):
+    """Two micro-batches per rank through the cache, or one per rank scored in its forward against the candidates
+    gathered with their graph: either way the ranks' summed gradients are one pass's over the global batch."""
     from helpers import free_port
 
     examples = _examples(8, seed=1)
@@ -99,7 +122,7 @@ def test_two_ranks_gather_every_negative_and_their_gradients_add_up_to_one_pass_
     encoder = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, WIDTH))
     loss, grads = _by_hand(encoder, examples)
     out = mp.Manager().dict()
-    mp.spawn(_rank, args=(free_port(), examples, out), nprocs=2)
+    mp.spawn(_rank, args=(free_port(), examples, out, whole), nprocs=2)
     for rank in (0, 1):
         assert abs(out[rank][0] - loss) < 1e-6
         for g, c in zip(grads, out[rank][1], strict=True):
