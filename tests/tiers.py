@@ -102,6 +102,9 @@ EXTENDED = (
     # in the full tier) and grpo's (44 s; its plans against the plain loop and its bad input stay)
     "tests/integration/test_walkthroughs.py::test_elastic_drill_runs_as_written",
     "tests/integration/test_walkthroughs.py::test_grpo_walkthrough_runs_as_written",
+    # docs/embedding.md's (100 s): its 2-rank evaluation over the whole held-out set and the folder sentence-
+    # transformers reads stay in the full tier (test_embedding_export.py)
+    "tests/integration/test_walkthroughs.py::test_embedding_walkthrough_runs_as_written",
     # GPT-2 under FSDP2 (79 s in .ci/run, 2026-11-29): GPT-2's DDP case stays in the full tier, FSDP2's reduce-every
     # mode with Gemma 2, OLMo-2 and Mixtral
     "tests/distributed/test_equivalence.py::test_plan_matches_single_process_loop[gpt2-fsdp2-2ranks-mb1-reduce-every]",

@@ -37,14 +37,17 @@ def test_the_presets_base_models_have_their_published_size(preset):
     assert _planned(preset, _workload()).params == pytest.approx(PUBLISHED[preset], rel=0.01)
 
 
-def test_a_7b_embedder_fits_one_80gb_gpu_with_lora_and_not_trained_fully():
-    import bigtrain
+def test_the_docs_commands_a_7b_embedder_fits_one_80gb_gpu_with_lora_and_not_trained_fully(cli_in_process):
+    """docs/embedding.md's two bigtrain plan commands, as written."""
+    from helpers import docs_commands
 
-    ask = dict(objective="contrastive", gpus=1, gpu="H100", seq_len=512, global_batch_size=64)
-    assert not bigtrain.plan("e5-mistral-7b", **ask).fits
-    lora = bigtrain.plan("e5-mistral-7b", method="lora", **ask)
-    assert lora.fits and lora.predicted_peak_bytes < 80e9
-    assert "pairs/s/dev" in lora.explain() and "global batch 64 pairs (128 rows)" in lora.explain()
+    full, lora = docs_commands("embedding-plan")
+    refused = cli_in_process(full.split()[1:])
+    assert "(no plan the trainer can run fits)" in refused.stdout, refused.stdout + refused.stderr
+    fits = cli_in_process(lora.split()[1:])
+    assert fits.returncode == 0, fits.stderr
+    assert "* lora ddp dp=1 tp=1 pp=1 ac=none mb=8" in fits.stdout and "pairs/s/dev" in fits.stdout
+    assert "global batch 64 pairs (128 rows)" in fits.stdout and "7.11B params" in fits.stdout
 
 
 def test_the_gradient_cache_costs_a_forward_and_its_gradients_only_with_accumulation():
