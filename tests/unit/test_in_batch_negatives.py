@@ -145,3 +145,25 @@ def test_retrieval_ranks_each_anchor_s_positive_among_every_held_out_candidate()
         assert got["accuracy"] == pytest.approx(1 / 3)
         assert got["mrr_at_10"] == pytest.approx((1 + 1 / 3 + 0) / 3)
         assert got["recall_at_10"] == pytest.approx(2 / 3)
+
+
+def test_the_forward_with_a_graph_draws_the_dropout_masks_of_the_pass_before_it():
+    """``engine.base.replaying`` restores the random state the step's pass recorded before its forward of a
+    micro-batch: the forward with a graph then drops the same units (its embeddings equal the cached pass's, whose
+    gradients it backpropagates); without it the masks differ."""
+    from types import SimpleNamespace
+
+    from bigtrain.engine.base import replaying
+    from bigtrain.roles.in_batch_negatives import _random_state
+
+    torch.manual_seed(0)
+    encoder = nn.Sequential(nn.Linear(16, 64), nn.Dropout(0.5), nn.Linear(64, WIDTH)).train()
+    rows = _rows(_examples(4))
+    batch = SimpleNamespace(input_ids=rows)
+    state = _random_state(batch)
+    with torch.no_grad():
+        first = encoder(rows)
+    with replaying(SimpleNamespace(cached=SimpleNamespace(rng=state))):
+        again = encoder(rows)
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    assert not torch.equal(encoder(rows), first)  # the masks drawn afresh
