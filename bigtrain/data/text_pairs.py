@@ -134,6 +134,7 @@ def load_text_pairs(cfg: DataConfig, key: str, path: str, tokenizer: str | None)
         records = read_records(key, path, ANCHOR, cfg.split)
     parts = {
         "kind": "text pairs",
+        "cut": "the tokenizer's truncation",  # (entries cut bare before it closed no text with its special token)
         "source": cache.source_identity(path),
         "tokenizer": cache.tokenizer_identity(tokenizer),
         **{name: getattr(cfg, name) for name in ("seq_len", "split")},
@@ -168,10 +169,38 @@ def _texts(key: str, path: str, where: str, record: dict[str, Any]) -> list[str]
     return [record[ANCHOR], record[POSITIVE], *negatives]
 
 
+def _cutting_encoder(tokenizer: str | None, seq_len: int) -> Any:
+    """encode(text) -> (ids of at most ``seq_len``, whether the text was cut), cut as sentence-transformers cuts
+    (the tokenizer's truncation: a closing special token, BERT's [SEP] or a decoder's end-of-text, stays last, so
+    the exported model embeds a cut text as training did); bytes are cut where they stop."""
+    if tokenizer is None:
+        from bigtrain.data.tokenizer import ByteTokenizer
+
+        byte = ByteTokenizer()
+
+        def encode_bytes(text: str) -> tuple[list[int], bool]:
+            ids = byte.encode(text)
+            return ids[:seq_len], len(ids) > seq_len
+
+        return encode_bytes
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=True)
+
+    def encode(text: str) -> tuple[list[int], bool]:
+        ids = tok(text)["input_ids"]
+        if len(ids) <= seq_len:
+            return ids, False
+        return tok(text, truncation=True, max_length=seq_len)["input_ids"], True
+
+    return encode
+
+
 def _build(cfg: DataConfig, key: str, path: str, records: Any, tokenizer: str | None, out: Path) -> dict[str, Any]:
     """Every record's texts tokenised (cut at data.seq_len) into one flat file in ``out``, column by column."""
     assert cfg.seq_len is not None
-    encode, pad, vocab, which = _encoder(tokenizer)
+    _, pad, vocab, which = _encoder(tokenizer)
+    encode = _cutting_encoder(tokenizer, cfg.seq_len)
     dtype = id_dtype(vocab - 1)
     lengths, cut_at, columns, count = [0], [], None, 0
     with (out / IDS).open("wb") as f:
@@ -184,9 +213,9 @@ def _build(cfg: DataConfig, key: str, path: str, records: Any, tokenizer: str | 
                 )
             columns = len(texts)
             for text in texts:
-                tokens = encode(text, None)
-                cut_at.append(len(tokens) > cfg.seq_len)
-                kept = np.asarray(tokens[: cfg.seq_len], dtype=dtype)
+                tokens, was_cut = encode(text)
+                cut_at.append(was_cut)
+                kept = np.asarray(tokens, dtype=dtype)
                 f.write(kept.tobytes())
                 lengths.append(len(kept))
             count += 1

@@ -113,7 +113,7 @@ class DeepSpeedZeroEngine(Engine):
         micro_batches = self.with_reference(micro_batches)
         sums = torch.zeros(1 + len(self.objective.metric_names), device=self.device)
         for i, batch in enumerate(micro_batches):
-            output = self.ds(**self._inputs(batch))
+            output = self.model_output(batch)  # a role's recorded random state replayed (in-batch negatives' dropout)
             terms = self.objective(output, batch)
             loss, router = terms.loss_sum, terms.per_forward
             del output

@@ -58,11 +58,18 @@ def family_pooling(hf_config: Any) -> str:
 
 
 def per_anchor_losses(
-    anchors: torch.Tensor, candidates: torch.Tensor, scale: float, first: int = 0
+    anchors: torch.Tensor,
+    candidates: torch.Tensor,
+    scale: float,
+    first: int = 0,
+    absent: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Each anchor's cross-entropy of its own positive (candidate ``first + i`` for anchor i) among all
-    ``candidates``, and whether its positive scores highest (1.0 / 0.0), both [anchors]."""
+    ``candidates``, and whether its positive scores highest (1.0 / 0.0), both [anchors]. ``absent``: [candidates]
+    bool, candidates that are no one's (an evaluation's fillers), left out of every anchor's softmax."""
     scores = scale * F.normalize(anchors.float(), dim=-1) @ F.normalize(candidates.float(), dim=-1).T
+    if absent is not None:
+        scores = scores.masked_fill(absent, float("-inf"))
     labels = first + torch.arange(anchors.shape[0], device=anchors.device)
     losses = F.cross_entropy(scores, labels, reduction="none")
     correct = (scores.detach().argmax(-1) == labels).float()
@@ -82,14 +89,18 @@ class WholeStep:
 TOP = 10  # the ranks MRR and recall look at (sentence-transformers' InformationRetrievalEvaluator's @10)
 
 
-def retrieval_metrics(anchors: torch.Tensor, candidates: torch.Tensor, chunk: int = 1024) -> dict[str, float]:
+def retrieval_metrics(
+    anchors: torch.Tensor, candidates: torch.Tensor, chunk: int = 1024, device: torch.device | None = None
+) -> dict[str, float]:
     """Each anchor's own positive (candidate i for anchor i) ranked by cosine similarity among every candidate:
     the share ranked first (``accuracy``), the mean reciprocal rank within the first TOP (``mrr_at_10``) and the
-    share within the first TOP (``recall_at_10``). Anchors in chunks, so the score matrix stays [chunk, candidates]."""
-    anchors, candidates = F.normalize(anchors.float(), dim=-1), F.normalize(candidates.float(), dim=-1)
+    share within the first TOP (``recall_at_10``). The candidates on ``device`` (normalised in place of a copy), the
+    anchors moved there a chunk at a time, so the device holds [candidates, width] and [chunk, candidates]."""
+    candidates = F.normalize(candidates.to(device).float(), dim=-1)
+    anchors = anchors.float()
     first = reciprocal = within = 0.0
     for start in range(0, anchors.shape[0], chunk):
-        scores = anchors[start : start + chunk] @ candidates.T
+        scores = F.normalize(anchors[start : start + chunk].to(candidates.device), dim=-1) @ candidates.T
         rows = torch.arange(scores.shape[0], device=scores.device)
         own = scores[rows, rows + start]
         rank = (scores > own[:, None]).sum(1) + 1  # ties count for the positive
@@ -113,7 +124,8 @@ class InBatchNegatives:
         self.scale, self.pooling = scale, pooling
         # an evaluation's chunks of held-out embeddings, every rank's ([columns, examples, width], which count),
         # put here by the step's pass (roles/in_batch_negatives.py) and ranked all together by ``eval_metrics``
-        self.held_out: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.held_out: list[torch.Tensor] = []
+        self.device = torch.device("cpu")  # where the ranking runs: the device the chunks were embedded on
 
     def count(self, labels: torch.Tensor) -> int:
         """The anchors of a micro-batch (an evaluation filler counts nothing)."""
@@ -157,11 +169,10 @@ class InBatchNegatives:
         """Retrieval over the whole held-out set: each anchor's positive among every held-out positive and hard
         negative (the eval loss stays the in-batch one, chunk by chunk)."""
         chunks, self.held_out = self.held_out, []
-        kept = torch.cat([k for _, k in chunks]).bool()
-        embedded = torch.cat([e for e, _ in chunks], dim=1)[:, kept]  # [columns, held-out examples, width]
+        embedded = torch.cat(chunks, dim=1)  # [columns, held-out examples, width], on the host
         anchors, candidates = embedded[0], embedded[1:].reshape(-1, embedded.shape[-1])
-        found = retrieval_metrics(anchors, candidates)
-        return {**{f"eval_{k}": v for k, v in found.items()}, "eval_anchors": int(kept.sum())}
+        found = retrieval_metrics(anchors, candidates, device=self.device)
+        return {**{f"eval_{k}": v for k, v in found.items()}, "eval_anchors": int(embedded.shape[1])}
 
     def step_metrics(self, sums: torch.Tensor, count: int) -> dict[str, float]:
         return {"accuracy": float(sums[0]) / max(count, 1)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bigtrain.config.capabilities.replica_sync import settings_of
 from bigtrain.config.capabilities.table import row
 from bigtrain.config.setup import EMBEDDINGS, Setup
 from bigtrain.errors import ConfigError
@@ -38,7 +39,7 @@ def synthetic(hf_config: Any, plan: Any, workload: Any, device: Any) -> Any:
     from bigtrain.data.text_pairs import EmbeddingBatch
 
     examples, length = plan.micro_batch_size, workload.seq_len
-    ids = torch.randint(0, hf_config.vocab_size, (OBJECTIVE.rows_per_example * examples, length), device=device)
+    ids = torch.randint(0, hf_config.vocab_size, (2 * examples, length), device=device)  # anchors, positives
     return EmbeddingBatch(ids, torch.ones_like(ids), torch.zeros(examples, dtype=torch.long, device=device))
 
 
@@ -75,18 +76,35 @@ def selective_checkpointing_on_zero3(s: Setup) -> str | None:
     return None
 
 
+def negatives_of_one_replica_group(s: Setup) -> str | None:
+    """Replica groups synchronising every H steps each gather over their own ranks: every group's anchors would meet
+    only its slice of the global batch's candidates, and its evaluation only its share of the held-out set."""
+    mode = settings_of(s.plan).mode
+    if mode != "every_step":
+        return (
+            f"parallel.sync={mode} with train.objective=contrastive is not built yet (each replica group would score "
+            "its anchors against its own slice of the global batch only); use parallel.sync=every_step"
+        )
+    return None
+
+
 OBJECTIVE = ObjectiveSpec(
     name="contrastive",
     summary="in-batch negatives over the global batch (cosine over a temperature), exact over micro-batches and ranks",
     reads=EMBEDDINGS,
     make=make,
-    rows_per_example=2,
+    # the global batch counts examples and throughput pairs (an example's texts, 2 or more, are the data's: the
+    # planner weighs an anchor and its positive, planner/embedding_plan.py)
+    rows_per_example=1,
     attach=attach,
     synthetic=synthetic,
     count=count_anchors,
     check=check,
     keys=("train.contrastive_temperature", "train.pooling"),
-    rules=(row(selective_checkpointing_on_zero3, "not_built", reads_micro_batch=True),),
+    rules=(
+        row(selective_checkpointing_on_zero3, "not_built", reads_micro_batch=True),
+        row(negatives_of_one_replica_group, "not_built"),
+    ),
     batch_noun="pairs",
     shown=("accuracy",),
     refusal=lambda task: (

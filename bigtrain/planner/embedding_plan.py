@@ -2,7 +2,7 @@
 
 The model is the family's base model (its token states, no head): the terms are the one-output sequence classifier's
 (``classifier_plan.py``: statistics measured on fake tensors at the row length; a head of one output weighs nothing
-beside the body), over the example's rows (an anchor and its positive: two). A step of several micro-batches per rank
+beside the body), over the example's texts (an anchor and its positive: two). A step of several micro-batches per rank
 adds what its gradient cache does (``roles/in_batch_negatives.py``); a step of one scores the gathered candidates in
 its forward (their [anchors, candidates] scores are small beside its activations) and adds nothing:
 
@@ -25,16 +25,25 @@ from bigtrain.planner.hardware import count
 from bigtrain.planner.planned import PlannedModel
 
 FP32 = 4
+# the texts of an example the planner weighs: its anchor and its positive (hard negatives add theirs, which the data
+# says and the planner is not told); the global batch and the micro-batch count examples, throughput pairs
+ROWS = 2
 EXTRA_FORWARD = 4 / 3  # (forward without a graph + forward + backward as two forwards) / (forward + backward)
 
 
 def cached_bytes(width: int, plan: Plan, workload: Workload) -> tuple[int, int]:
     """(the rank's cached gradients, the scoring pass's tensors) in bytes."""
-    columns, examples = workload.job.rows_per_example, workload.global_batch_size
+    columns, examples = ROWS, workload.global_batch_size
     own = columns * examples // plan.dp
     gathered = 2 * columns * examples * width * FP32  # the embeddings and their gradients, every rank's
     scores = 3 * examples * (columns - 1) * examples * FP32  # scores, softmax, their gradient
     return own * width * FP32, gathered + scores
+
+
+def as_texts(plan: Plan, workload: Workload) -> tuple[Plan, Workload]:
+    """The plan and workload as the one-output model's terms weigh them: rows of texts."""
+    rows = dataclasses.replace(workload, global_batch_size=ROWS * workload.global_batch_size)
+    return plan.but(micro_batch_size=ROWS * plan.micro_batch_size), rows
 
 
 def cached(plan: Plan, workload: Workload) -> bool:
@@ -51,7 +60,7 @@ def embedding_model(model_config: dict[str, Any], workload: Workload) -> Planned
     memory, time = base.memory, base.time
 
     def with_cache(stats: Any, plan: Plan, workload: Workload) -> Any:
-        estimate = memory(stats, plan, workload)
+        estimate = memory(stats, *as_texts(plan, workload))
         if not cached(plan, workload):
             return estimate
         own, scoring = cached_bytes(width, plan, workload)
@@ -59,12 +68,14 @@ def embedding_model(model_config: dict[str, Any], workload: Workload) -> Planned
         return dataclasses.replace(estimate, other_bytes=other)
 
     def twice_forward(stats: Any, plan: Plan, cluster: Any, workload: Workload) -> Any:
-        if not cached(plan, workload):
-            return time(stats, plan, cluster, workload)
-        more = dataclasses.replace(stats, flops_per_example=EXTRA_FORWARD * stats.flops_per_example)
-        estimate = time(more, plan, cluster, workload)
-        # MFU counts the model's FLOPs: the cache's extra forward is overhead, as checkpointing's recompute is
-        return dataclasses.replace(estimate, mfu=estimate.mfu / EXTRA_FORWARD)
+        extra = EXTRA_FORWARD if cached(plan, workload) else 1.0
+        more = dataclasses.replace(stats, flops_per_example=extra * stats.flops_per_example)
+        rows_plan, rows = as_texts(plan, workload)
+        estimate = time(more, rows_plan, cluster, rows)
+        # pairs per second (the terms count texts); MFU counts the model's FLOPs: the cache's extra forward is
+        # overhead, as checkpointing's recompute is
+        pairs = estimate.tokens_per_s_per_device / ROWS
+        return dataclasses.replace(estimate, tokens_per_s_per_device=pairs, mfu=estimate.mfu / extra)
 
     def headline(stats: Any, workload: Workload) -> str:
         words = (

@@ -11,8 +11,8 @@ the engine's gradient reduction adds the ranks' parts as for any loss summed ove
 
 A step of one micro-batch per rank needs no cache (GradCache is what lets the global batch outgrow one forward): its
 forward with a graph scores the rank's anchors against every rank's candidates gathered with their graph
-(``WholeStep``), which saves the pass without a graph, a third more compute. The planner weighs the two: a micro-batch
-of the rank's whole share, or smaller ones and the cache (``planner/embedding_plan.py``).
+(``WholeStep``), with no pass before it (the cache's pass adds a third to the step's compute). The planner weighs the
+two: a micro-batch of the rank's whole share, or smaller ones and the cache (``planner/embedding_plan.py``).
 """
 
 from __future__ import annotations
@@ -66,19 +66,23 @@ def cached_gradients(
     columns: int,
     scale: float,
     group: dist.ProcessGroup | None = None,
+    everyone: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> list[CachedStep]:
     """The step's micro-batches' shares of the global contrastive loss (``embedded[b]``: micro-batch b's [columns x
-    m_b, width] embeddings; ``keep[b]``: [m_b] bool, the examples that count; every rank has the same m_b)."""
+    m_b, width] embeddings; ``keep[b]``: [m_b] bool, the examples that count, whose candidates alone are scored;
+    every rank has the same m_b). ``everyone``: ``gathered``'s result where the caller has it already."""
     sizes = [k.shape[0] for k in keep]
-    everyone, kept = gathered(embedded, keep, columns, group)
-    leaves = everyone.detach().requires_grad_()
+    together, kept = everyone if everyone is not None else gathered(embedded, keep, columns, group)
+    leaves = together.detach().requires_grad_()
+    absent = (kept == 0).repeat(columns - 1)  # an evaluation filler's candidates are no one's
     with torch.enable_grad():  # (an evaluation's pass runs without a graph around it)
         anchors, candidates = leaves[0], leaves[1:].reshape(-1, leaves.shape[-1])
-        losses, correct = per_anchor_losses(anchors, candidates, scale)
-        (losses * kept).sum().backward()
+        losses, correct = per_anchor_losses(anchors, candidates, scale, absent=absent)
+        (losses.masked_fill(kept == 0, 0.0)).sum().backward()
     rank = dist.get_rank(group) if group is not None else 0
     mine = slice(rank * sum(sizes), (rank + 1) * sum(sizes))
-    grads, losses, correct = leaves.grad[:, mine], (losses.detach() * kept)[mine], (correct * kept)[mine]
+    losses = losses.detach().masked_fill(kept == 0, 0.0)  # a filler's own loss (its positive masked: inf) is none
+    grads, losses, correct = leaves.grad[:, mine], losses[mine], (correct * kept)[mine]
     out, start = [], 0
     for m in sizes:
         rows = slice(start, start + m)
@@ -118,9 +122,12 @@ class InBatchNegatives(Reference):
                 embedded.append(self.objective.embed(self.engine.model_output(batch), batch))
         keep = [batch.labels != IGNORE_INDEX for batch in micro_batches]
         columns = micro_batches[0].columns
-        if not training:  # an evaluation's chunk of the held-out pairs
-            self.objective.held_out.append(gathered(embedded, keep, columns, self.engine.batch_group))
-        steps = cached_gradients(embedded, keep, columns, self.scale, self.engine.batch_group)
+        everyone = gathered(embedded, keep, columns, self.engine.batch_group)
+        if not training:  # an evaluation's chunk of the held-out pairs, kept on the host until all are embedded
+            together, kept = everyone
+            self.objective.held_out.append(together[:, kept.bool()].cpu())
+            self.objective.device = together.device
+        steps = cached_gradients(embedded, keep, columns, self.scale, self.engine.batch_group, everyone)
         return [
             batch.with_cached(replace(step, rng=state))
             for batch, step, state in zip(micro_batches, steps, states, strict=True)

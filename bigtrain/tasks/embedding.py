@@ -43,16 +43,23 @@ def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
 
 
 def prepare(cfg: RecipeConfig, hf_config: Any, data: Any) -> Prepared:
-    """``train.pooling: auto`` made the family's (last_token for decoders, else mean), recorded in the recipe; the
-    id texts are padded with in a copy of the model's config."""
+    """``train.pooling: auto`` made the model folder's (a sentence-transformers folder's pooling) or the family's
+    (last_token for decoders, else mean), recorded in the recipe; the id texts are padded with in a copy of the
+    model's config."""
     import copy
 
     hf_config = copy.deepcopy(hf_config)
     hf_config.pad_token_id = data.pad_id
     if cfg.train.pooling == "auto":
+        from pathlib import Path
+
+        from bigtrain.checkpoint.sentence_transformer import folder_pooling
         from bigtrain.losses.contrastive import family_pooling
 
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, pooling=family_pooling(hf_config)))
+        # a sentence-transformers folder's own pooling (BGE's CLS), else the family's
+        folder = Path(cfg.model.name_or_path) if cfg.model.name_or_path else None
+        pooling = (folder_pooling(folder) if folder else None) or family_pooling(hf_config)
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, pooling=pooling))
     if _has_pooler(hf_config) and "pooler" not in cfg.model.freeze:
         # BERT's pooler (a dense layer on the first token, for next-sentence prediction) is no embedding of ours:
         # frozen, it keeps its values and no rank waits for its gradient

@@ -186,6 +186,9 @@ EXAMPLES: dict[str, Example] = {
         objective="contrastive",
         task="embedding",
     ),
+    "negatives_of_one_replica_group": Example(
+        2, dict(dp_replicate=2, sync="diloco"), BERT, objective="contrastive", task="embedding"
+    ),
     "vision_language_with_model_parallelism": Example(4, dict(pp=2, dp_shard=2), vlm=True),
     "vision_language_with_untested_options": Example(2, dict(dp_shard=2), vlm=True, compile=True),
     "offloaded_reference_engines": Example(

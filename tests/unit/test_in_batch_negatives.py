@@ -167,3 +167,23 @@ def test_the_forward_with_a_graph_draws_the_dropout_masks_of_the_pass_before_it(
         again = encoder(rows)
     torch.testing.assert_close(again, first, rtol=0, atol=0)
     assert not torch.equal(encoder(rows), first)  # the masks drawn afresh
+
+
+def test_an_evaluation_s_fillers_are_neither_anchors_nor_candidates():
+    """The loader fills an evaluation's last global batch with copies of a held-out example, labelled to count
+    nothing: their candidates stay out of every real anchor's softmax, so the loss is the real examples' alone."""
+    torch.manual_seed(0)
+    encoder = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, WIDTH))
+    examples = _examples(4)
+    loss, grads = _by_hand(encoder, examples)
+    padded = torch.cat([examples, examples[:1].repeat(2, 1, 1)])  # two fillers, copies of example 0
+    encoder.zero_grad()
+    with torch.no_grad():
+        embedded = [encoder(_rows(padded[:3])), encoder(_rows(padded[3:]))]
+    keep = [torch.tensor([True, True, True]), torch.tensor([True, False, False])]
+    steps = cached_gradients(embedded, keep, COLUMNS, SCALE)
+    for mb, step in zip((padded[:3], padded[3:]), steps, strict=True):
+        ((encoder(_rows(mb)) * step.gradients).sum() / 4).backward()
+    assert abs(float(sum(s.loss_sum for s in steps)) / 4 - loss) < 1e-6
+    for g, p in zip(grads, encoder.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-6)

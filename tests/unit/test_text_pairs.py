@@ -66,3 +66,24 @@ def test_a_global_batch_too_small_for_in_batch_negatives_is_one_line():
         check(RecipeConfig(train=TrainConfig(global_batch_size=1, objective="contrastive")))
     with pytest.raises(ConfigError, match=r"train.contrastive_temperature=0.0 must be above 0"):
         check(RecipeConfig(train=TrainConfig(global_batch_size=8, contrastive_temperature=0.0)))
+
+
+def test_a_cut_text_keeps_its_closing_special_token_as_sentence_transformers_cuts(tmp_path):
+    """A BERT-style tokenizer ([CLS] text [SEP]): a text longer than seq_len is cut by the tokenizer's truncation,
+    its [SEP] kept last, as SentenceTransformer cuts it when it embeds."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, **{w: 4 + i for i, w in enumerate("abcdefgh")}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
+                            unk_token="[UNK]").save_pretrained(tmp_path / "tok")  # fmt: skip
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps({"anchor": "a b c d e f", "positive": "g h"}) + "\n" + json.dumps({"anchor": "a", "positive": "b"}) + "\n")
+    cfg = DataConfig(path=str(path), seq_len=5, cache_dir=str(tmp_path / "cache"))
+    data = load_text_pairs(cfg, "data.path", str(path), str(tmp_path / "tok"))
+    batch = data.micro_batch(torch.arange(1).numpy())
+    assert batch.input_ids[0].tolist() == [2, 4, 5, 6, 3]  # [CLS] a b c [SEP]
+    assert batch.input_ids[1, :4].tolist() == [2, 10, 11, 3] and data.truncated == 1
