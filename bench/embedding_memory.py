@@ -12,10 +12,10 @@ example.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from classifier_memory import classifier_plan, write_comparison
+from reward_memory import Case
 
 from bigtrain.config.workload import Workload
 from bigtrain.job import job_facts
@@ -26,26 +26,7 @@ from bigtrain.tasks import task
 RESULTS = Path(__file__).parent / "results" / "embedding_memory.md"
 
 
-@dataclass(frozen=True)
-class Case:
-    preset: str
-    layers: int | None  # None: the preset's own depth
-    backend: str
-    zero_stage: int
-    dp: int
-    micro_batch: int  # examples (an anchor and its positive: two rows each)
-    accum: int
-    seq_len: int
-    lora: bool = False
-
-    @property
-    def name(self) -> str:
-        depth = f"/{self.layers}L" if self.layers else ""
-        plan = self.backend if self.backend == "ddp" else f"{self.backend}-z{self.zero_stage}"
-        lora = "-lora" if self.lora else ""
-        return f"{self.preset}{depth}-{plan}x{self.dp}-mb{self.micro_batch}x{self.accum}-L{self.seq_len}{lora}"
-
-
+# a case as the reward model's bench names one (mb counts examples here: an anchor and its positive, two rows each)
 CASES = (
     Case("e5-mistral-7b", 4, "fsdp2", 3, 8, 4, 2, 512),
     Case("e5-mistral-7b", 4, "fsdp2", 2, 4, 8, 1, 512, lora=True),
