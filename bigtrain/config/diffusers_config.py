@@ -1,0 +1,110 @@
+"""A diffusers transformer's config as the rest of bigtrain reads a model's config (``model.task: text-to-image``).
+
+bigtrain plans, builds, shards and checkpoints a model through its transformers ``PretrainedConfig``. A diffusion
+transformer (``FluxTransformer2DModel``, ``SD3Transformer2DModel``) has a diffusers config instead: a ``config.json``
+with ``_class_name`` and the class's init arguments, no ``model_type``. ``DiffusersTransformerConfig`` carries those
+arguments as a ``PretrainedConfig`` of its own model type, with the width and depth the planner and the capability
+table read (``hidden_size``: heads x head dim; ``num_hidden_layers``: every block), and says which diffusers class
+it builds and how its weights are named. It lives in the config layer (the planner reads it and may not import the
+model builders); diffusers itself is imported only to build a model.
+
+A diffusers pipeline folder (``model_index.json``) names its transformer's sub-folder (``transformer/``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from transformers import PretrainedConfig
+
+from bigtrain.errors import ConfigError
+
+WEIGHTS_STEM = "diffusion_pytorch_model"  # diffusers' weights file: {stem}.safetensors, or shards and an index
+
+
+class DiffusersTransformerConfig(PretrainedConfig):
+    """A diffusers transformer's init arguments (``init``) as a ``PretrainedConfig`` (module docstring)."""
+
+    model_type = "diffusers_transformer"
+    class_name = ""  # the diffusers class
+    weights_stem = WEIGHTS_STEM
+
+    def __init__(self, init: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        self.init = dict(init or {})
+        super().__init__(**kwargs)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.init["num_attention_heads"]) * int(self.init["attention_head_dim"])
+
+    @property
+    def num_attention_heads(self) -> int:
+        return int(self.init["num_attention_heads"])
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return int(self.init.get("num_layers", 0)) + int(self.init.get("num_single_layers", 0))
+
+    def diffusers_config(self) -> dict[str, Any]:
+        """The config.json diffusers writes for the model (its class name and init arguments)."""
+        return {"_class_name": self.class_name, **self.init}
+
+
+class FluxTransformerConfig(DiffusersTransformerConfig):
+    model_type = "flux_transformer"
+    class_name = "FluxTransformer2DModel"
+
+
+class SD3TransformerConfig(DiffusersTransformerConfig):
+    model_type = "sd3_transformer"
+    class_name = "SD3Transformer2DModel"
+
+
+CONFIGS = {c.class_name: c for c in (FluxTransformerConfig, SD3TransformerConfig)}
+BY_MODEL_TYPE = {c.model_type: c for c in CONFIGS.values()}
+
+
+def is_diffusers_config(raw: dict[str, Any]) -> bool:
+    """Whether a config dict is a diffusers model's (its ``_class_name``) or one of ours (its model type)."""
+    return "_class_name" in raw or raw.get("model_type") in BY_MODEL_TYPE
+
+
+def from_dict(raw: dict[str, Any], key: str) -> DiffusersTransformerConfig:
+    """A diffusers config.json's dict (``_class_name`` and init arguments), ``model.config``'s dict naming one of our
+    model types with the class's init arguments beside it, or our own ``to_dict`` (``init`` whole)."""
+    raw = dict(raw)
+    name = raw.pop("_class_name", None)
+    model_type = raw.pop("model_type", None)
+    cls = CONFIGS.get(name) if name is not None else BY_MODEL_TYPE.get(model_type)
+    if cls is None:
+        known = ", ".join(CONFIGS)
+        raise ConfigError(f"{key}: {name or model_type!r} is not a diffusion transformer bigtrain trains; use {known}")
+    if isinstance(raw.get("init"), dict):  # our own to_dict / save_pretrained: the arguments kept whole
+        return cls(init=raw["init"])
+    return cls(init={k: v for k, v in raw.items() if not k.startswith("_")})
+
+
+def read_folder(path: Path, key: str) -> DiffusersTransformerConfig:
+    """The transformer's config of a diffusers pipeline folder (``model_index.json`` naming ``transformer``) or of a
+    transformer's own folder (a ``config.json`` with ``_class_name``)."""
+    index = path / "model_index.json"
+    if index.is_file():
+        pipeline = json.loads(index.read_text())
+        if "transformer" not in pipeline:
+            parts = sorted(k for k in pipeline if not k.startswith("_"))
+            raise ConfigError(
+                f"{key}: the pipeline {pipeline.get('_class_name', '?')} has no transformer ({', '.join(parts)}); "
+                "bigtrain trains a diffusion transformer (FLUX, SD3)"
+            )
+        path = path / "transformer"
+    config = path / "config.json"
+    if not config.is_file():
+        raise ConfigError(f"{key}: {path} has no config.json; give a diffusers pipeline folder or its transformer/")
+    return from_dict(json.loads(config.read_text()), key)
+
+
+def weights_folder(path: Path) -> Path:
+    """Where a folder's transformer weights lie: ``transformer/`` of a pipeline folder, else the folder itself."""
+    return path / "transformer" if (path / "model_index.json").is_file() else path
