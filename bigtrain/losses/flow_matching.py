@@ -1,7 +1,7 @@
 """Rectified-flow (flow-matching) training of a diffusion transformer (FLUX, SD3), as diffusers' training scripts
 compute it (``examples/dreambooth/train_dreambooth_flux.py``, ``training_utils.py``), with one change that makes a
 run equal whatever its plan: each example's timestep and noise come from a generator of its own, keyed by the run's
-seed, the step and the example's position in the global batch, never from a device's global random state (whose draws
+seed and the example's position in the run's global order, never from a device's global random state (whose draws
 would depend on which rank and micro-batch the example landed in).
 
 For an example of clean latents x (the VAE's, shifted and scaled):
@@ -43,9 +43,11 @@ class FlowMatching:
     timesteps: int = TRAIN_TIMESTEPS
 
 
-def example_generator(seed: int, step: int, index: int) -> torch.Generator:
-    """The generator of one example of one step: the same whatever rank and micro-batch reads it."""
-    key = zlib.crc32(f"{seed}:{step}:{index}".encode())
+def example_generator(seed: int, position: int) -> torch.Generator:
+    """The generator of the example at ``position`` of the run's global order (step x global batch + its place in
+    the step's batch: what the loader hands ``micro_batch`` as ``seen``): the same whatever rank and micro-batch
+    reads it, another at each visit."""
+    key = zlib.crc32(f"{seed}:{position}".encode())
     return torch.Generator().manual_seed(key)
 
 
