@@ -123,11 +123,11 @@ def tied_aliases(hf_config: Any, model: Any = None) -> set[str]:
 def export_model(checkpoint: str | Path, out: str | Path, max_shard_bytes: int = MAX_SHARD_BYTES) -> Path:
     """Write checkpoint ``checkpoint`` (a step_N folder, or a run's output_dir: its newest) as an HF folder ``out``
     (replaced atomically if it exists); returns the checkpoint folder used."""
-    from transformers import AutoConfig
+    from bigtrain.models.build import read_saved_config
 
     folder = resolve_checkpoint(checkpoint)
     check_files(folder, Manifest.read(folder))
-    hf_config = AutoConfig.from_pretrained(folder / HF_FILES, local_files_only=True)
+    hf_config = read_saved_config(folder / HF_FILES)
     tensors = _model_tensors(folder)
     meta = meta_model_of(hf_config)
     aliases = tied_aliases(hf_config, meta)
@@ -135,7 +135,7 @@ def export_model(checkpoint: str | Path, out: str | Path, max_shard_bytes: int =
     shards = _shards(names, tensors, max_shard_bytes)
 
     with staged(Path(out)) as partial:  # a failed export (a full disk) leaves nothing half-written
-        _write_folder(folder, partial, names, tensors, shards, meta)
+        _write_folder(folder, partial, names, tensors, shards, meta, getattr(hf_config, "weights_stem", "model"))
     return folder
 
 
@@ -146,15 +146,18 @@ def _write_folder(
     tensors: dict[str, TensorStorageMetadata],
     shards: list[list[str]],
     meta: Any,
+    stem: str,
 ) -> None:
     """The HF folder in ``partial``: the checkpoint's hf/ files and the weights, one safetensors shard at a time,
-    under the family's own checkpoint keys (``to_checkpoint_keys``: e.g. Mixtral's per-expert tensors)."""
+    under the family's own checkpoint keys (``to_checkpoint_keys``: e.g. Mixtral's per-expert tensors), in files
+    named as the model's library reads them (``stem``: transformers' ``model``, diffusers'
+    ``diffusion_pytorch_model``)."""
     from safetensors.torch import save_file
 
     shutil.copytree(folder / HF_FILES, partial)
     weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards):
-        file = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        file = f"{stem}.safetensors" if len(shards) == 1 else f"{stem}-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         state = {MODEL_PREFIX + n: torch.empty(tensors[n].size, dtype=tensors[n].properties.dtype) for n in shard}
         with warnings.catch_warnings():  # DCP warns that it reads in one process: that is the point here
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -167,7 +170,7 @@ def _write_folder(
     if len(shards) > 1:
         total = sum(_nbytes(tensors[n]) for n in names)
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (partial / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        (partial / f"{stem}.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
 def _model_tensors(folder: Path) -> dict[str, TensorStorageMetadata]:

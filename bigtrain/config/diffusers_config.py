@@ -21,6 +21,7 @@ from transformers import PretrainedConfig
 
 from bigtrain.errors import ConfigError
 
+VAE_SCALE = 8  # FLUX's and SD3's VAE: 8 pixels a side per latent (the planner's and the simulator's image tokens)
 WEIGHTS_STEM = "diffusion_pytorch_model"  # diffusers' weights file: {stem}.safetensors, or shards and an index
 
 
@@ -50,6 +51,13 @@ class DiffusersTransformerConfig(PretrainedConfig):
     def diffusers_config(self) -> dict[str, Any]:
         """The config.json diffusers writes for the model (its class name and init arguments)."""
         return {"_class_name": self.class_name, **self.init}
+
+    def save_pretrained(self, save_directory: str | Path, **kwargs: Any) -> None:
+        """config.json as diffusers writes it, so that a checkpoint's and an export's folder load in diffusers
+        (``from_pretrained``) as well as here (``read_folder``)."""
+        folder = Path(save_directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(self.diffusers_config(), indent=2, sort_keys=True) + "\n")
 
 
 class FluxTransformerConfig(DiffusersTransformerConfig):
@@ -103,6 +111,59 @@ def read_folder(path: Path, key: str) -> DiffusersTransformerConfig:
     if not config.is_file():
         raise ConfigError(f"{key}: {path} has no config.json; give a diffusers pipeline folder or its transformer/")
     return from_dict(json.loads(config.read_text()), key)
+
+
+def diffusers_class(cfg: DiffusersTransformerConfig) -> Any:
+    """The diffusers class the config builds (diffusers imported here only: planning a preset needs none)."""
+    try:
+        import diffusers
+    except ImportError as e:
+        raise ConfigError(
+            f"model.task=text-to-image trains a diffusers model ({cfg.class_name}): pip install 'bigtrain[diffusion]'"
+        ) from e
+    return getattr(diffusers, cfg.class_name)
+
+
+def construct(cfg: DiffusersTransformerConfig, dtype: Any = None) -> Any:
+    """The model of the config, its parameters in ``dtype`` (fp32 by default), built as diffusers builds it (its
+    class's ``from_config``) on the device the caller opened (``meta`` for a build whose values come later)."""
+    import torch
+
+    model = diffusers_class(cfg).from_config(cfg.diffusers_config())
+    # torch's own cast: diffusers' ``to`` warns of modules to keep in fp32 even when it lists none
+    return torch.nn.Module.to(model, dtype or torch.float32)
+
+
+def denoise_inputs(cfg: DiffusersTransformerConfig, b: int, latent_side: int, text_len: int, device: Any = None):
+    """A FLUX transformer's inputs for ``b`` images of ``latent_side`` latents a side and ``text_len`` text tokens
+    (values aside: the planner's fake step and the simulator's), and a target of the prediction's shape."""
+    import torch
+
+    init = cfg.init
+    patches = (latent_side // 2) ** 2
+    inputs = {
+        "hidden_states": torch.randn(b, patches, init["in_channels"], device=device),
+        "encoder_hidden_states": torch.randn(b, text_len, init["joint_attention_dim"], device=device),
+        "pooled_projections": torch.randn(b, init["pooled_projection_dim"], device=device),
+        "timestep": torch.rand(b, device=device),
+        "img_ids": torch.zeros(patches, 3, device=device),
+        "txt_ids": torch.zeros(text_len, 3, device=device),
+    }
+    if init.get("guidance_embeds"):
+        inputs["guidance"] = torch.full((b,), 3.5, device=device)
+    out_channels = init.get("out_channels") or init["in_channels"]
+    return inputs, torch.randn(b, patches, out_channels, device=device)
+
+
+def diffusers_folder(path: Path) -> bool:
+    """Whether a model folder is a diffusers pipeline's (``model_index.json``) or a diffusers model's (a config.json
+    naming its ``_class_name``)."""
+    if (path / "model_index.json").is_file():
+        return True
+    try:
+        return "_class_name" in json.loads((path / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def weights_folder(path: Path) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from bigtrain.config.diffusion_keys import DiffusionKeys
 from bigtrain.config.embedding_keys import EmbeddingKeys
 from bigtrain.config.online_rl import GrpoKeys, RolloutConfig
 from bigtrain.config.schema_fields import doc, recipe_key
@@ -298,9 +299,9 @@ class CoreTrainKeys:
 
 
 @dataclass
-class TrainConfig(EmbeddingKeys, GrpoKeys, CoreTrainKeys):
-    """The ``train`` section: the keys every job reads, then grpo's (``online_rl.py``), then the contrastive
-    objective's (``embedding_keys.py``)."""
+class TrainConfig(DiffusionKeys, EmbeddingKeys, GrpoKeys, CoreTrainKeys):
+    """The ``train`` section: the keys every job reads, then grpo's (``online_rl.py``), the contrastive objective's
+    (``embedding_keys.py``), then flow matching's (``diffusion_keys.py``)."""
 
 
 @dataclass

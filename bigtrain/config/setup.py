@@ -26,6 +26,7 @@ TOKEN_ROWS = "token rows"  # logits over the vocabulary at every position of a r
 EXAMPLES = "examples"  # one output vector per example (classifiers, regressors)
 SCORES = "scores"  # one number per row, compared across the rows of an example (a reward model's pairs)
 EMBEDDINGS = "embeddings"  # each row's token states, pooled into one vector per text (an embedding model's)
+DENOISED = "denoised latents"  # a diffusion transformer's prediction for noisy latents (velocity, noise)
 
 
 @dataclass(frozen=True)

@@ -112,3 +112,41 @@ def image_ids(height: int, width: int) -> torch.Tensor:
     ids[..., 1] += torch.arange(height // 2)[:, None]
     ids[..., 2] += torch.arange(width // 2)[None, :]
     return ids.reshape(-1, 3)
+
+
+class FlowMatchingLoss:
+    """The objective of a micro-batch of noised examples (``data/encoded_images.py``): each example's weighted mean
+    squared error summed over the examples (the engine divides by the global batch's), an evaluation filler
+    (label IGNORE_INDEX) adding nothing."""
+
+    per_forward_weight = 0.0
+    metric_names: tuple[str, ...] = ()
+
+    def __init__(self, flow: FlowMatching) -> None:
+        self.flow = flow
+
+    def count(self, labels: torch.Tensor) -> int:
+        from bigtrain.data.labels import IGNORE_INDEX
+
+        return int((labels != IGNORE_INDEX).sum())
+
+    def loss_sum(self, prediction: torch.Tensor, batch: object) -> torch.Tensor:
+        from bigtrain.data.labels import IGNORE_INDEX
+
+        losses = per_example_losses(self.flow, prediction, batch.target, batch.sigmas)  # type: ignore[attr-defined]
+        kept = batch.labels != IGNORE_INDEX  # type: ignore[attr-defined]
+        return (losses * kept).sum()
+
+    def __call__(self, output: object, batch: object) -> object:
+        from bigtrain.losses.base import Terms
+
+        return Terms(self.loss_sum(output.sample, batch))  # type: ignore[attr-defined]
+
+    def eval_sums(self, output: object, batch: object, terms: object) -> torch.Tensor:
+        return output.sample.new_zeros(0, dtype=torch.float32)  # type: ignore[attr-defined]
+
+    def eval_metrics(self, loss: float, sums: torch.Tensor, count: int) -> dict[str, float]:
+        return {"eval_examples": count}
+
+    def step_metrics(self, sums: torch.Tensor, count: int) -> dict[str, float]:
+        return {}

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bigtrain.config.diffusers_config import DiffusersTransformerConfig, diffusers_folder, read_folder
 from bigtrain.config.hf import attention_choices, causal_lm_class, config_object, model_class, resolve_attention
 from bigtrain.config.schema import ModelConfig
 from bigtrain.errors import ConfigError
@@ -28,6 +29,9 @@ def load_hf_config(cfg: ModelConfig) -> Any:
         raise ConfigError("set exactly one of model.name_or_path (a local HF folder) or model.config (a config dict)")
     if cfg.name_or_path is not None:
         path = Path(cfg.name_or_path)
+        key = f"model.name_or_path={cfg.name_or_path!r}"
+        if diffusers_folder(path):  # a diffusers pipeline or transformer folder (model.task: text-to-image)
+            return read_folder(path, key)
         if not (path / "config.json").is_file():
             todo = "save one with model.save_pretrained(PATH) or use model.config"
             if path.name == "model":  # where a run writes its final model: a step of a walk-through not run yet
@@ -38,12 +42,20 @@ def load_hf_config(cfg: ModelConfig) -> Any:
             raise ConfigError(
                 f"model.name_or_path={cfg.name_or_path!r} is not a local HF model folder (no config.json); {todo}"
             )
-        key = f"model.name_or_path={cfg.name_or_path!r}"
         config = _read_config(path, key, cfg.trust_remote_code)
     else:
         key = "model.config"
         config = config_object(cfg.config or {}, key, causal_lm=False)
     return config
+
+
+def read_saved_config(folder: Path) -> Any:
+    """The config of a folder bigtrain wrote (a checkpoint's hf/ files): diffusers' or transformers'."""
+    if diffusers_folder(folder):
+        return read_folder(folder, str(folder))
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(folder, local_files_only=True)
 
 
 def config_key(cfg: ModelConfig) -> str:
@@ -86,6 +98,10 @@ def construct(hf_config: Any, **kwargs: Any) -> nn.Module:
     Auto classes build it: a class of a composite config's language model takes that text config)."""
     import transformers
 
+    if isinstance(hf_config, DiffusersTransformerConfig):
+        from bigtrain.config.diffusers_config import construct as construct_diffusers
+
+        return construct_diffusers(hf_config, kwargs.get("dtype"))
     cls = model_class(hf_config)
     if cls is None:
         return transformers.AutoModelForCausalLM.from_config(hf_config, **kwargs)
@@ -167,7 +183,8 @@ def build_partitioned_model(hf_config: Any, attn_implementation: str, deepspeed_
             model = construct(
                 hf_config, dtype=torch.float32, attn_implementation=resolve_attention(hf_config, attn_implementation)
             )
-        model.tie_weights()  # skipped with the initialisation: the tied LM head is the embeddings' parameter again
+        if hasattr(model, "tie_weights"):  # a diffusers model has no tied weights
+            model.tie_weights()  # skipped with the initialisation: the tied LM head is the embeddings' parameter again
     return model
 
 

@@ -12,6 +12,7 @@ Non-persistent buffers (rotary ``inv_freq``) are never in checkpoints; the same 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from bigtrain.errors import ConfigError
 from bigtrain.models.checkpoint_keys import ConvertedCheckpoint
+from bigtrain.models.safetensors_reader import SafetensorsReader
 
 
 def _tied_groups(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
@@ -143,6 +145,9 @@ def _initialisers(model: nn.Module) -> dict[str, Any]:
     own rules (e.g. CLIP's position ids, which the outer model's rules leave unset)."""
     from transformers import PreTrainedModel
 
+    if not isinstance(model, PreTrainedModel):  # a diffusers model: each module as its own constructor makes it
+        own = OwnReset()
+        return {name: own for name, _ in model.named_modules()}
     owners: dict[str, Any] = {}
     for name, module in model.named_modules():
         if isinstance(module, PreTrainedModel):
@@ -150,6 +155,32 @@ def _initialisers(model: nn.Module) -> dict[str, Any]:
         else:
             owners[name] = owners[name.rsplit(".", 1)[0] if "." in name else ""]
     return owners
+
+
+class OwnReset:
+    """The initialisation of a model that is not a transformers one (a diffusers transformer, whose constructors
+    initialise every module by torch's rules): each module's own ``reset_parameters``."""
+
+    def _init_weights(self, module: nn.Module) -> None:
+        reset = getattr(module, "reset_parameters", None)
+        if reset is None:
+            raise ConfigError(
+                f"{type(module).__name__} has no initialisation of its own (reset_parameters); train from a saved "
+                "model (model.name_or_path) instead of model.config"
+            )
+        reset()
+
+
+def _reader(checkpoint: str, meta_twin: Any) -> Any:
+    """The checkpoint's values by the model's names: transformers' folder converted to the model's names, or a
+    diffusers folder's transformer weights as they are."""
+    from transformers import PreTrainedModel
+
+    if isinstance(meta_twin, PreTrainedModel):
+        return ConvertedCheckpoint(checkpoint, meta_twin)
+    from bigtrain.config.diffusers_config import WEIGHTS_STEM, weights_folder
+
+    return SafetensorsReader(weights_folder(Path(checkpoint)), WEIGHTS_STEM)
 
 
 @torch.no_grad()
@@ -163,7 +194,7 @@ def full_values(
     instead (the head of a classifier given another number of labels), and so is one the checkpoint lacks outside
     the base model (a reward model's head on a causal LM's folder), each such name logged once.
     """
-    reader = ConvertedCheckpoint(checkpoint, meta_twin) if checkpoint else None
+    reader = _reader(checkpoint, meta_twin) if checkpoint else None
     loaded, missing, replaced = 0, [], []
     base = getattr(meta_twin, "base_model_prefix", "")
     in_base = lambda fqn: bool(base) and fqn.startswith(f"{base}.")  # noqa: E731

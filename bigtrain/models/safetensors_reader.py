@@ -14,20 +14,21 @@ from bigtrain.errors import ConfigError
 class SafetensorsReader:
     """Lazy access to the tensors of a HF model folder (single file or sharded with an index)."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, stem: str = "model") -> None:
+        """``stem``: the weights' file name (transformers' ``model``, diffusers' ``diffusion_pytorch_model``)."""
         from safetensors import safe_open
 
         folder = Path(folder)
-        index = folder / "model.safetensors.index.json"
+        index = folder / f"{stem}.safetensors.index.json"
         if index.is_file():
             weight_map = json.loads(index.read_text())["weight_map"]
             files = sorted(set(weight_map.values()))
-        elif (folder / "model.safetensors").is_file():
-            files = ["model.safetensors"]
+        elif (folder / f"{stem}.safetensors").is_file():
+            files = [f"{stem}.safetensors"]
             weight_map = None
         else:
             raise ConfigError(
-                f"model.name_or_path={str(folder)!r} has no model.safetensors (or index); "
+                f"model.name_or_path={str(folder)!r} has no {stem}.safetensors (or index); "
                 "re-save it with save_pretrained(..., safe_serialization=True)"
             )
         self._folder = folder

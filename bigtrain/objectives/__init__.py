@@ -21,6 +21,7 @@ RECORDS = (
     "reward",
     "grpo",
     "contrastive",
+    "flow_matching",
 )
 OBJECTIVES: dict[str, ObjectiveSpec] = {
     spec.name: spec for spec in (import_module(f"{__name__}.{name}").OBJECTIVE for name in RECORDS)

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from bigtrain.config.diffusers_config import VAE_SCALE, DiffusersTransformerConfig, construct, denoise_inputs
 from bigtrain.config.hf import (
     classifier_heads,
     decoder_blocks,
@@ -67,12 +68,7 @@ def measure_classifier(
 @functools.lru_cache(maxsize=16)
 def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str, task: str, unit: str) -> ClassifierStats:
     hf_config = model_config_object(json.loads(key))
-    cls = model_class(hf_config)
-    if cls is None:
-        raise ConfigError(f"{hf_config.model_type}: the classifier's config names no class (architectures)")
-    hf_config.attn_implementation = resolve_attention(hf_config, "auto")  # the family's own (none for a CNN)
-    with torch.device("meta"):
-        meta = cls._from_config(hf_config)
+    meta = _meta_model(hf_config)
     params = sum(p.numel() for p in meta.parameters())
     units = [sum(p.numel() for p in block.parameters()) for block in _blocks(meta)]
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[mixed_precision]
@@ -115,6 +111,29 @@ def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str, tas
             block_linears=bool(_adapted(meta)),
         ),
     )
+
+
+def _meta_model(hf_config: Any) -> nn.Module:
+    """The model its config names on meta: a transformers class, or a diffusion transformer (text-to-image: the same
+    measurements, on its own inputs and loss)."""
+    if isinstance(hf_config, DiffusersTransformerConfig):
+        with torch.device("meta"):
+            return construct(hf_config)
+    cls = model_class(hf_config)
+    if cls is None:
+        raise ConfigError(f"{hf_config.model_type}: the classifier's config names no class (architectures)")
+    hf_config.attn_implementation = resolve_attention(hf_config, "auto")  # the family's own (none for a CNN)
+    with torch.device("meta"):
+        return cls._from_config(hf_config)
+
+
+def _step_loss(model: nn.Module, hf_config: Any, inputs: dict[str, Any], target: torch.Tensor) -> torch.Tensor:
+    """The training loss of one forward: a classifier's cross-entropy, a diffusion transformer's squared error."""
+    if isinstance(hf_config, DiffusersTransformerConfig):
+        prediction = model(**inputs).sample
+        return ((prediction.float() - target.float()) ** 2).mean(-1).mean(-1).sum()
+    logits = model(**inputs).logits
+    return torch.nn.functional.cross_entropy(logits.float(), target, reduction="sum")
 
 
 def _adapted(model: nn.Module) -> tuple[tuple[int, int], ...]:
@@ -185,10 +204,11 @@ def _fake_step(
             for name, buffer in list(module.named_buffers(recurse=False)):
                 module._buffers[name] = torch.empty(buffer.shape, dtype=buffer.dtype)
         model.train()
-        inputs = example_inputs(hf_config, b, image_size, seq_len)
-        if cast and "pixel_values" in inputs:  # FSDP2 and DeepSpeed hand the model its inputs in the compute dtype
-            inputs["pixel_values"] = inputs["pixel_values"].to(dtype)
-        labels = torch.randint(0, hf_config.num_labels, (b,))
+        inputs, labels = _step_inputs(hf_config, b, image_size, seq_len)
+        if cast:  # FSDP2 and DeepSpeed hand the model its float inputs in the compute dtype
+            for name in ("pixel_values", "hidden_states", "encoder_hidden_states", "pooled_projections"):
+                if name in inputs:
+                    inputs[name] = inputs[name].to(dtype)
         params = {p.untyped_storage()._cdata for p in model.parameters()}
         saved: dict[int, tuple[int, int | None]] = {}  # storage -> (bytes, the block that saved it first, or None)
         block_inputs: dict[int, int] = {}  # storage -> bytes of what entered a block
@@ -214,8 +234,7 @@ def _fake_step(
         # the CPU's attention kernel is one torch's counter does not know: its two matmuls counted by formula
         with FlopCounterMode(display=False, custom_mapping=cpu_flop_formulas()) as flops, hooks, _CountOps() as ops:
             with torch.autocast("cpu", dtype=dtype, enabled=autocast):
-                logits = model(**inputs).logits
-            loss = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
+                loss = _step_loss(model, hf_config, inputs, labels)
         loss.backward()
         given = sum(t.untyped_storage().nbytes() for t in inputs.values())
         held = sum(n for n, _ in saved.values()) + given
@@ -257,6 +276,13 @@ class _CountOps(TorchDispatchMode):
         if not func.is_view and func not in _NO_KERNEL:  # a view or a detach launches nothing
             self.count += 1
         return func(*args, **(kwargs or {}))
+
+
+def _step_inputs(hf_config: Any, b: int, image_size: int, seq_len: int) -> tuple[dict[str, Any], torch.Tensor]:
+    """(the model's inputs, what its loss compares them with): labels, or a diffusion transformer's target."""
+    if isinstance(hf_config, DiffusersTransformerConfig):
+        return denoise_inputs(hf_config, b, image_size // VAE_SCALE, seq_len)
+    return example_inputs(hf_config, b, image_size, seq_len), torch.randint(0, hf_config.num_labels, (b,))
 
 
 def example_inputs(

@@ -21,6 +21,7 @@ RECORDS = (
     "sequence_classification",
     "reward_model",  # named only (model.task: reward-model): a one-output sequence classifier
     "embedding",  # named only (model.task: embedding): a base model whose token states are pooled
+    "text_to_image",  # named only (model.task: text-to-image): a diffusers transformer
 )
 TASKS: dict[str, TaskSpec] = {
     spec.name: spec for spec in (import_module(f"{__name__}.{name}").TASK for name in RECORDS)

@@ -14,7 +14,7 @@ diffusers = pytest.importorskip("diffusers")
 def test_the_meta_build_has_the_saved_model_s_parameters(tmp_path):
     from test_diffusers_config import _pipeline_folder
 
-    from bigtrain.models.diffusers_model import construct
+    from bigtrain.config.diffusers_config import construct
 
     folder = _pipeline_folder(tmp_path)
     with torch.device("meta"):

@@ -1,0 +1,265 @@
+"""Captioned images as a diffusion transformer trains on them (``model.task: text-to-image``): the frozen parts'
+outputs computed once into the data cache, the noising made per example at each visit.
+
+A text-to-image pipeline's VAE and text encoders are frozen: their outputs for an image and its caption never change,
+so they are computed once, by the first process that needs them (the others wait on the cache's lock), and kept in
+the data cache as arrays every rank maps:
+
+- the VAE's latent distribution of each image (its mean and log-variance, [2, C, h, w]): an image's latents are a
+  fresh sample of it at each visit, as diffusers' scripts sample a cached ``latent_dist`` (``--cache_latents``);
+- the prompt embeddings of each caption (FLUX: T5's token states [L, D] and CLIP's pooled vector [P]), through the
+  pipeline's own ``encode_prompt`` (captions longer than the text encoder's ``L`` tokens are cut, and counted).
+
+A micro-batch (``micro_batch``) draws, for each example, from the generator of its position in the run's global
+order (``losses/flow_matching.py``): the latents' sample, the noise and the timestep, so that every plan noises each
+example alike. The model reads the noisy latents packed into FLUX's 2 x 2 patches with their position ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bigtrain.data import cache
+from bigtrain.data.labels import IGNORE_INDEX
+from bigtrain.errors import ConfigError
+from bigtrain.losses.flow_matching import (
+    FlowMatching,
+    draw_u,
+    example_generator,
+    image_ids,
+    noised,
+    pack,
+    sigma_of,
+)
+
+ENCODE_BATCH = 8  # images (captions) through the frozen parts at once
+FILES = ("moments.npy", "prompt_embeds.npy", "pooled.npy")
+
+
+@dataclass(frozen=True)
+class DenoiseBatch:
+    """A micro-batch of a text-to-image model: the transformer's inputs (the noisy latents packed, the prompt
+    embeddings, the timestep, the position ids), what it should predict (``target``: noise minus clean latents,
+    packed), each example's ``sigmas`` (the loss's weighting reads them) and ``labels`` (0, or IGNORE_INDEX for an
+    evaluation filler, which counts nothing)."""
+
+    inputs: dict[str, torch.Tensor]
+    target: torch.Tensor
+    sigmas: torch.Tensor
+    labels: torch.Tensor
+
+    def model_inputs(self) -> dict[str, Any]:
+        return {**self.inputs, "return_dict": True}
+
+    def _map(self, fn: Any) -> DenoiseBatch:
+        return DenoiseBatch({k: fn(v) for k, v in self.inputs.items()}, fn(self.target), fn(self.sigmas),
+                            fn(self.labels))  # fmt: skip
+
+    def to(self, device: torch.device) -> DenoiseBatch:
+        return self._map(lambda t: t.to(device, non_blocking=True))
+
+    def pin_memory(self) -> DenoiseBatch:
+        return self._map(lambda t: t.pin_memory())
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.inputs.values(), self.target, self.sigmas, self.labels]
+
+    def without_labels(self, rows: torch.Tensor) -> DenoiseBatch:
+        return dataclasses.replace(self, labels=self.labels.masked_fill(rows, IGNORE_INDEX))
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """What the frozen parts made of a folder (``encode``), mapped from the data cache."""
+
+    moments: np.ndarray  # [N, 2, C, h, w] fp32: the VAE's mean and log-variance
+    prompt_embeds: np.ndarray  # [N, L, D] fp32
+    pooled: np.ndarray  # [N, P] fp32
+    captions_cut: int  # captions longer than L tokens
+
+
+@dataclass(frozen=True)
+class EncodedImages:
+    """Examples of captioned images (``Encoded``) and how they are noised (module docstring)."""
+
+    encoded: Encoded
+    flow: FlowMatching
+    scaling_factor: float
+    shift_factor: float
+    guidance: float | None  # a guidance-distilled transformer's input (FLUX.1-dev); None: it takes none
+    seed: int
+    description: str
+    index: np.ndarray | None = None
+    train: bool = True  # draws keyed by the global position (training); False: by the example (fixed evaluations)
+    cache_note: str | None = None
+
+    seq_len = 1  # one example per row
+    positions = None
+    truncated = 0
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.encoded.pooled) if self.index is None else len(self.index)
+
+    @property
+    def examples(self) -> int:
+        return self.num_rows
+
+    def at(self, rows: np.ndarray) -> np.ndarray:
+        return rows if self.index is None else self.index[rows]
+
+    def subset(self, index: np.ndarray, description: str, train: bool = True) -> EncodedImages:
+        return dataclasses.replace(self, index=self.at(index), description=description, train=train)
+
+    def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> DenoiseBatch:
+        """Examples ``rows`` (0-based among these) noised by their own draws (``seen``: each row's position in the
+        global order; None or an evaluation: the example's own index)."""
+        at = self.at(rows)
+        keys = at if seen is None or not self.train else seen
+        latents, noise, sigmas = [], [], []
+        for k, i in enumerate(at):
+            g = example_generator(self.seed, int(keys[k]))
+            mean, logvar = torch.from_numpy(np.array(self.encoded.moments[i])).unbind(0)
+            std = torch.exp(0.5 * logvar.clamp(-30.0, 20.0))
+            sample = mean + std * torch.randn(mean.shape, generator=g)
+            latents.append((sample - self.shift_factor) * self.scaling_factor)
+            noise.append(torch.randn(mean.shape, generator=g))
+            sigmas.append(sigma_of(self.flow, draw_u(self.flow, g)))
+        x, e = torch.stack(latents), torch.stack(noise)
+        s = torch.tensor(sigmas, dtype=torch.float32)
+        noisy, target = noised(x, e, s)
+        h, w = x.shape[-2:]
+        text = torch.from_numpy(np.array(self.encoded.prompt_embeds[at]))
+        inputs = {
+            "hidden_states": pack(noisy),
+            "encoder_hidden_states": text,
+            "pooled_projections": torch.from_numpy(np.array(self.encoded.pooled[at])),
+            "timestep": s,  # FLUX's transformer multiplies by the N training timesteps itself
+            "img_ids": image_ids(h, w),
+            "txt_ids": torch.zeros(text.shape[1], 3),
+        }
+        if self.guidance is not None:
+            inputs["guidance"] = torch.full((len(at),), self.guidance)
+        labels = torch.zeros(len(at), dtype=torch.int64)
+        return DenoiseBatch(inputs, pack(target), s, labels)
+
+
+def read_encoded(
+    data_cfg: Any, key: str, path: str, pipeline: str, image_size: int, text_len: int
+) -> tuple[Encoded, str, dict[str, Any]]:
+    """The folder ``path``'s images and captions through ``pipeline``'s frozen parts, from the data cache (built
+    now if no process has): (what they made, the cache's line, the VAE's config)."""
+    from bigtrain.data.captioned_images import list_captioned
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ConfigError(
+            f"{key}={path!r} is not a folder; give a folder of images with a metadata.jsonl (file_name and text per "
+            "row) or a .txt caption beside each image"
+        )
+    listed = list_captioned(key, folder)
+    parts = {
+        "source": cache.files_identity(listed.paths),
+        "captions": listed.captions,
+        "pipeline": cache.files_identity(_frozen_files(Path(pipeline))),
+        "image_size": image_size,
+        "text_len": text_len,
+    }
+
+    def build(out: Path) -> dict[str, Any]:
+        return _encode(listed, Path(pipeline), image_size, text_len, out)
+
+    found = cache.entry(cache.cache_dir_of(data_cfg), "encoded-images", key, parts, build)
+    meta = found.meta
+    n = len(listed.paths)
+    shapes = meta["shapes"]
+    arrays = [np.lib.format.open_memmap(found.folder / f, mode="r") for f in FILES]
+    for name, array in zip(FILES, arrays):
+        assert list(array.shape) == [n, *shapes[name]], (name, array.shape)
+    encoded = Encoded(*arrays, captions_cut=int(meta["captions_cut"]))
+    return encoded, found.note(key), meta["vae"]
+
+
+def _frozen_files(pipeline: Path) -> list[Path]:
+    """The files of the frozen parts (VAE, text encoders, tokenizers) whose bytes decide what they make."""
+    return sorted(
+        f for part in ("vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2")
+        for f in (pipeline / part).glob("*") if f.is_file()
+    )  # fmt: skip
+
+
+def _encode(listed: Any, pipeline: Path, image_size: int, text_len: int, out: Path) -> dict[str, Any]:
+    """Every image through the VAE and every caption through the text encoders, written to ``out``."""
+    from diffusers import FluxPipeline
+
+    from PIL import Image
+
+    from bigtrain.data.captioned_images import square_pixels
+    from bigtrain.data.pixels import rgb_array
+
+    def pixels_of(path: Path) -> torch.Tensor:
+        with Image.open(path) as image:
+            array = np.ascontiguousarray(rgb_array(image))
+        return square_pixels(torch.from_numpy(array).permute(2, 0, 1), image_size)
+
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as hf_logging
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    for library in (diffusers_logging, hf_logging):  # their loading bars: the cache's own line says the pass
+        library.disable_progress_bar()
+    try:
+        pipe = FluxPipeline.from_pretrained(str(pipeline), transformer=None, torch_dtype=dtype, local_files_only=True)
+    finally:
+        for library in (diffusers_logging, hf_logging):
+            library.enable_progress_bar()
+    pipe.to(device)
+    n = len(listed.paths)
+    tokenizer = pipe.tokenizer_2
+    cut = sum(len(tokenizer(c).input_ids) > text_len for c in listed.captions)
+    files: dict[str, Any] = {}
+    with torch.no_grad():
+        for start in cache.counted(range(0, n, ENCODE_BATCH), "data.path", "encoding", f"x{ENCODE_BATCH} images"):
+            end = min(n, start + ENCODE_BATCH)
+            pixels = torch.stack([pixels_of(p) for p in listed.paths[start:end]])
+            dist = pipe.vae.encode(pixels.to(device, dtype)).latent_dist
+            moments = torch.stack([dist.mean, dist.logvar], dim=1).float().cpu().numpy()
+            embeds, pooled, _ = pipe.encode_prompt(
+                listed.captions[start:end], None, device=device, max_sequence_length=text_len
+            )
+            for name, value in zip(FILES, (moments, embeds.float().cpu().numpy(), pooled.float().cpu().numpy())):
+                if name not in files:
+                    files[name] = np.lib.format.open_memmap(
+                        out / name, mode="w+", dtype=np.float32, shape=(n, *value.shape[1:])
+                    )
+                files[name][start:end] = value
+    for array in files.values():
+        array.flush()
+    vae = {k: pipe.vae.config[k] for k in ("scaling_factor", "shift_factor", "block_out_channels")}
+    shapes = {name: list(array.shape[1:]) for name, array in files.items()}
+    return {"shapes": shapes, "captions_cut": cut, "vae": vae}
+
+
+def latent_side(image_size: int, vae_blocks: int) -> int:
+    """The latents' side of an image of ``image_size`` px (the VAE halves it at each block but the last)."""
+    return image_size // 2 ** (vae_blocks - 1)
+
+
+def check_packable(key: str, image_size: int, vae_blocks: int) -> None:
+    """FLUX packs 2 x 2 latents: the image's side must give an even latent side."""
+    side = latent_side(image_size, vae_blocks)
+    if side % 2:
+        step = 2 ** vae_blocks
+        near = [s for s in (math.floor(image_size / step) * step, math.ceil(image_size / step) * step) if s > 0]
+        raise ConfigError(
+            f"{key}={image_size} gives latents of {side} x {side}, which FLUX's 2 x 2 patches do not tile; use a "
+            f"multiple of {step} (e.g. {' or '.join(map(str, sorted(set(near))))})"
+        )

@@ -1,0 +1,44 @@
+"""``train.objective: flow-matching``: rectified flow as diffusers trains FLUX (``losses/flow_matching.py``): the
+transformer predicts the velocity (noise minus clean latents) of latents noised to a drawn timestep; each example's
+weighted mean squared error, summed over the micro-batch and normalised by the examples of the whole global batch.
+Its timestep density and weighting are ``train.weighting_scheme`` and its companions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bigtrain.config.setup import DENOISED
+from bigtrain.errors import ConfigError
+from bigtrain.objectives.spec import ObjectiveSpec
+
+
+def flow_of(train: Any, shift: float = 1.0) -> Any:
+    """The recipe's flow-matching settings, with the scheduler's training ``shift``."""
+    from bigtrain.losses.flow_matching import FlowMatching
+
+    return FlowMatching(train.weighting_scheme, train.logit_mean, train.logit_std, train.mode_scale, shift)
+
+
+def make(built: Any, train: Any) -> Any:
+    from bigtrain.losses.flow_matching import FlowMatchingLoss
+
+    return FlowMatchingLoss(flow_of(train))  # the loss reads the weighting only: the shift is in the data's sigmas
+
+
+def check(cfg: Any) -> None:
+    if cfg.train.logit_std <= 0:
+        raise ConfigError(f"train.logit_std={cfg.train.logit_std} must be > 0 (diffusers' default is 1.0)")
+
+
+OBJECTIVE = ObjectiveSpec(
+    name="flow-matching",
+    summary="rectified flow (FLUX): the velocity of noised latents, timesteps by train.weighting_scheme",
+    reads=DENOISED,
+    make=make,
+    check=check,
+    keys=("train.weighting_scheme", "train.logit_mean", "train.logit_std", "train.mode_scale", "train.guidance_scale"),
+    refusal=lambda task: (
+        f"train.objective=flow-matching trains a diffusion transformer, which a {task} model is not; use "
+        "model.task=text-to-image with a diffusers pipeline folder"
+    ),
+)

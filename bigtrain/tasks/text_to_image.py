@@ -1,0 +1,193 @@
+"""``model.task: text-to-image``: a diffusion transformer (diffusers' ``FluxTransformer2DModel``) fine-tuned on
+captioned images with rectified flow (``train.objective: flow-matching``), as diffusers' ``train_dreambooth_flux.py``
+trains it.
+
+``model.name_or_path`` is a diffusers pipeline folder (``model_index.json``): its transformer is the model trained,
+built, sharded and checkpointed as every bigtrain model is (``config/diffusers_config.py``); its VAE and text
+encoders are frozen, and their outputs for the data (latent distributions and prompt embeddings) are computed once
+into the data cache (``data/encoded_images.py``), so they take no GPU memory during training. ``data.image_size``
+(default 512) is the side images are trained at, ``data.seq_len`` (default 512) the text encoder's tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bigtrain.config.diffusers_config import VAE_SCALE
+from bigtrain.config.schema import RecipeConfig
+from bigtrain.config.setup import DENOISED
+from bigtrain.errors import ConfigError
+from bigtrain.tasks import classifiers
+from bigtrain.tasks.spec import Prepared, TaskSpec
+
+CLASSES = {"flux_transformer": "FluxTransformer2DModel"}
+DEFAULT_IMAGE_SIZE = 512  # diffusers' scripts' --resolution
+DEFAULT_TEXT_LEN = 512  # FLUX.1-dev's --max_sequence_length
+# FLUX's attention projections: peft's adapters on them (the scripts' --lora_layers default); the blocks' names would
+# match whole blocks, which peft cannot adapt
+LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
+
+
+def pipeline_folder(cfg: RecipeConfig) -> Path:
+    """The diffusers pipeline folder whose frozen parts (VAE, text encoders) the data is encoded with."""
+    path = cfg.model.name_or_path
+    if path is None or not (Path(path) / "model_index.json").is_file():
+        raise ConfigError(
+            "model.task=text-to-image needs model.name_or_path: a diffusers pipeline folder (model_index.json with "
+            f"its transformer, VAE and text encoders), e.g. FLUX.1-dev's; got {path!r}"
+        )
+    return Path(path)
+
+
+def scheduler_shift(pipeline: Path) -> float:
+    """The shift the pipeline's flow-matching scheduler applies in training (none where it shifts dynamically, at
+    inference only: FLUX)."""
+    file = pipeline / "scheduler" / "scheduler_config.json"
+    settings = json.loads(file.read_text()) if file.is_file() else {}
+    return 1.0 if settings.get("use_dynamic_shifting", False) else float(settings.get("shift", 1.0))
+
+
+def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
+    """The captioned images of ``data.path`` through the pipeline's frozen parts, and the held-out ones
+    (``data.eval_path``, else ``data.eval_fraction`` of them)."""
+    import numpy as np
+
+    from bigtrain.data.encoded_images import EncodedImages, check_packable, read_encoded
+    from bigtrain.data.held_out import require_held_out
+    from bigtrain.data.sources import held_out_rows
+    from bigtrain.objectives.flow_matching import flow_of
+
+    pipeline = pipeline_folder(cfg)
+    side = cfg.data.image_size or DEFAULT_IMAGE_SIZE
+    text_len = cfg.data.seq_len or DEFAULT_TEXT_LEN
+    flow = flow_of(cfg.train, scheduler_shift(pipeline))
+    guidance = cfg.train.guidance_scale if hf_config.init.get("guidance_embeds") else None
+
+    def read(key: str, path: str, train: bool) -> EncodedImages:
+        encoded, note, vae = read_encoded(cfg.data, key, path, str(pipeline), side, text_len)
+        check_packable("data.image_size", side, len(vae["block_out_channels"]))
+        where = f"{path} ({encoded.pooled.shape[0]} captioned images of {side} px)"
+        return EncodedImages(
+            encoded, flow, float(vae["scaling_factor"]), float(vae.get("shift_factor") or 0.0), guidance,
+            cfg.train.seed, where, train=train, cache_note=note,
+        )  # fmt: skip
+
+    data = read("data.path", cfg.data.path, True)
+    held = None
+    if cfg.data.eval_path is not None:
+        held = read("data.eval_path", cfg.data.eval_path, False)
+    elif cfg.data.eval_fraction > 0:
+        kept, chosen = held_out_rows(data.num_rows, cfg.data.eval_fraction, cfg.train.seed, "images")
+        held = data.subset(chosen, f"{len(chosen)} held-out images", train=False)
+        data = data.subset(kept, f"{data.description}, {len(kept)} for training")
+    if data.index is None:
+        data = data.subset(np.arange(data.num_rows), data.description)
+    require_held_out(cfg, held)
+    return data, held
+
+
+def prepare(cfg: RecipeConfig, hf_config: Any, data: Any) -> Prepared:
+    """LoRA on the attention projections unless ``lora.target_modules`` says; the captions cut, said."""
+    notes = []
+    cut = data.encoded.captions_cut
+    if cut:
+        notes.append(
+            f"data.path: {cut} caption(s) are longer than the text encoder's {cfg.data.seq_len or DEFAULT_TEXT_LEN} "
+            "tokens and were cut (data.seq_len)"
+        )
+    if cfg.train.method in ("lora", "auto") and cfg.lora.target_modules is None:
+        cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, target_modules=list(LORA_TARGETS)))
+    return Prepared(cfg, hf_config, tuple(notes))
+
+
+def check(cfg: RecipeConfig, hf_config: Any, data: Any, attention: str, is_main: bool) -> list[str]:
+    if hf_config.model_type not in CLASSES:
+        raise ConfigError(
+            f"model.task=text-to-image trains {', '.join(CLASSES.values())} so far; {hf_config.class_name} is "
+            "planned (bigtrain plan) but not trained"
+        )
+    return []
+
+
+@dataclass(frozen=True)
+class TextToImageSpec(TaskSpec):
+    """A task whose models are diffusers' classes, not transformers': its classes by model type are its own."""
+
+    def class_names(self) -> dict[str, Any]:
+        return dict(CLASSES)
+
+
+def sizes(ask: Any) -> dict[str, Any]:
+    """The image side (the argument, the recipe's data.image_size, else 512), the text tokens (the argument, the
+    recipe's data.seq_len, else 512) and the global batch (the argument, the recipe's, else 1 image per GPU)."""
+    cfg, spell = ask.recipe, ask.spell
+    side = ask.image_size or (cfg and cfg.data.image_size) or DEFAULT_IMAGE_SIZE
+    if side % (2 * VAE_SCALE):
+        raise ConfigError(f"{spell.value('image_size', side)} must be a multiple of {2 * VAE_SCALE} (FLUX's patches)")
+    length = ask.seq_len or (cfg and cfg.data.seq_len) or DEFAULT_TEXT_LEN
+    batch = ask.global_batch_size or (cfg.train.global_batch_size if cfg else 0) or ask.gpus
+    if batch % ask.gpus:
+        lower = batch // ask.gpus * ask.gpus
+        raise ConfigError(
+            f"{spell.value('global_batch_size', batch)} does not divide over {ask.gpus} GPUs; try {lower or ask.gpus}"
+        )
+    return {"image_size": side, "seq_len": length, "global_batch_size": batch}
+
+
+def synthetic(hf_config: Any, plan: Any, workload: Any, device: Any) -> Any:
+    """A micro-batch as the data path makes it (values aside) at the workload's image side and text tokens."""
+    from bigtrain.config.diffusers_config import denoise_inputs
+    from bigtrain.data.encoded_images import DenoiseBatch
+
+    b = plan.micro_batch_size
+    inputs, target = denoise_inputs(hf_config, b, workload.image_size // VAE_SCALE, workload.seq_len, device)
+    sigmas = inputs["timestep"]
+    import torch
+
+    return DenoiseBatch(inputs, target, sigmas, torch.zeros(b, dtype=torch.int64, device=device))
+
+
+def planner(model_config: dict[str, Any], workload: Any) -> Any:
+    """The transformer's statistics measured on fake tensors at the workload's image tokens and text tokens, and
+    the classifier's memory and time terms (``planner/classifier_plan.py``)."""
+    from bigtrain.planner.classifier_plan import classifier_model
+
+    return classifier_model(model_config, workload)
+
+
+def facts(hf_config: Any) -> dict[str, bool]:
+    return {"batch_norm": False, "convolutional": False, "block_linears": True}
+
+
+TASK = TextToImageSpec(
+    name="text-to-image",
+    summary="diffusion transformers (FLUX): captioned images, frozen VAE and text encoders cached, flow matching",
+    auto_class="",
+    mapping="",
+    suffix=None,
+    auto=False,  # named only: model.task: text-to-image
+    unit="images",
+    outputs=DENOISED,
+    default_objective="flow-matching",
+    built_objectives=("flow-matching",),
+    read_data=read_data,
+    prepare=prepare,
+    check=check,
+    model_facts=facts,
+    planner=planner,
+    sizes=sizes,
+    synthetic=synthetic,
+    count=classifiers.count_examples,
+    peft_task_type=None,
+    keys=("data.path", "data.eval_path", "data.eval_fraction", "data.image_size", "data.seq_len"),
+    rules=classifiers.RULES,
+    example={
+        "model_type": "flux_transformer", "patch_size": 1, "in_channels": 16, "num_layers": 1,
+        "num_single_layers": 1, "attention_head_dim": 8, "num_attention_heads": 2, "joint_attention_dim": 32,
+        "pooled_projection_dim": 16, "guidance_embeds": False, "axes_dims_rope": [2, 2, 4],
+    },  # fmt: skip
+)

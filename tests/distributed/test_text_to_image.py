@@ -1,0 +1,197 @@
+"""A diffusion transformer (``model.task: text-to-image``, ``train.objective: flow-matching``) on real multi-rank
+plans against a plain single-process loop.
+
+The plain loop is written from diffusers' ``train_dreambooth_flux.py``: the tiny FLUX pipeline's VAE encodes each
+image (16 x 16 px, so no resize: its pixels / 127.5 - 1) and ``FluxPipeline.encode_prompt`` its caption; every step
+takes the global batch's examples in the data order of ``test_equivalence.py``, and each example (at global position
+p) draws from its own generator (seeded with crc32 of "seed:p", as bigtrain documents): a sample of its latent
+distribution (shifted and scaled by the VAE's factors), the noise, and u (uniform: weighting_scheme none); the
+timestep is the scheduler's ``timesteps[int(u N)]`` and sigma its ``sigmas`` there (the tiny scheduler shifts by 3);
+the transformer reads the noisy latents packed by ``FluxPipeline._pack_latents`` with its image ids, the prompt
+embeddings and timestep / 1000; the loss is the mean over the batch of each example's mean squared error of the
+unpacked prediction against noise - latents; AdamW, ``clip_grad_norm_`` and the schedule of ``test_equivalence.py``.
+Compared each step: the loss and the gradient norm; then every trained parameter.
+
+Cases, each with accumulation (micro-batches of 2 on 2 ranks: 2 per step): DDP x 2, FSDP2 x 2, and peft's LoRA on
+the attention projections on FSDP2 x 2. The teeth: draws keyed by each rank's own position instead of the global one.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from diffusion_cases import IMAGE_SIZE, TEXT_LEN, captioned_folder, pipeline_folder
+from helpers import read_metrics, recipe_dict
+from shared_launch import SharedLaunches, launch_key, selected
+from test_equivalence import BETAS, CLIP, EPS, NUM_ROWS, SEED, global_batch_rows, lr_lambda
+from test_equivalence import train_section as sft_train_section
+
+from bigtrain.parallel.transforms.adapters import initial_lora_A
+
+diffusers = pytest.importorskip("diffusers")
+pytestmark = pytest.mark.full  # each launch starts 2 ranks that import diffusers (~40 s a case on 2 cores)
+
+STEPS, LR, R, ALPHA = 6, 2e-3, 4, 8
+RTOL, ATOL, PARAM_ATOL = 1e-5, 1e-6, 2e-5
+TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
+CASES = {
+    "ddp": (2, dict(backend="ddp", micro_batch_size=2), "full"),
+    "fsdp2": (2, dict(backend="fsdp2", micro_batch_size=2), "full"),
+    "lora-fsdp2": (2, dict(backend="fsdp2", micro_batch_size=2), "lora"),
+}
+
+
+def encoded(pipeline, images):
+    """Each image's latent distribution (mean, std) and each caption's embeddings, as the script computes them."""
+    import json
+
+    from PIL import Image
+
+    pipe = diffusers.FluxPipeline.from_pretrained(str(pipeline), transformer=None)
+    rows = [json.loads(line) for line in (images / "metadata.jsonl").read_text().splitlines()]
+    pixels = torch.stack(
+        [torch.from_numpy(np.array(Image.open(images / r["file_name"]).convert("RGB"))).permute(2, 0, 1) for r in rows]
+    ).float() / 127.5 - 1.0
+    with torch.no_grad():
+        dist = pipe.vae.encode(pixels).latent_dist
+        embeds, pooled, _ = pipe.encode_prompt([r["text"] for r in rows], None, max_sequence_length=TEXT_LEN)
+    return dist.mean, dist.std, embeds, pooled, pipe.vae.config
+
+
+def draws(position: int, mean, std, scheduler):
+    g = torch.Generator().manual_seed(zlib.crc32(f"{SEED}:{position}".encode()))
+    sample = mean + std * torch.randn(mean.shape, generator=g)
+    noise = torch.randn(mean.shape, generator=g)
+    u = torch.rand(1, generator=g)
+    index = int(u * scheduler.config.num_train_timesteps)
+    return sample, noise, scheduler.timesteps[index], scheduler.sigmas[index]
+
+
+def with_adapters(model):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(model, LoraConfig(r=R, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=TARGETS))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_A." in name:
+                own = name.removeprefix("base_model.model.").replace(".default", "")
+                param.copy_(initial_lora_A(own, tuple(param.shape), SEED))
+    return model
+
+
+def plain_loop(pipeline, images, method: str = "full", per_rank: bool = False):
+    """(metrics per step, trained parameters) of the script's loop; ``per_rank``: the mistake of keying each
+    example's draws by its place in its rank's share of the step instead of its global position."""
+    mean, std, embeds, pooled, vae = encoded(pipeline, images)
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler.from_pretrained(pipeline / "scheduler")
+    model = diffusers.FluxTransformer2DModel.from_pretrained(pipeline / "transformer")
+    if method == "lora":
+        model = with_adapters(model)
+    model.train()
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=LR, betas=BETAS, eps=EPS, weight_decay=sft_train_section()["weight_decay"])
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_lambda(step, STEPS))
+    out = []
+    for step in range(STEPS):
+        at = global_batch_rows(step)
+        b = len(at)
+        positions = [step * b + j for j in range(b)]
+        if per_rank:
+            positions = [step * b + j % (b // 2) for j in range(b)]
+        drawn = [draws(p, mean[i], std[i], scheduler) for p, i in zip(positions, at, strict=True)]
+        latents = (torch.stack([d[0] for d in drawn]) - vae.shift_factor) * vae.scaling_factor
+        noise = torch.stack([d[1] for d in drawn])
+        timesteps = torch.stack([d[2] for d in drawn])
+        sigmas = torch.stack([d[3] for d in drawn]).view(-1, 1, 1, 1)
+        noisy = (1.0 - sigmas) * latents + sigmas * noise
+        c, h, w = latents.shape[1:]
+        packed = diffusers.FluxPipeline._pack_latents(noisy, b, c, h, w)
+        ids = diffusers.FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, "cpu", torch.float32)
+        prediction = model(
+            hidden_states=packed, timestep=timesteps / 1000, guidance=None, pooled_projections=pooled[at],
+            encoder_hidden_states=embeds[at], txt_ids=torch.zeros(TEXT_LEN, 3), img_ids=ids, return_dict=False,
+        )[0]  # fmt: skip
+        # the pipeline's vae_scale_factor: 2 for the tiny VAE of two blocks (its images are 2h x 2w px)
+        prediction = diffusers.FluxPipeline._unpack_latents(prediction, h * 2, w * 2, 2)
+        target = noise - latents
+        loss = torch.mean(((prediction.float() - target.float()) ** 2).reshape(b, -1), 1).mean()
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(trained, CLIP)
+        opt.step()
+        schedule.step()
+        opt.zero_grad()
+        out.append({"loss": loss.item(), "grad_norm": norm.item()})
+    if method == "lora":
+        names = {n.removeprefix("base_model.model.").replace(".default", ""): p for n, p in model.named_parameters()}
+        return out, {k: p.detach().clone() for k, p in names.items() if p.requires_grad}
+    return out, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("text_to_image")
+    return pipeline_folder(root), captioned_folder(root, NUM_ROWS, shape=(IMAGE_SIZE, IMAGE_SIZE))
+
+
+@pytest.fixture(scope="module")
+def loops(inputs):
+    cache: dict = {}
+
+    def get(method: str = "full"):
+        if method not in cache:
+            cache[method] = plain_loop(*inputs, method=method)
+        return cache[method]
+
+    return get
+
+
+def recipe(pipeline, images, name: str):
+    _, parallel, method = CASES[name]
+
+    def make(out):
+        train = {**sft_train_section(STEPS), "lr": LR, "method": method}
+        data = {"shuffle": True, "seq_len": TEXT_LEN, "image_size": IMAGE_SIZE, "cache_dir": str(out.parent / "cache")}
+        sections = dict(data=data, train=train, parallel=parallel, checkpoint={"save_final_model": False})
+        if method == "lora":
+            sections["lora"] = {"r": R, "alpha": ALPHA, "dropout": 0.0}  # the task's own targets: TARGETS
+        made = recipe_dict(out, images, pipeline, **sections)
+        made["model"]["task"] = "text-to-image"
+        return made
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def launches(inputs, tmp_path_factory, request):
+    shared = SharedLaunches(tmp_path_factory, "text_to_image")
+    chosen = selected(request.session, "test_text_to_image_plan_matches_the_plain_loop", "name")
+    cases = {n: (launch_key(CASES[n][0], CASES[n][1]), recipe(*inputs, n)) for n in chosen}
+    return lambda name: shared.get(name, cases)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_text_to_image_plan_matches_the_plain_loop(name, launches, loops):
+    metrics, reference_params = loops(CASES[name][2])
+    launched = launches(name)
+    launched.check_finished()
+    got = read_metrics(launched.output_dir)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    for step, (mine, ref) in enumerate(zip(got, metrics, strict=True), 1):
+        for key in ("loss", "grad_norm"):
+            assert mine[key] == pytest.approx(ref[key], rel=RTOL, abs=ATOL), f"step {step} {key}"
+    params = torch.load(launched.params)
+    assert set(params) == set(reference_params)
+    for key, ref in reference_params.items():
+        torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")
+
+
+def test_the_loop_learns_and_draws_per_rank_are_caught(inputs, loops):
+    metrics, _ = loops()
+    assert metrics[-1]["loss"] < metrics[0]["loss"]
+    wrong, _ = plain_loop(*inputs, per_rank=True)
+    worst = max(abs(w[k] - r[k]) / max(abs(r[k]), 1e-3) for w, r in zip(wrong[1:], metrics[1:], strict=True)
+                for k in ("loss", "grad_norm"))  # fmt: skip
+    assert worst > 10 * RTOL, worst
