@@ -26,6 +26,7 @@ import torch
 from bigtrain.checkpoint.base_model import check_base
 from bigtrain.checkpoint.layout import HF_FILES, RECIPE, Manifest, check_files, resolve_checkpoint, staged
 from bigtrain.checkpoint.reader import MODEL_PREFIX, load_into, read_metadata
+from bigtrain.config.diffusers_config import WEIGHTS_STEM, quiet_pipeline
 from bigtrain.config.hf import causal_lm_class, model_class
 from bigtrain.config.load import load_recipe
 from bigtrain.config.model_parts import has_parts
@@ -129,6 +130,9 @@ def export_adapter(checkpoint: str | Path, out: str | Path, task_type: str | Non
         hf_config = _hf_config(folder)
         targets = _targets(cfg, adapters, hf_config)
         config = peft_config(cfg.lora, targets, tied=bool(tied), task_type=task_type)
+        if getattr(hf_config, "weights_stem", None) == WEIGHTS_STEM:  # a diffusion transformer: diffusers' format
+            _write_diffusers_lora(partial, adapters, config)
+            return folder
         # the base by the absolute path the run recorded: AutoPeftModelForCausalLM.from_pretrained(this folder)
         # then finds it from any directory, never asking the hub for a relative name
         recorded = (manifest.base or {}).get("path")
@@ -175,9 +179,21 @@ def _publish_merged_by_transformers(folder: Path, base: Path, out: Path, task_ty
 
 def _hf_config(folder: Path) -> Any:
     """The checkpoint's model config (its task names what peft wraps and how the base loads)."""
-    from transformers import AutoConfig
+    from bigtrain.models.build import read_saved_config
 
-    return AutoConfig.from_pretrained(folder / HF_FILES)
+    return read_saved_config(folder / HF_FILES)
+
+
+def _write_diffusers_lora(partial: Path, adapters: dict[str, torch.Tensor], config: Any) -> None:
+    """A diffusion transformer's adapters as diffusers saves a LoRA (``pytorch_lora_weights.safetensors``, keyed
+    ``transformer.…``, its peft config as ``lora_adapter_metadata``), which ``pipeline.load_lora_weights`` reads."""
+    with quiet_pipeline():
+        from diffusers import FluxPipeline
+    metadata = json.loads(json.dumps(config.to_dict(), default=sorted))  # peft's sets as lists
+    layers = {name: value.contiguous() for name, value in adapters.items()}
+    FluxPipeline.save_lora_weights(
+        str(partial), transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata
+    )
 
 
 def export_merged(checkpoint: str | Path, out: str | Path, task_type: str | None = "CAUSAL_LM") -> Path:

@@ -64,6 +64,17 @@ def quiet_libraries() -> None:
         category=UserWarning,
         module=r"torch\.distributed\.fsdp",
     )
+    # ... and when a FLUX block returns its text and image halves as views of one tensor: the next block concatenates
+    # them out of place, and the FSDP2 plans equal the plain loop (tests/distributed/test_text_to_image.py)
+    warnings.filterwarnings(
+        "ignore",
+        message=r"FSDP2-wrapped module \(FSDPFlux\w+\) returned a view tensor",
+        category=UserWarning,
+        module=r"torch\.distributed\.fsdp",
+    )
+    # diffusers says at import that torchao's tensor classes do not import (torchao's CUDA kernels, absent on a CPU
+    # machine): bigtrain loads no torchao-quantized diffusers checkpoint
+    logging.getLogger("diffusers.quantizers.torchao.torchao_quantizer").setLevel(logging.ERROR)
     # DTensor warns on the global gradient norm under tp on a 2-D mesh (the norm's partial sums reduced over each mesh
     # dimension in turn): one small all-reduce per dimension per step, which bigtrain asks for on purpose
     logging.getLogger("torch.distributed.tensor._redistribute").addFilter(

@@ -14,6 +14,8 @@ A diffusers pipeline folder (``model_index.json``) names its transformer's sub-f
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +113,26 @@ def read_folder(path: Path, key: str) -> DiffusersTransformerConfig:
     if not config.is_file():
         raise ConfigError(f"{key}: {path} has no config.json; give a diffusers pipeline folder or its transformer/")
     return from_dict(json.loads(config.read_text()), key)
+
+
+@contextmanager
+def quiet_pipeline() -> Iterator[None]:
+    """Loading a diffusers pipeline (or its LoRA saver) without what transformers and diffusers print that a user
+    can do nothing about: the image processors a pipeline module imports falling back to PIL, the loading bars, the
+    text encoders' notes on cut captions (the data's own line counts them)."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as hf_logging
+
+    levels = [(library, library.get_verbosity()) for library in (diffusers_logging, hf_logging)]
+    for library, _ in levels:
+        library.set_verbosity_error()
+        library.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for library, level in levels:
+            library.set_verbosity(level)
+            library.enable_progress_bar()
 
 
 def diffusers_class(cfg: DiffusersTransformerConfig) -> Any:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bigtrain.config.diffusers_config import quiet_pipeline
 from bigtrain.data import cache
 from bigtrain.data.labels import IGNORE_INDEX
 from bigtrain.errors import ConfigError
@@ -181,7 +182,7 @@ def read_encoded(
     n = len(listed.paths)
     shapes = meta["shapes"]
     arrays = [np.lib.format.open_memmap(found.folder / f, mode="r") for f in FILES]
-    for name, array in zip(FILES, arrays):
+    for name, array in zip(FILES, arrays, strict=True):
         assert list(array.shape) == [n, *shapes[name]], (name, array.shape)
     encoded = Encoded(*arrays, captions_cut=int(meta["captions_cut"]))
     return encoded, found.note(key), meta["vae"]
@@ -197,8 +198,8 @@ def _frozen_files(pipeline: Path) -> list[Path]:
 
 def _encode(listed: Any, pipeline: Path, image_size: int, text_len: int, out: Path) -> dict[str, Any]:
     """Every image through the VAE and every caption through the text encoders, written to ``out``."""
-    from diffusers import FluxPipeline
-
+    with quiet_pipeline():
+        from diffusers import FluxPipeline
     from PIL import Image
 
     from bigtrain.data.captioned_images import square_pixels
@@ -209,22 +210,15 @@ def _encode(listed: Any, pipeline: Path, image_size: int, text_len: int, out: Pa
             array = np.ascontiguousarray(rgb_array(image))
         return square_pixels(torch.from_numpy(array).permute(2, 0, 1), image_size)
 
-    from diffusers.utils import logging as diffusers_logging
-    from transformers.utils import logging as hf_logging
-
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    for library in (diffusers_logging, hf_logging):  # their loading bars: the cache's own line says the pass
-        library.disable_progress_bar()
-    try:
-        pipe = FluxPipeline.from_pretrained(str(pipeline), transformer=None, torch_dtype=dtype, local_files_only=True)
-    finally:
-        for library in (diffusers_logging, hf_logging):
-            library.enable_progress_bar()
+    with quiet_pipeline():
+        pipe = FluxPipeline.from_pretrained(str(pipeline), transformer=None, dtype=dtype, local_files_only=True)
     pipe.to(device)
     n = len(listed.paths)
     tokenizer = pipe.tokenizer_2
-    cut = sum(len(tokenizer(c).input_ids) > text_len for c in listed.captions)
+    with quiet_pipeline():  # the tokenizer's note on rows longer than its model's: counted here
+        cut = sum(len(tokenizer(c).input_ids) > text_len for c in listed.captions)
     files: dict[str, Any] = {}
     with torch.no_grad():
         for start in cache.counted(range(0, n, ENCODE_BATCH), "data.path", "encoding", f"x{ENCODE_BATCH} images"):
@@ -232,10 +226,12 @@ def _encode(listed: Any, pipeline: Path, image_size: int, text_len: int, out: Pa
             pixels = torch.stack([pixels_of(p) for p in listed.paths[start:end]])
             dist = pipe.vae.encode(pixels.to(device, dtype)).latent_dist
             moments = torch.stack([dist.mean, dist.logvar], dim=1).float().cpu().numpy()
-            embeds, pooled, _ = pipe.encode_prompt(
-                listed.captions[start:end], None, device=device, max_sequence_length=text_len
-            )
-            for name, value in zip(FILES, (moments, embeds.float().cpu().numpy(), pooled.float().cpu().numpy())):
+            with quiet_pipeline():
+                embeds, pooled, _ = pipe.encode_prompt(
+                    listed.captions[start:end], None, device=device, max_sequence_length=text_len
+                )
+            made = (moments, embeds.float().cpu().numpy(), pooled.float().cpu().numpy())
+            for name, value in zip(FILES, made, strict=True):
                 if name not in files:
                     files[name] = np.lib.format.open_memmap(
                         out / name, mode="w+", dtype=np.float32, shape=(n, *value.shape[1:])
@@ -257,7 +253,7 @@ def check_packable(key: str, image_size: int, vae_blocks: int) -> None:
     """FLUX packs 2 x 2 latents: the image's side must give an even latent side."""
     side = latent_side(image_size, vae_blocks)
     if side % 2:
-        step = 2 ** vae_blocks
+        step = 2**vae_blocks
         near = [s for s in (math.floor(image_size / step) * step, math.ceil(image_size / step) * step) if s > 0]
         raise ConfigError(
             f"{key}={image_size} gives latents of {side} x {side}, which FLUX's 2 x 2 patches do not tile; use a "

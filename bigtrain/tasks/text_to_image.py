@@ -186,8 +186,16 @@ TASK = TextToImageSpec(
     keys=("data.path", "data.eval_path", "data.eval_fraction", "data.image_size", "data.seq_len"),
     rules=classifiers.RULES,
     example={
-        "model_type": "flux_transformer", "patch_size": 1, "in_channels": 16, "num_layers": 1,
-        "num_single_layers": 1, "attention_head_dim": 8, "num_attention_heads": 2, "joint_attention_dim": 32,
-        "pooled_projection_dim": 16, "guidance_embeds": False, "axes_dims_rope": [2, 2, 4],
+        "model_type": "flux_transformer",
+        "patch_size": 1,
+        "in_channels": 16,
+        "num_layers": 1,
+        "num_single_layers": 1,
+        "attention_head_dim": 8,
+        "num_attention_heads": 2,
+        "joint_attention_dim": 32,
+        "pooled_projection_dim": 16,
+        "guidance_embeds": False,
+        "axes_dims_rope": [2, 2, 4],
     },  # fmt: skip
 )

@@ -52,9 +52,16 @@ def encoded(pipeline, images):
 
     pipe = diffusers.FluxPipeline.from_pretrained(str(pipeline), transformer=None)
     rows = [json.loads(line) for line in (images / "metadata.jsonl").read_text().splitlines()]
-    pixels = torch.stack(
-        [torch.from_numpy(np.array(Image.open(images / r["file_name"]).convert("RGB"))).permute(2, 0, 1) for r in rows]
-    ).float() / 127.5 - 1.0
+    pixels = (
+        torch.stack(
+            [
+                torch.from_numpy(np.array(Image.open(images / r["file_name"]).convert("RGB"))).permute(2, 0, 1)
+                for r in rows
+            ]
+        ).float()
+        / 127.5
+        - 1.0
+    )
     with torch.no_grad():
         dist = pipe.vae.encode(pixels).latent_dist
         embeds, pooled, _ = pipe.encode_prompt([r["text"] for r in rows], None, max_sequence_length=TEXT_LEN)
