@@ -29,8 +29,7 @@ import torch
 from bigtrain.config.diffusers_config import quiet_pipeline
 from bigtrain.data import cache
 from bigtrain.data.labels import IGNORE_INDEX
-from bigtrain.errors import ConfigError
-from bigtrain.losses.flow_matching import (
+from bigtrain.data.noising import (
     FlowMatching,
     draw_u,
     example_generator,
@@ -39,6 +38,7 @@ from bigtrain.losses.flow_matching import (
     pack,
     sigma_of,
 )
+from bigtrain.errors import ConfigError
 
 ENCODE_BATCH = 8  # images (captions) through the frozen parts at once
 FILES = ("moments.npy", "prompt_embeds.npy", "pooled.npy")

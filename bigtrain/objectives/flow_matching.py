@@ -12,14 +12,8 @@ from bigtrain.errors import ConfigError
 from bigtrain.objectives.spec import ObjectiveSpec
 
 
-def flow_of(train: Any, shift: float = 1.0) -> Any:
-    """The recipe's flow-matching settings, with the scheduler's training ``shift``."""
-    from bigtrain.losses.flow_matching import FlowMatching
-
-    return FlowMatching(train.weighting_scheme, train.logit_mean, train.logit_std, train.mode_scale, shift)
-
-
 def make(built: Any, train: Any) -> Any:
+    from bigtrain.data.noising import flow_of
     from bigtrain.losses.flow_matching import FlowMatchingLoss
 
     return FlowMatchingLoss(flow_of(train))  # the loss reads the weighting only: the shift is in the data's sigmas

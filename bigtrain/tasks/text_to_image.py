@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bigtrain.config.capabilities.table import first_unbuilt, row
 from bigtrain.config.diffusers_config import VAE_SCALE
 from bigtrain.config.schema import RecipeConfig
-from bigtrain.config.setup import DENOISED
+from bigtrain.config.setup import DENOISED, Setup
 from bigtrain.errors import ConfigError
 from bigtrain.tasks import classifiers
 from bigtrain.tasks.spec import Prepared, TaskSpec
@@ -58,8 +59,8 @@ def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
 
     from bigtrain.data.encoded_images import EncodedImages, check_packable, read_encoded
     from bigtrain.data.held_out import require_held_out
+    from bigtrain.data.noising import flow_of
     from bigtrain.data.sources import held_out_rows
-    from bigtrain.objectives.flow_matching import flow_of
 
     pipeline = pipeline_folder(cfg)
     side = cfg.data.image_size or DEFAULT_IMAGE_SIZE
@@ -111,6 +112,27 @@ def check(cfg: RecipeConfig, hf_config: Any, data: Any, attention: str, is_main:
             "planned (bigtrain plan) but not trained"
         )
     return []
+
+
+def unverified_for_diffusion(s: Setup) -> str | None:
+    """What a FLUX transformer has not been checked against the plain loop with yet (DDP, FSDP2 and LoRA have:
+    tests/distributed/test_text_to_image.py): DeepSpeed, activation checkpointing, compile and replica groups."""
+    from bigtrain.config.capabilities.replica_sync import settings_of
+
+    p, t = s.plan, s.train
+    return first_unbuilt(
+        "text-to-image",
+        (
+            ("parallel.backend", p.backend, p.backend == "deepspeed", "fsdp2 (or ddp)"),
+            ("parallel.activation_checkpointing", p.activation_checkpointing, p.activation_checkpointing != "none",
+             "none"),
+            ("train.compile", str(t.compile).lower(), t.compile is True, "false"),
+            ("parallel.sync", settings_of(p).mode, settings_of(p).mode != "every_step", "every_step"),
+        ),
+    )  # fmt: skip
+
+
+RULES = (*classifiers.RULES, row(unverified_for_diffusion, "not_built", reads_micro_batch=True))
 
 
 @dataclass(frozen=True)
@@ -184,7 +206,7 @@ TASK = TextToImageSpec(
     count=classifiers.count_examples,
     peft_task_type=None,
     keys=("data.path", "data.eval_path", "data.eval_fraction", "data.image_size", "data.seq_len"),
-    rules=classifiers.RULES,
+    rules=RULES,
     example={
         "model_type": "flux_transformer",
         "patch_size": 1,

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from cases import CONVERTED_FAMILIES, ROUTED_MIXTRAL, TINY_LLAMA, TP_FAMILIES
+from diffusion_cases import TINY_FLUX
 from helpers import REPO, make_plan, recipe_dict, save_rows, save_word_tokenizer
 
 from bigtrain.config.capabilities import RULES, ModelFacts, Setup, check, first_problem
@@ -40,6 +41,7 @@ VLM = dict(  # a tiny LLaVA (its config as recipes/make_vlm_demo.py builds it)
     vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                        num_attention_heads=2, image_size=16, patch_size=4, projection_dim=32),
 )  # fmt: skip
+FLUX = {"model_type": "flux_transformer", **TINY_FLUX}
 BERT = dict(model_type="bert", vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
             num_attention_heads=4)  # fmt: skip
 GPT2 = dict(model_type="gpt2", vocab_size=128, n_embd=64, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)
@@ -189,6 +191,9 @@ EXAMPLES: dict[str, Example] = {
     "negatives_of_one_replica_group": Example(
         2, dict(dp_replicate=2, sync="diloco"), BERT, objective="contrastive", task="embedding"
     ),
+    "unverified_for_diffusion": Example(
+        2, dict(dp_shard=2, activation_checkpointing="full"), FLUX, task="text-to-image", rows_len=8
+    ),
     "vision_language_with_model_parallelism": Example(4, dict(pp=2, dp_shard=2), vlm=True),
     "vision_language_with_untested_options": Example(2, dict(dp_shard=2), vlm=True, compile=True),
     "offloaded_reference_engines": Example(
@@ -260,6 +265,11 @@ def recipe_of(ex: Example, tmp_path) -> RecipeConfig:
         data = {"path": "builtin:shapes", "image_size": 16}
     elif ex.task == "embedding":
         data = {"path": "builtin:retrieval", "seq_len": 64}
+    elif ex.task == "text-to-image":  # a tiny FLUX pipeline's folder and captioned images of 16 px
+        from diffusion_cases import IMAGE_SIZE, captioned_folder, pipeline_folder
+
+        model = pipeline_folder(tmp_path)
+        data = {"path": str(captioned_folder(tmp_path)), "image_size": IMAGE_SIZE, "seq_len": ex.rows_len}
     elif ex.packed:  # text records packed whole into rows, kept apart by their position ids
         records = tmp_path / "records.jsonl"
         records.write_text("".join('{"text": "hello world hello"}\n' for _ in range(80)))
@@ -318,6 +328,8 @@ def test_every_consumer_refuses_the_example_with_the_row_s_message(name, tmp_pat
         sizes = dict(seq_len=256)
     elif ex.images:
         sizes = dict(seq_len=1, image_size=16)
+    elif ex.task == "text-to-image":
+        sizes = dict(seq_len=ex.rows_len, image_size=16)
     else:
         sizes = dict(
             seq_len=ex.rows_len, packed=ex.packed, attention=ex.attention if ex.attention != "auto" else "sdpa"

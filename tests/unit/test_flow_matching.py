@@ -8,18 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bigtrain.losses.flow_matching import (
-    FlowMatching,
-    draw_u,
-    example_generator,
-    image_ids,
-    noised,
-    pack,
-    per_example_losses,
-    sigma_of,
-    unpack,
-    weighting,
-)
+from bigtrain.data.noising import FlowMatching, draw_u, example_generator, image_ids, noised, pack, sigma_of, unpack
+from bigtrain.losses.flow_matching import per_example_losses, weighting
 
 diffusers = pytest.importorskip("diffusers")
 
