@@ -300,8 +300,7 @@ class CoreTrainKeys:
 
 @dataclass
 class TrainConfig(DiffusionKeys, EmbeddingKeys, GrpoKeys, CoreTrainKeys):
-    """The ``train`` section: the keys every job reads, then grpo's (``online_rl.py``), the contrastive objective's
-    (``embedding_keys.py``), then flow matching's (``diffusion_keys.py``)."""
+    """The ``train`` section: every job's keys, then grpo's (online_rl.py), the contrastive's and flow matching's."""
 
 
 @dataclass
