@@ -21,9 +21,11 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+from bigtrain.config.diffusers_types import VAE_SCALE, is_diffusers_config
 from bigtrain.errors import ConfigError
 
-VAE_SCALE = 8  # FLUX's and SD3's VAE: 8 pixels a side per latent (the planner's and the simulator's image tokens)
+__all__ = ["VAE_SCALE", "is_diffusers_config"]  # read here by the builders and the planner
+
 WEIGHTS_STEM = "diffusion_pytorch_model"  # diffusers' weights file: {stem}.safetensors, or shards and an index
 
 
@@ -74,11 +76,6 @@ class SD3TransformerConfig(DiffusersTransformerConfig):
 
 CONFIGS = {c.class_name: c for c in (FluxTransformerConfig, SD3TransformerConfig)}
 BY_MODEL_TYPE = {c.model_type: c for c in CONFIGS.values()}
-
-
-def is_diffusers_config(raw: dict[str, Any]) -> bool:
-    """Whether a config dict is a diffusers model's (its ``_class_name``) or one of ours (its model type)."""
-    return "_class_name" in raw or raw.get("model_type") in BY_MODEL_TYPE
 
 
 def from_dict(raw: dict[str, Any], key: str) -> DiffusersTransformerConfig:

@@ -73,9 +73,11 @@ def config_object(spec: dict[str, Any], key: str = "model.config", causal_lm: bo
     ``causal_lm=False``: any family (the recipe's model.task decides what it is built as)."""
     from transformers import AutoConfig
 
-    from bigtrain.config.diffusers_config import from_dict, is_diffusers_config
+    from bigtrain.config.diffusers_types import is_diffusers_config
 
     if is_diffusers_config(spec):  # a diffusion transformer (model.task: text-to-image): diffusers' config, not ours
+        from bigtrain.config.diffusers_config import from_dict
+
         return from_dict(spec, key)
     fields = dict(spec)
     model_type = fields.pop("model_type", None)
@@ -285,7 +287,7 @@ def model_config_object(model_config: dict[str, Any], key: str = "the model conf
     (``architectures``: a classifier or a vision-language model, as presets, saved model folders and recipes resolved
     by ``bigtrain train`` name theirs) or holds a vision tower; otherwise a causal LM, with the causal-LM checks
     (``hf_config_from_dict``)."""
-    from bigtrain.config.diffusers_config import is_diffusers_config
+    from bigtrain.config.diffusers_types import is_diffusers_config
 
     if model_config.get("architectures") or "vision_config" in model_config or is_diffusers_config(model_config):
         return config_object(model_config, key, causal_lm=False)

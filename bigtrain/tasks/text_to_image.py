@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from bigtrain.config.capabilities.table import first_unbuilt, row
-from bigtrain.config.diffusers_config import VAE_SCALE
+from bigtrain.config.diffusers_types import VAE_SCALE
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.config.setup import DENOISED, Setup
 from bigtrain.errors import ConfigError
 from bigtrain.tasks import classifiers
 from bigtrain.tasks.spec import Prepared, TaskSpec
 
-CLASSES = {"flux_transformer": "FluxTransformer2DModel"}
+CLASSES = {"flux_transformer": "FluxTransformer2DModel"}  # trained so far (diffusers_types.CLASSES: read)
 DEFAULT_IMAGE_SIZE = 512  # diffusers' scripts' --resolution
 DEFAULT_TEXT_LEN = 512  # FLUX.1-dev's --max_sequence_length
 # FLUX's attention projections: peft's adapters on them (the scripts' --lora_layers default); the blocks' names would
