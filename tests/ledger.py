@@ -65,13 +65,14 @@ def equivalence_cases() -> list[Ran]:
 
 
 def _other_jobs_equivalence() -> list[Ran]:
-    """The classifiers', the preference objectives', the reward model's, grpo's, the embedding model's and the
-    vision-language models' equivalence cases."""
+    """The classifiers', the preference objectives', the reward model's, grpo's, the embedding model's, the diffusion
+    transformer's and the vision-language models' equivalence cases."""
     import test_classification
     import test_embedding
     import test_grpo
     import test_preference
     import test_reward_model
+    import test_text_to_image
     import test_vision_language
 
     ran = []
@@ -94,6 +95,9 @@ def _other_jobs_equivalence() -> list[Ran]:
     for name, (_, parallel, _, method) in test_embedding.CASES.items():
         where = f"test_embedding::{name}"
         ran.append(Ran(where, "equivalence", dict(parallel), {"method": method}, "embedding/contrastive"))
+    for name, (_, parallel, method) in test_text_to_image.CASES.items():
+        where = f"test_text_to_image::{name}"
+        ran.append(Ran(where, "equivalence", dict(parallel), {"method": method}, "text-to-image/flow-matching"))
     for name, (_, _, parallel, train, _) in test_vision_language.CASES.items():
         ran.append(
             Ran(f"test_vision_language::{name}", "equivalence", dict(parallel), dict(train), "image-text-to-text/sft")

@@ -88,9 +88,10 @@ def from_dict(raw: dict[str, Any], key: str) -> DiffusersTransformerConfig:
     if cls is None:
         known = ", ".join(CONFIGS)
         raise ConfigError(f"{key}: {name or model_type!r} is not a diffusion transformer bigtrain trains; use {known}")
+    architectures = raw.pop("architectures", None)  # the class a task resolved it as (a preset names its own)
     if isinstance(raw.get("init"), dict):  # our own to_dict / save_pretrained: the arguments kept whole
-        return cls(init=raw["init"])
-    return cls(init={k: v for k, v in raw.items() if not k.startswith("_")})
+        return cls(init=raw["init"], architectures=architectures)
+    return cls(init={k: v for k, v in raw.items() if not k.startswith("_")}, architectures=architectures)
 
 
 def read_folder(path: Path, key: str) -> DiffusersTransformerConfig:

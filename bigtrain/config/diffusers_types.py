@@ -7,6 +7,9 @@ from typing import Any
 
 # our model type -> the diffusers class it builds
 CLASSES = {"flux_transformer": "FluxTransformer2DModel", "sd3_transformer": "SD3Transformer2DModel"}
+# FLUX's attention projections: peft's adapters on them (the scripts' --lora_layers default); the blocks' linear names
+# would match whole blocks, which peft cannot adapt
+LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
 VAE_SCALE = 8  # FLUX's and SD3's VAE: 8 pixels a side per latent (the planner's and the simulator's image tokens)
 
 

@@ -251,7 +251,17 @@ def is_linear(module: Any) -> bool:
 
 
 def linear_names(model: Any) -> tuple[list[str], list[str]]:
-    """The last name part of every linear inside the repeated blocks, and of every other linear (the LM head)."""
+    """The last name part of every linear inside the repeated blocks, and of every other linear (the LM head). A
+    diffusers transformer's inside names are its attention projections (``diffusers_types.LORA_TARGETS``): its blocks'
+    feed-forward linears are named by their index (``ff.net.2``), which peft's endings would match whole blocks by."""
+    from bigtrain.config.diffusers_types import LORA_TARGETS
+
+    if type(model).__module__.startswith("diffusers."):
+        every = {name for name, m in model.named_modules() if is_linear(m)}
+        inside_named = sorted(t for t in LORA_TARGETS if any(names_module(t, n) for n in every))
+        return inside_named, sorted(
+            {n.rsplit(".", 1)[-1] for n in every} - {t.rsplit(".", 1)[-1] for t in LORA_TARGETS}
+        )
     inside: set[str] = set()
     for _, _, block in decoder_blocks(model):
         inside |= {name.rsplit(".", 1)[-1] for name, m in block.named_modules() if is_linear(m)}

@@ -238,13 +238,14 @@ def _gflop(flops: float) -> str:
     return f"{flops / 1e9:,.0f}" if flops >= 1e11 else f"{flops / 1e9:.3g}"
 
 
-def classifier_model(model_config: dict[str, Any], workload: Workload) -> PlannedModel:
+def classifier_model(model_config: dict[str, Any], workload: Workload, with_text: bool = False) -> PlannedModel:
     """A classifier (its config dict names its class) as the search weighs it, measured at the workload's image
-    size (image classifiers) or row length (sequence classifiers) and precision."""
+    size (image classifiers) or row length (sequence classifiers) and precision; ``with_text``: at both (a
+    diffusion transformer reads an image's tokens and its caption's)."""
     from bigtrain.planner.known_configs import recorded_classifier
 
     side, job = workload.image_size, workload.job
-    size = (side, 0 if side else workload.seq_len, workload.mixed_precision)
+    size = (side, workload.seq_len if with_text or not side else 0, workload.mixed_precision)
     stats = recorded_classifier(model_config, *size)  # a preset at its default size: no torch, no measuring
     if stats is None or (stats.task, stats.unit) != (job.task, job.unit):
         from bigtrain.planner.classifier_stats import measure_classifier

@@ -13,7 +13,7 @@ from typing import Any
 
 from bigtrain.config.hf import model_config_object
 from bigtrain.config.model_facts import ModelFacts
-from bigtrain.config.setup import EXAMPLES
+from bigtrain.config.setup import DENOISED, EXAMPLES
 from bigtrain.planner.known_configs import FILE, transformers_version
 from bigtrain.planner.model_stats import load_model_config, preset_names
 from bigtrain.tasks import detect
@@ -26,7 +26,7 @@ def live_entry(preset: str) -> dict[str, Any]:
     task = detect(hf_config)
     extra = task.model_facts(hf_config) if task.model_facts is not None else {}
     entry = {"config": config, "task": task.name, "facts": asdict(ModelFacts.of(hf_config, **extra))}
-    if task.outputs == EXAMPLES:  # a classifier: its statistics at the size bigtrain plan assumes by default
+    if task.outputs in (EXAMPLES, DENOISED):  # a classifier, a diffusion transformer: statistics at the default size
         entry["classifier"] = classifier_stats(config, task)
     return entry
 
@@ -40,6 +40,8 @@ def classifier_stats(config: dict[str, Any], task: Any) -> dict[str, Any]:
 
     sizes = task.sizes(PlanAsk(config, None, None, None, None, None, "full", 1, 1, _Flags()))
     side, length = sizes.get("image_size", 0), 0 if sizes.get("image_size") else sizes["seq_len"]
+    if task.outputs == DENOISED:  # an image's tokens and its caption's
+        length = sizes["seq_len"]
     out = {}
     for precision in ("bf16", "fp32"):
         stats = measure_classifier(config, side, length, precision, task.name, task.unit)

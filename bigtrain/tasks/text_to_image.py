@@ -11,7 +11,6 @@ into the data cache (``data/encoded_images.py``), so they take no GPU memory dur
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +27,6 @@ from bigtrain.tasks.spec import Prepared, TaskSpec
 CLASSES = {"flux_transformer": "FluxTransformer2DModel"}  # trained so far (diffusers_types.CLASSES: read)
 DEFAULT_IMAGE_SIZE = 512  # diffusers' scripts' --resolution
 DEFAULT_TEXT_LEN = 512  # FLUX.1-dev's --max_sequence_length
-# FLUX's attention projections: peft's adapters on them (the scripts' --lora_layers default); the blocks' names would
-# match whole blocks, which peft cannot adapt
-LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
 
 
 def pipeline_folder(cfg: RecipeConfig) -> Path:
@@ -92,7 +88,7 @@ def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
 
 
 def prepare(cfg: RecipeConfig, hf_config: Any, data: Any) -> Prepared:
-    """LoRA on the attention projections unless ``lora.target_modules`` says; the captions cut, said."""
+    """The captions cut, said (LoRA's default targets are the attention projections: ``config.hf.linear_names``)."""
     notes = []
     cut = data.encoded.captions_cut
     if cut:
@@ -100,8 +96,6 @@ def prepare(cfg: RecipeConfig, hf_config: Any, data: Any) -> Prepared:
             f"data.path: {cut} caption(s) are longer than the text encoder's {cfg.data.seq_len or DEFAULT_TEXT_LEN} "
             "tokens and were cut (data.seq_len)"
         )
-    if cfg.train.method in ("lora", "auto") and cfg.lora.target_modules is None:
-        cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, target_modules=list(LORA_TARGETS)))
     return Prepared(cfg, hf_config, tuple(notes))
 
 
@@ -178,7 +172,7 @@ def planner(model_config: dict[str, Any], workload: Any) -> Any:
     the classifier's memory and time terms (``planner/classifier_plan.py``)."""
     from bigtrain.planner.classifier_plan import classifier_model
 
-    return classifier_model(model_config, workload)
+    return classifier_model(model_config, workload, with_text=True)
 
 
 def facts(hf_config: Any) -> dict[str, bool]:
