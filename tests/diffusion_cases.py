@@ -1,70 +1,13 @@
-"""A tiny FLUX pipeline folder (transformer, VAE, CLIP and T5 text encoders, byte tokenizers, scheduler) and a folder
-of captioned images, made locally: what the text-to-image tests train on."""
+"""A tiny FLUX pipeline folder and captioned images, made locally: what the text-to-image tests train on
+(recipes/make_flux_demo.py makes them, as the walk-through does)."""
 
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).parents[1] / "recipes"))
 
-TINY_FLUX = {
-    "patch_size": 1, "in_channels": 16, "num_layers": 1, "num_single_layers": 1, "attention_head_dim": 8,
-    "num_attention_heads": 2, "joint_attention_dim": 32, "pooled_projection_dim": 16, "guidance_embeds": False,
-    "axes_dims_rope": [2, 2, 4],
-}  # fmt: skip
-IMAGE_SIZE = 16  # px: latents of 8 x 8 (the tiny VAE halves once), 16 patches
-TEXT_LEN = 8
+from make_flux_demo import IMAGE_SIZE, TEXT_LEN, TINY_FLUX, captioned_folder, pipeline_folder  # noqa: E402
 
-
-def pipeline_folder(root: Path, seed: int = 0) -> Path:
-    """A FluxPipeline of tiny parts saved with ``save_pretrained``, every value from ``seed``."""
-    import diffusers
-    import torch
-    import transformers
-
-    from bigtrain.data.tokenizer import save_byte_tokenizer
-
-    torch.manual_seed(seed)
-    transformer = diffusers.FluxTransformer2DModel(**TINY_FLUX)
-    vae = diffusers.AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 8), layers_per_block=1,
-        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=4,
-        sample_size=IMAGE_SIZE, scaling_factor=0.5, shift_factor=0.1,
-    )  # fmt: skip
-    clip = transformers.CLIPTextModel(
-        transformers.CLIPTextConfig(
-            vocab_size=260, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-            max_position_embeddings=32, eos_token_id=256, bos_token_id=256, pad_token_id=256,
-        )
-    )  # fmt: skip
-    t5 = transformers.T5EncoderModel(
-        transformers.T5Config(vocab_size=260, d_model=32, d_ff=64, d_kv=16, num_layers=1, num_heads=2)
-    )
-    tokenizers = []
-    for name, length in (("tokenizer", 16), ("tokenizer_2", 64)):
-        folder = save_byte_tokenizer(root / f".{name}")
-        tokenizers.append(transformers.AutoTokenizer.from_pretrained(folder, model_max_length=length))
-    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=False)
-    pipe = diffusers.FluxPipeline(
-        scheduler=scheduler, vae=vae, text_encoder=clip, tokenizer=tokenizers[0], text_encoder_2=t5,
-        tokenizer_2=tokenizers[1], transformer=transformer,
-    )  # fmt: skip
-    pipe.save_pretrained(root / "pipeline")
-    return root / "pipeline"
-
-
-def captioned_folder(root: Path, count: int = 8, seed: int = 0, shape: tuple[int, int] = (20, 24)) -> Path:
-    """``count`` random pictures of ``shape`` (height, width) px with a metadata.jsonl of their captions."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    folder = root / "images"
-    folder.mkdir(parents=True)
-    rows = []
-    for i in range(count):
-        pixels = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(folder / f"{i}.png")
-        rows.append({"file_name": f"{i}.png", "text": f"a picture number {i} of {'red ' * (i % 3)}things"})
-    (folder / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return folder
+__all__ = ["IMAGE_SIZE", "TEXT_LEN", "TINY_FLUX", "captioned_folder", "pipeline_folder"]

@@ -253,3 +253,21 @@ def test_embedding_walkthrough_runs_as_written(tmp_path):
     assert "Traceback" not in proc.stderr
     vectors = SentenceTransformer(str(run / "model"), device="cpu").encode(["where is the fox?", "a fox"])
     assert vectors.shape == (2, 128)
+
+
+def test_diffusion_walkthrough_runs_as_written(tmp_path):
+    """docs/diffusion.md: the tiny FLUX pipeline's LoRA on the captioned shapes, 2 ranks, its held-out loss going
+    down, the adapter read by diffusers' pipeline."""
+    pytest.importorskip("diffusers")
+    from diffusers import FluxPipeline
+
+    make, train = run_as_written(docs_commands("diffusion-walkthrough"), tmp_path)
+    run = tmp_path / "outputs" / "flux_lora"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [r for r in records if "eval_loss" in r]
+    # measured: held-out loss 1.468 at step 30, 1.426 at step 60; training loss 1.79 at step 1, 1.35 at step 60
+    assert [r["step"] for r in evaluated] == [30, 60] and evaluated[1]["eval_loss"] < evaluated[0]["eval_loss"]
+    assert "Traceback" not in train.stderr
+    pipe = FluxPipeline.from_pretrained(str(tmp_path / "outputs" / "flux_demo" / "pipeline"))
+    pipe.load_lora_weights(str(run / "adapter"))
+    assert any("lora" in name for name, _ in pipe.transformer.named_parameters())
