@@ -192,7 +192,11 @@ EXAMPLES: dict[str, Example] = {
         2, dict(dp_replicate=2, sync="diloco"), BERT, objective="contrastive", task="embedding"
     ),
     "unverified_for_diffusion": Example(
-        2, dict(dp_shard=2, activation_checkpointing="full"), FLUX, task="text-to-image", rows_len=8
+        2,
+        dict(backend="deepspeed", zero_stage=3, dp_shard=2, activation_checkpointing="selective"),
+        FLUX,
+        task="text-to-image",
+        rows_len=8,
     ),
     "vision_language_with_model_parallelism": Example(4, dict(pp=2, dp_shard=2), vlm=True),
     "vision_language_with_untested_options": Example(2, dict(dp_shard=2), vlm=True, compile=True),
