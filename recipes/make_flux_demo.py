@@ -32,6 +32,7 @@ def pipeline_folder(root: Path, seed: int = 0) -> Path:
     import torch
     import transformers
 
+    from bigtrain.config.diffusers_config import quiet_pipeline
     from bigtrain.data.tokenizer import save_byte_tokenizer
 
     torch.manual_seed(seed)
@@ -59,7 +60,8 @@ def pipeline_folder(root: Path, seed: int = 0) -> Path:
         scheduler=scheduler, vae=vae, text_encoder=clip, tokenizer=tokenizers[0], text_encoder_2=t5,
         tokenizer_2=tokenizers[1], transformer=transformer,
     )  # fmt: skip
-    pipe.save_pretrained(root / "pipeline")
+    with quiet_pipeline():  # its per-part "Writing model shards" bars: one line says what was written
+        pipe.save_pretrained(root / "pipeline")
     return root / "pipeline"
 
 

@@ -31,6 +31,7 @@ RECIPE_FOLDERS = {
     "models/Meta-Llama-3-70B": "llama-3-70b",
     "models/vit-base-patch16-224": "vit-base",
     "vlm_demo": "tiny-vlm",  # recipes/make_vlm_demo.py's
+    "outputs/flux_demo": "tiny-flux",  # recipes/make_flux_demo.py's pipeline
 }
 
 
@@ -44,6 +45,11 @@ def recipe_world(tmp_path, monkeypatch):
             from make_vlm_demo import save_tiny_vlm
 
             save_tiny_vlm(tmp_path / folder)
+        elif preset == "tiny-flux":
+            sys.path.insert(0, str(REPO / "recipes"))
+            from make_flux_demo import pipeline_folder
+
+            pipeline_folder(tmp_path / folder)
         elif preset is None:  # the demos' models hold 512 positions (a reward model's rows are checked against them)
             save_tiny_model(tmp_path / folder, vocab_size=259, max_position_embeddings=512)
         else:
