@@ -62,16 +62,21 @@ def export(
     out.notes += dropped_memory_options(plan, target) + speed_notes(cfg, target)
     out.notes += [note for c in CAPABILITIES if c.export_note and (note := c.export_note(target, plan))]
     if cfg.train.method in ADAPTER_METHODS:
-        out.notes.append(_adapter_note(cfg, target))
+        out.notes.append(_adapter_note(cfg, target, hf_config))
     return out
 
 
-def _adapter_note(cfg: RecipeConfig, target: str) -> str:
+def _adapter_note(cfg: RecipeConfig, target: str, hf_config: Any) -> str:
+    """How to add the adapters the recipe trains (a diffusion transformer's default targets: its attention
+    projections, which bigtrain adapts; peft's 'all-linear' reads transformers models only)."""
+    from bigtrain.config.diffusers_types import CLASSES, LORA_TARGETS
+
     lora = cfg.lora
+    default = list(LORA_TARGETS) if getattr(hf_config, "model_type", None) in CLASSES else "all-linear"
     return (
         f"train.method={cfg.train.method}: the adapters are not part of a {target} config; wrap the model with "
         f"peft in your script (LoraConfig(r={lora.r}, lora_alpha={lora.alpha:g}, lora_dropout={lora.dropout:g}, "
-        f"target_modules={lora.target_modules or 'all-linear'!r}"
+        f"target_modules={lora.target_modules or default!r}"
         + (f", modules_to_save={lora.modules_to_save!r}" if lora.modules_to_save else "")
         + ")"
         + (", the base loaded 4-bit NF4" if cfg.train.method == "qlora" else "")

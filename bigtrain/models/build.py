@@ -199,6 +199,10 @@ def block_class_names(hf_config: Any) -> list[str]:
     that lists none (BERT's classifiers), the blocks bigtrain itself shards, found on a model built on ``meta``."""
     from bigtrain.config.hf import decoder_blocks
 
+    if isinstance(hf_config, DiffusersTransformerConfig):  # a diffusion transformer: its diffusers class's blocks
+        from bigtrain.config.diffusers_config import diffusers_class
+
+        return list(diffusers_class(hf_config)._no_split_modules)
     cls = model_class(hf_config) or causal_lm_class(hf_config)
     if cls is None:
         raise ConfigError(f"model config of type {hf_config.model_type!r} has no model class in transformers")

@@ -22,7 +22,8 @@ REFUSED = {
     **{("long_context_8b_128k", target): "parallel.cp=2 cannot be exported" for target in TARGETS},
     ("tp_fsdp", "deepspeed"): "parallel.tp=2 cannot be exported",
 }
-# every task's plan exports (the classifiers' and the vision-language model's recipes with the causal LMs'); these
+# every task's plan exports (the classifiers', the vision-language model's and the diffusion transformer's recipes
+# with the causal LMs'); these
 # recipes' worlds are the --gpus given
 CLASSIFIERS = ("image_classifier", "resnet50_imagefolder", "text_classifier", "vit_finetune", "vlm_lora")
 
@@ -48,6 +49,11 @@ def recipe_args(name: str, tmp_path: Path) -> tuple[list[str], int]:
         from make_vlm_demo import save_tiny_vlm
 
         return ["--gpus", "2", "--set", f"model.name_or_path={save_tiny_vlm(tmp_path / name)}"], 2
+    if name == "flux_lora":  # the walk-through's tiny FLUX pipeline
+        sys.path.insert(0, str(REPO / "recipes"))
+        from make_flux_demo import pipeline_folder
+
+        return ["--gpus", "2", "--set", f"model.name_or_path={pipeline_folder(tmp_path / name)}"], 2
     if name in CLASSIFIERS:  # the world their headers name
         return ["--gpus", "2"], 2
     if name == "sums_sft":  # one worker, as its header says
@@ -61,7 +67,9 @@ def recipe_args(name: str, tmp_path: Path) -> tuple[list[str], int]:
         return ["--set", f"model.name_or_path={save_tiny_model(tmp_path / name)}"], 8
     if name in ("finetune_local", "chat_finetune", "lora_chat", "dpo_full", "dpo_lora"):  # the walk-throughs' folders
         args += ["--set", f"model.name_or_path={save_tiny_model(tmp_path / name)}"]
-    if name == "reward_model":  # the chat walk-through's SFT model, of 512 positions (its rows are checked against them)
+    if (
+        name == "reward_model"
+    ):  # the chat walk-through's SFT model, of 512 positions (its rows are checked against them)
         args += ["--set", f"model.name_or_path={save_tiny_model(tmp_path / name, max_position_embeddings=512)}"]
     return args, 4
 
