@@ -20,26 +20,16 @@ from bigtrain.tasks.token_rows import text_files
 def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
     """The examples of ``data.path`` and the held-out ones (``data.eval_path``, else ``data.eval_fraction`` of them),
     tokenised by data.tokenizer, else the model folder's tokenizer, else bytes."""
-    import numpy as np
-
-    from bigtrain.data.held_out import require_held_out
-    from bigtrain.data.sources import held_out_rows
+    from bigtrain.data.held_out import with_held_out
     from bigtrain.data.text_classes import tokenizer_folder
     from bigtrain.data.text_pairs import load_text_pairs
 
     tokenizer = tokenizer_folder(cfg.data, cfg.model.name_or_path)
-    data = load_text_pairs(cfg.data, "data.path", cfg.data.path, tokenizer)
-    held = None
-    if cfg.data.eval_path is not None:
-        held = load_text_pairs(cfg.data, "data.eval_path", cfg.data.eval_path, tokenizer)
-    elif cfg.data.eval_fraction > 0:
-        kept, chosen = held_out_rows(data.num_rows, cfg.data.eval_fraction, cfg.train.seed, "examples")
-        held = data.subset(chosen, f"{len(chosen)} held-out examples")
-        data = data.subset(kept, f"{data.description}, {len(kept)} for training")
-    if data.index is None:
-        data = data.subset(np.arange(data.num_rows), data.description)
-    require_held_out(cfg, held)
-    return data, held
+
+    def read(key: str, path: str) -> Any:
+        return load_text_pairs(cfg.data, key, path, tokenizer)
+
+    return with_held_out(cfg, read("data.path", cfg.data.path), read, "examples")
 
 
 def prepare(cfg: RecipeConfig, hf_config: Any, data: Any) -> Prepared:

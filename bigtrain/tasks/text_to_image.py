@@ -52,12 +52,9 @@ def scheduler_shift(pipeline: Path) -> float:
 def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
     """The captioned images of ``data.path`` through the pipeline's frozen parts, and the held-out ones
     (``data.eval_path``, else ``data.eval_fraction`` of them)."""
-    import numpy as np
-
     from bigtrain.data.encoded_images import EncodedImages, check_packable, read_encoded
-    from bigtrain.data.held_out import require_held_out
+    from bigtrain.data.held_out import with_held_out
     from bigtrain.data.noising import flow_of
-    from bigtrain.data.sources import held_out_rows
 
     pipeline = pipeline_folder(cfg)
     side = cfg.data.image_size or DEFAULT_IMAGE_SIZE
@@ -65,27 +62,18 @@ def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
     flow = flow_of(cfg.train, scheduler_shift(pipeline))
     guidance = cfg.train.guidance_scale if hf_config.init.get("guidance_embeds") else None
 
-    def read(key: str, path: str, train: bool) -> EncodedImages:
+    def read(key: str, path: str) -> EncodedImages:
         encoded, note, vae = read_encoded(cfg.data, key, path, str(pipeline), side, text_len)
         check_packable("data.image_size", side, len(vae["block_out_channels"]))
         where = f"{path} ({encoded.pooled.shape[0]} captioned images of {side} px)"
         return EncodedImages(
             encoded, flow, float(vae["scaling_factor"]), float(vae.get("shift_factor") or 0.0), guidance,
-            cfg.train.seed, where, train=train, cache_note=note,
+            cfg.train.seed, where, cache_note=note,
         )  # fmt: skip
 
-    data = read("data.path", cfg.data.path, True)
-    held = None
-    if cfg.data.eval_path is not None:
-        held = read("data.eval_path", cfg.data.eval_path, False)
-    elif cfg.data.eval_fraction > 0:
-        kept, chosen = held_out_rows(data.num_rows, cfg.data.eval_fraction, cfg.train.seed, "images")
-        held = data.subset(chosen, f"{len(chosen)} held-out images", train=False)
-        data = data.subset(kept, f"{data.description}, {len(kept)} for training")
-    if data.index is None:
-        data = data.subset(np.arange(data.num_rows), data.description)
-    require_held_out(cfg, held)
-    return data, held
+    data, held = with_held_out(cfg, read("data.path", cfg.data.path), read, "images")
+    # held-out images are noised by their own index, the same draws at every evaluation
+    return data, None if held is None else dataclasses.replace(held, train=False)
 
 
 def prepare(cfg: RecipeConfig, hf_config: Any, data: Any) -> Prepared:
