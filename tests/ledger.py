@@ -113,11 +113,12 @@ def _fields(plan: Any) -> dict[str, Any]:
 
 def simulator_cases() -> list[Ran]:
     """The memory cases the suite simulates: a causal LM's (``tests/cases.py``), the preference objectives', the
-    classifiers', the reward model's, the embedding model's and the vision-language models' (the bench cases their
-    tests run)."""
+    classifiers', the reward model's, the embedding model's, the text-to-image model's and the vision-language
+    models' (the bench cases their tests run)."""
     from cases import MEMORY_CASES, PIPELINE_MEMORY_CASES, REAL_WIDTH_CASES
     from classifier_memory import CASES as CLASSIFIER_CASES
     from classifier_memory import classifier_plan
+    from diffusion_memory import CASES as DIFFUSION_CASES
     from embedding_memory import CASES as EMBEDDING_CASES
     from preference_memory import PREFERENCE_MEMORY_CASES
     from reward_memory import CASES as REWARD_CASES
@@ -139,6 +140,10 @@ def simulator_cases() -> list[Ran]:
         plan = classifier_plan(case.backend, case.zero_stage, case.dp, case.micro_batch)
         train = {"method": "lora" if case.lora else "full"}
         ran.append(Ran(f"simulator::{case.name}", "simulator", _fields(plan), train, "embedding/contrastive"))
+    for case in DIFFUSION_CASES:
+        plan = classifier_plan(case.backend, case.zero_stage, case.dp, case.micro_batch, case.checkpointed)
+        train = {"method": "lora" if case.lora else "full"}
+        ran.append(Ran(f"simulator::{case.name}", "simulator", _fields(plan), train, "text-to-image/flow-matching"))
     for case in (c for c in VLM_MEMORY_CASES if c.name not in BENCH_ONLY):
         train = {"method": case.method}
         ran.append(Ran(f"simulator::{case.name}", "simulator", _fields(case.plan()), train, "image-text-to-text/sft"))

@@ -155,23 +155,30 @@ def construct(cfg: DiffusersTransformerConfig, dtype: Any = None) -> Any:
 
 
 def denoise_inputs(cfg: DiffusersTransformerConfig, b: int, latent_side: int, text_len: int, device: Any = None):
-    """A FLUX transformer's inputs for ``b`` images of ``latent_side`` latents a side and ``text_len`` text tokens
-    (values aside: the planner's fake step and the simulator's), and a target of the prediction's shape."""
+    """A diffusion transformer's inputs for ``b`` images of ``latent_side`` latents a side and ``text_len`` text
+    tokens (values aside: the planner's fake step and the simulator's), and a target of the prediction's shape: FLUX's
+    latents packed 2 x 2 into tokens with their position ids, SD3's as the VAE gives them (it patches them itself)."""
     import torch
 
     init = cfg.init
-    patches = (latent_side // 2) ** 2
-    inputs = {
-        "hidden_states": torch.randn(b, patches, init["in_channels"], device=device),
+    out_channels = init.get("out_channels") or init["in_channels"]
+    text = {
         "encoder_hidden_states": torch.randn(b, text_len, init["joint_attention_dim"], device=device),
         "pooled_projections": torch.randn(b, init["pooled_projection_dim"], device=device),
         "timestep": torch.rand(b, device=device),
+    }
+    if cfg.model_type == SD3TransformerConfig.model_type:
+        latents = torch.randn(b, init["in_channels"], latent_side, latent_side, device=device)
+        return {"hidden_states": latents, **text}, torch.randn(b, out_channels, latent_side, latent_side, device=device)
+    patches = (latent_side // 2) ** 2
+    inputs = {
+        "hidden_states": torch.randn(b, patches, init["in_channels"], device=device),
+        **text,
         "img_ids": torch.zeros(patches, 3, device=device),
         "txt_ids": torch.zeros(text_len, 3, device=device),
     }
     if init.get("guidance_embeds"):
         inputs["guidance"] = torch.full((b,), 3.5, device=device)
-    out_channels = init.get("out_channels") or init["in_channels"]
     return inputs, torch.randn(b, patches, out_channels, device=device)
 
 

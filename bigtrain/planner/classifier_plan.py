@@ -12,10 +12,13 @@ compute). The model's numbers are measured on fake tensors (``classifier_stats.p
 Memory of rank 0 (Ψ parameters, N data-parallel ranks, a bytes of the compute dtype, b the micro-batch):
 - DDP: fp32 weights, fp32 gradients in DDP's buckets (gradient_as_bucket_view), AdamW's two fp32 states: 16Ψ, plus
   the measured activations under autocast (which include the compute-dtype weight copies backward keeps);
-- FSDP2: 12Ψ/N of sharded weights and AdamW states; at the start of backward the activations (weights cast, the
-  ``cast`` regime), the gathered units (all of them, aΨ, under zero_stage 2, which keeps them to backward; two of the
-  largest under 3) and, when accumulating, the sharded fp32 gradients (4Ψ/N); at the optimizer step the gradients
-  and AdamW's foreach temporary (8Ψ/N);
+- FSDP2: 12Ψ/N of sharded weights and AdamW states; in backward, block by block from the last, the activations not
+  yet released (weights cast, the ``cast`` regime; each block's measured share released as its backward ends), the
+  gathered units (the root's own throughout; under zero_stage 2 every block not yet through backward, which it keeps
+  gathered from forward; under 3 the block computing and the one prefetched), the block's unsharded fp32 gradient
+  being reduced and, when accumulating, the sharded fp32 gradients (4Ψ/N); at the optimizer step the gradients and
+  AdamW's foreach temporary (8Ψ/N). Backward's peak is where these sum largest: its start for equal blocks; FLUX's
+  large double-stream blocks come first, so its peak is among the single-stream ones backward starts with;
 - DeepSpeed: as ``deepspeed_memory.py`` counts it for LMs (compute-dtype weights whole under ZeRO-1/2 and a
   partition under 3, 12Ψ/N of master weights and states, a gradient partition, every gradient under ZeRO-1 at the
   end of backward, every gathered weight alive under ZeRO-3 up to its live-parameter limit).
@@ -80,34 +83,20 @@ def estimate_memory(stats: ClassifierStats, plan: Plan, workload: Workload) -> M
     t, f = trained_and_frozen(stats, workload)
     weights = 4 * t + a * f  # fp32 trained weights, the frozen base in the compute dtype
     accum = plan.grad_accum_steps(workload.global_batch_size)
-    fp32 = workload.mixed_precision == "fp32"
     checkpointed = plan.activation_checkpointing == "full"
-    # autocast copies fp32 weights to the compute dtype for backward; a LoRA base is stored in it already
-    regime = "autocast" if plan.backend == "ddp" and not f else "cast"
+    # autocast copies fp32 weights to the compute dtype for backward; a LoRA base is stored in it already, and
+    # backward keeps only what the adapted linears' and the head's gradients read
+    regime = "lora" if f else "autocast" if plan.backend == "ddp" else "cast"
     acts = stats.activations(regime, b, checkpointed)
     if plan.backend == "ddp":
         return _with_margin(weights, 4 * t, 8 * t, acts, 0)
     if plan.backend == "fsdp2":
-        largest, block = stats.largest_unit, stats.largest_block or stats.largest_unit
-        # in backward: every parameter gathered (zero2), or two units (the one computing, the next prefetched), or,
-        # where the largest unit is the root's own (a large vocabulary's embedding outweighs a block), the root
-        # (gathered from forward to the end of backward) beside two blocks; and a unit's unsharded fp32 gradient
-        # being reduced (its trained share): the largest unit's comes last, when the activations are gone
-        if plan.zero_stage == 2:
-            gathered, reduced = a * psi, largest
-        elif largest > block:
-            gathered, reduced = a * (largest + 2 * block), block
-        else:
-            gathered, reduced = 2 * a * largest, largest
-        reduce = int(4 * reduced * t / psi) if not fp32 else 0
-        kept = 4 * t // n if accum > 1 else 0
-        backward = acts + gathered + reduce + kept
-        last = a * largest + (int(4 * largest * t / psi) if not fp32 else 0) + kept  # its gradient, at the end
-        step = 8 * t // n
-        if backward >= max(step, last):
-            return _with_margin(weights // n, kept, 8 * t // n, acts, gathered + reduce)
-        if last >= step:
-            return _with_margin(weights // n, kept, 8 * t // n, 0, last - kept)
+        kept = 4 * t // n if accum > 1 else 0  # the sharded fp32 gradients between micro-steps
+        moments = _fsdp2_backward(stats, plan.zero_stage, a, t, b, regime, checkpointed, 0 if kept else n)
+        acts_held, other = max(moments, key=sum)
+        if acts_held + other + kept >= 8 * t // n:
+            return _with_margin(weights // n, kept, 8 * t // n, acts_held, other)
+        # at the optimizer step: the gradients and AdamW's foreach temporary
         return _with_margin(weights // n, 4 * t // n, 8 * t // n, 0, 4 * t // n)
     optim = 12 * t // n
     if plan.zero_stage == 3:
@@ -124,6 +113,40 @@ def estimate_memory(stats: ClassifierStats, plan: Plan, workload: Workload) -> M
             moments.append((a * t + partition, 0, 0))
     grads, act, other = max(moments, key=sum)
     return _with_margin(params, grads, optim, act, other)
+
+
+def _fsdp2_backward(
+    stats: ClassifierStats, zero_stage: int, a: int, t: int, b: int, regime: str, checkpointed: bool, n: int
+) -> list[tuple[float, float]]:
+    """(activations, gathered weights and gradients being reduced) while FSDP2's backward runs each block, from the
+    last, and at its end: the activations not yet released (a block's share goes when its backward ends; under
+    checkpointing, the block's inputs, while the largest block's recompute is counted throughout), the root's own
+    parameters (gathered from forward to the end of backward), under zero_stage 3 the block computing and the one
+    prefetched, under 2 every block not yet through backward, the unsharded fp32 gradient of the block before (in
+    backward's order) being reduced, its trained share, and the sharded gradients of the blocks through backward
+    (``n`` ranks; 0: kept whole from the micro-step before: the caller counts them). bench/diffusion_memory.py's
+    simulated FLUX steps hold these at their peaks."""
+    units, psi = stats.units, stats.params
+    shares = stats.checkpointed_shares if checkpointed else stats.unit_shares
+    root = psi - sum(units)
+    grad = 0.0 if a == 4 else 4 * t / psi  # fp32 training reduces the gradient it computed: no copy
+    acts = stats.activations(regime, b, checkpointed)
+    per_example = acts - stats.activations(regime, 0, checkpointed)
+    moments = []
+    for k in reversed(range(-1, len(units))):  # -1: every block through backward, the root's own next
+        released = per_example * sum(shares[k + 1 :])
+        if k < 0:
+            blocks = 0
+        elif zero_stage == 2:
+            blocks = sum(units[: k + 1])
+        else:
+            blocks = units[k] + (units[k - 1] if k else 0)
+        reduced = units[k + 1] if k + 1 < len(units) else 0  # the later block's, its activations released
+        sharded = 4 * t / psi * sum(units[k + 1 :]) / n if n else 0.0
+        moments.append((acts - released, a * (root + blocks) + grad * reduced + sharded))
+    # the root's gradient comes last, when the activations are gone
+    moments.append((0.0, a * root + grad * root + (4 * t / psi * sum(units) / n if n else 0.0)))
+    return moments
 
 
 def _with_margin(params: float, grads: float, optim: float, acts: float, other: float) -> MemoryEstimate:
@@ -250,7 +273,8 @@ def classifier_model(model_config: dict[str, Any], workload: Workload, with_text
     if stats is None or (stats.task, stats.unit) != (job.task, job.unit):
         from bigtrain.planner.classifier_stats import measure_classifier
 
-        stats = measure_classifier(model_config, *size, job.task, job.unit)
+        method = {"full": "full", "lora": "lora", "qlora": "lora"}.get(workload.method)  # auto: every regime
+        stats = measure_classifier(model_config, *size, job.task, job.unit, method)
     return PlannedModel(
         stats,
         estimate_memory,

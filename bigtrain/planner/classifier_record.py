@@ -29,13 +29,16 @@ class ClassifierStats:
     per_example: tuple[tuple[str, float], ...]  # (regime, activation bytes per example)
     fixed: tuple[tuple[str, float], ...]  # (regime, activation bytes whatever the batch)
     example: str  # what one example is, in words (3x224x224 px, 512 tokens)
+    # the repeated blocks' parameters in forward order (each an FSDP2 unit; the root holds the rest) and each one's
+    # share of the activations per example (in the cast regime; under full checkpointing, its inputs'): FSDP2's
+    # backward releases them last block first
+    units: tuple[int, ...]
+    unit_shares: tuple[float, ...]
+    checkpointed_shares: tuple[float, ...]
     # train.method=lora: (in, out) of every linear the default adapters adapt, and the head's parameters (trained
     # fully); empty: LoRA does not apply (a CNN's blocks hold convolutions)
     adapted: tuple[tuple[int, int], ...] = ()
     head_params: int = 0
-    # parameters of the largest repeated block; where the root's own (an embedding of a large vocabulary) outweigh
-    # it, FSDP2 holds the root gathered beside the blocks (0: not recorded, taken as largest_unit)
-    largest_block: int = 0
     facts: ModelFacts | None = None  # what the capability table reads of the model (which plans may run)
 
     def lora_params(self, rank: int) -> int:
@@ -44,7 +47,9 @@ class ClassifierStats:
 
     def activations(self, regime: str, micro_batch_size: int, checkpointed: bool = False) -> float:
         """Bytes of activations and temporaries at the step's peak for a micro-batch of this size (``checkpointed``:
-        every block under full activation checkpointing)."""
+        every block under full activation checkpointing); the ``lora`` regime is ``cast`` where LoRA does not apply."""
+        if regime not in dict(self.per_example):
+            regime = "cast"
         key = regime + CHECKPOINTED if checkpointed else regime
         return dict(self.fixed)[key] + dict(self.per_example)[key] * micro_batch_size
 
@@ -71,6 +76,9 @@ def stats_from_dict(data: dict[str, Any]) -> ClassifierStats:
             "per_example": tuple(tuple(x) for x in data["per_example"]),
             "fixed": tuple(tuple(x) for x in data["fixed"]),
             "adapted": tuple(tuple(x) for x in data["adapted"]),
+            "units": tuple(data["units"]),
+            "unit_shares": tuple(data["unit_shares"]),
+            "checkpointed_shares": tuple(data["checkpointed_shares"]),
             "facts": None if facts is None else ModelFacts(**{**facts, "tp_styles": tuple(facts["tp_styles"])}),
         }
     )

@@ -10,9 +10,15 @@ at the workload's image size or row length, twice (micro-batches of 2 and 4 exam
   autocast the compute-dtype copies of every weight that backward keeps); under full checkpointing, what the
   blocks' inputs and one block's recompute hold instead of the blocks' own saved tensors;
 - the operators one micro-step dispatches (views aside), and, for LoRA, the linears the default adapters adapt and
-  the head.
-Two precision regimes are measured, as the engines run them: ``autocast`` (DDP: fp32 weights, autocast to the
-compute dtype) and ``cast`` (FSDP2 and DeepSpeed: the weights themselves in the compute dtype). BatchNorm layers
+  the head;
+- each block's parameters in forward order and its share of the activations per example, where FSDP2's backward
+  peak is (``classifier_plan.py``: FLUX's large double-stream blocks come first, its smaller single-stream ones last,
+  so backward starts among the small ones).
+Three regimes are measured, as the engines run them: ``autocast`` (DDP: fp32 weights, autocast to the compute dtype),
+``cast`` (FSDP2 and DeepSpeed: the weights themselves in the compute dtype) and ``lora`` (cast, with only the adapted
+linears' weights and the head trained: backward keeps what their weights' gradients read, which LoRA's adapters read
+too, and not what a frozen linear's would; FLUX's default adapters leave its MLPs frozen, whose inputs a fully trained
+model keeps). BatchNorm layers
 run as the trainer runs them (``parallel/transforms/batch_norm.py``: fp32 over an fp32 copy of their input).
 Parameters come from the meta model; the FSDP2 units from the family's ``_no_split_modules`` as the trainer shards
 them. Measuring takes 3 s (ResNet-50 at 224 px) to 12 s (BERT-large at 512 tokens) on one CPU core.
@@ -24,11 +30,13 @@ import copy
 import functools
 import json
 import warnings
+import weakref
 from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bigtrain.config.diffusers_config import VAE_SCALE, DiffusersTransformerConfig, construct, denoise_inputs
@@ -47,7 +55,7 @@ from bigtrain.errors import ConfigError
 from bigtrain.planner.block_probe import cpu_flop_formulas
 from bigtrain.planner.classifier_record import CHECKPOINTED, ClassifierStats
 
-REGIMES = ("autocast", "cast")  # DDP's; FSDP2's and DeepSpeed's (module docstring)
+REGIMES = ("autocast", "cast", "lora")  # DDP's; FSDP2's and DeepSpeed's; under LoRA (module docstring)
 SIZES = (2, 4)  # the micro-batches measured: the slope between them is the per-example term
 
 
@@ -58,29 +66,47 @@ def measure_classifier(
     mixed_precision: str,
     task: str = "image-classification",
     unit: str = "images",
+    method: str | None = None,
 ) -> ClassifierStats:
     """The stats of a classifier (its config dict names its class) at an image size (image classifiers) or row
     length (sequence classifiers); cached per configuration (the search asks once per candidate GPU count).
-    ``task`` and ``unit``: its task's name and what its throughput counts (the spec's)."""
+    ``task`` and ``unit``: its task's name and what its throughput counts (the spec's); ``method``: the regimes
+    train.method plans with only (full: autocast and cast; lora: lora), else all (a preset's record)."""
     key = json.dumps(model_config, sort_keys=True, default=str)
-    return _measured(key, image_size, seq_len, mixed_precision, task, unit)
+    return _measured(key, image_size, seq_len, mixed_precision, task, unit, method)
 
 
 @functools.lru_cache(maxsize=16)
-def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str, task: str, unit: str) -> ClassifierStats:
+def _measured(
+    key: str, image_size: int, seq_len: int, mixed_precision: str, task: str, unit: str, method: str | None
+) -> ClassifierStats:
     hf_config = model_config_object(json.loads(key))
     meta = _meta_model(hf_config)
     params = sum(p.numel() for p in meta.parameters())
     units = [sum(p.numel() for p in block.parameters()) for block in _blocks(meta)]
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[mixed_precision]
     per_example, fixed, flops, ops = [], [], 0.0, 0
-    for regime in REGIMES:
+    shares = {False: [0.0] * len(units), True: [0.0] * len(units)}  # (not) checkpointed
+    regimes = {None: REGIMES, "full": REGIMES[:2], "lora": REGIMES[2:]}[method]
+    if not _adapted(meta):  # no LoRA regime where LoRA does not apply: its plans read cast's
+        regimes = REGIMES[:2] if method is None else REGIMES[1:2] if method == "lora" else regimes
+    shared = "cast" if "cast" in regimes else regimes[-1]  # the regime whose shares are recorded (lora's: alone)
+    for regime in regimes:
         peaks: dict[str, list[float]] = {regime: [], regime + CHECKPOINTED: []}
+        per_block = []
         for b in SIZES:
-            held, checkpointed, step_flops, ops = _fake_step(meta, hf_config, b, image_size, seq_len, dtype, regime)
+            held, checkpointed, step_flops, ops, blocks = _fake_step(
+                meta, hf_config, b, image_size, seq_len, dtype, regime
+            )
             peaks[regime].append(held)
             peaks[regime + CHECKPOINTED].append(checkpointed)
+            per_block.append(blocks)
             flops = step_flops / b
+        for checkpointed, key in ((False, regime), (True, regime + CHECKPOINTED)):
+            slope = peaks[key][1] - peaks[key][0]
+            if regime == shared and slope > 0:  # each block's share of the per-example slope
+                mine = [blocks[checkpointed] for blocks in per_block]
+                shares[checkpointed] = [(large - small) / slope for small, large in zip(*mine, strict=True)]
         for key, (small, large) in peaks.items():
             slope = (large - small) / (SIZES[1] - SIZES[0])
             per_example.append((key, slope))
@@ -94,7 +120,9 @@ def _measured(key: str, image_size: int, seq_len: int, mixed_precision: str, tas
         unit=unit,
         params=params,
         largest_unit=max([*units, params - sum(units)]),
-        largest_block=max(units, default=0),
+        units=tuple(units),
+        unit_shares=tuple(round(x, 4) for x in shares[False]),
+        checkpointed_shares=tuple(round(x, 4) for x in shares[True]),
         blocks=len(units),
         convolutional=sum(isinstance(m, nn.Conv2d) for m in meta.modules()) > 2,
         batch_norm=batch_norm,
@@ -132,20 +160,21 @@ def _step_loss(model: nn.Module, hf_config: Any, inputs: dict[str, Any], target:
     """The training loss of one forward: a classifier's cross-entropy, a diffusion transformer's squared error."""
     if isinstance(hf_config, DiffusersTransformerConfig):
         prediction = model(**inputs).sample
-        return ((prediction.float() - target.float()) ** 2).mean(-1).mean(-1).sum()
+        return ((prediction.float() - target.float()) ** 2).flatten(1).mean(1).sum()
     logits = model(**inputs).logits
     return torch.nn.functional.cross_entropy(logits.float(), target, reduction="sum")
 
 
 def _adapted(model: nn.Module) -> tuple[tuple[int, int], ...]:
-    """(in, out) of the linears the trainer's default LoRA adapts: peft matches the names of the blocks' linears
+    """(in, out) of the linears the trainer's default LoRA adapts."""
+    return tuple((m.in_features, m.out_features) for m in _adapted_modules(model))
+
+
+def _adapted_modules(model: nn.Module) -> list[nn.Module]:
+    """The linears the trainer's default LoRA adapts: peft matches the names of the blocks' linears
     (``parallel/transforms/adapters.py``) anywhere in the model."""
     targets, _ = linear_names(model) if _blocks(model) else ([], [])
-    return tuple(
-        (m.in_features, m.out_features)
-        for name, m in model.named_modules()
-        if is_linear(m) and any(names_module(t, name) for t in targets)
-    )
+    return [m for name, m in model.named_modules() if is_linear(m) and any(names_module(t, name) for t in targets)]
 
 
 def _head(model: nn.Module, hf_config: Any) -> list[str]:
@@ -183,16 +212,15 @@ def _as_trained(norm: nn.Module) -> None:
 
 def _fake_step(
     meta: nn.Module, hf_config: Any, b: int, image_size: int, seq_len: int, dtype: torch.dtype, regime: str
-) -> tuple[float, float, float, int]:
-    """(activation bytes, the same with every block checkpointed, FLOPs, operators) of one forward and backward of a
-    micro-batch of ``b`` (backward taken as twice the forward)."""
+) -> tuple[float, float, float, int, tuple[list[int], list[int]]]:
+    """(activation bytes, the same with every block checkpointed, FLOPs, operators, (the bytes each block saved, those
+    checkpointing keeps of each: its inputs)) of one forward and backward of a micro-batch of ``b`` (backward taken as
+    twice the forward)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
-    cast = regime == "cast" and dtype != torch.float32
-    model = copy.deepcopy(meta)
-    for module in _batch_norms(model):
-        _as_trained(module)
+    cast = regime != "autocast" and dtype != torch.float32
+    model = _as_regime(copy.deepcopy(meta), hf_config, regime)
     with FakeTensorMode():
         # every parameter and buffer a fake CPU tensor (construction code may read values: it ran on meta);
         # cast weights in the compute dtype, BatchNorm's kept fp32 as the engines keep them
@@ -212,17 +240,19 @@ def _fake_step(
                     inputs[name] = inputs[name].to(dtype)
         params = {p.untyped_storage()._cdata for p in model.parameters()}
         saved: dict[int, tuple[int, int | None]] = {}  # storage -> (bytes, the block that saved it first, or None)
-        block_inputs: dict[int, int] = {}  # storage -> bytes of what entered a block
+        block_inputs: dict[int, tuple[int, int]] = {}  # storage -> (bytes, the first block it entered)
         current: list[int | None] = [None]
         # what is recorded by its storage's address stays alive while the step runs: a freed block input's address
         # reused by a later tensor would otherwise be taken for it (BERT's checkpointed terms varied run to run)
         alive: list[torch.Tensor] = []
+        backward = _BackwardMemory()
 
         def keep(t: torch.Tensor) -> torch.Tensor:  # what backward will read: held from its forward to its backward
             storage = t.untyped_storage()
             if storage._cdata not in params and storage._cdata not in saved:
                 saved[storage._cdata] = (storage.nbytes(), current[0])
                 alive.append(t)
+                backward.track(storage)
             return t
 
         for index, block in enumerate(_blocks(model)):
@@ -238,33 +268,104 @@ def _fake_step(
                 # FLUX's RMSNorm on fake bf16 inputs with fp32 weights: torch says it takes the unfused kernel
                 warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
                 loss = _step_loss(model, hf_config, inputs, labels)
-        loss.backward()
-        given = sum(t.untyped_storage().nbytes() for t in inputs.values())
+        for param in model.parameters():  # the engines reduce gradients away: their own terms count them
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
+        alive.clear()  # backward releases what it has read, as a real step does
+        with backward:
+            loss.backward()
+        given = sum(t.untyped_storage().nbytes() for t in inputs.values()) + backward.beyond_forward
         held = sum(n for n, _ in saved.values()) + given
+        outside, within, inputs_of = _by_block(saved, block_inputs, len(_blocks(model)))
         # under full checkpointing each block keeps only what entered it, and backward recomputes one block at a
         # time: what it saved is held again, for the largest block
-        outside = {k: n for k, (n, owner) in saved.items() if owner is None}
-        within: dict[int, int] = {}
-        for n, owner in saved.values():
-            if owner is not None:
-                within[owner] = within.get(owner, 0) + n
-        entered = sum(n for k, n in block_inputs.items() if k not in outside)
-        held_checkpointed = sum(outside.values()) + entered + max(within.values(), default=0) + given
+        held_checkpointed = outside + sum(inputs_of) + max(within, default=0) + given
+        blocks = (within, inputs_of)
         # backward as twice the forward (the input's and the weight's gradient): torch's counter overcounts a
         # grouped convolution's backward by its group count (ConvNeXt-B's depthwise ones: 183 GFLOP for 1.1 forward)
-        return float(held), float(held_checkpointed), 3.0 * float(flops.get_total_flops()), 3 * ops.count
+        return float(held), float(held_checkpointed), 3.0 * float(flops.get_total_flops()), 3 * ops.count, blocks
+
+
+def _as_regime(model: nn.Module, hf_config: Any, regime: str) -> nn.Module:
+    """The model as the regime trains it: under ``lora`` the adapted linears' weights and the head stand in for the
+    adapters (backward keeps what they read), the rest frozen; BatchNorm as the trainer runs it."""
+    if regime == "lora":
+        trained = _adapted_modules(model) + [model.get_submodule(name) for name in _head(model, hf_config)]
+        for param in model.parameters():
+            param.requires_grad_(False)
+        for module in trained:
+            for param in module.parameters():
+                param.requires_grad_(True)
+    for module in _batch_norms(model):
+        _as_trained(module)
+    return model
+
+
+def _by_block(
+    saved: dict[int, tuple[int, int | None]], block_inputs: dict[int, tuple[int, int]], blocks: int
+) -> tuple[int, list[int], list[int]]:
+    """(bytes saved outside every block, bytes each block saved, bytes of each block's inputs not saved outside:
+    what checkpointing keeps of it)."""
+    outside = {k for k, (_, owner) in saved.items() if owner is None}
+    within = [0] * blocks
+    for n, owner in saved.values():
+        if owner is not None:
+            within[owner] += n
+    inputs_of = [0] * blocks
+    for k, (n, index) in block_inputs.items():
+        if k not in outside:
+            inputs_of[index] += n
+    return sum(saved[k][0] for k in outside), within, inputs_of
 
 
 def _entered(
-    index: int, current: list[int | None], block_inputs: dict[int, int], params: set[int], alive: list[torch.Tensor],
+    index: int, current: list[int | None], block_inputs: dict[int, tuple[int, int]], params: set[int],
+    alive: list[torch.Tensor],
     module: nn.Module, args: tuple, kwargs: dict[str, Any],
 ) -> None:  # fmt: skip
     """A block's forward begins: what it saves is its own; its tensor inputs are what checkpointing keeps of it."""
     current[0] = index
     for t in [*args, *kwargs.values()]:
         if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in params:
-            block_inputs[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+            block_inputs.setdefault(t.untyped_storage()._cdata, (t.untyped_storage().nbytes(), index))
             alive.append(t)
+
+
+class _BackwardMemory(TorchDispatchMode):
+    """How far backward's live bytes rise above what forward saved: the saved activations, released as backward reads
+    them, beside what backward allocates and frees again (the activations' gradients, a kernel's fp32 accumulators: a
+    memory tracker's temporaries). FLUX's backward starts in its largest activations and rises a tenth above them in
+    a 3-block step; a CNN's largest gradients come in its first stages, whose saved tensors are read last, and stay
+    below. What an operator returns in its inputs' storage is not new."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = self.start = 0
+
+    def track(self, storage: torch.UntypedStorage) -> None:
+        self.live += storage.nbytes()
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._freed, storage.nbytes())
+
+    def __enter__(self) -> _BackwardMemory:
+        self.start = self.peak = self.live
+        return super().__enter__()
+
+    @property
+    def beyond_forward(self) -> int:
+        return max(0, self.peak - self.start)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        given = {t.untyped_storage()._cdata for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in given:
+                given.add(t.untyped_storage()._cdata)
+                self.track(t.untyped_storage())
+        return out
+
+    def _freed(self, nbytes: int) -> None:
+        self.live -= nbytes
 
 
 _NO_KERNEL = (torch.ops.aten.detach.default, torch.ops.aten.empty.memory_format, torch.ops.aten.lift_fresh.default)

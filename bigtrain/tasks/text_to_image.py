@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bigtrain.config.capabilities.table import first_unbuilt, row
+from bigtrain.config.diffusers_types import CLASSES as PLANNED
 from bigtrain.config.diffusers_types import VAE_SCALE
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.config.setup import DENOISED, Setup
@@ -25,7 +26,7 @@ from bigtrain.errors import ConfigError
 from bigtrain.tasks import classifiers
 from bigtrain.tasks.spec import Prepared, TaskSpec
 
-CLASSES = {"flux_transformer": "FluxTransformer2DModel"}  # trained so far (diffusers_types.CLASSES: read)
+CLASSES = {"flux_transformer": "FluxTransformer2DModel"}  # trained so far (PLANNED: read and planned)
 DEFAULT_IMAGE_SIZE = 512  # diffusers' scripts' --resolution
 DEFAULT_TEXT_LEN = 512  # FLUX.1-dev's --max_sequence_length
 
@@ -122,10 +123,11 @@ RULES = (*classifiers.RULES, row(unverified_for_diffusion, "not_built", reads_mi
 
 @dataclass(frozen=True)
 class TextToImageSpec(TaskSpec):
-    """A task whose models are diffusers' classes, not transformers': its classes by model type are its own."""
+    """A task whose models are diffusers' classes, not transformers': its classes by model type are its own (those
+    it plans; ``check`` refuses to train those it does not train yet)."""
 
     def class_names(self) -> dict[str, Any]:
-        return dict(CLASSES)
+        return dict(PLANNED)
 
 
 def sizes(ask: Any) -> dict[str, Any]:
@@ -158,25 +160,34 @@ def synthetic(hf_config: Any, plan: Any, workload: Any, device: Any) -> Any:
     return DenoiseBatch(inputs, target, sigmas, torch.zeros(b, dtype=torch.int64, device=device))
 
 
-# FLUX.1's frozen parts (T5-v1.1-XXL's encoder, CLIP ViT-L/14's text model, FLUX's VAE), counted by building
-# transformers' T5EncoderModel and CLIPTextModel and diffusers' AutoencoderKL from their published configs on meta
-FLUX_FROZEN = (("T5-XXL", 4_762_310_656), ("CLIP-L", 123_060_480), ("VAE", 83_819_683))
+# the published pipelines' frozen parts, by the transformer's type and text widths (T5 states, pooled CLIP):
+# FLUX.1's (T5-v1.1-XXL's encoder, CLIP ViT-L/14's text model, FLUX's VAE) and SD3.5's (the same T5 and VAE, with
+# CLIP-L's and OpenCLIP bigG's text models with projection), counted by building transformers' T5EncoderModel and
+# CLIPTextModel(WithProjection) and diffusers' AutoencoderKL from their published configs on meta
+T5_XXL, VAE_16 = ("T5-XXL", 4_762_310_656), ("VAE", 83_819_683)
+FROZEN = {
+    ("flux_transformer", 4096, 768): (T5_XXL, ("CLIP-L", 123_060_480), VAE_16),
+    ("sd3_transformer", 4096, 2048): (T5_XXL, ("CLIP-G", 694_659_840), ("CLIP-L", 123_650_304), VAE_16),
+}
 
 
 def planner(model_config: dict[str, Any], workload: Any) -> Any:
     """The transformer's statistics measured on fake tensors at the workload's image tokens and text tokens, and
     the classifier's memory and time terms (``planner/classifier_plan.py``); the headline says what the cached
-    frozen parts would weigh on each GPU (FLUX.1's, for a transformer of their widths)."""
+    frozen parts would weigh on each GPU (the published pipeline's, for a transformer of its text widths)."""
     from bigtrain.planner.classifier_plan import classifier_model
 
     planned = classifier_model(model_config, workload, with_text=True)
     init = model_config.get("init", {})
-    if (init.get("joint_attention_dim"), init.get("pooled_projection_dim")) != (4096, 768):
+    frozen = FROZEN.get(
+        (model_config.get("model_type"), init.get("joint_attention_dim"), init.get("pooled_projection_dim"))
+    )
+    if frozen is None:
         return planned
     base = planned.headline
     bytes_each = 2 if workload.mixed_precision != "fp32" else 4
-    parts = ", ".join(f"{name} {count / 1e9:.2f}B" for name, count in FLUX_FROZEN)
-    held = sum(count for _, count in FLUX_FROZEN) * bytes_each / 2**30
+    parts = ", ".join(f"{name} {count / 1e9:.2f}B" for name, count in frozen)
+    held = sum(count for _, count in frozen) * bytes_each / 2**30
 
     def headline(stats: Any, workload: Any) -> str:
         return (

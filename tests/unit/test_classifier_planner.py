@@ -35,7 +35,7 @@ def _stats(preset: str, image_size: int = 224, seq_len: int = 0):
     text = "bert" in preset
     task, unit = ("sequence-classification", "examples") if text else ("image-classification", "images")
     size = 0 if text else image_size
-    return measure_classifier(load_model_config(preset), size, seq_len or 128 * text, "bf16", task, unit)
+    return measure_classifier(load_model_config(preset), size, seq_len or 128 * text, "bf16", task, unit, "full")
 
 
 def ddp(dp: int, micro: int, checkpointed: bool = False):
