@@ -190,6 +190,9 @@ def _write_diffusers_lora(partial: Path, adapters: dict[str, torch.Tensor], conf
     with quiet_pipeline():
         from diffusers import FluxPipeline
     metadata = json.loads(json.dumps(config.to_dict(), default=sorted))  # peft's sets as lists
+    # the modules adapted, by their full names: the trained config's may hold peft's shortened endings ("0" for
+    # "to_out.0"), which the loader would match against every block numbered 0 and warn about
+    metadata["target_modules"] = sorted({name.split(".lora_")[0] for name in adapters})
     layers = {name: value.contiguous() for name, value in adapters.items()}
     FluxPipeline.save_lora_weights(
         str(partial), transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata

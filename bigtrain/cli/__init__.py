@@ -119,7 +119,11 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_parser("prepare", help="tokenise and pack a recipe's data into the data cache ahead of training")
     )
     add_generate_arguments(
-        sub.add_parser("generate", help="generate text with a trained model (a run's output_dir, a model or adapter)")
+        sub.add_parser(
+            "generate",
+            help="generate text (or a text-to-image model's picture) with a trained model: a run's output_dir, a "
+            "model or adapter",
+        )
     )
     plan = sub.add_parser("plan", help="choose a plan from model size and GPU memory, and explain it")
     add_plan_arguments(plan)

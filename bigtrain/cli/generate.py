@@ -1,5 +1,5 @@
 """``bigtrain generate OUTPUT_DIR|MODEL_DIR [--prompt TEXT] [--chat] [--image PATH ...]``: try a trained model without
-writing Python.
+writing Python (a text-to-image model draws a picture instead: ``generate_image.py``).
 
 The folder is a run's ``output_dir`` (its ``model/``, else its ``adapter/``), an HF model folder or a peft adapter
 folder. The model and the tokenizer are the folder's own (a run's folder carries the tokenizer it trained with: the
@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bigtrain.cli.generate_image import add_image_arguments, is_text_to_image, run_image_command
 from bigtrain.errors import ConfigError
 
 
@@ -29,6 +30,7 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--image", action="append", default=[], help="an image file the prompt asks about (vision-language models)"
     )
+    add_image_arguments(parser)
 
 
 def model_folder(path: str | Path) -> tuple[Path, bool]:
@@ -130,6 +132,8 @@ def answer_about_images(folder: Path, adapter: bool, prompt: str, images: list[s
 
 
 def run_generate_command(args: argparse.Namespace) -> int:
+    if is_text_to_image(args.folder):
+        return run_image_command(args)
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens={args.max_new_tokens} must be at least 1")
     folder, adapter = model_folder(args.folder)

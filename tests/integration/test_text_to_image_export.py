@@ -1,15 +1,18 @@
 """A text-to-image run's final folders load in diffusers and hold what was trained: a full run's model folder is a
 ``FluxTransformer2DModel.from_pretrained`` folder whose values are the last checkpoint's; a LoRA run's adapter is a
 ``pytorch_lora_weights.safetensors`` that ``FluxPipeline.load_lora_weights`` reads, and the pipeline's transformer
-then predicts what the base with the checkpoint's adapters merged by hand (W + alpha / r x B A) predicts. The
-terminal says nothing but bigtrain's own lines."""
+then predicts what the base with the checkpoint's adapters merged by hand (W + alpha / r x B A) predicts. ``bigtrain
+generate`` on either run's folder draws the picture diffusers' pipeline draws with the trained model loaded by hand.
+The terminal says nothing but bigtrain's own lines."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from diffusion_cases import IMAGE_SIZE, TEXT_LEN, captioned_folder, pipeline_folder
 from helpers import recipe_dict, run_cli, write_recipe
+from PIL import Image
 
 from bigtrain.config.diffusers_config import denoise_inputs, read_folder
 
@@ -38,6 +41,28 @@ def _train(tmp_path, pipeline, images, method: str):
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("t2i_export")
     return pipeline_folder(root), captioned_folder(root, 8)
+
+
+def _generated(run, tmp_path, prompt: str = "a disk", said: str = ""):
+    """The picture ``bigtrain generate`` draws from a run's folder (2 steps, seed 5), as an array; ``said``: the one
+    line it writes to stderr (none: nothing)."""
+    out = tmp_path / f"{run.name}.png"
+    proc = run_cli(["generate", str(run), "--prompt", prompt, "--out", str(out), "--steps", "2", "--seed", "5"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == f"generate: wrote {out} ({IMAGE_SIZE}x{IMAGE_SIZE} px, 2 steps, seed 5)"
+    assert proc.stderr.strip() == said, proc.stderr
+    return np.asarray(Image.open(out))
+
+
+def _drawn(pipe, prompt: str = "a disk"):
+    """What diffusers' pipeline draws at the run's side and text tokens, with the same steps and seed."""
+    pipe.set_progress_bar_config(disable=True)
+    generator = torch.Generator().manual_seed(5)
+    image = pipe(
+        prompt, num_inference_steps=2, height=IMAGE_SIZE, width=IMAGE_SIZE, max_sequence_length=TEXT_LEN,
+        generator=generator,
+    ).images[0]  # fmt: skip
+    return np.asarray(image)
 
 
 def _checkpoint(run):
@@ -69,6 +94,8 @@ def test_a_full_run_s_model_folder_loads_in_diffusers_with_the_trained_values(tm
     again = diffusers.FluxTransformer2DModel.from_pretrained(tmp_path / "again")
     for key, value in trained.state_dict().items():
         torch.testing.assert_close(again.state_dict()[key], value, rtol=0, atol=0)
+    by_hand = diffusers.FluxPipeline.from_pretrained(str(pipeline), transformer=trained)
+    np.testing.assert_array_equal(_generated(run, tmp_path), _drawn(by_hand))
 
 
 def test_a_lora_run_s_adapter_loads_in_the_pipeline_and_predicts_as_merged_by_hand(tmp_path, inputs):
@@ -78,6 +105,10 @@ def test_a_lora_run_s_adapter_loads_in_the_pipeline_and_predicts_as_merged_by_ha
     pipe = diffusers.FluxPipeline.from_pretrained(str(pipeline))
     pipe.load_lora_weights(str(run / "adapter"))
     got = _predict(pipe.transformer, pipeline)
+    np.testing.assert_array_equal(_generated(run, tmp_path), _drawn(pipe))
+    # a prompt longer than the run's text tokens (one a byte here) is cut, in one line
+    cut = f"generate: --prompt is 12 tokens; cut to the {TEXT_LEN} the run trained with (data.seq_len)"
+    np.testing.assert_array_equal(_generated(run, tmp_path, "a large disk", cut), _drawn(pipe, "a large disk"))
 
     adapters = _checkpoint(run / "checkpoints")
     merged = diffusers.FluxTransformer2DModel.from_pretrained(pipeline / "transformer")

@@ -1,0 +1,117 @@
+"""``bigtrain generate OUTPUT_DIR --prompt TEXT [--out picture.png] [--steps N] [--seed S]``: a text-to-image run's
+picture for a prompt, without writing Python.
+
+The folder is a text-to-image run's ``output_dir`` or a diffusers pipeline folder (``model_index.json``: the base
+model's picture). A run's folder holds its ``recipe.yaml``, which names the pipeline it trained from
+(``model.name_or_path``; ``--pipeline`` when that folder has moved), the side it trained at (``data.image_size``), its
+text tokens (``data.seq_len``) and the guidance it gave a guidance-distilled transformer (``train.guidance_scale``),
+and ``model/`` (a transformer trained fully: it replaces the pipeline's) or ``adapter/`` (LoRA weights, read by the
+pipeline's own ``load_lora_weights``). diffusers' pipeline then denoises ``--steps`` times from noise seeded by
+``--seed``, on the GPU in bf16 where there is one, else on the CPU in fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from bigtrain.errors import ConfigError
+
+DEFAULT_STEPS = 28  # diffusers' FluxPipeline default
+
+
+def add_image_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="picture.png", help="text-to-image: where the picture goes (picture.png)")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"text-to-image: steps ({DEFAULT_STEPS})")
+    parser.add_argument("--seed", type=int, default=0, help="text-to-image: the starting noise's seed (0)")
+    parser.add_argument("--pipeline", help="text-to-image: the pipeline folder, where the run's recipe's has moved")
+
+
+def is_text_to_image(folder: str | Path) -> bool:
+    """Whether a folder is a diffusers pipeline's or a text-to-image run's output_dir."""
+    folder = Path(folder)
+    return (folder / "model_index.json").is_file() or _recipe(folder).get("model", {}).get("task") == "text-to-image"
+
+
+def _recipe(folder: Path) -> dict[str, Any]:
+    import yaml
+
+    file = folder / "recipe.yaml"
+    return (yaml.safe_load(file.read_text()) or {}) if file.is_file() else {}
+
+
+def load_pipeline(folder: Path, pipeline: str | None) -> tuple[Any, dict[str, Any]]:
+    """(the diffusers pipeline with the run's trained transformer or adapter, the run's recipe as a dict)."""
+    import torch
+
+    from bigtrain.config.diffusers_config import quiet_pipeline
+
+    recipe = _recipe(folder)
+    base = Path(pipeline or (folder if not recipe else recipe.get("model", {}).get("name_or_path") or ""))
+    if not (base / "model_index.json").is_file():
+        raise ConfigError(
+            f"{folder}: its pipeline folder {str(base)!r} (the recipe's model.name_or_path) holds no model_index.json;"
+            " give the pipeline the run trained from with --pipeline"
+        )
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    import diffusers
+
+    with quiet_pipeline():
+        parts = {}
+        if (folder / "model" / "config.json").is_file():  # trained fully: the pipeline's transformer replaced
+            config = json.loads((folder / "model" / "config.json").read_text())
+            cls = getattr(diffusers, config["_class_name"])
+            parts["transformer"] = cls.from_pretrained(folder / "model", dtype=dtype)
+        pipe = diffusers.DiffusionPipeline.from_pretrained(str(base), dtype=dtype, **parts)
+        if not parts and (folder / "adapter").is_dir():
+            pipe.load_lora_weights(str(folder / "adapter"))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe.to("cuda" if torch.cuda.is_available() else "cpu"), recipe
+
+
+def picture(pipe: Any, recipe: dict[str, Any], prompt: str, steps: int, seed: int) -> Any:
+    """The pipeline's PIL picture for ``prompt`` at the side and text tokens the run trained with (the pipeline's
+    defaults for a pipeline folder); a prompt longer than those tokens is cut, and one line says so."""
+    import sys
+
+    import torch
+
+    from bigtrain.config.diffusers_config import quiet_pipeline
+
+    data, train = recipe.get("data", {}), recipe.get("train", {})
+    sizes = {"height": data["image_size"], "width": data["image_size"]} if data.get("image_size") else {}
+    if data.get("seq_len"):
+        sizes["max_sequence_length"] = data["seq_len"]
+        tokenizer = getattr(pipe, "tokenizer_2", None) or pipe.tokenizer  # FLUX's T5 reads the long prompt
+        length = len(tokenizer(prompt).input_ids)
+        if length > data["seq_len"]:
+            print(
+                f"generate: --prompt is {length} tokens; cut to the {data['seq_len']} the run trained with "
+                "(data.seq_len)",
+                file=sys.stderr,
+            )
+    if train.get("guidance_scale") is not None:
+        sizes["guidance_scale"] = train["guidance_scale"]
+    generator = torch.Generator(pipe.device).manual_seed(seed)
+    with torch.no_grad(), quiet_pipeline():  # diffusers' own note on the cut prompt: said above
+        return pipe(prompt, num_inference_steps=steps, generator=generator, **sizes).images[0]
+
+
+def run_image_command(args: argparse.Namespace) -> int:
+    if args.prompt is None:
+        raise ConfigError("a text-to-image model draws one --prompt: give --prompt")
+    if args.steps < 1:
+        raise ConfigError(f"--steps={args.steps} must be at least 1")
+    if args.chat or args.image or args.sample:
+        raise ConfigError("--chat, --image and --sample are for language models; drop them for a text-to-image one")
+    out = Path(args.out)
+    if out.suffix.lower() not in (".png", ".jpg", ".jpeg", ".webp"):
+        raise ConfigError(f"--out {args.out}: name a picture file (.png, .jpg or .webp)")
+    pipe, recipe = load_pipeline(Path(args.folder), args.pipeline)
+    image = picture(pipe, recipe, args.prompt, args.steps, args.seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    image.save(out)
+    print(f"generate: wrote {out} ({image.width}x{image.height} px, {args.steps} steps, seed {args.seed})", flush=True)
+    return 0
