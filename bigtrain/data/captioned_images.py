@@ -4,7 +4,11 @@ training scripts read one:
 - a ``metadata.jsonl`` (or ``metadata.csv``) beside the images, a row per image with its ``file_name`` (a path
   relative to the metadata's folder) and its caption in ``data.caption_field`` (default: the first of ``text``,
   ``caption``, ``prompt`` the rows have): what ``datasets.load_dataset("imagefolder")`` reads;
-- else a ``.txt`` file beside each image holding its caption (the kohya / SimpleTuner layout).
+- else a ``.txt`` file beside each image holding its caption (the kohya / SimpleTuner layout);
+
+or a local HF dataset with an image column (a ``datasets.Image`` feature) and a caption column: a ``save_to_disk``
+folder (its ``data.split``), or ``.parquet``/``.arrow`` files, a glob of them (``data/records.py``). Its pictures
+are read by index from the memory-mapped Arrow files, one batch at a time, never all at once.
 
 An image without a caption, a metadata row naming a missing file, or a folder with neither layout is one line naming
 the file and what would work. Every image's header is checked once (the listing is kept in the data cache's index).
@@ -18,10 +22,12 @@ import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from bigtrain.data.images import IMAGE_SUFFIXES, centre_crop, resize_shorter
+from bigtrain.data.records import is_dataset_path, open_dataset
 from bigtrain.errors import ConfigError
 
 METADATA = ("metadata.jsonl", "metadata.csv")
@@ -30,15 +36,25 @@ CAPTION_FIELDS = ("text", "caption", "prompt")
 
 @dataclass(frozen=True)
 class Captioned:
-    """The folder's images and their captions, in file order."""
+    """The images and their captions, in the source's order."""
 
-    paths: list[Path]
+    paths: list[Path]  # the image files; of a HF dataset, its Arrow files (what the data cache is keyed by)
     captions: list[str]
-    layout: str  # "metadata.jsonl", "metadata.csv" or ".txt files"
+    layout: str  # "metadata.jsonl", "metadata.csv", ".txt files" or "HF dataset"
+    rows: Any = None  # a HF dataset whose image_column holds the pictures (None: each path is one)
+    image_column: str = ""
+
+    def picture(self, i: int) -> Any:
+        """The ``i``-th image as a PIL image (the caller closes it)."""
+        from PIL import Image
+
+        return Image.open(self.paths[i]) if self.rows is None else self.rows[i][self.image_column]
 
 
-def list_captioned(key: str, folder: Path, caption_field: str | None = None) -> Captioned:
-    """Every image of ``folder`` with its caption (module docstring)."""
+def list_captioned(key: str, folder: Path, caption_field: str | None = None, split: str = "train") -> Captioned:
+    """Every image of ``folder`` (or a HF dataset's) with its caption (module docstring)."""
+    if is_dataset_path(str(folder)):
+        return _from_dataset(key, str(folder), caption_field, split)
     for name in METADATA:
         if (folder / name).is_file():
             return _from_metadata(key, folder / name, caption_field)
@@ -98,6 +114,30 @@ def _from_metadata(key: str, path: Path, caption_field: str | None) -> Captioned
         paths.append(image)
         captions.append(caption.strip())
     return Captioned(paths, captions, path.name)
+
+
+def _from_dataset(key: str, path: str, caption_field: str | None, split: str) -> Captioned:
+    import datasets
+
+    data = open_dataset(key, path, split)
+    images = [name for name, feature in data.features.items() if isinstance(feature, datasets.Image)]
+    if not images:
+        raise ConfigError(
+            f"{key}={path!r} has no image column (a datasets.Image feature); its columns are "
+            f"{', '.join(data.column_names)}: cast the pictures' column with datasets.Image()"
+        )
+    field = caption_field or next((f for f in CAPTION_FIELDS if f in data.column_names), None)
+    if field is None:
+        raise ConfigError(
+            f"{key}={path!r} has no caption column ({', '.join(CAPTION_FIELDS)}); its columns are "
+            f"{', '.join(data.column_names)}"
+        )
+    captions = data[field]
+    for number, caption in enumerate(captions):
+        if not isinstance(caption, str) or not caption.strip():
+            raise ConfigError(f"{key}={path!r}: record {number} has no caption in {field!r}")
+    files = sorted({Path(f["filename"]) for f in data.cache_files})
+    return Captioned(files, [c.strip() for c in captions], "HF dataset", data, images[0])
 
 
 def square_pixels(image: torch.Tensor, side: int) -> torch.Tensor:

@@ -158,14 +158,16 @@ def read_encoded(
     """The folder ``path``'s images and captions through ``pipeline``'s frozen parts, from the data cache (built
     now if no process has): (what they made, the cache's line, the VAE's config)."""
     from bigtrain.data.captioned_images import list_captioned
+    from bigtrain.data.records import is_dataset_path
 
     folder = Path(path)
-    if not folder.is_dir():
+    if not folder.is_dir() and not is_dataset_path(path):
         raise ConfigError(
-            f"{key}={path!r} is not a folder; give a folder of images with a metadata.jsonl (file_name and text per "
-            "row) or a .txt caption beside each image"
+            f"{key}={path!r} is neither a folder nor a HF dataset; give a folder of images with a metadata.jsonl "
+            "(file_name and text per row) or a .txt caption beside each image, or a HF dataset with an image column "
+            "(a save_to_disk folder, .parquet or .arrow files)"
         )
-    listed = list_captioned(key, folder)
+    listed = list_captioned(key, folder, split=data_cfg.split)
     parts = {
         "source": cache.files_identity(listed.paths),
         "captions": listed.captions,
@@ -179,7 +181,7 @@ def read_encoded(
 
     found = cache.entry(cache.cache_dir_of(data_cfg), "encoded-images", key, parts, build)
     meta = found.meta
-    n = len(listed.paths)
+    n = len(listed.captions)
     shapes = meta["shapes"]
     arrays = [np.lib.format.open_memmap(found.folder / f, mode="r") for f in FILES]
     for name, array in zip(FILES, arrays, strict=True):
@@ -200,13 +202,12 @@ def _encode(listed: Any, pipeline: Path, image_size: int, text_len: int, out: Pa
     """Every image through the VAE and every caption through the text encoders, written to ``out``."""
     with quiet_pipeline():
         from diffusers import FluxPipeline
-    from PIL import Image
 
     from bigtrain.data.captioned_images import square_pixels
     from bigtrain.data.pixels import rgb_array
 
-    def pixels_of(path: Path) -> torch.Tensor:
-        with Image.open(path) as image:
+    def pixels_of(i: int) -> torch.Tensor:
+        with listed.picture(i) as image:
             array = np.ascontiguousarray(rgb_array(image))
         return square_pixels(torch.from_numpy(array).permute(2, 0, 1), image_size)
 
@@ -215,7 +216,7 @@ def _encode(listed: Any, pipeline: Path, image_size: int, text_len: int, out: Pa
     with quiet_pipeline():
         pipe = FluxPipeline.from_pretrained(str(pipeline), transformer=None, dtype=dtype, local_files_only=True)
     pipe.to(device)
-    n = len(listed.paths)
+    n = len(listed.captions)
     tokenizer = pipe.tokenizer_2
     with quiet_pipeline():  # the tokenizer's note on rows longer than its model's: counted here
         cut = sum(len(tokenizer(c).input_ids) > text_len for c in listed.captions)
@@ -223,7 +224,7 @@ def _encode(listed: Any, pipeline: Path, image_size: int, text_len: int, out: Pa
     with torch.no_grad():
         for start in cache.counted(range(0, n, ENCODE_BATCH), "data.path", "encoding", f"x{ENCODE_BATCH} images"):
             end = min(n, start + ENCODE_BATCH)
-            pixels = torch.stack([pixels_of(p) for p in listed.paths[start:end]])
+            pixels = torch.stack([pixels_of(i) for i in range(start, end)])
             dist = pipe.vae.encode(pixels.to(device, dtype)).latent_dist
             moments = torch.stack([dist.mean, dist.logvar], dim=1).float().cpu().numpy()
             with quiet_pipeline():

@@ -112,6 +112,19 @@ def _data_files(key: str, path: str) -> tuple[str, list[str]]:
 
 
 def _hf_dataset(key: str, path: str, split: str) -> Iterator[Record]:
+    for i, record in enumerate(open_dataset(key, path, split)):
+        yield f"record {i}", record
+
+
+def is_dataset_path(path: str) -> bool:
+    """Whether ``path`` names a local HF dataset: a save_to_disk folder, or data files (a glob or a file)."""
+    p = Path(path)
+    return is_glob(path) or (p.is_dir() and _is_saved_dataset(p)) or (p.is_file() and p.suffix in DATASET_SUFFIXES)
+
+
+def open_dataset(key: str, path: str, split: str) -> Any:
+    """A local HF dataset as a ``datasets.Dataset`` (memory-mapped Arrow, read by index): a ``save_to_disk`` folder
+    (its ``split`` where it holds several), or data files as one split."""
     import datasets
 
     try:  # (every rank reads the files itself; datasets' file locks serialise building its cache)
@@ -133,8 +146,7 @@ def _hf_dataset(key: str, path: str, split: str) -> Iterator[Record]:
                 f"{key}={path!r} has splits {', '.join(data)} but not data.split={split!r}; set data.split to one"
             )
         data = data[split]
-    for i, record in enumerate(data):
-        yield f"record {i}", record
+    return data
 
 
 def _read_utf8(key: str, path: Path) -> str:
