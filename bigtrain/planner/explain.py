@@ -250,6 +250,8 @@ def render_table(
         lines += [note] if note else []
         if fitting[0].method != "full" and model.lm_notes:
             lines.append(adapter_note(fitting[0], candidates, model.stats, workload))
+        if model.choice_note is not None:
+            lines += model.choice_note(fitting[0], cluster)
         lines += sync_note(fitting[0], runnable, cluster)
         lines += rollout_note(fitting[0], workload)  # online RL: each phase's time and peak
         for capability in CAPABILITIES:  # what the records say of the choice (a reference model's placement)

@@ -35,7 +35,8 @@ class PlannedModel:
     - ``model_parallel``: its terms model tp, pp and cp (else the search lays out data parallelism only);
     - ``describes(plan)``: whether its terms describe a plan (None: every plan the search makes);
     - ``headline(stats, workload)``: the table's words for the model; ``summary(stats)``: the JSON's;
-    - ``scaling_view``: the plan table shows the scaling from one GPU (``scaling.py``) without being asked.
+    - ``scaling_view``: the plan table shows the scaling from one GPU (``scaling.py``) without being asked;
+    - ``choice_note(candidate, cluster) -> lines``: what the model says under the table of the chosen plan.
     """
 
     stats: Any
@@ -52,6 +53,7 @@ class PlannedModel:
     # said under the table where a GPU's measurement contradicted the time model for this kind of job, until the
     # model is corrected (its step times are then marked unchecked); None: nothing contradicted it
     time_note: str | None = None
+    choice_note: Callable[[Any, Cluster], list[str]] | None = None
 
     @property
     def facts(self) -> ModelFacts:

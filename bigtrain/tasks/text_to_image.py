@@ -187,15 +187,29 @@ def planner(model_config: dict[str, Any], workload: Any) -> Any:
     base = planned.headline
     bytes_each = 2 if workload.mixed_precision != "fp32" else 4
     parts = ", ".join(f"{name} {count / 1e9:.2f}B" for name, count in frozen)
-    held = sum(count for _, count in frozen) * bytes_each / 2**30
+    held = sum(count for _, count in frozen) * bytes_each
 
     def headline(stats: Any, workload: Any) -> str:
         return (
             f"{base(stats, workload)}\n  cached in the data: the outputs of the frozen text encoders and VAE ({parts}"
-            f" params);\n  held on each GPU instead, they would add {held:.1f} GiB to every plan's peak"
+            f" params);\n  held on each GPU instead, they would add {held / 2**30:.1f} GiB to every plan's peak"
         )
 
-    return dataclasses.replace(planned, headline=headline)
+    def choice_note(candidate: Any, cluster: Any) -> list[str]:
+        """Whether the chosen plan would fit with the frozen parts on each GPU (their bytes and the margin's share)."""
+        import textwrap
+
+        from bigtrain.planner.memory_terms import MARGIN_FRACTION
+
+        need, have = candidate.memory.budget_bytes + int(held * (1 + MARGIN_FRACTION)), cluster.gpu.memory_bytes
+        verdict = "it fits because their outputs are cached" if need > have else "it would fit either way"
+        words = (
+            f"with the frozen parts on each GPU instead of cached, this plan would need {need / 2**30:.1f} GiB "
+            f"(peak + margin) of {have / 2**30:.1f} GiB: {verdict}"
+        )
+        return textwrap.fill(words, 118, initial_indent="  ", subsequent_indent="    ").splitlines()
+
+    return dataclasses.replace(planned, headline=headline, choice_note=choice_note)
 
 
 def facts(hf_config: Any) -> dict[str, bool]:

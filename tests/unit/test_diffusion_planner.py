@@ -16,6 +16,8 @@ def test_the_docs_commands_flux_fits_four_a100s_fully_and_one_l40s_with_lora(cli
     # what the cache saves: ZeRO-2's 69.0 GiB peak plus the frozen parts' 9.3 GiB would leave no margin
     assert "fsdp2 zero2 dp=4 tp=1 pp=1 ac=none mb=1 rs=micro      69.0       77.4" in fits.stdout
     assert "they would add 9.3 GiB to every plan's peak" in fits.stdout
+    said = " ".join(fits.stdout.split())  # the note under the table, as one line
+    assert "this plan would need 87.5 GiB (peak + margin) of 79.2 GiB: it fits because their outputs are cached" in said
     adapted = cli_in_process(lora.split()[1:])
     assert adapted.returncode == 0, adapted.stderr
     assert "* lora ddp dp=1 tp=1 pp=1 ac=none mb=1                       30.1       34.6" in adapted.stdout
