@@ -38,7 +38,9 @@ def is_text_to_image(folder: str | Path) -> bool:
 def _recipe(folder: Path) -> dict[str, Any]:
     import yaml
 
-    file = folder / "recipe.yaml"
+    from bigtrain.checkpoint.layout import RECIPE
+
+    file = folder / RECIPE
     return (yaml.safe_load(file.read_text()) or {}) if file.is_file() else {}
 
 

@@ -15,10 +15,11 @@ Memory of rank 0 (Ψ parameters, N data-parallel ranks, a bytes of the compute d
 - FSDP2: 12Ψ/N of sharded weights and AdamW states; in backward, block by block from the last, the activations not
   yet released (weights cast, the ``cast`` regime; each block's measured share released as its backward ends), the
   gathered units (the root's own throughout; under zero_stage 2 every block not yet through backward, which it keeps
-  gathered from forward; under 3 the block computing and the one prefetched), the block's unsharded fp32 gradient
-  being reduced and, when accumulating, the sharded fp32 gradients (4Ψ/N); at the optimizer step the gradients and
-  AdamW's foreach temporary (8Ψ/N). Backward's peak is where these sum largest: its start for equal blocks; FLUX's
-  large double-stream blocks come first, so its peak is among the single-stream ones backward starts with;
+  gathered from forward; under 3 the block computing and the one prefetched), the previous block's unsharded fp32
+  gradient being reduced, and the sharded fp32 gradients: of the blocks through backward, or all of them (4Ψ/N) when
+  accumulating; at the optimizer step the gradients and AdamW's foreach temporary (8Ψ/N). Backward's peak is where
+  these sum largest: its start for equal blocks; FLUX's large double-stream blocks come first, so its peak is among
+  the single-stream ones backward starts with;
 - DeepSpeed: as ``deepspeed_memory.py`` counts it for LMs (compute-dtype weights whole under ZeRO-1/2 and a
   partition under 3, 12Ψ/N of master weights and states, a gradient partition, every gradient under ZeRO-1 at the
   end of backward, every gathered weight alive under ZeRO-3 up to its live-parameter limit).
@@ -132,6 +133,7 @@ def _fsdp2_backward(
     grad = 0.0 if a == 4 else 4 * t / psi  # fp32 training reduces the gradient it computed: no copy
     acts = stats.activations(regime, b, checkpointed)
     per_example = acts - stats.activations(regime, 0, checkpointed)
+    sharded_per_param = 4 * t / psi / n if n else 0.0  # a block's sharded fp32 gradient, per parameter
     moments = []
     for k in reversed(range(-1, len(units))):  # -1: every block through backward, the root's own next
         released = per_example * sum(shares[k + 1 :])
@@ -142,10 +144,10 @@ def _fsdp2_backward(
         else:
             blocks = units[k] + (units[k - 1] if k else 0)
         reduced = units[k + 1] if k + 1 < len(units) else 0  # the later block's, its activations released
-        sharded = 4 * t / psi * sum(units[k + 1 :]) / n if n else 0.0
-        moments.append((acts - released, a * (root + blocks) + grad * reduced + sharded))
+        done = sharded_per_param * sum(units[k + 1 :])
+        moments.append((acts - released, a * (root + blocks) + grad * reduced + done))
     # the root's gradient comes last, when the activations are gone
-    moments.append((0.0, a * root + grad * root + (4 * t / psi * sum(units) / n if n else 0.0)))
+    moments.append((0.0, a * root + grad * root + sharded_per_param * sum(units)))
     return moments
 
 

@@ -19,8 +19,6 @@ class ClassifierStats:
     task: str  # model.task (image-classification, sequence-classification)
     unit: str  # what throughput counts: images or examples
     params: int
-    largest_unit: int  # parameters of the largest FSDP2 unit (a block of _no_split_modules, or the root's own)
-    blocks: int  # the repeated blocks FSDP2 shards and checkpointing wraps (0: none found)
     convolutional: bool  # convolutions throughout (ResNet, ConvNeXt), not only a patch embedding (ViT): its
     # achievable FLOP rate is lower and it trains channels-last (planner/classifier_plan.py)
     batch_norm: bool
@@ -40,6 +38,16 @@ class ClassifierStats:
     adapted: tuple[tuple[int, int], ...] = ()
     head_params: int = 0
     facts: ModelFacts | None = None  # what the capability table reads of the model (which plans may run)
+
+    @property
+    def blocks(self) -> int:
+        """The repeated blocks FSDP2 shards and checkpointing wraps (0: none found)."""
+        return len(self.units)
+
+    @property
+    def largest_unit(self) -> int:
+        """Parameters of the largest FSDP2 unit: a block, or the root's own (all but the blocks')."""
+        return max([*self.units, self.params - sum(self.units)])
 
     def lora_params(self, rank: int) -> int:
         """Parameters LoRA trains at this rank: the adapters (r x (in + out) each) and the head."""
