@@ -65,16 +65,20 @@ def pipeline_folder(root: Path, seed: int = 0) -> Path:
     return root / "pipeline"
 
 
-def captioned_folder(root: Path, count: int = 8, seed: int = 0, shape: tuple[int, int] = (20, 24)) -> Path:
-    """``count`` random pictures of ``shape`` (height, width) px in ``root/images`` with a metadata.jsonl."""
+def captioned_folder(
+    root: Path, count: int = 8, seed: int = 0, shape: tuple[int, int] | list[tuple[int, int]] = (20, 24)
+) -> Path:
+    """``count`` random pictures of ``shape`` (height, width) px in ``root/images`` with a metadata.jsonl (of a
+    list of shapes: picture i of the i-th, cycling)."""
     from PIL import Image
 
     rng = np.random.default_rng(seed)
+    shapes = shape if isinstance(shape, list) else [shape]
     folder = root / "images"
     folder.mkdir(parents=True)
     rows = []
     for i in range(count):
-        pixels = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+        pixels = rng.integers(0, 256, (*shapes[i % len(shapes)], 3), dtype=np.uint8)
         Image.fromarray(pixels).save(folder / f"{i}.png")
         rows.append({"file_name": f"{i}.png", "text": f"a picture number {i} of {'red ' * (i % 3)}things"})
     (folder / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -7,7 +7,8 @@ model's picture). A run's folder holds its ``recipe.yaml``, which names the pipe
 text tokens (``data.seq_len``) and the guidance it gave a guidance-distilled transformer (``train.guidance_scale``),
 and ``model/`` (a transformer trained fully: it replaces the pipeline's) or ``adapter/`` (LoRA weights, read by the
 pipeline's own ``load_lora_weights``). diffusers' pipeline then denoises ``--steps`` times from noise seeded by
-``--seed``, on the GPU in bf16 where there is one, else on the CPU in fp32.
+``--seed``, on the GPU in bf16 where there is one, else on the CPU in fp32. ``--size WxH`` draws another width and
+height than the run's square (a run with ``data.aspect_buckets`` trained at its buckets' sizes).
 """
 
 from __future__ import annotations
@@ -27,6 +28,21 @@ def add_image_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help=f"text-to-image: steps ({DEFAULT_STEPS})")
     parser.add_argument("--seed", type=int, default=0, help="text-to-image: the starting noise's seed (0)")
     parser.add_argument("--pipeline", help="text-to-image: the pipeline folder, where the run's recipe's has moved")
+    parser.add_argument("--size", help="text-to-image: WIDTHxHEIGHT px (the run's data.image_size square)")
+
+
+def picture_size(size: str | None, multiple: int) -> tuple[int, int] | None:
+    """``--size`` as (width, height), each a multiple of what the pipeline's latents and patches tile."""
+    if size is None:
+        return None
+    parts = size.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ConfigError(f"--size {size}: give WIDTHxHEIGHT in px, e.g. 640x384")
+    width, height = int(parts[0]), int(parts[1])
+    if width % multiple or height % multiple:
+        near = "x".join(str(max(multiple, round(v / multiple) * multiple)) for v in (width, height))
+        raise ConfigError(f"--size {size}: the pipeline draws multiples of {multiple} px; try {near}")
+    return width, height
 
 
 def is_text_to_image(folder: str | Path) -> bool:
@@ -73,9 +89,12 @@ def load_pipeline(folder: Path, pipeline: str | None) -> tuple[Any, dict[str, An
     return pipe.to("cuda" if torch.cuda.is_available() else "cpu"), recipe
 
 
-def picture(pipe: Any, recipe: dict[str, Any], prompt: str, steps: int, seed: int) -> Any:
-    """The pipeline's PIL picture for ``prompt`` at the side and text tokens the run trained with (the pipeline's
-    defaults for a pipeline folder); a prompt longer than those tokens is cut, and one line says so."""
+def picture(
+    pipe: Any, recipe: dict[str, Any], prompt: str, steps: int, seed: int, size: tuple[int, int] | None = None
+) -> Any:
+    """The pipeline's PIL picture for ``prompt`` at ``size`` (width, height), else the side the run trained with,
+    and the text tokens it trained with (the pipeline's defaults for a pipeline folder); a prompt longer than those
+    tokens is cut, and one line says so."""
     import sys
 
     import torch
@@ -84,6 +103,8 @@ def picture(pipe: Any, recipe: dict[str, Any], prompt: str, steps: int, seed: in
 
     data, train = recipe.get("data", {}), recipe.get("train", {})
     sizes = {"height": data["image_size"], "width": data["image_size"]} if data.get("image_size") else {}
+    if size is not None:
+        sizes = {"width": size[0], "height": size[1]}
     if data.get("seq_len"):
         sizes["max_sequence_length"] = data["seq_len"]
         tokenizer = getattr(pipe, "tokenizer_2", None) or pipe.tokenizer  # FLUX's T5 reads the long prompt
@@ -111,8 +132,10 @@ def run_image_command(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.suffix.lower() not in (".png", ".jpg", ".jpeg", ".webp"):
         raise ConfigError(f"--out {args.out}: name a picture file (.png, .jpg or .webp)")
+    picture_size(args.size, 1)  # its form, before the pipeline loads
     pipe, recipe = load_pipeline(Path(args.folder), args.pipeline)
-    image = picture(pipe, recipe, args.prompt, args.steps, args.seed)
+    size = picture_size(args.size, 2 * pipe.vae_scale_factor)  # FLUX packs 2 x 2 latents
+    image = picture(pipe, recipe, args.prompt, args.steps, args.seed, size)
     out.parent.mkdir(parents=True, exist_ok=True)
     image.save(out)
     print(f"generate: wrote {out} ({image.width}x{image.height} px, {args.steps} steps, seed {args.seed})", flush=True)

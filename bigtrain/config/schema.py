@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args
 
 from bigtrain.config.diffusion_keys import DiffusionKeys
 from bigtrain.config.embedding_keys import EmbeddingKeys
+from bigtrain.config.image_keys import ImageDataKeys
 from bigtrain.config.online_rl import GrpoKeys, RolloutConfig
 from bigtrain.config.schema_fields import doc, recipe_key
 
@@ -77,7 +78,7 @@ class ModelConfig:
 
 
 @dataclass
-class DataConfig:
+class CoreDataKeys:
     path: str = doc(
         "Tokenised .npy [num_sequences, seq_len], token .bin (flat ids of data.token_dtype, or Megatron's .bin with "
         "its .idx), .jsonl (one record per line), .txt, a local HF dataset (a "
@@ -163,37 +164,11 @@ class DataConfig:
         "Classification: the field (or HF dataset column) holding each example's label, a class name or an index.",
         default="label",
     )
-    image_field: str = doc(
-        "Image classification: the HF dataset column holding the image; image-text-to-text: the column holding each "
-        "conversation's images, in the order of its image placeholders (when its messages do not name them).",
-        default="image",
-    )
-    processor: str | None = doc(
-        "Image-text-to-text: the local folder of the model's processor (image processor, tokenizer, chat template); "
-        "unset: the model folder.",
-        default=None,
-    )
-    min_pixels: int | None = doc(
-        "Image-text-to-text, families with dynamic resolution (Qwen-VL): the fewest pixels an image is resized to; "
-        "unset: the processor's own.",
-        default=None,
-    )
-    max_pixels: int | None = doc(
-        "Image-text-to-text, families with dynamic resolution (Qwen-VL): the most pixels an image is resized to "
-        "(its image tokens grow with them); unset: the processor's own.",
-        default=None,
-    )
-    image_size: int | None = doc(
-        "Image classification: the side of the square the model sees, in pixels; unset: the model folder's image "
-        "processor's (preprocessor_config.json), else the model config's image_size (ViT's); else it is needed.",
-        default=None,
-    )
-    augment: Literal["crop_flip", "none"] = doc(
-        "Image classification: crop_flip (torchvision's reference training: random-resized crop and horizontal "
-        "flip, seeded per image and epoch, the same whatever the plan) or none (resize and centre crop, as "
-        "evaluation).",
-        default="crop_flip",
-    )
+
+
+@dataclass
+class DataConfig(ImageDataKeys, CoreDataKeys):
+    """The ``data`` section: the core keys, then the image keys (``config/image_keys.py``)."""
 
 
 @dataclass

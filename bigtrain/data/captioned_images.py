@@ -13,7 +13,8 @@ are read by index from the memory-mapped Arrow files, one batch at a time, never
 An image without a caption, a metadata row naming a missing file, or a folder with neither layout is one line naming
 the file and what would work. Every image's header is checked once (the listing is kept in the data cache's index).
 Pixels are made as the scripts make them: the shorter side resized to ``data.image_size`` (bilinear), the centre
-cropped square, scaled to [-1, 1].
+cropped square, scaled to [-1, 1]; or, with ``data.aspect_buckets``, resized to cover the bucket nearest the
+image's aspect ratio and cropped to it (``data/aspect_buckets.py``).
 """
 
 from __future__ import annotations
@@ -24,9 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from bigtrain.data.images import IMAGE_SUFFIXES, centre_crop, resize_shorter
+from bigtrain.data.images import IMAGE_SUFFIXES
 from bigtrain.data.records import is_dataset_path, open_dataset
 from bigtrain.errors import ConfigError
 
@@ -138,8 +137,3 @@ def _from_dataset(key: str, path: str, caption_field: str | None, split: str) ->
             raise ConfigError(f"{key}={path!r}: record {number} has no caption in {field!r}")
     files = sorted({Path(f["filename"]) for f in data.cache_files})
     return Captioned(files, [c.strip() for c in captions], "HF dataset", data, images[0])
-
-
-def square_pixels(image: torch.Tensor, side: int) -> torch.Tensor:
-    """[C, H, W] uint8 -> [C, side, side] float in [-1, 1]: the shorter side resized, the centre cropped."""
-    return centre_crop(resize_shorter(image, side), side) * 2.0 - 1.0

@@ -41,7 +41,8 @@ from bigtrain.data.noising import (
 from bigtrain.errors import ConfigError
 
 ENCODE_BATCH = 8  # images (captions) through the frozen parts at once
-FILES = ("moments.npy", "prompt_embeds.npy", "pooled.npy")
+TEXT_FILES = ("prompt_embeds.npy", "pooled.npy")
+BUCKETS = "buckets.npy"
 
 
 @dataclass(frozen=True)
@@ -80,10 +81,22 @@ class DenoiseBatch:
 class Encoded:
     """What the frozen parts made of a folder (``encode``), mapped from the data cache."""
 
-    moments: np.ndarray  # [N, 2, C, h, w] fp32: the VAE's mean and log-variance
+    moments: tuple[np.ndarray, ...]  # per bucket, [n, 2, C, h, w] fp32: the VAE's mean and log-variance
     prompt_embeds: np.ndarray  # [N, L, D] fp32
     pooled: np.ndarray  # [N, P] fp32
     captions_cut: int  # captions longer than L tokens
+    sizes: tuple[tuple[int, int], ...]  # each bucket's (width, height) in px: one square without data.aspect_buckets
+    bucket: np.ndarray  # [N] each image's bucket
+    slot: np.ndarray  # [N] each image's row in its bucket's moments
+
+    def described(self) -> str:
+        """How many images, of what side (or, in buckets, how many in each bucket's size)."""
+        n = len(self.pooled)
+        if len(self.sizes) == 1 and self.sizes[0][0] == self.sizes[0][1]:
+            return f"{n} captioned images of {self.sizes[0][0]} px"
+        counts = np.bincount(self.bucket, minlength=len(self.sizes))
+        held = ", ".join(f"{w}x{h}: {c}" for (w, h), c in zip(self.sizes, counts, strict=True) if c)
+        return f"{n} captioned images in buckets of {held.replace(':', ' px:', 1)}"
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,7 @@ class EncodedImages:
     index: np.ndarray | None = None
     train: bool = True  # draws keyed by the global position (training); False: by the example (fixed evaluations)
     cache_note: str | None = None
+    bucketed: bool = False  # data.aspect_buckets: each global batch from one bucket (``row_groups``)
 
     seq_len = 1  # one example per row
     positions = None
@@ -113,6 +127,13 @@ class EncodedImages:
     def examples(self) -> int:
         return self.num_rows
 
+    @property
+    def row_groups(self) -> np.ndarray | None:
+        """Each row's aspect-ratio bucket (a global batch is drawn from one), or None without buckets."""
+        if not self.bucketed:
+            return None
+        return self.encoded.bucket if self.index is None else self.encoded.bucket[self.index]
+
     def at(self, rows: np.ndarray) -> np.ndarray:
         return rows if self.index is None else self.index[rows]
 
@@ -124,10 +145,14 @@ class EncodedImages:
         global order; None or an evaluation: the example's own index)."""
         at = self.at(rows)
         keys = at if seen is None or not self.train else seen
+        buckets = np.unique(self.encoded.bucket[at])
+        if len(buckets) != 1:  # the order draws each batch from one bucket: a broken invariant, not bad input
+            raise RuntimeError(f"a micro-batch of images from {len(buckets)} aspect-ratio buckets")
+        moments = self.encoded.moments[int(buckets[0])]
         latents, noise, sigmas = [], [], []
         for k, i in enumerate(at):
             g = example_generator(self.seed, int(keys[k]))
-            mean, logvar = torch.from_numpy(np.array(self.encoded.moments[i])).unbind(0)
+            mean, logvar = torch.from_numpy(np.array(moments[self.encoded.slot[i]])).unbind(0)
             std = torch.exp(0.5 * logvar.clamp(-30.0, 20.0))
             sample = mean + std * torch.randn(mean.shape, generator=g)
             latents.append((sample - self.shift_factor) * self.scaling_factor)
@@ -153,10 +178,11 @@ class EncodedImages:
 
 
 def read_encoded(
-    data_cfg: Any, key: str, path: str, pipeline: str, image_size: int, text_len: int
+    data_cfg: Any, key: str, path: str, pipeline: str, sizes: list[tuple[int, int]], text_len: int
 ) -> tuple[Encoded, str, dict[str, Any]]:
     """The folder ``path``'s images and captions through ``pipeline``'s frozen parts, from the data cache (built
-    now if no process has): (what they made, the cache's line, the VAE's config)."""
+    now if no process has): (what they made, the cache's line, the VAE's config). ``sizes``: the buckets' (width,
+    height), one square without buckets."""
     from bigtrain.data.captioned_images import list_captioned
     from bigtrain.data.records import is_dataset_path
 
@@ -172,22 +198,33 @@ def read_encoded(
         "source": cache.files_identity(listed.paths),
         "captions": listed.captions,
         "pipeline": cache.files_identity(_frozen_files(Path(pipeline))),
-        "image_size": image_size,
+        "sizes": [list(size) for size in sizes],
         "text_len": text_len,
     }
 
     def build(out: Path) -> dict[str, Any]:
-        return _encode(listed, Path(pipeline), image_size, text_len, out)
+        return _encode(listed, Path(pipeline), sizes, text_len, out)
 
     found = cache.entry(cache.cache_dir_of(data_cfg), "encoded-images", key, parts, build)
-    meta = found.meta
-    n = len(listed.captions)
-    shapes = meta["shapes"]
-    arrays = [np.lib.format.open_memmap(found.folder / f, mode="r") for f in FILES]
-    for name, array in zip(FILES, arrays, strict=True):
-        assert list(array.shape) == [n, *shapes[name]], (name, array.shape)
-    encoded = Encoded(*arrays, captions_cut=int(meta["captions_cut"]))
+    meta, n = found.meta, len(listed.captions)
+    bucket = np.load(found.folder / BUCKETS)
+    counts = np.bincount(bucket, minlength=len(sizes))
+    slot = np.empty(n, dtype=np.int64)
+    for k, count in enumerate(counts):
+        slot[bucket == k] = np.arange(count)
+    moments = tuple(
+        np.lib.format.open_memmap(found.folder / moments_file(k), mode="r") if count else np.empty(0, np.float32)
+        for k, count in enumerate(counts)
+    )  # fmt: skip
+    text = [np.lib.format.open_memmap(found.folder / f, mode="r") for f in TEXT_FILES]
+    for name, array in zip(TEXT_FILES, text, strict=True):
+        assert list(array.shape) == [n, *meta["shapes"][name]], (name, array.shape)
+    encoded = Encoded(moments, *text, int(meta["captions_cut"]), tuple(sizes), bucket, slot)
     return encoded, found.note(key), meta["vae"]
+
+
+def moments_file(bucket: int) -> str:
+    return f"moments-{bucket}.npy"
 
 
 def _frozen_files(pipeline: Path) -> list[Path]:
@@ -198,18 +235,33 @@ def _frozen_files(pipeline: Path) -> list[Path]:
     )  # fmt: skip
 
 
-def _encode(listed: Any, pipeline: Path, image_size: int, text_len: int, out: Path) -> dict[str, Any]:
-    """Every image through the VAE and every caption through the text encoders, written to ``out``."""
+def _buckets_of(listed: Any, sizes: list[tuple[int, int]]) -> np.ndarray:
+    """Each image's bucket: the one nearest its aspect ratio (its header read), or the one square."""
+    from bigtrain.data.aspect_buckets import nearest_bucket
+
+    n = len(listed.captions)
+    if len(sizes) == 1:
+        return np.zeros(n, dtype=np.int64)
+    out = np.empty(n, dtype=np.int64)
+    for i in cache.counted(range(n), "data.path", "reading sizes", "images"):
+        with listed.picture(i) as image:
+            out[i] = nearest_bucket(*image.size, sizes)
+    return out
+
+
+def _encode(listed: Any, pipeline: Path, sizes: list[tuple[int, int]], text_len: int, out: Path) -> dict[str, Any]:
+    """Every image through the VAE (at its bucket's size) and every caption through the text encoders, written to
+    ``out``: each bucket's latent moments, every caption's embeddings, each image's bucket."""
     with quiet_pipeline():
         from diffusers import FluxPipeline
 
-    from bigtrain.data.captioned_images import square_pixels
+    from bigtrain.data.aspect_buckets import fitted_pixels
     from bigtrain.data.pixels import rgb_array
 
-    def pixels_of(i: int) -> torch.Tensor:
+    def pixels_of(i: int, size: tuple[int, int]) -> torch.Tensor:
         with listed.picture(i) as image:
             array = np.ascontiguousarray(rgb_array(image))
-        return square_pixels(torch.from_numpy(array).permute(2, 0, 1), image_size)
+        return fitted_pixels(torch.from_numpy(array).permute(2, 0, 1), size)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -220,24 +272,35 @@ def _encode(listed: Any, pipeline: Path, image_size: int, text_len: int, out: Pa
     tokenizer = pipe.tokenizer_2
     with quiet_pipeline():  # the tokenizer's note on rows longer than its model's: counted here
         cut = sum(len(tokenizer(c).input_ids) > text_len for c in listed.captions)
+    bucket = _buckets_of(listed, sizes)
+    np.save(out / BUCKETS, bucket)
+    # chunks of a bucket's images: (bucket, their indices, where they go in the bucket's moments)
+    chunks = [
+        (k, rows[start : start + ENCODE_BATCH], start)
+        for k in range(len(sizes)) for rows in [np.flatnonzero(bucket == k)]
+        for start in range(0, len(rows), ENCODE_BATCH)
+    ]  # fmt: skip
     files: dict[str, Any] = {}
+
+    def write(name: str, rows: int, value: np.ndarray, at: Any) -> None:
+        if name not in files:
+            files[name] = np.lib.format.open_memmap(
+                out / name, mode="w+", dtype=np.float32, shape=(rows, *value.shape[1:])
+            )
+        files[name][at] = value
+
     with torch.no_grad():
-        for start in cache.counted(range(0, n, ENCODE_BATCH), "data.path", "encoding", f"x{ENCODE_BATCH} images"):
-            end = min(n, start + ENCODE_BATCH)
-            pixels = torch.stack([pixels_of(i) for i in range(start, end)])
+        for k, rows, start in cache.counted(chunks, "data.path", "encoding", f"x{ENCODE_BATCH} images"):
+            pixels = torch.stack([pixels_of(int(i), sizes[k]) for i in rows])
             dist = pipe.vae.encode(pixels.to(device, dtype)).latent_dist
             moments = torch.stack([dist.mean, dist.logvar], dim=1).float().cpu().numpy()
+            write(moments_file(k), int((bucket == k).sum()), moments, slice(start, start + len(rows)))
             with quiet_pipeline():
                 embeds, pooled, _ = pipe.encode_prompt(
-                    listed.captions[start:end], None, device=device, max_sequence_length=text_len
+                    [listed.captions[i] for i in rows], None, device=device, max_sequence_length=text_len
                 )
-            made = (moments, embeds.float().cpu().numpy(), pooled.float().cpu().numpy())
-            for name, value in zip(FILES, made, strict=True):
-                if name not in files:
-                    files[name] = np.lib.format.open_memmap(
-                        out / name, mode="w+", dtype=np.float32, shape=(n, *value.shape[1:])
-                    )
-                files[name][start:end] = value
+            for name, value in zip(TEXT_FILES, (embeds, pooled), strict=True):
+                write(name, n, value.float().cpu().numpy(), rows)
     for array in files.values():
         array.flush()
     vae = {k: pipe.vae.config[k] for k in ("scaling_factor", "shift_factor", "block_out_channels")}

@@ -124,18 +124,26 @@ class EvalLoader(RankReader):
 
     Every rank runs the same number of forwards of the training step's shape (FSDP2's gathers and a pipeline
     schedule need that); the last chunk is filled with copies of row 0 whose labels are all ignored, so they add
-    nothing to the loss or the count. The sum over ranks of each chunk is therefore the same for every plan.
+    nothing to the loss or the count. The sum over ranks of each chunk is therefore the same for every plan. Rows in
+    groups (``row_groups``: image buckets) are chunked group by group, each group's last chunk filled with its own
+    first row.
     """
 
     global_batch_size: int = field(kw_only=True)
 
     def __iter__(self) -> Iterator[StepBatch]:
-        rows = self.data.num_rows
+        groups = getattr(self.data, "row_groups", None)  # rows of shapes that cannot share a batch: group by group
+        every = (
+            [np.arange(self.data.num_rows)]
+            if groups is None
+            else [np.flatnonzero(groups == g) for g in np.unique(groups)]
+        )
         per_rank = self.global_batch_size // self.dp_size
-        for start in range(0, rows, self.global_batch_size):
-            mine = np.arange(start, start + self.global_batch_size)[self.dp_rank * per_rank :][:per_rank]
-            index = mine.reshape(-1, self.micro_batch_size)
-            yield self._read(np.where(index < rows, index, 0), index >= rows)
+        for rows in every:
+            for start in range(0, len(rows), self.global_batch_size):
+                mine = np.arange(start, start + self.global_batch_size)[self.dp_rank * per_rank :][:per_rank]
+                index = mine.reshape(-1, self.micro_batch_size)
+                yield self._read(rows[np.where(index < len(rows), index, 0)], index >= len(rows))
 
 
 class _StepsFrom(IterableDataset):

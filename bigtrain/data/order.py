@@ -9,25 +9,40 @@ Rows of unequal cost (a conversation's images: the vision tower's work grows wit
 sliced: each step's rows go, costliest first, to the rank and micro-step with the least cost so far (``balanced``),
 so that no rank waits on one that drew the large images and no micro-batch holds all of them. The step's rows, and
 so its gradient, are the same; only who computes which changes.
+
+Rows of different shapes that cannot share a micro-batch (images in aspect-ratio buckets) are ordered by group
+instead: each global batch from one group (``data/aspect_buckets.py``, ``epoch_batches``).
 """
 
 from __future__ import annotations
 
 import heapq
+from typing import Any
 
 import numpy as np
+
+from bigtrain.data.aspect_buckets import batches_per_epoch, epoch_batches
 
 
 class GlobalOrder:
     def __init__(
-        self, num_rows: int, global_batch_size: int, shuffle: bool, seed: int, costs: np.ndarray | None = None
+        self,
+        num_rows: int,
+        global_batch_size: int,
+        shuffle: bool,
+        seed: int,
+        costs: np.ndarray | None = None,
+        groups: np.ndarray | None = None,
     ) -> None:
-        """``costs``: each row's cost to compute, when rows differ (see the module's docstring)."""
+        """``costs``: each row's cost to compute, when rows differ; ``groups``: each row's group, when a global batch
+        must come from one (see the module's docstring)."""
         self.num_rows = num_rows
         self.global_batch_size = global_batch_size
         self.shuffle = shuffle
         self.seed = seed
         self.costs = None if costs is None or len(np.unique(costs)) <= 1 else np.asarray(costs)
+        self.groups = groups
+        self.steps_per_epoch = 0 if groups is None else batches_per_epoch(groups, global_batch_size)
         self._perms: dict[int, np.ndarray] = {}
         self._dealt: tuple[tuple[int, int], list[np.ndarray]] | None = None  # the last step's bins (rows, positions)
 
@@ -36,8 +51,25 @@ class GlobalOrder:
             self._perms = {epoch: permutation(np.random.default_rng(self.seed + epoch), self.num_rows)}
         return self._perms[epoch]
 
+    @classmethod
+    def of_rows(cls, data: Any, global_batch_size: int, shuffle: bool, seed: int) -> GlobalOrder:
+        """The order of ``data``'s rows: dealt by cost where their costs differ (``row_costs``: images), drawn by
+        group where they cannot share a batch (``row_groups``: image buckets)."""
+        costs, groups = getattr(data, "row_costs", None), getattr(data, "row_groups", None)
+        return cls(data.num_rows, global_batch_size, shuffle, seed, costs, groups)
+
+    def _grouped_epoch(self, epoch: int) -> np.ndarray:
+        assert self.groups is not None
+        if epoch not in self._perms:
+            rng = np.random.default_rng(self.seed + epoch) if self.shuffle else None
+            self._perms = {epoch: epoch_batches(self.groups, self.global_batch_size, rng)}
+        return self._perms[epoch]
+
     def global_batch(self, step: int) -> np.ndarray:
         """Row indices of optimizer step ``step`` (0-based), length B."""
+        if self.groups is not None:
+            epoch, k = divmod(step, self.steps_per_epoch)
+            return self._grouped_epoch(epoch)[k]
         positions = np.arange(step * self.global_batch_size, (step + 1) * self.global_batch_size)
         epochs, within = np.divmod(positions, self.num_rows)
         if not self.shuffle:  # file order: the row is where the position falls in its epoch (no order array kept)

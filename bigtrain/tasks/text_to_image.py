@@ -50,9 +50,20 @@ def scheduler_shift(pipeline: Path) -> float:
     return 1.0 if settings.get("use_dynamic_shifting", False) else float(settings.get("shift", 1.0))
 
 
+def vae_blocks(pipeline: Path) -> int:
+    """The pipeline's VAE's blocks (it halves an image's side at each but the last)."""
+    file = pipeline / "vae" / "config.json"
+    if not file.is_file():
+        raise ConfigError(
+            f"model.name_or_path: {pipeline} has no vae/config.json; a text-to-image pipeline needs its VAE"
+        )
+    return len(json.loads(file.read_text())["block_out_channels"])
+
+
 def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
     """The captioned images of ``data.path`` through the pipeline's frozen parts, and the held-out ones
-    (``data.eval_path``, else ``data.eval_fraction`` of them)."""
+    (``data.eval_path``, else ``data.eval_fraction`` of them), in aspect-ratio buckets with ``data.aspect_buckets``."""
+    from bigtrain.data.aspect_buckets import bucket_sizes
     from bigtrain.data.encoded_images import EncodedImages, check_packable, read_encoded
     from bigtrain.data.held_out import with_held_out
     from bigtrain.data.noising import flow_of
@@ -60,16 +71,17 @@ def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
     pipeline = pipeline_folder(cfg)
     side = cfg.data.image_size or DEFAULT_IMAGE_SIZE
     text_len = cfg.data.seq_len or DEFAULT_TEXT_LEN
+    blocks = vae_blocks(pipeline)
+    check_packable("data.image_size", side, blocks)
+    sizes = bucket_sizes(side, 2**blocks) if cfg.data.aspect_buckets else [(side, side)]
     flow = flow_of(cfg.train, scheduler_shift(pipeline))
     guidance = cfg.train.guidance_scale if hf_config.init.get("guidance_embeds") else None
 
     def read(key: str, path: str) -> EncodedImages:
-        encoded, note, vae = read_encoded(cfg.data, key, path, str(pipeline), side, text_len)
-        check_packable("data.image_size", side, len(vae["block_out_channels"]))
-        where = f"{path} ({encoded.pooled.shape[0]} captioned images of {side} px)"
+        encoded, note, vae = read_encoded(cfg.data, key, path, str(pipeline), sizes, text_len)
         return EncodedImages(
             encoded, flow, float(vae["scaling_factor"]), float(vae.get("shift_factor") or 0.0), guidance,
-            cfg.train.seed, where, cache_note=note,
+            cfg.train.seed, f"{path} ({encoded.described()})", cache_note=note, bucketed=cfg.data.aspect_buckets,
         )  # fmt: skip
 
     data, held = with_held_out(cfg, read("data.path", cfg.data.path), read, "images")
@@ -78,7 +90,8 @@ def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
 
 
 def prepare(cfg: RecipeConfig, hf_config: Any, data: Any) -> Prepared:
-    """The captions cut, said (LoRA's default targets are the attention projections: ``config.hf.linear_names``)."""
+    """The captions cut, and what aspect-ratio buckets leave untrained, said (LoRA's default targets are the
+    attention projections: ``config.hf.linear_names``)."""
     notes = []
     cut = data.encoded.captions_cut
     if cut:
@@ -86,7 +99,39 @@ def prepare(cfg: RecipeConfig, hf_config: Any, data: Any) -> Prepared:
             f"data.path: {cut} caption(s) are longer than the text encoder's {cfg.data.seq_len or DEFAULT_TEXT_LEN} "
             "tokens and were cut (data.seq_len)"
         )
+    if data.row_groups is not None:
+        notes.extend(bucket_notes(data, cfg.train.global_batch_size))
     return Prepared(cfg, hf_config, tuple(notes))
+
+
+def bucket_notes(data: Any, batch: int) -> list[str]:
+    """Each global batch comes from one bucket: a bucket of fewer images than the batch never trains (an error if
+    none holds a batch), and each epoch leaves out each bucket's remainder."""
+    import numpy as np
+
+    sizes = data.encoded.sizes
+    counts = np.bincount(data.row_groups, minlength=len(sizes))
+    held = [(f"{w}x{h}", int(c)) for (w, h), c in zip(sizes, counts, strict=True) if c]
+    if all(c < batch for _, c in held):
+        raise ConfigError(
+            f"data.aspect_buckets: each global batch comes from one bucket, and no bucket holds train.global_batch_size"
+            f"={batch} images ({', '.join(f'{s}: {c}' for s, c in held)}); lower the global batch to at most "
+            f"{max(c for _, c in held)}, or set data.aspect_buckets: false"
+        )
+    notes = []
+    small = [(s, c) for s, c in held if c < batch]
+    if small:
+        notes.append(
+            f"data.aspect_buckets: {sum(c for _, c in small)} image(s) are never trained: their buckets hold fewer "
+            f"than a global batch ({batch}): {', '.join(f'{s}: {c}' for s, c in small)}"
+        )
+    left = sum(c % batch for _, c in held if c >= batch)
+    if left:
+        notes.append(
+            f"data.aspect_buckets: each epoch trains {sum(c // batch * batch for _, c in held)} of {data.num_rows} "
+            f"images, in whole global batches of one bucket; the {left} left over wait for a later epoch's shuffle"
+        )
+    return notes
 
 
 def check(cfg: RecipeConfig, hf_config: Any, data: Any, attention: str, is_main: bool) -> list[str]:
@@ -236,7 +281,14 @@ TASK = TextToImageSpec(
     synthetic=synthetic,
     count=classifiers.count_examples,
     peft_task_type=None,
-    keys=("data.path", "data.eval_path", "data.eval_fraction", "data.image_size", "data.seq_len"),
+    keys=(
+        "data.path",
+        "data.eval_path",
+        "data.eval_fraction",
+        "data.image_size",
+        "data.seq_len",
+        "data.aspect_buckets",
+    ),
     rules=RULES,
     example={
         "model_type": "flux_transformer",

@@ -299,9 +299,8 @@ class TrainingJob:
     def _step_loader(self, engine: Engine, micro: int) -> StepLoader:
         """Each step's micro-batches of this rank, read from the data in the global order."""
         cfg = self.cfg
-        costs = getattr(self.data, "row_costs", None)  # rows of unequal cost (images) are dealt, not sliced
         shuffle = cfg.data.shuffle and not getattr(self.data, "self_ordered", False)  # a blend orders itself
-        order = GlobalOrder(self.data.num_rows, self._batch, shuffle, cfg.train.seed, costs)
+        order = GlobalOrder.of_rows(self.data, self._batch, shuffle, cfg.train.seed)
         return StepLoader(
             self.data,
             engine.dp_rank,

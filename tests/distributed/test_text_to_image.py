@@ -14,9 +14,11 @@ Compared each step: the loss and the gradient norm; then every trained parameter
 
 Cases, each with accumulation (micro-batches of 2 on 2 ranks: 2 per step): DDP x 2, FSDP2 x 2, and peft's LoRA on
 the attention projections on FSDP2 x 2; then checkpointing (FSDP2 selective, every other block; ZeRO-2 full) and
-LoRA on ZeRO-3 with both offloads, every other block checkpointed. (ZeRO-3 with selective checkpointing gave a gradient norm
-0.8% off at step 1 here: refused for this task.) The teeth: draws keyed by each rank's own position instead of the
-global one.
+LoRA on ZeRO-3 with both offloads, every other block checkpointed. (ZeRO-3 with selective checkpointing gave a
+gradient norm 0.8% off at step 1 here: refused for this task.) Then DDP x 2 and FSDP2 x 2 on images of three aspect
+ratios (16 x 16, 20 x 12 and 12 x 20 px: the tiny pipeline's buckets at 16 px, so no resize) with
+data.aspect_buckets, against the loop drawing each step's batch from one bucket (``bucketed_rows``). The teeth: draws
+keyed by each rank's own position instead of the global one.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 from diffusion_cases import IMAGE_SIZE, TEXT_LEN, captioned_folder, pipeline_folder
 from helpers import read_metrics, recipe_dict
 from shared_launch import SharedLaunches, launch_key, selected
-from test_equivalence import BETAS, CLIP, EPS, NUM_ROWS, SEED, global_batch_rows, lr_lambda
+from test_equivalence import BETAS, CLIP, EPS, GLOBAL_BATCH, NUM_ROWS, SEED, global_batch_rows, lr_lambda
 from test_equivalence import train_section as sft_train_section
 
 from bigtrain.parallel.transforms.adapters import initial_lora_A
@@ -68,31 +70,51 @@ CASES = {
         dict(backend="fsdp2", micro_batch_size=2, activation_checkpointing="full", checkpoint_every=2),
         "full",
     ),
+    # images of three aspect ratios in their buckets (data.aspect_buckets), each global batch from one
+    "ddp-buckets": (2, dict(backend="ddp", micro_batch_size=2), "full"),
+    "fsdp2-buckets": (2, dict(backend="fsdp2", micro_batch_size=2), "full"),
 }
+# (height, width) px: the tiny pipeline's buckets at 16 px are 20 x 12, 16 x 16 and 12 x 20 (w x h)
+BUCKET_SHAPES = [(16, 16), (12, 20), (20, 12)]
 
 
 def encoded(pipeline, images):
-    """Each image's latent distribution (mean, std) and each caption's embeddings, as the script computes them."""
+    """Each image's latent distribution (mean, std) and each caption's embeddings, as the script computes them (the
+    images are at their bucket's size, or the square's: no resize)."""
     import json
 
     from PIL import Image
 
     pipe = diffusers.FluxPipeline.from_pretrained(str(pipeline), transformer=None)
     rows = [json.loads(line) for line in (images / "metadata.jsonl").read_text().splitlines()]
-    pixels = (
-        torch.stack(
-            [
-                torch.from_numpy(np.array(Image.open(images / r["file_name"]).convert("RGB"))).permute(2, 0, 1)
-                for r in rows
-            ]
-        ).float()
-        / 127.5
-        - 1.0
-    )
+    means, stds = [], []
     with torch.no_grad():
-        dist = pipe.vae.encode(pixels).latent_dist
+        for r in rows:
+            image = torch.from_numpy(np.array(Image.open(images / r["file_name"]).convert("RGB"))).permute(2, 0, 1)
+            dist = pipe.vae.encode(image[None].float() / 127.5 - 1.0).latent_dist
+            means.append(dist.mean[0])
+            stds.append(dist.std[0])
         embeds, pooled, _ = pipe.encode_prompt([r["text"] for r in rows], None, max_sequence_length=TEXT_LEN)
-    return dist.mean, dist.std, embeds, pooled, pipe.vae.config
+    return means, stds, embeds, pooled, pipe.vae.config
+
+
+def bucketed_rows(step: int, buckets: np.ndarray) -> np.ndarray:
+    """Rows of step ``step`` with aspect-ratio buckets, as bigtrain documents its order: epoch e (seeded by
+    SEED + e) shuffles each bucket's rows (in bucket order), cuts them into whole global batches and shuffles those
+    batches; the steps run through the epochs' batches."""
+    epochs = []
+    while True:
+        rng = np.random.default_rng(SEED + len(epochs))
+        batches = []
+        for bucket in sorted(set(buckets.tolist())):
+            rows = np.flatnonzero(buckets == bucket)
+            rows = rows[rng.permutation(len(rows))]
+            batches += [
+                rows[i : i + GLOBAL_BATCH] for i in range(0, len(rows) // GLOBAL_BATCH * GLOBAL_BATCH, GLOBAL_BATCH)
+            ]
+        epochs.append([batches[j] for j in rng.permutation(len(batches))])
+        if sum(map(len, epochs)) > step:
+            return [b for e in epochs for b in e][step]
 
 
 def draws(position: int, mean, std, scheduler):
@@ -116,10 +138,13 @@ def with_adapters(model):
     return model
 
 
-def plain_loop(pipeline, images, method: str = "full", per_rank: bool = False):
+def plain_loop(pipeline, images, method: str = "full", per_rank: bool = False, buckets: bool = False):
     """(metrics per step, trained parameters) of the script's loop; ``per_rank``: the mistake of keying each
-    example's draws by its place in its rank's share of the step instead of its global position."""
+    example's draws by its place in its rank's share of the step instead of its global position; ``buckets``: the
+    images in aspect-ratio buckets (their shapes), each global batch from one."""
     mean, std, embeds, pooled, vae = encoded(pipeline, images)
+    ratios = [m.shape[-1] / m.shape[-2] for m in mean]  # each latent's width / height
+    shapes = np.array([sorted(set(ratios)).index(r) for r in ratios])  # buckets from the tallest to the widest
     scheduler = diffusers.FlowMatchEulerDiscreteScheduler.from_pretrained(pipeline / "scheduler")
     model = diffusers.FluxTransformer2DModel.from_pretrained(pipeline / "transformer")
     if method == "lora":
@@ -130,7 +155,7 @@ def plain_loop(pipeline, images, method: str = "full", per_rank: bool = False):
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_lambda(step, STEPS))
     out = []
     for step in range(STEPS):
-        at = global_batch_rows(step)
+        at = bucketed_rows(step, shapes) if buckets else global_batch_rows(step)
         b = len(at)
         positions = [step * b + j for j in range(b)]
         if per_rank:
@@ -167,27 +192,38 @@ def plain_loop(pipeline, images, method: str = "full", per_rank: bool = False):
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     root = tmp_path_factory.mktemp("text_to_image")
-    return pipeline_folder(root), captioned_folder(root, NUM_ROWS, shape=(IMAGE_SIZE, IMAGE_SIZE))
+    pipeline = pipeline_folder(root)
+    square = captioned_folder(root, NUM_ROWS, shape=(IMAGE_SIZE, IMAGE_SIZE))
+    return pipeline, square, captioned_folder(root / "buckets", NUM_ROWS, seed=1, shape=BUCKET_SHAPES)
+
+
+def _bucketed(name: str) -> bool:
+    return name.endswith("-buckets")
 
 
 @pytest.fixture(scope="module")
 def loops(inputs):
     cache: dict = {}
 
-    def get(method: str = "full"):
-        if method not in cache:
-            cache[method] = plain_loop(*inputs, method=method)
-        return cache[method]
+    def get(method: str = "full", buckets: bool = False):
+        if (method, buckets) not in cache:
+            pipeline, square, mixed = inputs
+            cache[method, buckets] = plain_loop(pipeline, mixed if buckets else square, method=method, buckets=buckets)
+        return cache[method, buckets]
 
     return get
 
 
-def recipe(pipeline, images, name: str):
+def recipe(inputs, name: str):
     _, parallel, method = CASES[name]
+    pipeline, square, mixed = inputs
+    images = mixed if _bucketed(name) else square
 
     def make(out):
         train = {**sft_train_section(STEPS), "lr": LR, "method": method}
         data = {"shuffle": True, "seq_len": TEXT_LEN, "image_size": IMAGE_SIZE, "cache_dir": str(out.parent / "cache")}
+        if _bucketed(name):
+            data["aspect_buckets"] = True
         sections = dict(data=data, train=train, parallel=parallel, checkpoint={"save_final_model": False})
         if method == "lora":
             sections["lora"] = {"r": R, "alpha": ALPHA, "dropout": 0.0}  # the task's own targets: TARGETS
@@ -202,13 +238,13 @@ def recipe(pipeline, images, name: str):
 def launches(inputs, tmp_path_factory, request):
     shared = SharedLaunches(tmp_path_factory, "text_to_image")
     chosen = selected(request.session, "test_text_to_image_plan_matches_the_plain_loop", "name")
-    cases = {n: (launch_key(CASES[n][0], CASES[n][1]), recipe(*inputs, n)) for n in chosen}
+    cases = {n: (launch_key(CASES[n][0], CASES[n][1]), recipe(inputs, n)) for n in chosen}
     return lambda name: shared.get(name, cases)
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_text_to_image_plan_matches_the_plain_loop(name, launches, loops):
-    metrics, reference_params = loops(CASES[name][2])
+    metrics, reference_params = loops(CASES[name][2], _bucketed(name))
     launched = launches(name)
     launched.check_finished()
     got = read_metrics(launched.output_dir)
@@ -225,7 +261,7 @@ def test_text_to_image_plan_matches_the_plain_loop(name, launches, loops):
 def test_the_loop_learns_and_draws_per_rank_are_caught(inputs, loops):
     metrics, _ = loops()
     assert metrics[-1]["loss"] < metrics[0]["loss"]
-    wrong, _ = plain_loop(*inputs, per_rank=True)
+    wrong, _ = plain_loop(*inputs[:2], per_rank=True)
     worst = max(abs(w[k] - r[k]) / max(abs(r[k]), 1e-3) for w, r in zip(wrong[1:], metrics[1:], strict=True)
                 for k in ("loss", "grad_norm"))  # fmt: skip
     assert worst > 10 * RTOL, worst

@@ -43,23 +43,24 @@ def inputs(tmp_path_factory):
     return pipeline_folder(root), captioned_folder(root, 8)
 
 
-def _generated(run, tmp_path, prompt: str = "a disk", said: str = ""):
-    """The picture ``bigtrain generate`` draws from a run's folder (2 steps, seed 5), as an array; ``said``: the one
-    line it writes to stderr (none: nothing)."""
+def _generated(run, tmp_path, prompt: str = "a disk", said: str = "", size=(IMAGE_SIZE, IMAGE_SIZE)):
+    """The picture ``bigtrain generate`` draws from a run's folder (2 steps, seed 5; ``size``: (width, height), the
+    square by default), as an array; ``said``: the one line it writes to stderr (none: nothing)."""
     out = tmp_path / f"{run.name}.png"
-    proc = run_cli(["generate", str(run), "--prompt", prompt, "--out", str(out), "--steps", "2", "--seed", "5"])
+    asked = [] if size == (IMAGE_SIZE, IMAGE_SIZE) else ["--size", f"{size[0]}x{size[1]}"]
+    proc = run_cli(["generate", str(run), "--prompt", prompt, "--out", str(out), "--steps", "2", "--seed", "5", *asked])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == f"generate: wrote {out} ({IMAGE_SIZE}x{IMAGE_SIZE} px, 2 steps, seed 5)"
+    assert proc.stdout.strip() == f"generate: wrote {out} ({size[0]}x{size[1]} px, 2 steps, seed 5)"
     assert proc.stderr.strip() == said, proc.stderr
     return np.asarray(Image.open(out))
 
 
-def _drawn(pipe, prompt: str = "a disk"):
-    """What diffusers' pipeline draws at the run's side and text tokens, with the same steps and seed."""
+def _drawn(pipe, prompt: str = "a disk", size=(IMAGE_SIZE, IMAGE_SIZE)):
+    """What diffusers' pipeline draws at the run's side (or ``size``) and text tokens, with the same steps and seed."""
     pipe.set_progress_bar_config(disable=True)
     generator = torch.Generator().manual_seed(5)
     image = pipe(
-        prompt, num_inference_steps=2, height=IMAGE_SIZE, width=IMAGE_SIZE, max_sequence_length=TEXT_LEN,
+        prompt, num_inference_steps=2, height=size[1], width=size[0], max_sequence_length=TEXT_LEN,
         generator=generator,
     ).images[0]  # fmt: skip
     return np.asarray(image)
@@ -109,6 +110,8 @@ def test_a_lora_run_s_adapter_loads_in_the_pipeline_and_predicts_as_merged_by_ha
     # a prompt longer than the run's text tokens (one a byte here) is cut, in one line
     cut = f"generate: --prompt is 12 tokens; cut to the {TEXT_LEN} the run trained with (data.seq_len)"
     np.testing.assert_array_equal(_generated(run, tmp_path, "a large disk", cut), _drawn(pipe, "a large disk"))
+    # another width and height than the square (a bucket's)
+    np.testing.assert_array_equal(_generated(run, tmp_path, size=(20, 12)), _drawn(pipe, size=(20, 12)))
 
     adapters = _checkpoint(run / "checkpoints")
     merged = diffusers.FluxTransformer2DModel.from_pretrained(pipeline / "transformer")

@@ -12,7 +12,8 @@ import torch
 from diffusion_cases import IMAGE_SIZE, TEXT_LEN, captioned_folder, pipeline_folder
 from PIL import Image
 
-from bigtrain.data.captioned_images import list_captioned, square_pixels
+from bigtrain.data.aspect_buckets import fitted_pixels
+from bigtrain.data.captioned_images import list_captioned
 from bigtrain.errors import ConfigError
 
 
@@ -62,7 +63,7 @@ def test_metadata_rows_without_a_file_or_a_caption_are_one_line(tmp_path):
 def test_pixels_are_the_centre_square_in_minus_one_to_one():
     image = torch.zeros(3, 8, 16, dtype=torch.uint8)
     image[:, :, 4:12] = 255  # the centre 8 columns white
-    out = square_pixels(image, 4)
+    out = fitted_pixels(image, (4, 4))
     assert out.shape == (3, 4, 4) and float(out.min()) >= -1.0 and float(out.max()) <= 1.0
     assert torch.equal(out[:, :, 1:3], torch.ones(3, 4, 2))  # the centre white; the edges blend (antialiased)
     assert torch.equal(out, out.flip(-1))  # cropped at the centre

@@ -42,6 +42,7 @@ def test_a_text_to_image_run_or_a_pipeline_folder_draws_and_a_language_model_run
         (("--prompt", "a disk", "--out", "picture.txt"), "--out picture.txt: name a picture file"),
         (("--prompt", "a disk", "--steps", "0"), "--steps=0 must be at least 1"),
         (("--prompt", "a disk", "--chat"), "drop them for a text-to-image one"),
+        (("--prompt", "a disk", "--size", "640"), "--size 640: give WIDTHxHEIGHT in px, e.g. 640x384"),
         (("--prompt", "a disk"), "give the pipeline the run trained from with --pipeline"),
     ],
 )
@@ -49,3 +50,11 @@ def test_bad_input_is_one_line_naming_what_would_work(tmp_path, argv, said):
     run = _run(tmp_path / "run")
     with pytest.raises(ConfigError, match=said.replace(".", r"\.")):
         run_image_command(_args(str(run), *argv))
+
+
+def test_a_size_the_pipeline_does_not_tile_names_the_nearest_that_it_does():
+    from bigtrain.cli.generate_image import picture_size
+
+    assert picture_size("640x384", 16) == (640, 384) and picture_size(None, 16) is None
+    with pytest.raises(ConfigError, match="--size 650x390: the pipeline draws multiples of 16 px; try 656x384"):
+        picture_size("650x390", 16)
