@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from bigtrain.config.image_keys import ImageDataKeys
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.config.setup import JobFacts
 from bigtrain.errors import ConfigError
@@ -110,6 +111,7 @@ def resolve_job(cfg: RecipeConfig, hf_config: Any) -> tuple[Job, Any]:
     if asked == AUTO_TASK:  # an objective that is one task's own (a reward model's) names it
         asked = objective_s_task(detect(hf_config), cfg.train.objective, hf_config.model_type).name
     spec = resolve(hf_config, asked, _key(cfg))
+    _check_image_keys(cfg, spec)
     if spec.accepts is not None:
         spec.accepts(hf_config, cfg.model)
     job = pair(spec, cfg.train.objective)
@@ -118,6 +120,18 @@ def resolve_job(cfg: RecipeConfig, hf_config: Any) -> tuple[Job, Any]:
     if job.objective.roles_of is not None:
         job = dataclasses.replace(job, roles=job.objective.roles_of(cfg.train))
     return job, hf_config
+
+
+def _check_image_keys(cfg: RecipeConfig, spec: TaskSpec) -> None:
+    """An image key (``config/image_keys.py``) set for a task that does not read it is one line naming the tasks
+    that do: ``data.aspect_buckets`` on a classifier would otherwise be silently ignored."""
+    for field in dataclasses.fields(ImageDataKeys):
+        key, value = f"data.{field.name}", getattr(cfg.data, field.name)
+        if value != field.default and key not in spec.keys:
+            readers = " or ".join(t.name for t in TASKS.values() if key in t.keys)
+            raise ConfigError(
+                f"{key}={value!r} is read by model.task {readers}; this recipe's task is {spec.name}: drop {key}"
+            )
 
 
 def objective_s_task(detected: TaskSpec, objective_name: str, model_type: str) -> TaskSpec:

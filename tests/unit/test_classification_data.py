@@ -56,6 +56,19 @@ def test_a_task_the_family_cannot_serve_is_one_line_naming_what_it_serves():
         resolved(ModelConfig(config=dict(RESNET), task="detection"))
 
 
+def test_an_image_key_set_for_a_task_that_does_not_read_it_is_one_line_naming_the_tasks_that_do():
+    llama = ModelConfig(config=dict(model_type="llama"))
+    with pytest.raises(ConfigError, match=r"data.aspect_buckets=True is read by model.task text-to-image; this "
+                       r"recipe's task is causal-lm: drop data.aspect_buckets"):  # fmt: skip
+        resolve_job(RecipeConfig(model=llama, data=DataConfig(aspect_buckets=True)), load_hf_config(llama))
+    with pytest.raises(ConfigError, match=r"data.image_size=32 is read by model.task image-classification or "
+                       r"text-to-image; this recipe's task is causal-lm"):  # fmt: skip
+        resolve_job(RecipeConfig(model=llama, data=DataConfig(image_size=32)), load_hf_config(llama))
+    resnet = ModelConfig(config=dict(RESNET))
+    with pytest.raises(ConfigError, match="data.aspect_buckets=True is read by model.task text-to-image; this "):
+        resolve_job(RecipeConfig(model=resnet, data=DataConfig(aspect_buckets=True)), load_hf_config(resnet))
+
+
 def shapes(augment: bool, seed: int = 3):
     cfg = DataConfig(path="builtin:shapes")
     data = load_image_examples(cfg, "data.path", "builtin:shapes", Preprocessing(16), seed)
