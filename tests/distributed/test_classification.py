@@ -292,8 +292,8 @@ def models(inputs):
 def recipe_for(model_dir, arch: str, data_root, parallel: dict, output_dir) -> dict:
     text = arch == "bert"
     path = data_root / "texts.jsonl" if text else "builtin:shapes"
-    data = {"shuffle": True, "augment": "none"}
-    data.update(seq_len=TEXT_LEN) if text else data.update(image_size=IMAGE_SIZE)
+    data = {"shuffle": True}
+    data.update(seq_len=TEXT_LEN) if text else data.update(image_size=IMAGE_SIZE, augment="none")
     return recipe_dict(
         output_dir,
         path,
