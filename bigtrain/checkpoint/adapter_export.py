@@ -131,7 +131,7 @@ def export_adapter(checkpoint: str | Path, out: str | Path, task_type: str | Non
         targets = _targets(cfg, adapters, hf_config)
         config = peft_config(cfg.lora, targets, tied=bool(tied), task_type=task_type)
         if getattr(hf_config, "weights_stem", None) == WEIGHTS_STEM:  # a diffusion transformer: diffusers' format
-            _write_diffusers_lora(partial, adapters, config)
+            _write_diffusers_lora(partial, adapters, config, hf_config.class_name)
             return folder
         # the base by the absolute path the run recorded: AutoPeftModelForCausalLM.from_pretrained(this folder)
         # then finds it from any directory, never asking the hub for a relative name
@@ -184,17 +184,21 @@ def _hf_config(folder: Path) -> Any:
     return read_saved_config(folder / HF_FILES)
 
 
-def _write_diffusers_lora(partial: Path, adapters: dict[str, torch.Tensor], config: Any) -> None:
-    """A diffusion transformer's adapters as diffusers saves a LoRA (``pytorch_lora_weights.safetensors``, keyed
+# the pipeline whose LoRA saver writes a transformer class's adapters
+LORA_PIPELINES = {"FluxTransformer2DModel": "FluxPipeline", "SD3Transformer2DModel": "StableDiffusion3Pipeline"}
+
+
+def _write_diffusers_lora(partial: Path, adapters: dict[str, torch.Tensor], config: Any, class_name: str) -> None:
+    """A diffusion transformer's adapters as its pipeline saves a LoRA (``pytorch_lora_weights.safetensors``, keyed
     ``transformer.…``, its peft config as ``lora_adapter_metadata``), which ``pipeline.load_lora_weights`` reads."""
     with quiet_pipeline():
-        from diffusers import FluxPipeline
+        import diffusers
     metadata = json.loads(json.dumps(config.to_dict(), default=sorted))  # peft's sets as lists
     # the modules adapted, by their full names: the trained config's may hold peft's shortened endings ("0" for
     # "to_out.0"), which the loader would match against every block numbered 0 and warn about
     metadata["target_modules"] = sorted({name.split(".lora_")[0] for name in adapters})
     layers = {name: value.contiguous() for name, value in adapters.items()}
-    FluxPipeline.save_lora_weights(
+    getattr(diffusers, LORA_PIPELINES[class_name]).save_lora_weights(
         str(partial), transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata
     )
 

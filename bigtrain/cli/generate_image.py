@@ -107,7 +107,8 @@ def picture(
         sizes = {"width": size[0], "height": size[1]}
     if data.get("seq_len"):
         sizes["max_sequence_length"] = data["seq_len"]
-        tokenizer = getattr(pipe, "tokenizer_2", None) or pipe.tokenizer  # FLUX's T5 reads the long prompt
+        # the T5 reads the long prompt: FLUX's second tokenizer, SD3's third
+        tokenizer = getattr(pipe, "tokenizer_3", None) or getattr(pipe, "tokenizer_2", None) or pipe.tokenizer
         length = len(tokenizer(prompt).input_ids)
         if length > data["seq_len"]:
             print(
@@ -115,7 +116,8 @@ def picture(
                 "(data.seq_len)",
                 file=sys.stderr,
             )
-    if train.get("guidance_scale") is not None:
+    guided = getattr(getattr(pipe, "transformer", None), "config", {}).get("guidance_embeds", False)
+    if guided and train.get("guidance_scale") is not None:  # FLUX.1-dev's distilled guidance (SD3's is CFG's own)
         sizes["guidance_scale"] = train["guidance_scale"]
     generator = torch.Generator(pipe.device).manual_seed(seed)
     with torch.no_grad(), quiet_pipeline():  # diffusers' own note on the cut prompt: said above

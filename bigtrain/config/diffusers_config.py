@@ -36,9 +36,14 @@ class DiffusersTransformerConfig(PretrainedConfig):
     class_name = ""  # the diffusers class
     weights_stem = WEIGHTS_STEM
 
-    def __init__(self, init: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def __init__(self, init: dict[str, Any] | None = None, vae_scale: int = VAE_SCALE, **kwargs: Any) -> None:
         self.init = dict(init or {})
+        self.vae_scale = vae_scale  # pixels a side per latent: its pipeline's VAE's (the published ones': 8)
         super().__init__(**kwargs)
+
+    def latent_side(self, image_size: int) -> int:
+        """The latents' side of an image of ``image_size`` px (what the planner's and the simulator's steps read)."""
+        return image_size // self.vae_scale
 
     @property
     def hidden_size(self) -> int:
@@ -89,9 +94,11 @@ def from_dict(raw: dict[str, Any], key: str) -> DiffusersTransformerConfig:
         known = ", ".join(CONFIGS)
         raise ConfigError(f"{key}: {name or model_type!r} is not a diffusion transformer bigtrain trains; use {known}")
     architectures = raw.pop("architectures", None)  # the class a task resolved it as (a preset names its own)
+    vae_scale = raw.pop("vae_scale", VAE_SCALE)  # ours, read from a pipeline folder's VAE
     if isinstance(raw.get("init"), dict):  # our own to_dict / save_pretrained: the arguments kept whole
-        return cls(init=raw["init"], architectures=architectures)
-    return cls(init={k: v for k, v in raw.items() if not k.startswith("_")}, architectures=architectures)
+        return cls(init=raw["init"], vae_scale=vae_scale, architectures=architectures)
+    init = {k: v for k, v in raw.items() if not k.startswith("_")}
+    return cls(init=init, vae_scale=vae_scale, architectures=architectures)
 
 
 def read_folder(path: Path, key: str) -> DiffusersTransformerConfig:
@@ -106,11 +113,16 @@ def read_folder(path: Path, key: str) -> DiffusersTransformerConfig:
                 f"{key}: the pipeline {pipeline.get('_class_name', '?')} has no transformer ({', '.join(parts)}); "
                 "bigtrain trains a diffusion transformer (FLUX, SD3)"
             )
+        vae = path / "vae" / "config.json"
+        blocks = json.loads(vae.read_text()).get("block_out_channels") if vae.is_file() else None
         path = path / "transformer"
     config = path / "config.json"
     if not config.is_file():
         raise ConfigError(f"{key}: {path} has no config.json; give a diffusers pipeline folder or its transformer/")
-    return from_dict(json.loads(config.read_text()), key)
+    raw = json.loads(config.read_text())
+    if index.is_file() and blocks:  # the VAE halves the side at each block but the last
+        raw["vae_scale"] = 2 ** (len(blocks) - 1)
+    return from_dict(raw, key)
 
 
 @contextmanager

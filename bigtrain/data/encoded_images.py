@@ -7,12 +7,14 @@ the data cache as arrays every rank maps:
 
 - the VAE's latent distribution of each image (its mean and log-variance, [2, C, h, w]): an image's latents are a
   fresh sample of it at each visit, as diffusers' scripts sample a cached ``latent_dist`` (``--cache_latents``);
-- the prompt embeddings of each caption (FLUX: T5's token states [L, D] and CLIP's pooled vector [P]), through the
-  pipeline's own ``encode_prompt`` (captions longer than the text encoder's ``L`` tokens are cut, and counted).
+- the prompt embeddings of each caption (FLUX: T5's token states [L, D] and CLIP's pooled vector [P]; SD3: its two
+  CLIPs' states then T5's, and their pooled vectors), through the pipeline's own ``encode_prompt`` (captions longer
+  than the text encoder's ``L`` tokens are cut, and counted).
 
 A micro-batch (``micro_batch``) draws, for each example, from the generator of its position in the run's global
 order (``losses/flow_matching.py``): the latents' sample, the noise and the timestep, so that every plan noises each
-example alike. The model reads the noisy latents packed into FLUX's 2 x 2 patches with their position ids.
+example alike. FLUX's transformer reads the noisy latents packed into 2 x 2 patches with their position ids, and the
+timestep as sigma; SD3's reads the latents as they are (it patches them itself), and the timestep as sigma x 1000.
 """
 
 from __future__ import annotations
@@ -47,22 +49,25 @@ BUCKETS = "buckets.npy"
 
 @dataclass(frozen=True)
 class DenoiseBatch:
-    """A micro-batch of a text-to-image model: the transformer's inputs (the noisy latents packed, the prompt
-    embeddings, the timestep, the position ids), what it should predict (``target``: noise minus clean latents,
-    packed), each example's ``sigmas`` (the loss's weighting reads them) and ``labels`` (0, or IGNORE_INDEX for an
-    evaluation filler, which counts nothing)."""
+    """A micro-batch of a text-to-image model: the transformer's inputs (the noisy latents, packed for FLUX with
+    their position ids; the prompt embeddings; the timestep), what it should predict (``target``: noise minus clean
+    latents, in the inputs' layout), each example's ``sigmas`` (the loss's weighting reads them) and ``labels`` (0,
+    or IGNORE_INDEX for an evaluation filler, which counts nothing)."""
 
     inputs: dict[str, torch.Tensor]
     target: torch.Tensor
     sigmas: torch.Tensor
     labels: torch.Tensor
+    # train.precondition_outputs: the target is the clean latents, and the loss compares them with the prediction
+    # made a denoised estimate (prediction x -sigma + the noisy input: ``losses/flow_matching.py``)
+    preconditioned: bool = False
 
     def model_inputs(self) -> dict[str, Any]:
         return {**self.inputs, "return_dict": True}
 
     def _map(self, fn: Any) -> DenoiseBatch:
         return DenoiseBatch({k: fn(v) for k, v in self.inputs.items()}, fn(self.target), fn(self.sigmas),
-                            fn(self.labels))  # fmt: skip
+                            fn(self.labels), self.preconditioned)  # fmt: skip
 
     def to(self, device: torch.device) -> DenoiseBatch:
         return self._map(lambda t: t.to(device, non_blocking=True))
@@ -108,6 +113,8 @@ class EncodedImages:
     scaling_factor: float
     shift_factor: float
     guidance: float | None  # a guidance-distilled transformer's input (FLUX.1-dev); None: it takes none
+    family: str  # "flux": latents packed 2 x 2 with ids, the timestep as sigma; "sd3": as they are, sigma x 1000
+    precondition: bool  # train.precondition_outputs (DenoiseBatch.preconditioned)
     seed: int
     description: str
     index: np.ndarray | None = None
@@ -161,20 +168,27 @@ class EncodedImages:
         x, e = torch.stack(latents), torch.stack(noise)
         s = torch.tensor(sigmas, dtype=torch.float32)
         noisy, target = noised(x, e, s)
-        h, w = x.shape[-2:]
+        if self.precondition:
+            target = x
         text = torch.from_numpy(np.array(self.encoded.prompt_embeds[at]))
+        pooled = torch.from_numpy(np.array(self.encoded.pooled[at]))
+        labels = torch.zeros(len(at), dtype=torch.int64)
+        if self.family == "sd3":  # the transformer patches the latents itself, and reads timesteps of sigma x N
+            inputs = {"hidden_states": noisy, "encoder_hidden_states": text, "pooled_projections": pooled,
+                      "timestep": s * self.flow.timesteps}  # fmt: skip
+            return DenoiseBatch(inputs, target, s, labels, self.precondition)
+        h, w = x.shape[-2:]
         inputs = {
             "hidden_states": pack(noisy),
             "encoder_hidden_states": text,
-            "pooled_projections": torch.from_numpy(np.array(self.encoded.pooled[at])),
+            "pooled_projections": pooled,
             "timestep": s,  # FLUX's transformer multiplies by the N training timesteps itself
             "img_ids": image_ids(h, w),
             "txt_ids": torch.zeros(text.shape[1], 3),
         }
         if self.guidance is not None:
             inputs["guidance"] = torch.full((len(at),), self.guidance)
-        labels = torch.zeros(len(at), dtype=torch.int64)
-        return DenoiseBatch(inputs, pack(target), s, labels)
+        return DenoiseBatch(inputs, pack(target), s, labels, self.precondition)
 
 
 def read_encoded(
@@ -230,7 +244,8 @@ def moments_file(bucket: int) -> str:
 def _frozen_files(pipeline: Path) -> list[Path]:
     """The files of the frozen parts (VAE, text encoders, tokenizers) whose bytes decide what they make."""
     return sorted(
-        f for part in ("vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2")
+        f for part in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3", "tokenizer", "tokenizer_2",
+                       "tokenizer_3")
         for f in (pipeline / part).glob("*") if f.is_file()
     )  # fmt: skip
 
@@ -253,7 +268,7 @@ def _encode(listed: Any, pipeline: Path, sizes: list[tuple[int, int]], text_len:
     """Every image through the VAE (at its bucket's size) and every caption through the text encoders, written to
     ``out``: each bucket's latent moments, every caption's embeddings, each image's bucket."""
     with quiet_pipeline():
-        from diffusers import FluxPipeline
+        from diffusers import DiffusionPipeline
 
     from bigtrain.data.aspect_buckets import fitted_pixels
     from bigtrain.data.pixels import rgb_array
@@ -266,10 +281,10 @@ def _encode(listed: Any, pipeline: Path, sizes: list[tuple[int, int]], text_len:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     with quiet_pipeline():
-        pipe = FluxPipeline.from_pretrained(str(pipeline), transformer=None, dtype=dtype, local_files_only=True)
+        pipe = DiffusionPipeline.from_pretrained(str(pipeline), transformer=None, dtype=dtype, local_files_only=True)
     pipe.to(device)
     n = len(listed.captions)
-    tokenizer = pipe.tokenizer_2
+    tokenizer = t5_tokenizer(pipe)
     with quiet_pipeline():  # the tokenizer's note on rows longer than its model's: counted here
         cut = sum(len(tokenizer(c).input_ids) > text_len for c in listed.captions)
     bucket = _buckets_of(listed, sizes)
@@ -296,9 +311,7 @@ def _encode(listed: Any, pipeline: Path, sizes: list[tuple[int, int]], text_len:
             moments = torch.stack([dist.mean, dist.logvar], dim=1).float().cpu().numpy()
             write(moments_file(k), int((bucket == k).sum()), moments, slice(start, start + len(rows)))
             with quiet_pipeline():
-                embeds, pooled, _ = pipe.encode_prompt(
-                    [listed.captions[i] for i in rows], None, device=device, max_sequence_length=text_len
-                )
+                embeds, pooled = prompt_embeddings(pipe, [listed.captions[i] for i in rows], device, text_len)
             for name, value in zip(TEXT_FILES, (embeds, pooled), strict=True):
                 write(name, n, value.float().cpu().numpy(), rows)
     for array in files.values():
@@ -308,18 +321,36 @@ def _encode(listed: Any, pipeline: Path, sizes: list[tuple[int, int]], text_len:
     return {"shapes": shapes, "captions_cut": cut, "vae": vae}
 
 
+def t5_tokenizer(pipe: Any) -> Any:
+    """The tokenizer of the pipeline's T5, which reads the long prompt (FLUX's second, SD3's third)."""
+    return getattr(pipe, "tokenizer_3", None) or pipe.tokenizer_2
+
+
+def prompt_embeddings(pipe: Any, captions: list[str], device: Any, text_len: int) -> tuple[Any, Any]:
+    """(the prompt embeddings, the pooled vectors) of ``captions`` through the pipeline's own ``encode_prompt``:
+    FLUX's T5 states and CLIP's pooled vector; SD3's two CLIPs' penultimate states (padded to T5's width) then T5's
+    states, and the CLIPs' pooled projections side by side."""
+    if hasattr(pipe, "tokenizer_3"):  # SD3: prompt_2 and prompt_3 are the caption too; no negative prompts
+        embeds, _, pooled, _ = pipe.encode_prompt(
+            captions, None, None, device=device, do_classifier_free_guidance=False, max_sequence_length=text_len
+        )
+        return embeds, pooled
+    embeds, pooled, _ = pipe.encode_prompt(captions, None, device=device, max_sequence_length=text_len)
+    return embeds, pooled
+
+
 def latent_side(image_size: int, vae_blocks: int) -> int:
     """The latents' side of an image of ``image_size`` px (the VAE halves it at each block but the last)."""
     return image_size // 2 ** (vae_blocks - 1)
 
 
 def check_packable(key: str, image_size: int, vae_blocks: int) -> None:
-    """FLUX packs 2 x 2 latents: the image's side must give an even latent side."""
+    """FLUX packs 2 x 2 latents, SD3 patches them 2 x 2: the image's side must give an even latent side."""
     side = latent_side(image_size, vae_blocks)
     if side % 2:
         step = 2**vae_blocks
         near = [s for s in (math.floor(image_size / step) * step, math.ceil(image_size / step) * step) if s > 0]
         raise ConfigError(
-            f"{key}={image_size} gives latents of {side} x {side}, which FLUX's 2 x 2 patches do not tile; use a "
-            f"multiple of {step} (e.g. {' or '.join(map(str, sorted(set(near))))})"
+            f"{key}={image_size} gives latents of {side} x {side}, which the transformer's 2 x 2 patches do not tile; "
+            f"use a multiple of {step} (e.g. {' or '.join(map(str, sorted(set(near))))})"
         )

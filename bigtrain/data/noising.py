@@ -100,6 +100,8 @@ def image_ids(height: int, width: int) -> torch.Tensor:
     return ids.reshape(-1, 3)
 
 
-def flow_of(train: Any, shift: float = 1.0) -> FlowMatching:
-    """The recipe's flow-matching settings (its ``train`` section), with the scheduler's training ``shift``."""
-    return FlowMatching(train.weighting_scheme, train.logit_mean, train.logit_std, train.mode_scale, shift)
+def flow_of(train: Any, shift: float = 1.0, scheme: str = "none") -> FlowMatching:
+    """The recipe's flow-matching settings (its ``train`` section), with the scheduler's training ``shift``;
+    ``scheme``: the weighting scheme where the recipe sets none (the family's script's default)."""
+    chosen = train.weighting_scheme or scheme
+    return FlowMatching(chosen, train.logit_mean, train.logit_std, train.mode_scale, shift)

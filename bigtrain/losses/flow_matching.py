@@ -1,6 +1,8 @@
 """The flow-matching loss (``train.objective: flow-matching``): each example's mean squared error of the predicted
 velocity against noise minus clean latents, weighted by its sigma as diffusers' ``compute_loss_weighting_for_sd3``
-(``data/noising.py`` draws the timesteps and noises the latents)."""
+(``data/noising.py`` draws the timesteps and noises the latents). With ``train.precondition_outputs`` (SD3's script's
+default), the prediction is made a denoised estimate first (prediction x -sigma + the noisy input) and compared with
+the clean latents, as ``train_dreambooth_sd3.py`` computes it."""
 
 from __future__ import annotations
 
@@ -45,6 +47,9 @@ class FlowMatchingLoss:
     def loss_sum(self, prediction: torch.Tensor, batch: object) -> torch.Tensor:
         from bigtrain.data.labels import IGNORE_INDEX
 
+        if batch.preconditioned:  # type: ignore[attr-defined]  # SD3's script: the denoised estimate, as it computes it
+            s = batch.sigmas.view(-1, *([1] * (prediction.dim() - 1))).to(prediction.dtype)  # type: ignore[attr-defined]
+            prediction = prediction * (-s) + batch.inputs["hidden_states"]  # type: ignore[attr-defined]
         losses = per_example_losses(self.flow, prediction, batch.target, batch.sigmas)  # type: ignore[attr-defined]
         kept = batch.labels != IGNORE_INDEX  # type: ignore[attr-defined]
         return (losses * kept).sum()

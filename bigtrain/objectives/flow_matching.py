@@ -26,11 +26,18 @@ def check(cfg: Any) -> None:
 
 OBJECTIVE = ObjectiveSpec(
     name="flow-matching",
-    summary="rectified flow (FLUX): the velocity of noised latents, timesteps by train.weighting_scheme",
+    summary="rectified flow (FLUX, SD3): the velocity of noised latents, timesteps by train.weighting_scheme",
     reads=DENOISED,
     make=make,
     check=check,
-    keys=("train.weighting_scheme", "train.logit_mean", "train.logit_std", "train.mode_scale", "train.guidance_scale"),
+    keys=(
+        "train.weighting_scheme",
+        "train.logit_mean",
+        "train.logit_std",
+        "train.mode_scale",
+        "train.guidance_scale",
+        "train.precondition_outputs",
+    ),  # fmt: skip
     refusal=lambda task: (
         f"train.objective=flow-matching trains a diffusion transformer, which a {task} model is not; use "
         "model.task=text-to-image with a diffusers pipeline folder"

@@ -39,7 +39,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bigtrain.config.diffusers_config import VAE_SCALE, DiffusersTransformerConfig, construct, denoise_inputs
+from bigtrain.config.diffusers_config import DiffusersTransformerConfig, construct, denoise_inputs
 from bigtrain.config.hf import (
     classifier_heads,
     decoder_blocks,
@@ -383,7 +383,7 @@ class _CountOps(TorchDispatchMode):
 def _step_inputs(hf_config: Any, b: int, image_size: int, seq_len: int) -> tuple[dict[str, Any], torch.Tensor]:
     """(the model's inputs, what its loss compares them with): labels, or a diffusion transformer's target."""
     if isinstance(hf_config, DiffusersTransformerConfig):
-        return denoise_inputs(hf_config, b, image_size // VAE_SCALE, seq_len)
+        return denoise_inputs(hf_config, b, hf_config.latent_side(image_size), seq_len)
     return example_inputs(hf_config, b, image_size, seq_len), torch.randint(0, hf_config.num_labels, (b,))
 
 

@@ -1,6 +1,6 @@
-"""``model.task: text-to-image``: a diffusion transformer (diffusers' ``FluxTransformer2DModel``) fine-tuned on
-captioned images with rectified flow (``train.objective: flow-matching``), as diffusers' ``train_dreambooth_flux.py``
-trains it.
+"""``model.task: text-to-image``: a diffusion transformer (diffusers' ``FluxTransformer2DModel`` or
+``SD3Transformer2DModel``) fine-tuned on captioned images with rectified flow (``train.objective: flow-matching``), as
+diffusers' ``train_dreambooth_flux.py`` and ``train_dreambooth_sd3.py`` train them.
 
 ``model.name_or_path`` is a diffusers pipeline folder (``model_index.json``): its transformer is the model trained,
 built, sharded and checkpointed as every bigtrain model is (``config/diffusers_config.py``); its VAE and text
@@ -26,9 +26,10 @@ from bigtrain.errors import ConfigError
 from bigtrain.tasks import classifiers
 from bigtrain.tasks.spec import Prepared, TaskSpec
 
-CLASSES = {"flux_transformer": "FluxTransformer2DModel"}  # trained so far (PLANNED: read and planned)
+CLASSES = {"flux_transformer": "FluxTransformer2DModel", "sd3_transformer": "SD3Transformer2DModel"}  # trained
 DEFAULT_IMAGE_SIZE = 512  # diffusers' scripts' --resolution
 DEFAULT_TEXT_LEN = 512  # FLUX.1-dev's --max_sequence_length
+SD3_CLIP_TOKENS = 77  # SD3's prompt embeddings: its CLIPs' tokens, then T5's
 
 
 def pipeline_folder(cfg: RecipeConfig) -> Path:
@@ -60,6 +61,17 @@ def vae_blocks(pipeline: Path) -> int:
     return len(json.loads(file.read_text())["block_out_channels"])
 
 
+def check_positions(init: dict[str, Any], side: int, vae_blocks: int) -> None:
+    """SD3's position embedding covers ``pos_embed_max_size`` patches a side: a larger image is one line."""
+    most, patch = init.get("pos_embed_max_size"), int(init.get("patch_size", 2))
+    if most and side // 2 ** (vae_blocks - 1) // patch > most:
+        largest = most * patch * 2 ** (vae_blocks - 1)
+        raise ConfigError(
+            f"data.image_size: images of {side} px are {side // 2 ** (vae_blocks - 1) // patch} patches a side, more "
+            f"than the transformer's position embedding covers (pos_embed_max_size={most}); use at most {largest} px"
+        )
+
+
 def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
     """The captioned images of ``data.path`` through the pipeline's frozen parts, and the held-out ones
     (``data.eval_path``, else ``data.eval_fraction`` of them), in aspect-ratio buckets with ``data.aspect_buckets``."""
@@ -74,14 +86,20 @@ def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
     blocks = vae_blocks(pipeline)
     check_packable("data.image_size", side, blocks)
     sizes = bucket_sizes(side, 2**blocks) if cfg.data.aspect_buckets else [(side, side)]
-    flow = flow_of(cfg.train, scheduler_shift(pipeline))
+    family = "sd3" if hf_config.model_type == "sd3_transformer" else "flux"
+    if family == "sd3":
+        check_positions(hf_config.init, max(max(size) for size in sizes), blocks)
+    flow = flow_of(cfg.train, scheduler_shift(pipeline), "logit_normal" if family == "sd3" else "none")
     guidance = cfg.train.guidance_scale if hf_config.init.get("guidance_embeds") else None
+    precondition = cfg.train.precondition_outputs
+    precondition = family == "sd3" if precondition is None else precondition  # each script's default
 
     def read(key: str, path: str) -> EncodedImages:
         encoded, note, vae = read_encoded(cfg.data, key, path, str(pipeline), sizes, text_len)
         return EncodedImages(
-            encoded, flow, float(vae["scaling_factor"]), float(vae.get("shift_factor") or 0.0), guidance,
-            cfg.train.seed, f"{path} ({encoded.described()})", cache_note=note, bucketed=cfg.data.aspect_buckets,
+            encoded, flow, float(vae["scaling_factor"]), float(vae.get("shift_factor") or 0.0), guidance, family,
+            precondition, cfg.train.seed, f"{path} ({encoded.described()})", cache_note=note,
+            bucketed=cfg.data.aspect_buckets,
         )  # fmt: skip
 
     data, held = with_held_out(cfg, read("data.path", cfg.data.path), read, "images")
@@ -175,14 +193,24 @@ class TextToImageSpec(TaskSpec):
         return dict(PLANNED)
 
 
+def workload(base: Any, data: Any, cfg: RecipeConfig) -> Any:
+    """The side images are trained at (no bucket has more pixels than its square) and the text tokens the
+    transformer reads (the cached prompt embeddings': SD3's CLIP tokens and T5's)."""
+    side = cfg.data.image_size or DEFAULT_IMAGE_SIZE
+    return dataclasses.replace(base, image_size=side, seq_len=int(data.encoded.prompt_embeds.shape[1]))
+
+
 def sizes(ask: Any) -> dict[str, Any]:
     """The image side (the argument, the recipe's data.image_size, else 512), the text tokens (the argument, the
-    recipe's data.seq_len, else 512) and the global batch (the argument, the recipe's, else 1 image per GPU)."""
+    recipe's data.seq_len, else 512; SD3 reads its CLIPs' 77 tokens before them) and the global batch (the argument,
+    the recipe's, else 1 image per GPU)."""
     cfg, spell = ask.recipe, ask.spell
     side = ask.image_size or (cfg and cfg.data.image_size) or DEFAULT_IMAGE_SIZE
     if side % (2 * VAE_SCALE):
         raise ConfigError(f"{spell.value('image_size', side)} must be a multiple of {2 * VAE_SCALE} (FLUX's patches)")
     length = ask.seq_len or (cfg and cfg.data.seq_len) or DEFAULT_TEXT_LEN
+    if ask.model_config.get("model_type") == "sd3_transformer":
+        length += SD3_CLIP_TOKENS
     batch = ask.global_batch_size or (cfg.train.global_batch_size if cfg else 0) or ask.gpus
     if batch % ask.gpus:
         lower = batch // ask.gpus * ask.gpus
@@ -198,7 +226,7 @@ def synthetic(hf_config: Any, plan: Any, workload: Any, device: Any) -> Any:
     from bigtrain.data.encoded_images import DenoiseBatch
 
     b = plan.micro_batch_size
-    inputs, target = denoise_inputs(hf_config, b, workload.image_size // VAE_SCALE, workload.seq_len, device)
+    inputs, target = denoise_inputs(hf_config, b, hf_config.latent_side(workload.image_size), workload.seq_len, device)
     sigmas = inputs["timestep"]
     import torch
 
@@ -263,7 +291,7 @@ def facts(hf_config: Any) -> dict[str, bool]:
 
 TASK = TextToImageSpec(
     name="text-to-image",
-    summary="diffusion transformers (FLUX): captioned images, frozen VAE and text encoders cached, flow matching",
+    summary="diffusion transformers (FLUX, SD3): captioned images, frozen VAE and text encoders cached, flow matching",
     auto_class="",
     mapping="",
     suffix=None,
@@ -279,6 +307,7 @@ TASK = TextToImageSpec(
     planner=planner,
     sizes=sizes,
     synthetic=synthetic,
+    workload=workload,
     count=classifiers.count_examples,
     peft_task_type=None,
     keys=(

@@ -3,14 +3,15 @@
 ``pytorch_lora_weights.safetensors`` that ``FluxPipeline.load_lora_weights`` reads, and the pipeline's transformer
 then predicts what the base with the checkpoint's adapters merged by hand (W + alpha / r x B A) predicts. ``bigtrain
 generate`` on either run's folder draws the picture diffusers' pipeline draws with the trained model loaded by hand.
-The terminal says nothing but bigtrain's own lines."""
+An SD3 run's LoRA loads in ``StableDiffusion3Pipeline`` the same way. The terminal says nothing but bigtrain's own
+lines."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from diffusion_cases import IMAGE_SIZE, TEXT_LEN, captioned_folder, pipeline_folder
+from diffusion_cases import IMAGE_SIZE, TEXT_LEN, captioned_folder, pipeline_folder, sd3_pipeline_folder
 from helpers import recipe_dict, run_cli, write_recipe
 from PIL import Image
 
@@ -22,19 +23,20 @@ pytestmark = pytest.mark.full
 R, ALPHA = 4, 8
 
 
-def _train(tmp_path, pipeline, images, method: str):
+def _train(tmp_path, pipeline, images, method: str, name: str = ""):
     train = {"steps": 3, "global_batch_size": 4, "lr": 1e-2, "method": method, "mixed_precision": "fp32"}
     data = {"seq_len": TEXT_LEN, "image_size": IMAGE_SIZE}
     sections = dict(data=data, train=train, parallel={"backend": "fsdp2", "micro_batch_size": 2})
     if method == "lora":
         sections["lora"] = {"r": R, "alpha": ALPHA}
-    recipe = recipe_dict(tmp_path / method, images, pipeline, **sections)
+    name = name or method
+    recipe = recipe_dict(tmp_path / name, images, pipeline, **sections)
     recipe["model"]["task"] = "text-to-image"
-    proc = run_cli(["train", str(write_recipe(tmp_path / f"{method}.yaml", recipe)), "--nproc", "2"])
+    proc = run_cli(["train", str(write_recipe(tmp_path / f"{name}.yaml", recipe)), "--nproc", "2"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith(("bigtrain:", "train:"))]
     assert not said, "\n".join(said)
-    return tmp_path / method
+    return tmp_path / name
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +128,14 @@ def test_a_lora_run_s_adapter_loads_in_the_pipeline_and_predicts_as_merged_by_ha
     assert not torch.allclose(
         got, _predict(diffusers.FluxTransformer2DModel.from_pretrained(pipeline / "transformer"), pipeline)
     )
+
+
+def test_an_sd3_run_s_adapter_loads_in_its_pipeline_and_generate_draws_with_it(tmp_path, inputs):
+    pipeline = sd3_pipeline_folder(tmp_path)
+    run = _train(tmp_path, pipeline, inputs[1], "lora", "sd3-lora")
+    pipe = diffusers.StableDiffusion3Pipeline.from_pretrained(str(pipeline))
+    base = _drawn(pipe)
+    pipe.load_lora_weights(str(run / "adapter"))
+    adapted = _drawn(pipe)
+    np.testing.assert_array_equal(_generated(run, tmp_path), adapted)
+    assert not np.array_equal(adapted, base)  # the adapters it trained change the picture

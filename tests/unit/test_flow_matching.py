@@ -77,3 +77,43 @@ def test_an_example_s_draws_depend_on_its_global_position_only():
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert not torch.equal(a[0], torch.rand(1, generator=example_generator(0, 18)))
     assert not torch.equal(a[0], torch.rand(1, generator=example_generator(1, 17)))
+
+
+def test_preconditioned_outputs_are_sd3_script_s_loss():
+    """train_dreambooth_sd3.py with --precondition_outputs: model_pred * (-sigmas) + noisy against the clean latents."""
+    from types import SimpleNamespace
+
+    from bigtrain.losses.flow_matching import FlowMatchingLoss
+
+    torch.manual_seed(0)
+    x, e, prediction = torch.randn(3, 4, 6, 6), torch.randn(3, 4, 6, 6), torch.randn(3, 4, 6, 6)
+    sigmas = torch.tensor([0.2, 0.5, 0.9])
+    noisy, _ = noised(x, e, sigmas)
+    batch = SimpleNamespace(inputs={"hidden_states": noisy}, target=x, sigmas=sigmas, labels=torch.zeros(3),
+                            preconditioned=True)  # fmt: skip
+    s = sigmas.view(-1, 1, 1, 1)
+    script = torch.mean(((prediction * (-s) + noisy - x) ** 2).reshape(3, -1), 1).sum()
+    got = FlowMatchingLoss(FlowMatching("logit_normal")).loss_sum(prediction, batch)
+    torch.testing.assert_close(got, script)
+
+
+def test_each_family_draws_by_its_script_s_scheme_unless_the_recipe_names_one():
+    from types import SimpleNamespace
+
+    from bigtrain.data.noising import flow_of
+
+    train = SimpleNamespace(weighting_scheme=None, logit_mean=0.0, logit_std=1.0, mode_scale=1.29)
+    assert flow_of(train).weighting_scheme == "none"
+    assert flow_of(train, 3.0, "logit_normal").weighting_scheme == "logit_normal"
+    named = SimpleNamespace(**{**vars(train), "weighting_scheme": "cosmap"})
+    assert flow_of(named, 3.0, "logit_normal").weighting_scheme == "cosmap"
+
+
+def test_an_sd3_image_its_position_embedding_does_not_cover_is_one_line():
+    from bigtrain.errors import ConfigError
+    from bigtrain.tasks.text_to_image import check_positions
+
+    sd35 = {"pos_embed_max_size": 96, "patch_size": 2}
+    check_positions(sd35, 1536, 4)  # 192 latents, 96 patches a side: the most it covers
+    with pytest.raises(ConfigError, match=r"images of 2048 px are 128 patches a side.*use at most 1536 px"):
+        check_positions(sd35, 2048, 4)
