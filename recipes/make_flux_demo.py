@@ -26,6 +26,17 @@ IMAGE_SIZE = 16  # px: latents of 8 x 8 (the tiny VAE halves once), 16 patches
 TEXT_LEN = 8
 
 
+def tiny_vae():
+    """A VAE of two blocks (it halves an image's side once) with 4 latent channels, FLUX's scaling and shifting."""
+    import diffusers
+
+    return diffusers.AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 8), layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=4,
+        sample_size=IMAGE_SIZE, scaling_factor=0.5, shift_factor=0.1,
+    )  # fmt: skip
+
+
 def pipeline_folder(root: Path, seed: int = 0) -> Path:
     """A FluxPipeline of tiny parts saved with ``save_pretrained`` in ``root/pipeline``, every value from ``seed``."""
     import diffusers
@@ -37,11 +48,7 @@ def pipeline_folder(root: Path, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     transformer = diffusers.FluxTransformer2DModel(**TINY_FLUX)
-    vae = diffusers.AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 8), layers_per_block=1,
-        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=4,
-        sample_size=IMAGE_SIZE, scaling_factor=0.5, shift_factor=0.1,
-    )  # fmt: skip
+    vae = tiny_vae()
     clip = transformers.CLIPTextModel(
         transformers.CLIPTextConfig(
             vocab_size=260, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,

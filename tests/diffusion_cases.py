@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "recipes"))
 
-from make_flux_demo import IMAGE_SIZE, TEXT_LEN, TINY_FLUX, captioned_folder, pipeline_folder  # noqa: E402
+from make_flux_demo import IMAGE_SIZE, TEXT_LEN, TINY_FLUX, captioned_folder, pipeline_folder, tiny_vae  # noqa: E402
 
 __all__ = [
     "IMAGE_SIZE",
@@ -42,11 +42,7 @@ def sd3_pipeline_folder(root: Path, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     transformer = diffusers.SD3Transformer2DModel(**TINY_SD3)
-    vae = diffusers.AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 8), layers_per_block=1,
-        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=4,
-        sample_size=IMAGE_SIZE, scaling_factor=0.5, shift_factor=0.1,
-    )  # fmt: skip
+    vae = tiny_vae()
     clips = [
         transformers.CLIPTextModelWithProjection(
             transformers.CLIPTextConfig(

@@ -191,14 +191,16 @@ LORA_PIPELINES = {"FluxTransformer2DModel": "FluxPipeline", "SD3Transformer2DMod
 def _write_diffusers_lora(partial: Path, adapters: dict[str, torch.Tensor], config: Any, class_name: str) -> None:
     """A diffusion transformer's adapters as its pipeline saves a LoRA (``pytorch_lora_weights.safetensors``, keyed
     ``transformer.…``, its peft config as ``lora_adapter_metadata``), which ``pipeline.load_lora_weights`` reads."""
-    with quiet_pipeline():
+    with quiet_pipeline():  # the pipeline's module imports image processors that note their fallback to PIL
         import diffusers
+
+        pipeline = getattr(diffusers, LORA_PIPELINES[class_name])
     metadata = json.loads(json.dumps(config.to_dict(), default=sorted))  # peft's sets as lists
     # the modules adapted, by their full names: the trained config's may hold peft's shortened endings ("0" for
     # "to_out.0"), which the loader would match against every block numbered 0 and warn about
     metadata["target_modules"] = sorted({name.split(".lora_")[0] for name in adapters})
     layers = {name: value.contiguous() for name, value in adapters.items()}
-    getattr(diffusers, LORA_PIPELINES[class_name]).save_lora_weights(
+    pipeline.save_lora_weights(
         str(partial), transformer_lora_layers=layers, transformer_lora_adapter_metadata=metadata
     )
 

@@ -214,17 +214,14 @@ def loops(inputs):
     return get
 
 
-def recipe(inputs, name: str):
-    _, parallel, method = CASES[name]
-    pipeline, square, mixed = inputs
-    images = mixed if _bucketed(name) else square
+def t2i_recipe(pipeline, images, parallel: dict, method: str, **data_keys):
+    """The maker of a case's recipe (``recipe(output_dir) -> dict``): the equivalence test's training section, the
+    tiny pipeline's image side and text tokens, ``data_keys`` beside them."""
 
     def make(out):
         train = {**sft_train_section(STEPS), "lr": LR, "method": method}
         data = {"shuffle": True, "seq_len": TEXT_LEN, "image_size": IMAGE_SIZE, "cache_dir": str(out.parent / "cache")}
-        if _bucketed(name):
-            data["aspect_buckets"] = True
-        sections = dict(data=data, train=train, parallel=parallel, checkpoint={"save_final_model": False})
+        sections = dict(data=data | data_keys, train=train, parallel=parallel, checkpoint={"save_final_model": False})
         if method == "lora":
             sections["lora"] = {"r": R, "alpha": ALPHA, "dropout": 0.0}  # the task's own targets: TARGETS
         made = recipe_dict(out, images, pipeline, **sections)
@@ -232,6 +229,28 @@ def recipe(inputs, name: str):
         return made
 
     return make
+
+
+def recipe(inputs, name: str):
+    _, parallel, method = CASES[name]
+    pipeline, square, mixed = inputs
+    if _bucketed(name):
+        return t2i_recipe(pipeline, mixed, parallel, method, aspect_buckets=True)
+    return t2i_recipe(pipeline, square, parallel, method)
+
+
+def check_matches(launched, metrics, reference_params) -> None:
+    """A launched case's metrics equal the plain loop's at every step, and its parameters at the end."""
+    launched.check_finished()
+    got = read_metrics(launched.output_dir)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    for step, (mine, ref) in enumerate(zip(got, metrics, strict=True), 1):
+        for key in ("loss", "grad_norm"):
+            assert mine[key] == pytest.approx(ref[key], rel=RTOL, abs=ATOL), f"step {step} {key}"
+    params = torch.load(launched.params)
+    assert set(params) == set(reference_params)
+    for key, ref in reference_params.items():
+        torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")
 
 
 @pytest.fixture(scope="module")
@@ -245,17 +264,7 @@ def launches(inputs, tmp_path_factory, request):
 @pytest.mark.parametrize("name", list(CASES))
 def test_text_to_image_plan_matches_the_plain_loop(name, launches, loops):
     metrics, reference_params = loops(CASES[name][2], _bucketed(name))
-    launched = launches(name)
-    launched.check_finished()
-    got = read_metrics(launched.output_dir)
-    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
-    for step, (mine, ref) in enumerate(zip(got, metrics, strict=True), 1):
-        for key in ("loss", "grad_norm"):
-            assert mine[key] == pytest.approx(ref[key], rel=RTOL, abs=ATOL), f"step {step} {key}"
-    params = torch.load(launched.params)
-    assert set(params) == set(reference_params)
-    for key, ref in reference_params.items():
-        torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")
+    check_matches(launches(name), metrics, reference_params)
 
 
 def test_the_loop_learns_and_draws_per_rank_are_caught(inputs, loops):

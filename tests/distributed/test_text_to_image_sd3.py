@@ -23,11 +23,10 @@ import zlib
 import pytest
 import torch
 from diffusion_cases import IMAGE_SIZE, TEXT_LEN, captioned_folder, sd3_pipeline_folder
-from helpers import read_metrics, recipe_dict
 from shared_launch import SharedLaunches, launch_key, selected
 from test_equivalence import BETAS, CLIP, EPS, NUM_ROWS, SEED, global_batch_rows, lr_lambda
 from test_equivalence import train_section as sft_train_section
-from test_text_to_image import ALPHA, ATOL, LR, PARAM_ATOL, RTOL, STEPS, R, with_adapters
+from test_text_to_image import LR, RTOL, STEPS, check_matches, t2i_recipe, with_adapters
 
 diffusers = pytest.importorskip("diffusers")
 pytestmark = pytest.mark.full
@@ -126,44 +125,18 @@ def loops(inputs):
     return get
 
 
-def recipe(pipeline, images, name: str):
-    _, parallel, method = CASES[name]
-
-    def make(out):
-        train = {**sft_train_section(STEPS), "lr": LR, "method": method}
-        data = {"shuffle": True, "seq_len": TEXT_LEN, "image_size": IMAGE_SIZE, "cache_dir": str(out.parent / "cache")}
-        sections = dict(data=data, train=train, parallel=parallel, checkpoint={"save_final_model": False})
-        if method == "lora":
-            sections["lora"] = {"r": R, "alpha": ALPHA, "dropout": 0.0}  # the task's own targets
-        made = recipe_dict(out, images, pipeline, **sections)
-        made["model"]["task"] = "text-to-image"
-        return made
-
-    return make
-
-
 @pytest.fixture(scope="module")
 def launches(inputs, tmp_path_factory, request):
     shared = SharedLaunches(tmp_path_factory, "sd3")
     chosen = selected(request.session, "test_sd3_plan_matches_the_plain_loop", "name")
-    cases = {n: (launch_key(CASES[n][0], CASES[n][1]), recipe(*inputs, n)) for n in chosen}
+    cases = {n: (launch_key(CASES[n][0], CASES[n][1]), t2i_recipe(*inputs, *CASES[n][1:])) for n in chosen}
     return lambda name: shared.get(name, cases)
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_sd3_plan_matches_the_plain_loop(name, launches, loops):
     metrics, reference_params = loops(CASES[name][2])
-    launched = launches(name)
-    launched.check_finished()
-    got = read_metrics(launched.output_dir)
-    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
-    for step, (mine, ref) in enumerate(zip(got, metrics, strict=True), 1):
-        for key in ("loss", "grad_norm"):
-            assert mine[key] == pytest.approx(ref[key], rel=RTOL, abs=ATOL), f"step {step} {key}"
-    params = torch.load(launched.params)
-    assert set(params) == set(reference_params)
-    for key, ref in reference_params.items():
-        torch.testing.assert_close(params[key], ref, rtol=0, atol=PARAM_ATOL, msg=lambda m, k=key: f"{k}: {m}")
+    check_matches(launches(name), metrics, reference_params)
 
 
 def test_the_sd3_loop_learns_and_its_loss_without_preconditioning_is_caught(inputs, loops):
