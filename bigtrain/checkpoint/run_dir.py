@@ -162,6 +162,12 @@ def flat_recipe(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+# (key, saved, now) that mean the same run: a default written out before it became "unset"
+# (train.weighting_scheme: none was every run's until SD3's logit_normal made the default the family's; no SD3 run
+# was trained before)
+SAME_VALUES = {("train.weighting_scheme", "none", None)}
+
+
 def recipe_differences(saved: dict[str, Any], cfg: RecipeConfig) -> list[str]:
     """``key: saved -> now`` for every recipe key that differs and that a resume may not change."""
     # a key the saved recipe lacks (written before the key existed) had its default
@@ -173,6 +179,8 @@ def recipe_differences(saved: dict[str, Any], cfg: RecipeConfig) -> list[str]:
             continue
         # auto resumes with the saved run's method, compile and FP8 choices
         if key in ("train.method", "train.compile", "train.fp8") and new.get(key) == "auto":
+            continue
+        if (key, old.get(key), new.get(key)) in SAME_VALUES:
             continue
         out.append(f"{key}: {old.get(key)!r} -> {new.get(key)!r}")
     return out

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bigtrain.config.diffusers_types import CLASSES as PLANNED
 from bigtrain.errors import ConfigError
 
 DEFAULT_STEPS = 28  # diffusers' FluxPipeline default
@@ -100,22 +101,25 @@ def picture(
     import torch
 
     from bigtrain.config.diffusers_config import quiet_pipeline
+    from bigtrain.data.encoded_images import t5_tokenizer
+    from bigtrain.tasks.text_to_image import DEFAULT_IMAGE_SIZE, DEFAULT_TEXT_LEN
 
     data, train = recipe.get("data", {}), recipe.get("train", {})
-    sizes = {"height": data["image_size"], "width": data["image_size"]} if data.get("image_size") else {}
-    if size is not None:
-        sizes = {"width": size[0], "height": size[1]}
-    if data.get("seq_len"):
-        sizes["max_sequence_length"] = data["seq_len"]
-        # the T5 reads the long prompt: FLUX's second tokenizer, SD3's third
-        tokenizer = getattr(pipe, "tokenizer_3", None) or getattr(pipe, "tokenizer_2", None) or pipe.tokenizer
-        length = len(tokenizer(prompt).input_ids)
-        if length > data["seq_len"]:
+    sizes: dict[str, Any] = {}
+    if recipe:  # a run: the side and text tokens it trained with (its recipe's, else the task's defaults)
+        side = data.get("image_size") or DEFAULT_IMAGE_SIZE
+        sizes = {"height": side, "width": side}
+        model_type = {v: k for k, v in PLANNED.items()}.get(type(pipe.transformer).__name__, "")
+        sizes["max_sequence_length"] = data.get("seq_len") or DEFAULT_TEXT_LEN.get(model_type, 512)
+        length = len(t5_tokenizer(pipe)(prompt).input_ids)
+        if length > sizes["max_sequence_length"]:
             print(
-                f"generate: --prompt is {length} tokens; cut to the {data['seq_len']} the run trained with "
-                "(data.seq_len)",
+                f"generate: --prompt is {length} tokens; cut to the {sizes['max_sequence_length']} the run trained "
+                "with (data.seq_len)",
                 file=sys.stderr,
             )
+    if size is not None:
+        sizes.update(width=size[0], height=size[1])
     guided = getattr(getattr(pipe, "transformer", None), "config", {}).get("guidance_embeds", False)
     if guided and train.get("guidance_scale") is not None:  # FLUX.1-dev's distilled guidance (SD3's is CFG's own)
         sizes["guidance_scale"] = train["guidance_scale"]

@@ -1,17 +1,21 @@
 """Aspect-ratio buckets for a text-to-image model (``data.aspect_buckets: true``): images keep their shape, roughly,
 instead of being cropped square.
 
-- **The buckets** of ``data.image_size`` = s: every width x height whose sides are multiples of a step (s / 8,
-  rounded down to the multiple the model's patches tile: 64 px at 512 for FLUX), with the largest height the area
-  s x s allows at that width, and an aspect ratio of at most 2 (kohya's defaults). At 512 px: 384x640, 448x576,
-  512x512, 576x448 and 640x384. No bucket has more pixels than the square, so the square is what the planner sizes.
+- **The buckets** of ``data.image_size`` = s: every width x height whose sides are multiples of a step (the largest
+  multiple of what the model's patches tile that divides s and is at most s / 8: 64 px at 512 for FLUX), with the
+  largest height the area s x s allows at that width, and an aspect ratio of at most 2 (kohya's defaults), each
+  turned both ways. At 512 px: 384x640, 448x576, 512x512, 576x448 and 640x384. No bucket has more pixels than the
+  square, so the square is what the planner sizes.
 - **An image** goes to the bucket nearest its aspect ratio (in log ratio), is resized to cover it (bilinear) and is
   centre cropped to it: the square bucket's pixels are those of the square crop.
 - **The order.** A micro-batch stacks latents of one shape, so each global batch is drawn from one bucket; every
   plan's micro-batches then share its shape, and step k trains on the same examples whatever the plan. Epoch e,
   seeded by ``train.seed`` + e: each bucket's images in a shuffled order (``permutation``), cut into whole global
   batches (the rest wait for a later epoch's shuffle), then those batches shuffled together. Unshuffled
-  (``data.shuffle: false``): each bucket's images in their order, the buckets one after another.
+  (``data.shuffle: false``): each bucket's images in their order, the buckets one after another, the same every
+  epoch (each bucket's last images, short of a batch, never train).
+- **Held-out images** are evaluated bucket by bucket (``EvalLoader``), each bucket's last chunk filled out with
+  copies that count nothing.
 """
 
 from __future__ import annotations
@@ -26,17 +30,26 @@ from bigtrain.data.images import resize
 MAX_RATIO = 2.0  # the longer side over the shorter, at most
 
 
+def bucket_step(image_size: int, multiple: int) -> int:
+    """The buckets' side step: the largest multiple of ``multiple`` that divides ``image_size`` and is at most an
+    eighth of it (64 px at 512 for FLUX's 16), else ``multiple``; so the square is itself a bucket."""
+    steps = [s for s in range(multiple, image_size // 8 + 1, multiple) if image_size % s == 0]
+    return max(steps, default=multiple)
+
+
 def bucket_sizes(image_size: int, multiple: int) -> list[tuple[int, int]]:
     """The (width, height) buckets of ``image_size`` whose sides are multiples of ``multiple`` (module docstring),
-    from the tallest to the widest."""
-    step = max(multiple, image_size // 8 // multiple * multiple)
+    each turned both ways, the largest of each aspect ratio, from the tallest to the widest."""
+    step = bucket_step(image_size, multiple)
     area = image_size * image_size
-    sizes = {(image_size, image_size)}
+    largest: dict[float, tuple[int, int]] = {}
     for width in range(step, area // step + 1, step):
         height = area // width // step * step
         if height >= step and max(width / height, height / width) <= MAX_RATIO:
-            sizes.add((width, height))
-    return sorted(sizes, key=lambda s: s[0] / s[1])
+            for w, h in ((width, height), (height, width)):
+                if w * h > math.prod(largest.get(w / h, (0, 0))):
+                    largest[w / h] = (w, h)
+    return [largest[ratio] for ratio in sorted(largest)]
 
 
 def nearest_bucket(width: int, height: int, sizes: list[tuple[int, int]]) -> int:

@@ -101,7 +101,7 @@ class Encoded:
             return f"{n} captioned images of {self.sizes[0][0]} px"
         counts = np.bincount(self.bucket, minlength=len(self.sizes))
         held = ", ".join(f"{w}x{h}: {c}" for (w, h), c in zip(self.sizes, counts, strict=True) if c)
-        return f"{n} captioned images in buckets of {held.replace(':', ' px:', 1)}"
+        return f"{n} captioned images in buckets (px: images) {held}"
 
 
 @dataclass(frozen=True)
@@ -230,6 +230,8 @@ def read_encoded(
         np.lib.format.open_memmap(found.folder / moments_file(k), mode="r") if count else np.empty(0, np.float32)
         for k, count in enumerate(counts)
     )  # fmt: skip
+    for k, array in enumerate(moments):
+        assert array.shape[0] == counts[k] or not counts[k], (moments_file(k), array.shape, counts[k])
     text = [np.lib.format.open_memmap(found.folder / f, mode="r") for f in TEXT_FILES]
     for name, array in zip(TEXT_FILES, text, strict=True):
         assert list(array.shape) == [n, *meta["shapes"][name]], (name, array.shape)

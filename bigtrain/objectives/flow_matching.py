@@ -16,7 +16,9 @@ def make(built: Any, train: Any) -> Any:
     from bigtrain.data.noising import flow_of
     from bigtrain.losses.flow_matching import FlowMatchingLoss
 
-    return FlowMatchingLoss(flow_of(train))  # the loss reads the weighting only: the shift is in the data's sigmas
+    # the loss reads the weighting only (the shift is in the data's sigmas); an unset scheme is the family's default,
+    # none (FLUX) or logit_normal (SD3), which both weight every example 1, as "none" does here
+    return FlowMatchingLoss(flow_of(train))
 
 
 def check(cfg: Any) -> None:

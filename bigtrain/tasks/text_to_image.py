@@ -28,7 +28,8 @@ from bigtrain.tasks.spec import Prepared, TaskSpec
 
 CLASSES = {"flux_transformer": "FluxTransformer2DModel", "sd3_transformer": "SD3Transformer2DModel"}  # trained
 DEFAULT_IMAGE_SIZE = 512  # diffusers' scripts' --resolution
-DEFAULT_TEXT_LEN = 512  # FLUX.1-dev's --max_sequence_length
+# T5 tokens by default, each family's script's --max_sequence_length (train_dreambooth_flux.py's, _sd3.py's)
+DEFAULT_TEXT_LEN = {"flux_transformer": 512, "sd3_transformer": 77}
 SD3_CLIP_TOKENS = 77  # SD3's prompt embeddings: its CLIPs' tokens, then T5's
 
 
@@ -61,14 +62,18 @@ def vae_blocks(pipeline: Path) -> int:
     return len(json.loads(file.read_text())["block_out_channels"])
 
 
-def check_positions(init: dict[str, Any], side: int, vae_blocks: int) -> None:
-    """SD3's position embedding covers ``pos_embed_max_size`` patches a side: a larger image is one line."""
+def check_positions(init: dict[str, Any], side: int, vae_blocks: int, bucketed: bool = False) -> None:
+    """SD3's position embedding covers ``pos_embed_max_size`` patches a side: a longer side (the square's, or the
+    longest bucket's) is one line."""
     most, patch = init.get("pos_embed_max_size"), int(init.get("patch_size", 2))
-    if most and side // 2 ** (vae_blocks - 1) // patch > most:
+    patches = side // 2 ** (vae_blocks - 1) // patch
+    if most and patches > most:
         largest = most * patch * 2 ** (vae_blocks - 1)
+        what = f"the longest bucket side, {side} px," if bucketed else f"images of {side} px"
         raise ConfigError(
-            f"data.image_size: images of {side} px are {side // 2 ** (vae_blocks - 1) // patch} patches a side, more "
-            f"than the transformer's position embedding covers (pos_embed_max_size={most}); use at most {largest} px"
+            f"data.image_size: {what} {'is' if bucketed else 'are'} {patches} patches a side, more than the "
+            f"transformer's position embedding covers (pos_embed_max_size={most}); lower data.image_size until "
+            f"every side is at most {largest} px"
         )
 
 
@@ -82,13 +87,13 @@ def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
 
     pipeline = pipeline_folder(cfg)
     side = cfg.data.image_size or DEFAULT_IMAGE_SIZE
-    text_len = cfg.data.seq_len or DEFAULT_TEXT_LEN
+    text_len = cfg.data.seq_len or DEFAULT_TEXT_LEN[hf_config.model_type]
     blocks = vae_blocks(pipeline)
     check_packable("data.image_size", side, blocks)
     sizes = bucket_sizes(side, 2**blocks) if cfg.data.aspect_buckets else [(side, side)]
     family = "sd3" if hf_config.model_type == "sd3_transformer" else "flux"
     if family == "sd3":
-        check_positions(hf_config.init, max(max(size) for size in sizes), blocks)
+        check_positions(hf_config.init, max(max(size) for size in sizes), blocks, cfg.data.aspect_buckets)
     flow = flow_of(cfg.train, scheduler_shift(pipeline), "logit_normal" if family == "sd3" else "none")
     guidance = cfg.train.guidance_scale if hf_config.init.get("guidance_embeds") else None
     precondition = cfg.train.precondition_outputs
@@ -114,17 +119,19 @@ def prepare(cfg: RecipeConfig, hf_config: Any, data: Any) -> Prepared:
     cut = data.encoded.captions_cut
     if cut:
         notes.append(
-            f"data.path: {cut} caption(s) are longer than the text encoder's {cfg.data.seq_len or DEFAULT_TEXT_LEN} "
+            f"data.path: {cut} caption(s) are longer than the text encoder's "
+            f"{cfg.data.seq_len or DEFAULT_TEXT_LEN[hf_config.model_type]} "
             "tokens and were cut (data.seq_len)"
         )
     if data.row_groups is not None:
-        notes.extend(bucket_notes(data, cfg.train.global_batch_size))
+        notes.extend(bucket_notes(data, cfg.train.global_batch_size, cfg.data.shuffle))
     return Prepared(cfg, hf_config, tuple(notes))
 
 
-def bucket_notes(data: Any, batch: int) -> list[str]:
+def bucket_notes(data: Any, batch: int, shuffle: bool = True) -> list[str]:
     """Each global batch comes from one bucket: a bucket of fewer images than the batch never trains (an error if
-    none holds a batch), and each epoch leaves out each bucket's remainder."""
+    none holds a batch), and each epoch leaves out each bucket's remainder (another each epoch when shuffled, the
+    same when not)."""
     import numpy as np
 
     sizes = data.encoded.sizes
@@ -147,7 +154,8 @@ def bucket_notes(data: Any, batch: int) -> list[str]:
     if left:
         notes.append(
             f"data.aspect_buckets: each epoch trains {sum(c // batch * batch for _, c in held)} of {data.num_rows} "
-            f"images, in whole global batches of one bucket; the {left} left over wait for a later epoch's shuffle"
+            f"images, in whole global batches of one bucket; the {left} left over "
+            + ("wait for a later epoch's shuffle" if shuffle else "never train (data.shuffle: false)")
         )
     return notes
 
@@ -207,9 +215,12 @@ def sizes(ask: Any) -> dict[str, Any]:
     cfg, spell = ask.recipe, ask.spell
     side = ask.image_size or (cfg and cfg.data.image_size) or DEFAULT_IMAGE_SIZE
     if side % (2 * VAE_SCALE):
-        raise ConfigError(f"{spell.value('image_size', side)} must be a multiple of {2 * VAE_SCALE} (FLUX's patches)")
-    length = ask.seq_len or (cfg and cfg.data.seq_len) or DEFAULT_TEXT_LEN
-    if ask.model_config.get("model_type") == "sd3_transformer":
+        raise ConfigError(
+            f"{spell.value('image_size', side)} must be a multiple of {2 * VAE_SCALE} (the transformer's 2 x 2 patches)"
+        )
+    model_type = ask.model_config.get("model_type", "flux_transformer")
+    length = ask.seq_len or (cfg and cfg.data.seq_len) or DEFAULT_TEXT_LEN.get(model_type, 512)
+    if model_type == "sd3_transformer":
         length += SD3_CLIP_TOKENS
     batch = ask.global_batch_size or (cfg.train.global_batch_size if cfg else 0) or ask.gpus
     if batch % ask.gpus:

@@ -20,6 +20,14 @@ def test_flux_buckets_at_512_are_kohya_s_and_none_exceeds_the_square():
     assert (1024, 1024) in big and all(w * h <= 1024**2 and max(w / h, h / w) <= 2 for w, h in big)
 
 
+@pytest.mark.parametrize("side", [528, 576, 672, 800, 1344])
+def test_the_square_is_the_one_square_bucket_and_every_bucket_turns_both_ways(side):
+    sizes = bucket_sizes(side, 16)
+    assert [s for s in sizes if s[0] == s[1]] == [(side, side)]
+    assert sorted(sizes) == sorted((h, w) for w, h in sizes)
+    assert all(w * h <= side * side and w % 16 == 0 and h % 16 == 0 and max(w / h, h / w) <= 2 for w, h in sizes)
+
+
 def test_the_tiny_pipeline_s_buckets_tile_its_patches():
     # the tiny VAE halves once and FLUX packs 2 x 2: sides of multiples of 4 px
     assert bucket_sizes(16, 4) == [(12, 20), (16, 16), (20, 12)]
@@ -113,6 +121,7 @@ def test_bucket_notes_say_what_is_never_trained_and_refuse_a_batch_no_bucket_hol
         ):
             bucket_notes(data, batch)
         return
+    assert bucket_notes(data, batch, shuffle=False)[1].endswith("the 3 left over never train (data.shuffle: false)")
     assert bucket_notes(data, batch) == [
         "data.aspect_buckets: 2 image(s) are never trained: their buckets hold fewer than a global batch (4): 12x20: 2",
         "data.aspect_buckets: each epoch trains 4 of 9 images, in whole global batches of one bucket; the 3 left over "

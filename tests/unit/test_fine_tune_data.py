@@ -216,3 +216,17 @@ def test_a_recipe_saved_before_the_fine_tuning_keys_still_resumes():
     assert recipe_differences(saved, cfg) == []
     cfg.data.packing = "pad"  # changes the rows trained on: not a resume
     assert recipe_differences(saved, cfg) == ["data.packing: None -> 'pad'"]
+
+
+def test_a_recipe_saved_when_the_weighting_scheme_defaulted_to_none_still_resumes():
+    """train.weighting_scheme was "none" in every recipe.yaml before its default became the family's (unset)."""
+    from bigtrain.checkpoint.run_dir import recipe_differences
+    from bigtrain.config.load import recipe_to_dict
+    from bigtrain.config.schema import RecipeConfig
+
+    cfg = RecipeConfig()
+    saved = recipe_to_dict(cfg)
+    saved["train"]["weighting_scheme"] = "none"
+    assert recipe_differences(saved, cfg) == []
+    saved["train"]["weighting_scheme"] = "cosmap"  # a scheme the run chose: not the same run
+    assert recipe_differences(saved, cfg) == ["train.weighting_scheme: 'cosmap' -> None"]

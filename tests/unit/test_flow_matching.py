@@ -115,5 +115,7 @@ def test_an_sd3_image_its_position_embedding_does_not_cover_is_one_line():
 
     sd35 = {"pos_embed_max_size": 96, "patch_size": 2}
     check_positions(sd35, 1536, 4)  # 192 latents, 96 patches a side: the most it covers
-    with pytest.raises(ConfigError, match=r"images of 2048 px are 128 patches a side.*use at most 1536 px"):
+    with pytest.raises(ConfigError, match=r"images of 2048 px are 128 patches a side.*at most 1536 px"):
         check_positions(sd35, 2048, 4)
+    with pytest.raises(ConfigError, match=r"the longest bucket side, 1600 px, is 100 patches a side"):
+        check_positions(sd35, 1600, 4, bucketed=True)
