@@ -164,14 +164,16 @@ def write_rank_checksums(partial: Path, rank: int) -> None:
 
 
 def gather_checksums(partial: Path, world_size: int, timeout_s: float = 600.0) -> dict[str, str]:
-    """Rank 0: every rank's shard checksums (waiting for ranks still computing theirs), the folder then removed."""
+    """Rank 0: every rank's shard checksums (waiting for ranks still computing theirs, at most ``timeout_s``: the
+    run's train.collective_timeout_s, as a collective would), the folder then removed."""
     folder = partial / CHECKSUMS
     deadline = time.monotonic() + timeout_s
     files = [folder / f"rank_{r}.json" for r in range(world_size)]
     while not all(f.is_file() for f in files):
         if time.monotonic() > deadline:
             missing = [f.name for f in files if not f.is_file()]
-            raise OSError(f"the shard checksums of {', '.join(missing)} did not arrive in {timeout_s:.0f} s")
+            # worded as gloo's timeout ("Timed out waiting"): a rank that stopped answering, not a disk problem
+            raise RuntimeError(f"Timed out waiting {timeout_s:.0f} s for the shard checksums of {', '.join(missing)}")
         time.sleep(0.02)
     sums: dict[str, str] = {}
     for f in files:

@@ -176,7 +176,7 @@ class Checkpointer:
     def _publish(self, step: int, tokens: int) -> Path:
         """The small files and the manifest into the partial folder, then its rename: the checkpoint exists."""
         partial, final = partial_dir(self.root, step), step_dir(self.root, step)
-        shard_sums = gather_checksums(partial, dist.get_world_size())
+        shard_sums = gather_checksums(partial, dist.get_world_size(), self.cfg.train.collective_timeout_s)
         (partial / RECIPE).write_text(dump_recipe(self.cfg))
         write_hf_files(partial / HF_FILES, self.hf_config, self.cfg.model.name_or_path, self.files)
         files = list_files(partial)

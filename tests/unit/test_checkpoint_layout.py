@@ -152,3 +152,20 @@ def test_published_files_are_readable_as_the_umask_says(tmp_path):
         os.umask(old)
     for name in ("model.safetensors", "hf/config.json"):
         assert (tmp_path / "step_1" / name).stat().st_mode & 0o777 == 0o640
+
+
+def test_rank_0_waits_for_a_silent_rank_s_checksums_only_the_collective_timeout_and_says_it_did_not_answer(tmp_path):
+    """A rank stopped between its shard and its checksum file: rank 0 gives up after train.collective_timeout_s, as a
+    collective would (not 600 s), with an error the command line reads as a rank that stopped answering (exit 7)."""
+    import time
+
+    from bigtrain.checkpoint.layout import CHECKSUMS, gather_checksums
+    from bigtrain.errors import no_answer, peer_failure
+
+    (tmp_path / CHECKSUMS).mkdir()
+    (tmp_path / CHECKSUMS / "rank_0.json").write_text("{}")
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="Timed out waiting 1 s for the shard checksums of rank_1.json") as caught:
+        gather_checksums(tmp_path, 2, timeout_s=1)
+    assert time.monotonic() - started < 5
+    assert peer_failure(caught.value) is caught.value and no_answer(caught.value)
