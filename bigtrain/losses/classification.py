@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bigtrain.data.labels import IGNORE_INDEX
+from bigtrain.data.labels import IGNORE_INDEX, labelled_positions
 from bigtrain.losses.base import NoStepMetrics, Terms
 
 
@@ -23,7 +23,7 @@ class Classification(NoStepMetrics):
         self.label_smoothing = label_smoothing
 
     def count(self, labels: torch.Tensor) -> int:
-        return int((labels != IGNORE_INDEX).sum())
+        return labelled_positions(labels)  # an example each
 
     def loss_sum(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(
