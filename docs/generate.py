@@ -276,7 +276,7 @@ def capability_list() -> str:
         counts = " / ".join(str(sum(r.kind == kind for r in c.rules)) for kind in ("invalid", "not_built", "fit"))
         keys = ", ".join(f"`{k}`" for k in (*c.keys, *(o.key for o in c.options))) or "–"
         transforms = ", ".join(f"`{t}`" for t in (*c.transforms, *(s.name for s in c.steps))) or "–"
-        searched = " (weighed by the search)" if c.variants is not None else ""
+        searched = " (weighed by the search)" if c.variants is not None and not c.pinned_only else ""
         rows.append(f"| `{c.name}` | {c.summary}{searched} | {keys} | {transforms} | {counts} |")
     return "\n".join(rows)
 

@@ -14,6 +14,7 @@ A diffusers pipeline folder (``model_index.json``) names its transformer's sub-f
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
-from bigtrain.config.diffusers_types import VAE_SCALE, is_diffusers_config
+from bigtrain.config.diffusers_types import VAE_SCALE, is_diffusers_config, published_frozen_parts
 from bigtrain.errors import ConfigError
 
 __all__ = ["VAE_SCALE", "is_diffusers_config"]  # read here by the builders and the planner
@@ -36,9 +37,18 @@ class DiffusersTransformerConfig(PretrainedConfig):
     class_name = ""  # the diffusers class
     weights_stem = WEIGHTS_STEM
 
-    def __init__(self, init: dict[str, Any] | None = None, vae_scale: int = VAE_SCALE, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        init: dict[str, Any] | None = None,
+        vae_scale: int = VAE_SCALE,
+        frozen_parts: list[list[Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.init = dict(init or {})
         self.vae_scale = vae_scale  # pixels a side per latent: its pipeline's VAE's (the published ones': 8)
+        # its pipeline's VAE and text encoders: [name, parameters, what it reads] each, a pipeline folder's own
+        # (``frozen_parts``), else the published pipeline's (``diffusers_types.FROZEN``); None: none known
+        self.frozen_parts = frozen_parts
         super().__init__(**kwargs)
 
     def latent_side(self, image_size: int) -> int:
@@ -94,11 +104,15 @@ def from_dict(raw: dict[str, Any], key: str) -> DiffusersTransformerConfig:
         known = ", ".join(CONFIGS)
         raise ConfigError(f"{key}: {name or model_type!r} is not a diffusion transformer bigtrain trains; use {known}")
     architectures = raw.pop("architectures", None)  # the class a task resolved it as (a preset names its own)
-    vae_scale = raw.pop("vae_scale", VAE_SCALE)  # ours, read from a pipeline folder's VAE
+    # ours, read from a pipeline folder's VAE and text encoders
+    vae_scale, parts = raw.pop("vae_scale", VAE_SCALE), raw.pop("frozen_parts", None)
     if isinstance(raw.get("init"), dict):  # our own to_dict / save_pretrained: the arguments kept whole
-        return cls(init=raw["init"], vae_scale=vae_scale, architectures=architectures)
-    init = {k: v for k, v in raw.items() if not k.startswith("_")}
-    return cls(init=init, vae_scale=vae_scale, architectures=architectures)
+        init = raw["init"]
+    else:
+        init = {k: v for k, v in raw.items() if not k.startswith("_")}
+    # without a pipeline folder's own: the published pipeline's for a transformer of its type and text widths
+    parts = parts or published_frozen_parts(cls.model_type, init)
+    return cls(init=init, vae_scale=vae_scale, frozen_parts=parts, architectures=architectures)
 
 
 def read_folder(path: Path, key: str) -> DiffusersTransformerConfig:
@@ -122,7 +136,42 @@ def read_folder(path: Path, key: str) -> DiffusersTransformerConfig:
     raw = json.loads(config.read_text())
     if index.is_file() and blocks:  # the VAE halves the side at each block but the last
         raw["vae_scale"] = 2 ** (len(blocks) - 1)
+    if index.is_file():
+        raw["frozen_parts"] = frozen_parts(path.parent) or None
     return from_dict(raw, key)
+
+
+FROZEN_FOLDERS = ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
+
+
+def frozen_parts(pipeline: Path) -> list[list[Any]]:
+    """The pipeline's VAE and text encoders: [folder, parameters, what it reads] each ("t5": the caption's tokens,
+    "clip": CLIP's 77, "pixels": the VAE), the parameters counted from their safetensors files' headers."""
+    out: list[list[Any]] = []
+    for name in FROZEN_FOLDERS:
+        folder = pipeline / name
+        if not (folder / "config.json").is_file():
+            continue
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type", "")
+        reads = "pixels" if name == "vae" else "t5" if model_type.startswith("t5") else "clip"
+        # one variant's files: the plain ones (model.safetensors, or its shards) before any other (model.fp16...)
+        variants: dict[str, list[Path]] = {}
+        for file in sorted(folder.glob("*.safetensors")):
+            variant = file.name.split(".")[1].split("-")[0] if file.name.count(".") == 2 else ""  # fp16-00001-of-2
+            variants.setdefault(variant, []).append(file)
+        files = variants.get("", next(iter(variants.values()), []))
+        count = sum(_safetensors_count(f) for f in files)
+        if count:  # weights in .bin files only are not counted: the published pipeline's are taken instead
+            out.append([name, count, reads])
+    return out
+
+
+def _safetensors_count(file: Path) -> int:
+    """The values a safetensors file holds, from its header (an 8-byte length, then JSON): no tensor is read."""
+    with file.open("rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length))
+    return sum(math.prod(entry["shape"]) for name, entry in header.items() if name != "__metadata__")
 
 
 @contextmanager

@@ -20,6 +20,7 @@ timestep as sigma; SD3's reads the latents as they are (it patches them itself),
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,17 +31,10 @@ import torch
 
 from bigtrain.config.diffusers_config import quiet_pipeline
 from bigtrain.data import cache
-from bigtrain.data.labels import IGNORE_INDEX
-from bigtrain.data.noising import (
-    FlowMatching,
-    draw_u,
-    example_generator,
-    image_ids,
-    noised,
-    pack,
-    sigma_of,
-)
+from bigtrain.data.denoise_batch import DenoiseBatch, ImageBatch, Noiser
 from bigtrain.errors import ConfigError
+
+__all__ = ["DenoiseBatch", "EncodedImages", "read_encoded"]
 
 ENCODE_BATCH = 8  # images (captions) through the frozen parts at once
 TEXT_FILES = ("prompt_embeds.npy", "pooled.npy")
@@ -48,55 +42,33 @@ BUCKETS = "buckets.npy"
 
 
 @dataclass(frozen=True)
-class DenoiseBatch:
-    """A micro-batch of a text-to-image model: the transformer's inputs (the noisy latents, packed for FLUX with
-    their position ids; the prompt embeddings; the timestep), what it should predict (``target``: noise minus clean
-    latents, in the inputs' layout), each example's ``sigmas`` (the loss's weighting reads them) and ``labels`` (0,
-    or IGNORE_INDEX for an evaluation filler, which counts nothing)."""
-
-    inputs: dict[str, torch.Tensor]
-    target: torch.Tensor
-    sigmas: torch.Tensor
-    labels: torch.Tensor
-    # train.precondition_outputs: the target is the clean latents, and the loss compares them with the prediction
-    # made a denoised estimate (prediction x -sigma + the noisy input: ``losses/flow_matching.py``)
-    preconditioned: bool = False
-
-    def model_inputs(self) -> dict[str, Any]:
-        return {**self.inputs, "return_dict": True}
-
-    def _map(self, fn: Any) -> DenoiseBatch:
-        return DenoiseBatch({k: fn(v) for k, v in self.inputs.items()}, fn(self.target), fn(self.sigmas),
-                            fn(self.labels), self.preconditioned)  # fmt: skip
-
-    def to(self, device: torch.device) -> DenoiseBatch:
-        return self._map(lambda t: t.to(device, non_blocking=True))
-
-    def pin_memory(self) -> DenoiseBatch:
-        return self._map(lambda t: t.pin_memory())
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [*self.inputs.values(), self.target, self.sigmas, self.labels]
-
-    def without_labels(self, rows: torch.Tensor) -> DenoiseBatch:
-        return dataclasses.replace(self, labels=self.labels.masked_fill(rows, IGNORE_INDEX))
-
-
-@dataclass(frozen=True)
 class Encoded:
-    """What the frozen parts made of a folder (``encode``), mapped from the data cache."""
+    """What the frozen parts made of a folder (``encode``), mapped from the data cache; with the frozen parts run
+    during training (``live``), the images' buckets only, and the images and captions themselves (``listed``)."""
 
-    moments: tuple[np.ndarray, ...]  # per bucket, [n, 2, C, h, w] fp32: the VAE's mean and log-variance
-    prompt_embeds: np.ndarray  # [N, L, D] fp32
-    pooled: np.ndarray  # [N, P] fp32
+    moments: tuple[np.ndarray, ...] | None  # per bucket, [n, 2, C, h, w] fp32: the VAE's mean and log-variance
+    prompt_embeds: np.ndarray | None  # [N, L, D] fp32
+    pooled: np.ndarray | None  # [N, P] fp32
     captions_cut: int  # captions longer than L tokens
     sizes: tuple[tuple[int, int], ...]  # each bucket's (width, height) in px: one square without data.aspect_buckets
     bucket: np.ndarray  # [N] each image's bucket
     slot: np.ndarray  # [N] each image's row in its bucket's moments
+    text_tokens: int  # the prompt embeddings' tokens (SD3: its CLIPs' and T5's)
+    latent: tuple[int, int]  # the VAE's (latent channels, blocks)
+    listed: Any = None  # the images and captions (``captioned_images.Captioned``), read at each step when live
+
+    @property
+    def live(self) -> bool:
+        return self.moments is None
+
+    def latent_shape(self, bucket: int) -> tuple[int, int, int]:
+        """[C, h, w] of the latents of an image of bucket ``bucket``."""
+        (width, height), (channels, blocks) = self.sizes[bucket], self.latent
+        return channels, latent_side(height, blocks), latent_side(width, blocks)
 
     def described(self) -> str:
         """How many images, of what side (or, in buckets, how many in each bucket's size)."""
-        n = len(self.pooled)
+        n = len(self.bucket)
         if len(self.sizes) == 1 and self.sizes[0][0] == self.sizes[0][1]:
             return f"{n} captioned images of {self.sizes[0][0]} px"
         counts = np.bincount(self.bucket, minlength=len(self.sizes))
@@ -106,17 +78,13 @@ class Encoded:
 
 @dataclass(frozen=True)
 class EncodedImages:
-    """Examples of captioned images (``Encoded``) and how they are noised (module docstring)."""
+    """Examples of captioned images (``Encoded``) and how they are noised (``denoise_batch.Noiser``)."""
 
     encoded: Encoded
-    flow: FlowMatching
-    scaling_factor: float
-    shift_factor: float
-    guidance: float | None  # a guidance-distilled transformer's input (FLUX.1-dev); None: it takes none
-    family: str  # "flux": latents packed 2 x 2 with ids, the timestep as sigma; "sd3": as they are, sigma x 1000
-    precondition: bool  # train.precondition_outputs (DenoiseBatch.preconditioned)
+    noiser: Noiser
     seed: int
     description: str
+    text_len: int  # the T5 tokens a caption is cut or padded to (data.seq_len)
     index: np.ndarray | None = None
     train: bool = True  # draws keyed by the global position (training); False: by the example (fixed evaluations)
     cache_note: str | None = None
@@ -128,7 +96,7 @@ class EncodedImages:
 
     @property
     def num_rows(self) -> int:
-        return len(self.encoded.pooled) if self.index is None else len(self.index)
+        return len(self.encoded.bucket) if self.index is None else len(self.index)
 
     @property
     def examples(self) -> int:
@@ -147,56 +115,70 @@ class EncodedImages:
     def subset(self, index: np.ndarray, description: str, train: bool = True) -> EncodedImages:
         return dataclasses.replace(self, index=self.at(index), description=description, train=train)
 
-    def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> DenoiseBatch:
+    def micro_batch(self, rows: np.ndarray, seen: np.ndarray | None = None) -> DenoiseBatch | ImageBatch:
         """Examples ``rows`` (0-based among these) noised by their own draws (``seen``: each row's position in the
-        global order; None or an evaluation: the example's own index)."""
+        global order; None or an evaluation: the example's own index): from the data cache, or, with the frozen
+        parts run during training, the images and captions with their draws (``ImageBatch``)."""
         at = self.at(rows)
         keys = at if seen is None or not self.train else seen
         buckets = np.unique(self.encoded.bucket[at])
         if len(buckets) != 1:  # the order draws each batch from one bucket: a broken invariant, not bad input
             raise RuntimeError(f"a micro-batch of images from {len(buckets)} aspect-ratio buckets")
-        moments = self.encoded.moments[int(buckets[0])]
-        latents, noise, sigmas = [], [], []
-        for k, i in enumerate(at):
-            g = example_generator(self.seed, int(keys[k]))
-            mean, logvar = torch.from_numpy(np.array(moments[self.encoded.slot[i]])).unbind(0)
-            std = torch.exp(0.5 * logvar.clamp(-30.0, 20.0))
-            sample = mean + std * torch.randn(mean.shape, generator=g)
-            latents.append((sample - self.shift_factor) * self.scaling_factor)
-            noise.append(torch.randn(mean.shape, generator=g))
-            sigmas.append(sigma_of(self.flow, draw_u(self.flow, g)))
-        x, e = torch.stack(latents), torch.stack(noise)
-        s = torch.tensor(sigmas, dtype=torch.float32)
-        noisy, target = noised(x, e, s)
-        if self.precondition:
-            target = x
-        text = torch.from_numpy(np.array(self.encoded.prompt_embeds[at]))
-        pooled = torch.from_numpy(np.array(self.encoded.pooled[at]))
+        bucket = int(buckets[0])
+        drawn = self.noiser.draws(self.seed, keys, self.encoded.latent_shape(bucket))
         labels = torch.zeros(len(at), dtype=torch.int64)
-        if self.family == "sd3":  # the transformer patches the latents itself, and reads timesteps of sigma x N
-            inputs = {"hidden_states": noisy, "encoder_hidden_states": text, "pooled_projections": pooled,
-                      "timestep": s * self.flow.timesteps}  # fmt: skip
-            return DenoiseBatch(inputs, target, s, labels, self.precondition)
-        h, w = x.shape[-2:]
-        inputs = {
-            "hidden_states": pack(noisy),
-            "encoder_hidden_states": text,
-            "pooled_projections": pooled,
-            "timestep": s,  # FLUX's transformer multiplies by the N training timesteps itself
-            "img_ids": image_ids(h, w),
-            "txt_ids": torch.zeros(text.shape[1], 3),
-        }
-        if self.guidance is not None:
-            inputs["guidance"] = torch.full((len(at),), self.guidance)
-        return DenoiseBatch(inputs, pack(target), s, labels, self.precondition)
+        if self.encoded.live:
+            listed, size = self.encoded.listed, self.encoded.sizes[bucket]
+            pixels = torch.stack([pixels_of(listed, int(i), size) for i in at])
+            captions = tuple(listed.captions[int(i)] for i in at)
+            return ImageBatch(pixels, captions, drawn, labels, self.noiser, self.text_len)
+        assert self.encoded.moments is not None and self.encoded.prompt_embeds is not None
+        moments = torch.from_numpy(np.array(self.encoded.moments[bucket][self.encoded.slot[at]])).unbind(1)
+        text = (torch.from_numpy(np.array(self.encoded.prompt_embeds[at])),
+                torch.from_numpy(np.array(self.encoded.pooled[at])))  # fmt: skip
+        return self.noiser.batch(moments, drawn, text, labels)
+
+
+def pixels_of(listed: Any, i: int, size: tuple[int, int]) -> torch.Tensor:
+    """Image ``i`` of ``listed`` fitted to ``size`` (width, height): [3, height, width] in [-1, 1]."""
+    from bigtrain.data.aspect_buckets import fitted_pixels
+    from bigtrain.data.pixels import rgb_array
+
+    with listed.picture(i) as image:
+        array = np.ascontiguousarray(rgb_array(image))
+    return fitted_pixels(torch.from_numpy(array).permute(2, 0, 1), size)
+
+
+def frozen_dtype(device: torch.device, mixed_precision: str) -> torch.dtype:
+    """The frozen parts' dtype: on a GPU bf16 (diffusers' scripts cast them to the training's dtype; fp16 too is bf16
+    here, where T5's activations overflow), fp32 for an fp32 run; on the host fp32. Whatever they ran in, the cache
+    keeps fp32 values: a cache built on a CPU node serves a GPU run."""
+    if device.type != "cuda" or mixed_precision == "fp32":
+        return torch.float32
+    return torch.bfloat16
+
+
+def encoding_device() -> torch.device:
+    """Where the data cache's pass runs: the first GPU of the process that builds it, else the host."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def read_encoded(
-    data_cfg: Any, key: str, path: str, pipeline: str, sizes: list[tuple[int, int]], text_len: int
-) -> tuple[Encoded, str, dict[str, Any]]:
+    data_cfg: Any,
+    key: str,
+    path: str,
+    pipeline: str,
+    sizes: list[tuple[int, int]],
+    text_len: int,
+    latent: tuple[int, int],
+    live: bool = False,
+    mixed_precision: str = "fp32",
+) -> tuple[Encoded, str]:
     """The folder ``path``'s images and captions through ``pipeline``'s frozen parts, from the data cache (built
-    now if no process has): (what they made, the cache's line, the VAE's config). ``sizes``: the buckets' (width,
-    height), one square without buckets."""
+    now if no process has): (what they made, the cache's line). ``sizes``: the buckets' (width, height), one square
+    without buckets; ``latent``: the VAE's (latent channels, blocks); ``live``: the frozen parts run during training
+    (``parallel.frozen_parts``), so the cache keeps each image's bucket and its captions' count only;
+    ``mixed_precision``: train.mixed_precision (the parts' dtype on a GPU, ``frozen_dtype``)."""
     from bigtrain.data.captioned_images import list_captioned
     from bigtrain.data.records import is_dataset_path
 
@@ -215,17 +197,25 @@ def read_encoded(
         "sizes": [list(size) for size in sizes],
         "text_len": text_len,
     }
+    dtype = frozen_dtype(encoding_device(), mixed_precision)
 
     def build(out: Path) -> dict[str, Any]:
-        return _encode(listed, Path(pipeline), sizes, text_len, out)
+        if live:
+            return _index(listed, Path(pipeline), sizes, text_len, out)
+        return _encode(listed, Path(pipeline), sizes, text_len, dtype, out)
 
-    found = cache.entry(cache.cache_dir_of(data_cfg), "encoded-images", key, parts, build)
+    kind = "image-buckets" if live else "encoded-images"
+    found = cache.entry(cache.cache_dir_of(data_cfg), kind, key, parts, build)
     meta, n = found.meta, len(listed.captions)
     bucket = np.load(found.folder / BUCKETS)
     counts = np.bincount(bucket, minlength=len(sizes))
     slot = np.empty(n, dtype=np.int64)
     for k, count in enumerate(counts):
         slot[bucket == k] = np.arange(count)
+    cut, sizes_held = int(meta["captions_cut"]), tuple(sizes)
+    if live:
+        encoded = Encoded(None, None, None, cut, sizes_held, bucket, slot, int(meta["text_tokens"]), latent, listed)
+        return encoded, found.note(key)
     moments = tuple(
         np.lib.format.open_memmap(found.folder / moments_file(k), mode="r") if count else np.empty(0, np.float32)
         for k, count in enumerate(counts)
@@ -235,8 +225,8 @@ def read_encoded(
     text = [np.lib.format.open_memmap(found.folder / f, mode="r") for f in TEXT_FILES]
     for name, array in zip(TEXT_FILES, text, strict=True):
         assert list(array.shape) == [n, *meta["shapes"][name]], (name, array.shape)
-    encoded = Encoded(moments, *text, int(meta["captions_cut"]), tuple(sizes), bucket, slot)
-    return encoded, found.note(key), meta["vae"]
+    encoded = Encoded(moments, *text, cut, sizes_held, bucket, slot, int(text[0].shape[1]), latent)
+    return encoded, found.note(key)
 
 
 def moments_file(bucket: int) -> str:
@@ -266,29 +256,16 @@ def _buckets_of(listed: Any, sizes: list[tuple[int, int]]) -> np.ndarray:
     return out
 
 
-def _encode(listed: Any, pipeline: Path, sizes: list[tuple[int, int]], text_len: int, out: Path) -> dict[str, Any]:
+def _encode(
+    listed: Any, pipeline: Path, sizes: list[tuple[int, int]], text_len: int, dtype: torch.dtype, out: Path
+) -> dict[str, Any]:
     """Every image through the VAE (at its bucket's size) and every caption through the text encoders, written to
     ``out``: each bucket's latent moments, every caption's embeddings, each image's bucket."""
-    with quiet_pipeline():
-        from diffusers import DiffusionPipeline
-
-    from bigtrain.data.aspect_buckets import fitted_pixels
-    from bigtrain.data.pixels import rgb_array
-
-    def pixels_of(i: int, size: tuple[int, int]) -> torch.Tensor:
-        with listed.picture(i) as image:
-            array = np.ascontiguousarray(rgb_array(image))
-        return fitted_pixels(torch.from_numpy(array).permute(2, 0, 1), size)
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    with quiet_pipeline():
-        pipe = DiffusionPipeline.from_pretrained(str(pipeline), transformer=None, dtype=dtype, local_files_only=True)
+    device = encoding_device()
+    pipe = frozen_pipeline(pipeline, dtype)
     pipe.to(device)
     n = len(listed.captions)
-    tokenizer = t5_tokenizer(pipe)
-    with quiet_pipeline():  # the tokenizer's note on rows longer than its model's: counted here
-        cut = sum(len(tokenizer(c).input_ids) > text_len for c in listed.captions)
+    cut = captions_cut(t5_tokenizer(pipe), listed.captions, text_len)
     bucket = _buckets_of(listed, sizes)
     np.save(out / BUCKETS, bucket)
     # chunks of a bucket's images: (bucket, their indices, where they go in the bucket's moments)
@@ -308,7 +285,7 @@ def _encode(listed: Any, pipeline: Path, sizes: list[tuple[int, int]], text_len:
 
     with torch.no_grad():
         for k, rows, start in cache.counted(chunks, "data.path", "encoding", f"x{ENCODE_BATCH} images"):
-            pixels = torch.stack([pixels_of(int(i), sizes[k]) for i in rows])
+            pixels = torch.stack([pixels_of(listed, int(i), sizes[k]) for i in rows])
             dist = pipe.vae.encode(pixels.to(device, dtype)).latent_dist
             moments = torch.stack([dist.mean, dist.logvar], dim=1).float().cpu().numpy()
             write(moments_file(k), int((bucket == k).sum()), moments, slice(start, start + len(rows)))
@@ -318,9 +295,41 @@ def _encode(listed: Any, pipeline: Path, sizes: list[tuple[int, int]], text_len:
                 write(name, n, value.float().cpu().numpy(), rows)
     for array in files.values():
         array.flush()
-    vae = {k: pipe.vae.config[k] for k in ("scaling_factor", "shift_factor", "block_out_channels")}
     shapes = {name: list(array.shape[1:]) for name, array in files.items()}
-    return {"shapes": shapes, "captions_cut": cut, "vae": vae}
+    return {"shapes": shapes, "captions_cut": cut}
+
+
+def _index(listed: Any, pipeline: Path, sizes: list[tuple[int, int]], text_len: int, out: Path) -> dict[str, Any]:
+    """What the data cache keeps when the frozen parts run during training: each image's bucket (written to
+    ``out``), and the captions cut and the prompt embeddings' tokens, read from the tokenizers alone."""
+    from transformers import AutoTokenizer
+
+    def tokenizer(name: str) -> Any:
+        with quiet_pipeline():
+            return AutoTokenizer.from_pretrained(str(pipeline / name), local_files_only=True)
+
+    long = "tokenizer_3" if (pipeline / "tokenizer_3").is_dir() else "tokenizer_2"  # t5_tokenizer's
+    cut = captions_cut(tokenizer(long), listed.captions, text_len)
+    # SD3's prompt embeddings (with its T5 or without: zeros in its place): its CLIPs' tokens (the first tokenizer's
+    # length), then T5's
+    sd3 = json.loads((pipeline / "model_index.json").read_text()).get("_class_name", "").startswith("StableDiffusion3")
+    tokens = text_len + (tokenizer("tokenizer").model_max_length if sd3 else 0)
+    np.save(out / BUCKETS, _buckets_of(listed, sizes))
+    return {"captions_cut": cut, "text_tokens": tokens}
+
+
+def frozen_pipeline(pipeline: Path, dtype: torch.dtype) -> Any:
+    """The pipeline's frozen parts (its VAE, text encoders and tokenizers; no transformer), on the host."""
+    with quiet_pipeline():
+        from diffusers import DiffusionPipeline
+
+        return DiffusionPipeline.from_pretrained(str(pipeline), transformer=None, dtype=dtype, local_files_only=True)
+
+
+def captions_cut(tokenizer: Any, captions: list[str], text_len: int) -> int:
+    """The captions longer than ``text_len`` of the T5 tokenizer's tokens."""
+    with quiet_pipeline():  # the tokenizer's note on rows longer than its model's: counted here
+        return sum(len(tokenizer(c).input_ids) > text_len for c in captions)
 
 
 def t5_tokenizer(pipe: Any) -> Any:

@@ -54,11 +54,13 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
 
 from bigtrain.config.capabilities import ModelFacts, Setup, check
+from bigtrain.config.capabilities.frozen_parts import placement_of
 from bigtrain.config.capabilities.reference import reference_mode
 from bigtrain.config.hf import model_config_object, resolve_attention
 from bigtrain.config.plan import Plan
 from bigtrain.config.schema import AdapterConfig, TrainConfig
 from bigtrain.config.workload import Workload
+from bigtrain.data.encoded_images import frozen_dtype
 from bigtrain.engine import build_engine
 from bigtrain.engine.base import train_step
 from bigtrain.engine.pipelined import PipelinedEngine
@@ -195,7 +197,7 @@ def _simulate_rank(
             cp_rank, cp_size = engine.sequence_slice  # rank 0's slice of each row under context parallelism
             if cp_size > 1:
                 batches = [batch.sequence_slice(cp_rank, cp_size) for batch in batches]
-            resident = _reference_tensors(engine, plan, workload)  # made before the step, as the batches are
+            resident = _resident(engine, hf_config, plan, workload, device)  # made before the step, as the batches are
             inputs = [t for batch in batches for t in batch.tensors()] + resident
             train_step(engine, batches, global_count, train.grad_clip)  # warm-up, untracked (see the docstring)
             generated = _generation_peak(engine, hf_config, plan, workload, resident, device, calls)
@@ -243,6 +245,23 @@ def _reference_tensors(engine: TorchNativeEngine, plan: Plan, workload: Workload
         return []
     local = [p.to_local() if isinstance(p, DTensor) else p for part in built.parts for p in part.parameters()]
     return [t.detach() for t in local]
+
+
+def _resident(engine: TorchNativeEngine, hf_config: Any, plan: Plan, workload: Workload, device: Any) -> list[Any]:
+    """What the job's roles hold on the device for the run: a sharded reference, the frozen parts."""
+    return _reference_tensors(engine, plan, workload) + _frozen_part_tensors(hf_config, plan, workload, device)
+
+
+def _frozen_part_tensors(hf_config: Any, plan: Plan, workload: Workload, device: torch.device) -> list[torch.Tensor]:
+    """A text-to-image pipeline's frozen parts held on the device for the run (``parallel.frozen_parts: device``):
+    their weights, one tensor each, in the dtype they run in on a GPU (the compute dtype: ``frozen_dtype``). Their
+    encode runs before the step's forward and keeps nothing (``planner/frozen_parts.py``); offloaded parts live in
+    host memory, and cached ones nowhere."""
+    parts = getattr(hf_config, "frozen_parts", None)
+    if not parts or placement_of(plan) != "device":
+        return []
+    dtype = frozen_dtype(torch.device("cuda"), workload.mixed_precision)  # a GPU's, as the planner weighs them
+    return [torch.empty(int(params), dtype=dtype, device=device) for _, params, _ in parts]
 
 
 def _tracker(engine: TorchNativeEngine, inputs: list[torch.Tensor]) -> MemTracker:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bigtrain.config.capabilities.frozen_parts import ROLE
 from bigtrain.config.setup import DENOISED
 from bigtrain.errors import ConfigError
 from bigtrain.objectives.spec import ObjectiveSpec
@@ -21,6 +22,13 @@ def make(built: Any, train: Any) -> Any:
     return FlowMatchingLoss(flow_of(train))
 
 
+def attach(engine: Any, options: Any, train: Any) -> None:
+    """The pipeline's frozen parts, where the plan runs them during training (``parallel.frozen_parts``)."""
+    from bigtrain.roles.frozen_parts import attach_frozen_parts
+
+    attach_frozen_parts(engine, options, train)
+
+
 def check(cfg: Any) -> None:
     if cfg.train.logit_std <= 0:
         raise ConfigError(f"train.logit_std={cfg.train.logit_std} must be > 0 (diffusers' default is 1.0)")
@@ -32,6 +40,8 @@ OBJECTIVE = ObjectiveSpec(
     reads=DENOISED,
     make=make,
     check=check,
+    roles=(ROLE,),  # the pipeline's VAE and text encoders, placed by parallel.frozen_parts
+    attach=attach,
     keys=(
         "train.weighting_scheme",
         "train.logit_mean",
@@ -39,6 +49,7 @@ OBJECTIVE = ObjectiveSpec(
         "train.mode_scale",
         "train.guidance_scale",
         "train.precondition_outputs",
+        "parallel.frozen_parts",
     ),  # fmt: skip
     refusal=lambda task: (
         f"train.objective=flow-matching trains a diffusion transformer, which a {task} model is not; use "

@@ -394,11 +394,11 @@ def offload_note(
         if not kept
         else f"plans without offload fit but are slower (best: {describe(kept[0].plan)}, {kept[0].time.step_s:.3f} s)"
     )
-    return (
-        f"  offload: the choice keeps {size(host)} per GPU in host memory ({size(per_node)} per node of "
-        f"{min(cluster.gpus_per_node, cluster.num_gpus)} GPUs, which has {size(cluster.host_bytes_per_node)}); "
-        f"{why}"
-    )
+    gpus = min(cluster.gpus_per_node, cluster.num_gpus)
+    where = f"{size(host)} per GPU in host memory ({size(per_node)} per node of {gpus} GPUs, which has "
+    if not (choice.offloads or choice.plan.offload_activations):  # a role's copy in host memory, pinned by the recipe
+        return f"  host memory: the choice keeps {where}{size(cluster.host_bytes_per_node)})"
+    return f"  offload: the choice keeps {where}{size(cluster.host_bytes_per_node)}); {why}"
 
 
 def sync_note(choice: Candidate, runnable: list[Candidate], cluster: Cluster) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from bigtrain.config.capabilities.table import first_unbuilt, row
 from bigtrain.config.diffusers_types import CLASSES as PLANNED
-from bigtrain.config.diffusers_types import VAE_SCALE
+from bigtrain.config.diffusers_types import VAE_SCALE, published_frozen_parts
 from bigtrain.config.schema import RecipeConfig
 from bigtrain.config.setup import DENOISED, Setup
 from bigtrain.errors import ConfigError
@@ -52,14 +52,14 @@ def scheduler_shift(pipeline: Path) -> float:
     return 1.0 if settings.get("use_dynamic_shifting", False) else float(settings.get("shift", 1.0))
 
 
-def vae_blocks(pipeline: Path) -> int:
-    """The pipeline's VAE's blocks (it halves an image's side at each but the last)."""
+def vae_config(pipeline: Path) -> dict[str, Any]:
+    """The pipeline's VAE's config (its blocks halve an image's side at each but the last)."""
     file = pipeline / "vae" / "config.json"
     if not file.is_file():
         raise ConfigError(
             f"model.name_or_path: {pipeline} has no vae/config.json; a text-to-image pipeline needs its VAE"
         )
-    return len(json.loads(file.read_text())["block_out_channels"])
+    return json.loads(file.read_text())
 
 
 def check_positions(init: dict[str, Any], side: int, vae_blocks: int, bucketed: bool = False) -> None:
@@ -79,16 +79,20 @@ def check_positions(init: dict[str, Any], side: int, vae_blocks: int, bucketed: 
 
 def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
     """The captioned images of ``data.path`` through the pipeline's frozen parts, and the held-out ones
-    (``data.eval_path``, else ``data.eval_fraction`` of them), in aspect-ratio buckets with ``data.aspect_buckets``."""
+    (``data.eval_path``, else ``data.eval_fraction`` of them), in aspect-ratio buckets with ``data.aspect_buckets``;
+    with ``parallel.frozen_parts`` device or offloaded, the images and captions themselves, encoded at each step."""
+    from bigtrain.config.capabilities.frozen_parts import LIVE, placement_of
     from bigtrain.data.aspect_buckets import bucket_sizes
+    from bigtrain.data.denoise_batch import Noiser
     from bigtrain.data.encoded_images import EncodedImages, check_packable, read_encoded
     from bigtrain.data.held_out import with_held_out
     from bigtrain.data.noising import flow_of
 
     pipeline = pipeline_folder(cfg)
     side = cfg.data.image_size or DEFAULT_IMAGE_SIZE
-    text_len = cfg.data.seq_len or DEFAULT_TEXT_LEN[hf_config.model_type]
-    blocks = vae_blocks(pipeline)
+    text_len = caption_tokens(cfg, hf_config)
+    vae = vae_config(pipeline)
+    blocks = len(vae["block_out_channels"])
     check_packable("data.image_size", side, blocks)
     sizes = bucket_sizes(side, 2**blocks) if cfg.data.aspect_buckets else [(side, side)]
     family = "sd3" if hf_config.model_type == "sd3_transformer" else "flux"
@@ -98,18 +102,28 @@ def read_data(cfg: RecipeConfig, hf_config: Any) -> tuple[Any, Any]:
     guidance = cfg.train.guidance_scale if hf_config.init.get("guidance_embeds") else None
     precondition = cfg.train.precondition_outputs
     precondition = family == "sd3" if precondition is None else precondition  # each script's default
+    # AutoencoderKL's defaults where a config leaves them out
+    scale, shift = float(vae.get("scaling_factor", 0.18215)), float(vae.get("shift_factor") or 0.0)
+    noiser = Noiser(flow, scale, shift, guidance, family, precondition)
+    latent, live = (int(vae.get("latent_channels", 4)), blocks), placement_of(cfg.parallel.options) in LIVE
 
     def read(key: str, path: str) -> EncodedImages:
-        encoded, note, vae = read_encoded(cfg.data, key, path, str(pipeline), sizes, text_len)
+        encoded, note = read_encoded(
+            cfg.data, key, path, str(pipeline), sizes, text_len, latent, live, cfg.train.mixed_precision
+        )
         return EncodedImages(
-            encoded, flow, float(vae["scaling_factor"]), float(vae.get("shift_factor") or 0.0), guidance, family,
-            precondition, cfg.train.seed, f"{path} ({encoded.described()})", cache_note=note,
+            encoded, noiser, cfg.train.seed, f"{path} ({encoded.described()})", text_len, cache_note=note,
             bucketed=cfg.data.aspect_buckets,
         )  # fmt: skip
 
     data, held = with_held_out(cfg, read("data.path", cfg.data.path), read, "images")
     # held-out images are noised by their own index, the same draws at every evaluation
     return data, None if held is None else dataclasses.replace(held, train=False)
+
+
+def caption_tokens(cfg: RecipeConfig, hf_config: Any) -> int:
+    """The T5 tokens a caption is cut or padded to: data.seq_len, else the family's script's default."""
+    return cfg.data.seq_len or DEFAULT_TEXT_LEN[hf_config.model_type]
 
 
 def prepare(cfg: RecipeConfig, hf_config: Any, data: Any) -> Prepared:
@@ -119,9 +133,8 @@ def prepare(cfg: RecipeConfig, hf_config: Any, data: Any) -> Prepared:
     cut = data.encoded.captions_cut
     if cut:
         notes.append(
-            f"data.path: {cut} caption(s) are longer than the text encoder's "
-            f"{cfg.data.seq_len or DEFAULT_TEXT_LEN[hf_config.model_type]} "
-            "tokens and were cut (data.seq_len)"
+            f"data.path: {cut} caption(s) are longer than the text encoder's {data.text_len} tokens and were cut "
+            "(data.seq_len)"
         )
     if data.row_groups is not None:
         notes.extend(bucket_notes(data, cfg.train.global_batch_size, cfg.data.shuffle))
@@ -203,9 +216,9 @@ class TextToImageSpec(TaskSpec):
 
 def workload(base: Any, data: Any, cfg: RecipeConfig) -> Any:
     """The side images are trained at (no bucket has more pixels than its square) and the text tokens the
-    transformer reads (the cached prompt embeddings': SD3's CLIP tokens and T5's)."""
+    transformer reads (the prompt embeddings': SD3's CLIP tokens and T5's)."""
     side = cfg.data.image_size or DEFAULT_IMAGE_SIZE
-    return dataclasses.replace(base, image_size=side, seq_len=int(data.encoded.prompt_embeds.shape[1]))
+    return dataclasses.replace(base, image_size=side, seq_len=data.encoded.text_tokens)
 
 
 def sizes(ask: Any) -> dict[str, Any]:
@@ -244,56 +257,45 @@ def synthetic(hf_config: Any, plan: Any, workload: Any, device: Any) -> Any:
     return DenoiseBatch(inputs, target, sigmas, torch.zeros(b, dtype=torch.int64, device=device))
 
 
-# the published pipelines' frozen parts, by the transformer's type and text widths (T5 states, pooled CLIP):
-# FLUX.1's (T5-v1.1-XXL's encoder, CLIP ViT-L/14's text model, FLUX's VAE) and SD3.5's (the same T5 and VAE, with
-# CLIP-L's and OpenCLIP bigG's text models with projection), counted by building transformers' T5EncoderModel and
-# CLIPTextModel(WithProjection) and diffusers' AutoencoderKL from their published configs on meta
-T5_XXL, VAE_16 = ("T5-XXL", 4_762_310_656), ("VAE", 83_819_683)
-FROZEN = {
-    ("flux_transformer", 4096, 768): (T5_XXL, ("CLIP-L", 123_060_480), VAE_16),
-    ("sd3_transformer", 4096, 2048): (T5_XXL, ("CLIP-G", 694_659_840), ("CLIP-L", 123_650_304), VAE_16),
-}
-
-
 def planner(model_config: dict[str, Any], workload: Any) -> Any:
-    """The transformer's statistics measured on fake tensors at the workload's image tokens and text tokens, and
-    the classifier's memory and time terms (``planner/classifier_plan.py``); the headline says what the cached
-    frozen parts would weigh on each GPU (the published pipeline's, for a transformer of its text widths)."""
+    """The transformer's statistics measured on fake tensors at the workload's image tokens and text tokens, the
+    classifier's memory and time terms (``planner/classifier_plan.py``), and the frozen parts' where the plan places
+    them (``planner/frozen_parts.py``: the published pipeline's, for a transformer of its text widths)."""
+    from bigtrain.planner import frozen_parts as fp
     from bigtrain.planner.classifier_plan import classifier_model
 
     planned = classifier_model(model_config, workload, with_text=True)
-    init = model_config.get("init", {})
-    frozen = FROZEN.get(
-        (model_config.get("model_type"), init.get("joint_attention_dim"), init.get("pooled_projection_dim"))
-    )
-    if frozen is None:
+    model_type = model_config.get("model_type")
+    # a pipeline folder's own parts (``config/diffusers_config.frozen_parts``), else the published pipeline's
+    known = model_config.get("frozen_parts") or published_frozen_parts(model_type, model_config.get("init", {}))
+    if not known:
         return planned
+    frozen = fp.FrozenParts(tuple(fp.FrozenPart(*part) for part in known), clip_first=model_type == "sd3_transformer")
     base = planned.headline
-    bytes_each = 2 if workload.mixed_precision != "fp32" else 4
-    parts = ", ".join(f"{name} {count / 1e9:.2f}B" for name, count in frozen)
-    held = sum(count for _, count in frozen) * bytes_each
 
-    def headline(stats: Any, workload: Any) -> str:
-        return (
-            f"{base(stats, workload)}\n  cached in the data: the outputs of the frozen text encoders and VAE ({parts}"
-            f" params);\n  held on each GPU instead, they would add {held / 2**30:.1f} GiB to every plan's peak"
-        )
+    def memory(stats: Any, plan: Any, w: Any) -> Any:
+        return fp.with_frozen_memory(planned.memory(stats, plan, w), frozen, plan, w)
+
+    def time(stats: Any, plan: Any, cluster: Any, w: Any) -> Any:
+        return fp.with_frozen_time(planned.time(stats, plan, cluster, w), frozen, plan, cluster, w)
+
+    def host(stats: Any, plan: Any, w: Any) -> int:
+        return planned.host(stats, plan, w) + fp.frozen_host_bytes(frozen, plan, w)
+
+    def headline(stats: Any, w: Any) -> str:
+        return f"{base(stats, w)}\n  frozen parts: {frozen.described()} params, placed by parallel.frozen_parts"
 
     def choice_note(candidate: Any, cluster: Any) -> list[str]:
-        """Whether the chosen plan would fit with the frozen parts on each GPU (their bytes and the margin's share)."""
-        import textwrap
-
-        from bigtrain.planner.memory_terms import MARGIN_FRACTION
-
-        need, have = candidate.memory.budget_bytes + int(held * (1 + MARGIN_FRACTION)), cluster.gpu.memory_bytes
-        verdict = "it fits because their outputs are cached" if need > have else "it would fit either way"
-        words = (
-            f"with the frozen parts on each GPU instead of cached, this plan would need {need / 2**30:.1f} GiB "
-            f"(peak + margin) of {have / 2**30:.1f} GiB: {verdict}"
+        """The chosen placement, and the same plan's peak and step time with each other one."""
+        w = dataclasses.replace(workload, method=candidate.method)
+        return fp.placement_note(
+            frozen,
+            candidate,
+            cluster,
+            lambda plan: (memory(planned.stats, plan, w), time(planned.stats, plan, cluster, w)),
         )
-        return textwrap.fill(words, 118, initial_indent="  ", subsequent_indent="    ").splitlines()
 
-    return dataclasses.replace(planned, headline=headline, choice_note=choice_note)
+    return dataclasses.replace(planned, memory=memory, time=time, host=host, headline=headline, choice_note=choice_note)
 
 
 def facts(hf_config: Any) -> dict[str, bool]:
@@ -302,7 +304,7 @@ def facts(hf_config: Any) -> dict[str, bool]:
 
 TASK = TextToImageSpec(
     name="text-to-image",
-    summary="diffusion transformers (FLUX, SD3): captioned images, frozen VAE and text encoders cached, flow matching",
+    summary="diffusion transformers (FLUX, SD3): captioned images, frozen VAE and text encoders placed, flow matching",
     auto_class="",
     mapping="",
     suffix=None,
@@ -328,6 +330,7 @@ TASK = TextToImageSpec(
         "data.image_size",
         "data.seq_len",
         "data.aspect_buckets",
+        "parallel.frozen_parts",
     ),
     rules=RULES,
     example={

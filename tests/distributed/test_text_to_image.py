@@ -17,7 +17,9 @@ the attention projections on FSDP2 x 2; then checkpointing (FSDP2 selective, eve
 LoRA on ZeRO-3 with both offloads, every other block checkpointed. (ZeRO-3 with selective checkpointing gave a
 gradient norm 0.8% off at step 1 here: refused for this task.) Then DDP x 2 and FSDP2 x 2 on images of three aspect
 ratios (16 x 16, 20 x 12 and 12 x 20 px: the tiny pipeline's buckets at 16 px, so no resize) with
-data.aspect_buckets, against the loop drawing each step's batch from one bucket (``bucketed_rows``). The teeth: draws
+data.aspect_buckets, against the loop drawing each step's batch from one bucket (``bucketed_rows``). And DDP x 2
+with the frozen parts on each rank's device (``parallel.frozen_parts: device``), encoding each micro-batch's images
+and captions at its step instead of reading them from the data cache. The teeth: draws
 keyed by each rank's own position instead of the global one.
 """
 
@@ -70,6 +72,8 @@ CASES = {
         dict(backend="fsdp2", micro_batch_size=2, activation_checkpointing="full", checkpoint_every=2),
         "full",
     ),
+    # the VAE and text encoders on each rank's device, encoding every micro-batch (parallel.frozen_parts)
+    "ddp-frozen-parts-on-device": (2, dict(backend="ddp", micro_batch_size=2, frozen_parts="device"), "full"),
     # images of three aspect ratios in their buckets (data.aspect_buckets), each global batch from one
     "ddp-buckets": (2, dict(backend="ddp", micro_batch_size=2), "full"),
     "fsdp2-buckets": (2, dict(backend="fsdp2", micro_batch_size=2), "full"),
@@ -138,6 +142,25 @@ def with_adapters(model):
     return model
 
 
+def train_steps(model, loss_of) -> list[dict]:
+    """The scripts' optimizer loop around ``loss_of(step)``, the step's loss over its global batch: AdamW, the
+    schedule and clipping of ``test_equivalence.py``; the loss and the gradient norm of each step."""
+    model.train()
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=LR, betas=BETAS, eps=EPS, weight_decay=sft_train_section()["weight_decay"])
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_lambda(step, STEPS))
+    out = []
+    for step in range(STEPS):
+        loss = loss_of(step)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(trained, CLIP)
+        opt.step()
+        schedule.step()
+        opt.zero_grad()
+        out.append({"loss": loss.item(), "grad_norm": norm.item()})
+    return out
+
+
 def plain_loop(pipeline, images, method: str = "full", per_rank: bool = False, buckets: bool = False):
     """(metrics per step, trained parameters) of the script's loop; ``per_rank``: the mistake of keying each
     example's draws by its place in its rank's share of the step instead of its global position; ``buckets``: the
@@ -149,12 +172,8 @@ def plain_loop(pipeline, images, method: str = "full", per_rank: bool = False, b
     model = diffusers.FluxTransformer2DModel.from_pretrained(pipeline / "transformer")
     if method == "lora":
         model = with_adapters(model)
-    model.train()
-    trained = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trained, lr=LR, betas=BETAS, eps=EPS, weight_decay=sft_train_section()["weight_decay"])
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_lambda(step, STEPS))
-    out = []
-    for step in range(STEPS):
+
+    def loss_of(step: int) -> torch.Tensor:
         at = bucketed_rows(step, shapes) if buckets else global_batch_rows(step)
         b = len(at)
         positions = [step * b + j for j in range(b)]
@@ -176,13 +195,9 @@ def plain_loop(pipeline, images, method: str = "full", per_rank: bool = False, b
         # the pipeline's vae_scale_factor: 2 for the tiny VAE of two blocks (its images are 2h x 2w px)
         prediction = diffusers.FluxPipeline._unpack_latents(prediction, h * 2, w * 2, 2)
         target = noise - latents
-        loss = torch.mean(((prediction.float() - target.float()) ** 2).reshape(b, -1), 1).mean()
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(trained, CLIP)
-        opt.step()
-        schedule.step()
-        opt.zero_grad()
-        out.append({"loss": loss.item(), "grad_norm": norm.item()})
+        return torch.mean(((prediction.float() - target.float()) ** 2).reshape(b, -1), 1).mean()
+
+    out = train_steps(model, loss_of)
     if method == "lora":
         names = {n.removeprefix("base_model.model.").replace(".default", ""): p for n, p in model.named_parameters()}
         return out, {k: p.detach().clone() for k, p in names.items() if p.requires_grad}
@@ -264,7 +279,10 @@ def launches(inputs, tmp_path_factory, request):
 @pytest.mark.parametrize("name", list(CASES))
 def test_text_to_image_plan_matches_the_plain_loop(name, launches, loops):
     metrics, reference_params = loops(CASES[name][2], _bucketed(name))
-    check_matches(launches(name), metrics, reference_params)
+    launched = launches(name)
+    check_matches(launched, metrics, reference_params)
+    if "frozen-parts" in name:  # the data cache kept each image's bucket only: the parts encoded at every step
+        assert list((launched.output_dir.parent / "cache").glob("image-buckets-*")), "the frozen parts did not run"
 
 
 def test_the_loop_learns_and_draws_per_rank_are_caught(inputs, loops):

@@ -24,9 +24,8 @@ import pytest
 import torch
 from diffusion_cases import IMAGE_SIZE, TEXT_LEN, captioned_folder, sd3_pipeline_folder
 from shared_launch import SharedLaunches, launch_key, selected
-from test_equivalence import BETAS, CLIP, EPS, NUM_ROWS, SEED, global_batch_rows, lr_lambda
-from test_equivalence import train_section as sft_train_section
-from test_text_to_image import LR, RTOL, STEPS, check_matches, t2i_recipe, with_adapters
+from test_equivalence import NUM_ROWS, SEED, global_batch_rows
+from test_text_to_image import RTOL, check_matches, t2i_recipe, train_steps, with_adapters
 
 diffusers = pytest.importorskip("diffusers")
 pytestmark = pytest.mark.full
@@ -65,12 +64,8 @@ def plain_loop(pipeline, images, method: str = "full", precondition: bool = True
     model = diffusers.SD3Transformer2DModel.from_pretrained(pipeline / "transformer")
     if method == "lora":
         model = with_adapters(model)
-    model.train()
-    trained = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trained, lr=LR, betas=BETAS, eps=EPS, weight_decay=sft_train_section()["weight_decay"])
-    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_lambda(step, STEPS))
-    out = []
-    for step in range(STEPS):
+
+    def loss_of(step: int) -> torch.Tensor:
         at = global_batch_rows(step)
         b = len(at)
         samples, noise, indices = [], [], []
@@ -93,13 +88,9 @@ def plain_loop(pipeline, images, method: str = "full", precondition: bool = True
             prediction = prediction * (-sigmas) + noisy
         weighting = compute_loss_weighting_for_sd3("logit_normal", sigmas)
         target = latents if precondition else noise - latents
-        loss = torch.mean((weighting.float() * (prediction.float() - target.float()) ** 2).reshape(b, -1), 1).mean()
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(trained, CLIP)
-        opt.step()
-        schedule.step()
-        opt.zero_grad()
-        out.append({"loss": loss.item(), "grad_norm": norm.item()})
+        return torch.mean((weighting.float() * (prediction.float() - target.float()) ** 2).reshape(b, -1), 1).mean()
+
+    out = train_steps(model, loss_of)
     if method == "lora":  # the adapters, and the buffers (SD3's position embedding) a run's state holds beside them
         names = {n.removeprefix("base_model.model.").replace(".default", ""): p for n, p in model.named_parameters()}
         kept = {k: p.detach().clone() for k, p in names.items() if p.requires_grad}

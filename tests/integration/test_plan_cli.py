@@ -89,6 +89,7 @@ def test_json_contract(plan_cli):
         "outer_state",
         "replica_failures",
         "reference",  # preference's
+        "frozen_parts",  # text-to-image's
     }
     assert out["plan"]["backend"] == "fsdp2"
     assert set(out["memory"]) == {

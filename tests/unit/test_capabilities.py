@@ -191,6 +191,8 @@ EXAMPLES: dict[str, Example] = {
     "negatives_of_one_replica_group": Example(
         2, dict(dp_replicate=2, sync="diloco"), BERT, objective="contrastive", task="embedding"
     ),
+    "frozen_parts_value": Example(2, dict(dp_shard=2, frozen_parts="gpu")),
+    "frozen_parts_without_a_pipeline": Example(2, dict(dp_shard=2, frozen_parts="device")),
     "unverified_for_diffusion": Example(
         2,
         dict(backend="deepspeed", zero_stage=3, dp_shard=2, activation_checkpointing="selective"),

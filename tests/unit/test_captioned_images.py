@@ -122,7 +122,7 @@ def test_a_hf_dataset_is_encoded_as_the_same_pictures_in_a_folder_are(tmp_path):
     _as_dataset(folder).save_to_disk(str(tmp_path / "saved"))
     data_cfg = SimpleNamespace(split="train", cache_dir=str(tmp_path / "cache"))
     encoded = [
-        read_encoded(data_cfg, "data.path", str(path), str(pipeline), [(IMAGE_SIZE, IMAGE_SIZE)], TEXT_LEN)[0]
+        read_encoded(data_cfg, "data.path", str(path), str(pipeline), [(IMAGE_SIZE, IMAGE_SIZE)], TEXT_LEN, (4, 2))[0]
         for path in (folder, tmp_path / "saved")
     ]
     assert len(encoded[0].pooled) == len(encoded[1].pooled) == 4

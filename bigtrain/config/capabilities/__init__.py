@@ -40,6 +40,7 @@ RECORDS = (
     "channels_last",
     "replica_sync",
     "reference",
+    "frozen_parts",
     "freeze",
 )
 CAPABILITIES: tuple[Capability, ...] = tuple(import_module(f"{__name__}.{name}").CAPABILITY for name in RECORDS)

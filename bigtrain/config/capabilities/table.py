@@ -154,6 +154,7 @@ class Capability:
     - ``rules``: its rows of what runs together (``invalid``, ``fit``, ``not_built``);
     - ``variants``: how the planner's search weighs it: given the plans generated so far, the plans with this
       capability's settings added (the search judges every one through the rows, and shows what they refuse);
+    - ``pinned_only``: its variants carry only a value the user pinned (``--fix``, a recipe), and weigh nothing;
     - ``transforms``: the names of its model transforms in ``parallel/transforms`` (applied in their ``ORDER``;
       each transform names the planner functions that model its memory and time, ``planner_terms``);
     - ``summary``: its line in the generated capability list (``docs/architecture.md``).
@@ -181,6 +182,7 @@ class Capability:
     keys: tuple[str, ...] = ()
     rules: tuple[Rule, ...] = ()
     variants: Variants | None = None
+    pinned_only: bool = False  # its variants only carry a value the user pinned: the search weighs none
     transforms: tuple[str, ...] = ()
     options: tuple[Option, ...] = ()
     steps: tuple[ModelStep, ...] = ()
