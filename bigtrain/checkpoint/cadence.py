@@ -72,8 +72,9 @@ class Cadence:
         if self.is_main:
             interval = math.sqrt(2 * save_s * self.mtbf_h * 3600)
             log.info(
-                "checkpoint.every auto: every %d steps: a save takes %.2f s and a step %.3f s; MTBF %.3g h (%s); "
-                "Young/Daly's interval sqrt(2 x %.2f s x %.3g h) = %.0f s",
+                # three significant figures: the interval the line states follows from its numbers within 1%
+                "checkpoint.every auto: every %d steps: a save takes %.3g s and a step %.3g s; MTBF %.3g h (%s); "
+                "Young/Daly's interval sqrt(2 x %.3g s x %.3g h) = %.3g s",
                 self.every, save_s, step_s, self.mtbf_h, self._mtbf_source(), save_s, self.mtbf_h, interval,
             )  # fmt: skip
 
