@@ -23,6 +23,7 @@ from typing import Any
 from transformers import PretrainedConfig
 
 from bigtrain.config.diffusers_types import VAE_SCALE, is_diffusers_config, published_frozen_parts
+from bigtrain.config.weight_files import tensor_entries
 from bigtrain.errors import ConfigError
 
 __all__ = ["VAE_SCALE", "is_diffusers_config"]  # read here by the builders and the planner
@@ -146,7 +147,8 @@ FROZEN_FOLDERS = ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")
 
 def frozen_parts(pipeline: Path) -> list[list[Any]]:
     """The pipeline's VAE and text encoders: [folder, parameters, what it reads] each ("t5": the caption's tokens,
-    "clip": CLIP's 77, "pixels": the VAE), the parameters counted from their safetensors files' headers."""
+    "clip": CLIP's 77, "pixels": the VAE), the parameters counted from their safetensors files' headers
+    (``weight_files.tensor_entries``)."""
     out: list[list[Any]] = []
     for name in FROZEN_FOLDERS:
         folder = pipeline / name
@@ -160,18 +162,10 @@ def frozen_parts(pipeline: Path) -> list[list[Any]]:
             variant = file.name.split(".")[1].split("-")[0] if file.name.count(".") == 2 else ""  # fp16-00001-of-2
             variants.setdefault(variant, []).append(file)
         files = variants.get("", next(iter(variants.values()), []))
-        count = sum(_safetensors_count(f) for f in files)
+        count = sum(math.prod(shape) for f in files for shape, _ in tensor_entries(f))
         if count:  # weights in .bin files only are not counted: the published pipeline's are taken instead
             out.append([name, count, reads])
     return out
-
-
-def _safetensors_count(file: Path) -> int:
-    """The values a safetensors file holds, from its header (an 8-byte length, then JSON): no tensor is read."""
-    with file.open("rb") as f:
-        length = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(length))
-    return sum(math.prod(entry["shape"]) for name, entry in header.items() if name != "__metadata__")
 
 
 @contextmanager

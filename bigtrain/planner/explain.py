@@ -383,22 +383,22 @@ def _rejected_shown(rejected: list[Candidate]) -> list[Candidate]:
 def offload_note(
     choice: Candidate, runnable: list[Candidate], model: PlannedModel, cluster: Cluster, workload: Workload
 ) -> str | None:
-    """For a choice that offloads: the host memory it needs, and whether offload was needed to fit at all."""
+    """For a choice that keeps state in host memory: how much, and, for an offloading plan, whether offload was
+    needed to fit at all."""
     host = model.host_bytes(choice.plan, replace(workload, method=choice.method))
     if not host:
         return None
-    per_node = host * min(cluster.gpus_per_node, cluster.num_gpus)
+    gpus, node = min(cluster.gpus_per_node, cluster.num_gpus), size(cluster.host_bytes_per_node)
+    where = f"{size(host)} per GPU in host memory ({size(host * gpus)} per node of {gpus} GPUs, which has {node})"
+    if not (choice.offloads or choice.plan.offload_activations):  # a role's copy in host memory, pinned by the recipe
+        return f"  host memory: the choice keeps {where}"
     kept = [c for c in runnable if c.fits and not (c.offloads or c.plan.offload_activations)]
     why = (
         "no plan without offload fits"
         if not kept
         else f"plans without offload fit but are slower (best: {describe(kept[0].plan)}, {kept[0].time.step_s:.3f} s)"
     )
-    gpus = min(cluster.gpus_per_node, cluster.num_gpus)
-    where = f"{size(host)} per GPU in host memory ({size(per_node)} per node of {gpus} GPUs, which has "
-    if not (choice.offloads or choice.plan.offload_activations):  # a role's copy in host memory, pinned by the recipe
-        return f"  host memory: the choice keeps {where}{size(cluster.host_bytes_per_node)})"
-    return f"  offload: the choice keeps {where}{size(cluster.host_bytes_per_node)}); {why}"
+    return f"  offload: the choice keeps {where}; {why}"
 
 
 def sync_note(choice: Candidate, runnable: list[Candidate], cluster: Cluster) -> list[str]:

@@ -89,13 +89,11 @@ def _count(params: int) -> str:
 
 def with_frozen_memory(estimate: MemoryEstimate, frozen: FrozenParts, plan: Plan, workload: Any) -> MemoryEstimate:
     """The step's peak with the frozen parts where ``plan`` places them (module docstring), its margin again."""
-    placement = placement_of(plan)
+    placement, largest = placement_of(plan), frozen.largest_bytes(workload)
     if placement == "device":
         estimate = dataclasses.replace(estimate, other_bytes=estimate.other_bytes + frozen.weight_bytes(workload))
-    elif (
-        placement == "offloaded" and frozen.largest_bytes(workload) > estimate.activations_bytes + estimate.other_bytes
-    ):
-        estimate = dataclasses.replace(estimate, activations_bytes=0, other_bytes=frozen.largest_bytes(workload))
+    elif placement == "offloaded" and largest > estimate.activations_bytes + estimate.other_bytes:
+        estimate = dataclasses.replace(estimate, activations_bytes=0, other_bytes=largest)
     else:
         return estimate
     return dataclasses.replace(estimate, margin_bytes=MARGIN_FIXED + int(MARGIN_FRACTION * estimate.total_bytes))

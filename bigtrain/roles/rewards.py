@@ -146,15 +146,12 @@ def _partitioned(model: Any, policy_config: dict[str, Any]) -> Any:
 def reward_model_bytes(paths: list[str]) -> int:
     """Bytes the reward-model folders among ``paths`` hold on each rank's device: their weights as saved (read from
     the safetensors headers, nothing loaded); module:function rewards hold none."""
-    from safetensors import safe_open
+    from bigtrain.config.weight_files import tensor_entries
 
     total = 0
     for path in paths:
         for file in sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []:
-            with safe_open(str(file), framework="pt") as f:
-                for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                    piece = f.get_slice(key)
-                    total += math.prod(piece.get_shape()) * _DTYPE_BYTES[piece.get_dtype()]
+            total += sum(math.prod(shape) * _DTYPE_BYTES[dtype] for shape, dtype in tensor_entries(file))
     return total
 
 
